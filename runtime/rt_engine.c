@@ -31,6 +31,7 @@ const char *kvq_backend_name(kvq_backend_kind kind)
     case KVQ_BACKEND_REFERENCE: return "reference";
     case KVQ_BACKEND_CUDA: return "cuda";
     case KVQ_BACKEND_EMU: return "emu";
+    case KVQ_BACKEND_CPU: return "cpu";
     }
     return "?";
 }
@@ -145,6 +146,9 @@ kvq_status kvq_engine_create(const kvq_scheme *scheme, const kvq_engine_config *
     if (!(cfg->softmax_scale >= 0.0f) || isinf(cfg->softmax_scale))
         return create_error(errbuf, errbuf_size, KVQ_ERR_INVALID, "softmax_scale %g is not a finite value >= 0",
                             (double)cfg->softmax_scale);
+    if (cfg->threads < 0 || cfg->threads > 1024)
+        return create_error(errbuf, errbuf_size, KVQ_ERR_INVALID, "threads %d is not in 0..1024 (0 = every core)",
+                            cfg->threads);
     kvq_status st = check_scheme_dims(scheme, d, errbuf, errbuf_size);
     if (st != KVQ_OK) return st;
 

@@ -121,7 +121,8 @@ typedef struct kvq_seq kvq_seq;
 typedef enum {
     KVQ_BACKEND_REFERENCE = 0, /* plain C, the oracle */
     KVQ_BACKEND_CUDA = 1,      /* NVRTC-compiled kernels on a GPU (unavailable without a driver and a GPU) */
-    KVQ_BACKEND_EMU = 2        /* the same generated CUDA kernels run on the CPU by the SIMT emulator */
+    KVQ_BACKEND_EMU = 2,       /* the same generated CUDA kernels run on the CPU by the SIMT emulator */
+    KVQ_BACKEND_CPU = 3        /* LLVM-compiled kernels on the host CPU, threaded (unavailable without LLVM) */
 } kvq_backend_kind;
 
 const char *kvq_backend_name(kvq_backend_kind kind);
@@ -135,6 +136,7 @@ typedef struct {
     kvq_dtype dtype;         /* of every tensor passed to prefill/decode/calibrate */
     uint64_t seed;           /* random choices (ZipCache random probes) */
     float softmax_scale;     /* 0: 1/sqrt(head_dim) */
+    int threads;             /* cpu backend: worker threads; 0 = the machine's online cores */
 } kvq_engine_config;
 
 void kvq_engine_config_init(kvq_engine_config *cfg); /* defaults: reference backend, fp16, seed 0 */

@@ -187,8 +187,10 @@ static int parse_args(int argc, char **argv, eval_args *a)
                 a->backend = KVQ_BACKEND_CUDA;
             else if (!strcmp(v, "emu"))
                 a->backend = KVQ_BACKEND_EMU;
+            else if (!strcmp(v, "cpu"))
+                a->backend = KVQ_BACKEND_CPU;
             else
-                return kvq_tool_error("eval", "unknown backend '%s' (reference, cuda, emu)", v);
+                return kvq_tool_error("eval", "unknown backend '%s' (reference, cpu, cuda, emu)", v);
         } else
             return kvq_tool_error("eval", "unknown option '%s'", o);
         if (bad) return -1;
