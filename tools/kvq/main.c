@@ -1,4 +1,5 @@
-/* kvq: the runtime-side tool. `kvq eval` measures schemes on K/V/Q tensors. */
+/* kvq: the runtime-side tool. `kvq eval` measures what schemes lose on K/V/Q tensors, `kvq bench` how fast their
+ * decode runs, `kvq membw` the machine's read bandwidth that bench compares against. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,7 +21,9 @@ int kvq_tool_error(const char *cmd, const char *fmt, ...)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: kvq eval FILE... [options]   (kvq eval --help for the options)\n");
+    fprintf(stderr, "usage: kvq eval FILE... [options]    accuracy of schemes   (kvq eval --help for the options)\n"
+                    "       kvq bench FILE... [options]   decode speed          (kvq bench --help)\n"
+                    "       kvq membw [options]           read bandwidth        (kvq membw --help)\n");
 }
 
 int main(int argc, char **argv)
@@ -30,6 +33,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (!strcmp(argv[1], "eval")) return kvq_eval_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "bench")) return kvq_bench_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "membw")) return kvq_membw_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage();
         return 0;
