@@ -407,6 +407,53 @@ static void test_bad_inputs(const kvq_synth *s)
     }
 }
 
+/* stderr without the note kvq eval prints when it falls back to the reference backend (no cpu backend here). */
+static const char *strip_backend_note(const char *err)
+{
+    static const char note[] = "kvq eval: note: running on the reference backend (";
+    if (!strncmp(err, note, sizeof note - 1)) {
+        const char *nl = strchr(err, '\n');
+        return nl ? nl + 1 : "";
+    }
+    return err;
+}
+
+/* The exact-attention baseline is threaded and bit-identical to one thread: the table cannot depend on
+ * --threads. The default backend is the cpu backend where it runs, else the reference with a note. */
+static void test_threads_and_backend(void)
+{
+    th_begin("eval: --threads 1 and --threads 3 print the same table; the default backend is cpu or noted");
+    const char *a1[] = {"eval", "specs/kivi2.kvq", "specs/fp16.kvq", "--synthetic", "--tokens", "96", "--layers", "2",
+                        "--threads", "1", NULL};
+    const char *a3[] = {"eval", "specs/kivi2.kvq", "specs/fp16.kvq", "--synthetic", "--tokens", "96", "--layers", "2",
+                        "--threads", "3", NULL};
+    run_result r1 = run(a1), r3 = run(a3);
+    check_clean(&r1);
+    check_clean(&r3);
+    TH_CHECK(r1.status == 0 && r3.status == 0, "exit status %d / %d; stderr:\n%s", r1.status, r3.status, r3.err);
+    TH_CHECK(!strcmp(r1.out, r3.out), "the tables differ:\n%s\n---\n%s", r1.out, r3.out);
+    TH_CHECK(!strip_backend_note(r1.err)[0], "stderr has more than the backend note:\n%s", r1.err);
+    run_free(&r1);
+    run_free(&r3);
+    th_end();
+
+    th_begin("eval: --backend reference needs no note; a bad --backend or --threads is a usage error");
+    const char *ar[] = {"eval", "specs/kivi2.kvq", "--synthetic", "--tokens", "40", "--backend", "reference", NULL};
+    run_result r = run(ar);
+    TH_CHECK(r.status == 0 && !r.err[0], "exit status %d; stderr:\n%s", r.status, r.err);
+    run_free(&r);
+    const char *ab[] = {"eval", "specs/kivi2.kvq", "--synthetic", "--backend", "gpu", NULL};
+    r = run(ab);
+    check_fails(&r, (const char *const[]){"unknown backend 'gpu'", NULL});
+    TH_CHECK(r.status == 2, "exit status %d, expected 2", r.status);
+    run_free(&r);
+    const char *at[] = {"eval", "specs/kivi2.kvq", "--synthetic", "--threads", "-1", NULL};
+    r = run(at);
+    check_fails(&r, (const char *const[]){"--threads expects an integer", NULL});
+    run_free(&r);
+    th_end();
+}
+
 static void test_synthetic(void)
 {
     th_begin("eval: --synthetic --tokens 4 runs, scaling the generator's feature counts down");
@@ -449,7 +496,7 @@ static void test_synthetic(void)
     for (const char *p = line2 ? line2 + 1 : ""; *p && *p != '\n'; p++)
         cols += p[0] != ' ' && (p[1] == ' ' || p[1] == '\n');
     TH_CHECK(cols == 6, "%d columns, expected 6 (ott and zipcache once each):\n%s", cols, r.out);
-    TH_CHECK(!r.err[0], "stderr:\n%s", r.err);
+    TH_CHECK(!strip_backend_note(r.err)[0], "stderr:\n%s", r.err);
     run_free(&r);
     th_end();
 }
@@ -488,6 +535,7 @@ int main(void)
         kvq_synth_free(&s);
     }
     test_synthetic();
+    test_threads_and_backend();
     remove_tree(dir);
     return th_summary();
 }

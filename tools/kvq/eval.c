@@ -34,6 +34,7 @@ typedef struct {
     kvq_synth_params sp;
     int counts_given; /* --synth set heavy_hitters or outlier_tokens: never rescale them */
     kvq_backend_kind backend;
+    int backend_given, threads; /* threads: the engine's and the exact baseline's (0: every core) */
     int per_layer;
 } eval_args;
 
@@ -41,6 +42,7 @@ typedef struct {
 typedef struct {
     int L, H, HKV, T, D;
     float *k, *v, *q;
+    float *exact; /* exact attention of every decode step, [L][H][steps][D]: the same for every scheme */
     kvq_dtype dtype; /* what the values are representable in: the engine is fed this */
     kvq_npy nk, nv, nq;
     kvq_synth syn;
@@ -84,12 +86,14 @@ static void usage(void)
             "usage: kvq eval FILE... [--scheme NAME]... (--keys K.npy --values V.npy --queries Q.npy | --synthetic\n"
             "                [--layers L] [--heads H] [--kv-heads HKV] [--head-dim D] [--tokens T] [--seed S]\n"
             "                [--synth NAME=VALUE]...)\n"
-            "                [--prefill N] [--backend reference|cuda|emu] [--per-layer] [--out-dir DIR]\n"
+            "                [--prefill N] [--backend reference|cpu|cuda|emu] [--threads N] [--per-layer] [--out-dir DIR]\n"
             "  K, V: [layers, kv_heads, tokens, head_dim] (3-D: one layer); Q: [layers, heads, tokens, head_dim];\n"
             "  float32, float16 or bfloat16. Prefills N tokens (default: half), decodes the rest one at a time, and\n"
             "  reports the relative error of the attention outputs against exact attention, key/value reconstruction\n"
             "  errors, effective bits and memory for every scheme side by side. --synth sets a generator parameter\n"
-            "  (docs/synthetic.md). --out-dir writes DIR/SCHEME/{attn,keys,values}.npy. Guide: docs/eval.md.\n");
+            "  (docs/synthetic.md). --out-dir writes DIR/SCHEME/{attn,keys,values}.npy. Default backend: cpu when it\n"
+            "  runs here, else reference (the oracle). --threads: the engine's and the exact attention's threads\n"
+            "  (default: every core). Guide: docs/eval.md.\n");
 }
 
 static int parse_synth(const char *s, eval_args *a)
@@ -181,17 +185,11 @@ static int parse_args(int argc, char **argv, eval_args *a)
             bad = tool_int("kvq eval", o, v, 0, 0x7fffffff, &seed);
             a->sp.seed = (uint64_t)seed;
         } else if (!strcmp(o, "--backend")) {
-            if (!strcmp(v, "reference"))
-                a->backend = KVQ_BACKEND_REFERENCE;
-            else if (!strcmp(v, "cuda"))
-                a->backend = KVQ_BACKEND_CUDA;
-            else if (!strcmp(v, "emu"))
-                a->backend = KVQ_BACKEND_EMU;
-            else if (!strcmp(v, "cpu"))
-                a->backend = KVQ_BACKEND_CPU;
-            else
-                return kvq_tool_error("eval", "unknown backend '%s' (reference, cpu, cuda, emu)", v);
-        } else
+            bad = kvq_tool_backend("eval", v, &a->backend);
+            a->backend_given = 1;
+        } else if (!strcmp(o, "--threads"))
+            bad = tool_int("kvq eval", o, v, 0, 1024, &a->threads);
+        else
             return kvq_tool_error("eval", "unknown option '%s'", o);
         if (bad) return -1;
     }
@@ -299,6 +297,7 @@ static void free_inputs(eval_inputs *in)
     kvq_npy_free(&in->nv);
     kvq_npy_free(&in->nq);
     kvq_synth_free(&in->syn);
+    free(in->exact);
 }
 
 /* Converts n floats to the engine dtype into dst. */
@@ -344,6 +343,31 @@ static int write_outputs(const char *dir, const eval_result *r, const eval_input
 
 static int prefill_len(const eval_args *a, const eval_inputs *in) { return a->prefill > 0 ? a->prefill : in->T / 2; }
 
+/* Exact attention of every (layer, query head, decode step) into in->exact, once for all schemes, threaded:
+ * bit-identical to one thread (runtime/exact_attn.h). Returns 0, or -1 when out of memory. */
+static int compute_exact(const eval_args *a, eval_inputs *in)
+{
+    int L = in->L, H = in->H, HKV = in->HKV, T = in->T, D = in->D, N = prefill_len(a, in), steps = T - N;
+    size_t n = (size_t)L * H * steps;
+    kvq_exact_job *jobs = malloc(n * sizeof *jobs);
+    in->exact = malloc(n * D * sizeof(float));
+    if (!jobs || !in->exact) {
+        free(jobs);
+        return kvq_tool_error("eval", "out of memory for the exact attention of %zu decode rows", n);
+    }
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < H; h++)
+            for (int s = 0; s < steps; s++) {
+                /* Query head h reads kv head h / (H / HKV) (MHA, GQA, MQA); step s attends over N + s + 1 tokens. */
+                size_t kv = ((size_t)l * HKV + h / (H / HKV)) * T * D, j = ((size_t)l * H + h) * steps + s;
+                jobs[j] = (kvq_exact_job){in->q + (((size_t)l * H + h) * T + N + s) * D, in->k + kv, in->v + kv,
+                                          N + s + 1, in->exact + j * D};
+            }
+    kvq_exact_attention_many(jobs, n, D, D, 1.0f / sqrtf((float)D), a->threads);
+    free(jobs);
+    return 0;
+}
+
 /* Runs one scheme end to end. Errors go into r->err; returns 0 on success. */
 static int run_scheme(const eval_args *a, const eval_inputs *in, eval_result *r)
 {
@@ -355,6 +379,7 @@ static int run_scheme(const eval_args *a, const eval_inputs *in, eval_result *r)
     cfg.backend = a->backend;
     cfg.dtype = in->dtype;
     cfg.seed = a->sp.seed;
+    cfg.threads = a->threads;
     kvq_engine *eng = NULL;
     kvq_seq *seq = NULL;
     int rc = -1;
@@ -364,8 +389,8 @@ static int run_scheme(const eval_args *a, const eval_inputs *in, eval_result *r)
     void *bk = malloc(kvn * esz), *bv = malloc(kvn * esz), *bq = malloc(qn * esz);
     float *attn = malloc((size_t)L * H * steps * D * sizeof(float));
     float *kc = malloc((size_t)L * kvn * sizeof(float)), *vc = malloc((size_t)L * kvn * sizeof(float));
-    float *ref = malloc((size_t)D * sizeof(float)), *tmp = malloc((size_t)H * D * sizeof(float));
-    if (!fk || !fv || !fq || !bk || !bv || !bq || !attn || !kc || !vc || !ref || !tmp) {
+    float *tmp = malloc((size_t)H * D * sizeof(float));
+    if (!fk || !fv || !fq || !bk || !bv || !bq || !attn || !kc || !vc || !tmp) {
         snprintf(r->err, sizeof r->err, "out of memory");
         goto done;
     }
@@ -382,7 +407,6 @@ static int run_scheme(const eval_args *a, const eval_inputs *in, eval_result *r)
         kvq_prefill_item it = {seq, N, bk, bv, bq};
         if (kvq_prefill(eng, l, &it, 1) != KVQ_OK) goto engine_error;
     }
-    float scale = 1.0f / sqrtf((float)D);
     for (int s = 0; s < steps; s++) {
         int t = N + s;
         for (int l = 0; l < L; l++) {
@@ -395,11 +419,7 @@ static int run_scheme(const eval_args *a, const eval_inputs *in, eval_result *r)
             kvq_decode_item it = {seq, bk, bv, bq, tmp};
             if (kvq_decode(eng, l, &it, 1) != KVQ_OK) goto engine_error;
             for (int h = 0; h < H; h++) {
-                /* Query head h reads kv head h / (H / HKV) (MHA, GQA, MQA). */
-                const float *kv_k = in->k + (((size_t)l * HKV + h / (H / HKV)) * T) * D;
-                const float *kv_v = in->v + (((size_t)l * HKV + h / (H / HKV)) * T) * D;
-                const float *q = in->q + (((size_t)l * H + h) * T + t) * D;
-                kvq_exact_attention(q, kv_k, kv_v, t + 1, D, D, scale, ref);
+                const float *ref = in->exact + (((size_t)l * H + h) * steps + s) * D;
                 /* attn.npy is [L][H][steps][D]. */
                 memcpy(attn + (((size_t)l * H + h) * steps + s) * D, tmp + (size_t)h * D, (size_t)D * sizeof(float));
                 double num = 0, den = 0;
@@ -445,7 +465,7 @@ engine_error:
 done:
     if (seq) kvq_seq_free(eng, seq);
     kvq_engine_free(eng);
-    free(fk), free(fv), free(fq), free(bk), free(bv), free(bq), free(attn), free(kc), free(vc), free(ref), free(tmp);
+    free(fk), free(fv), free(fq), free(bk), free(bv), free(bq), free(attn), free(kc), free(vc), free(tmp);
     return rc;
 }
 
@@ -560,6 +580,11 @@ int kvq_eval_main(int argc, char **argv)
     if (a.prefill >= in.T) {
         kvq_tool_error("eval", "--prefill %d leaves nothing to decode: the inputs hold %d tokens", a.prefill, in.T);
         rc = 2;
+        goto out;
+    }
+    if (!a.backend_given) a.backend = kvq_tool_default_backend("eval");
+    if (compute_exact(&a, &in)) {
+        rc = 1;
         goto out;
     }
     for (int i = 0; i < n; i++)
