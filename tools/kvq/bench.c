@@ -206,6 +206,9 @@ static int list_schemes(const bench_args *a, kvq_spec **specs, const kvq_scheme 
             for (int j = 0; j < ng; j++) dup |= !strcmp(kvq_scheme_name(given[j].scheme), kvq_scheme_name(s));
             if (!wanted || dup) continue; /* a name seen twice: the first file's (an include lists it again) */
             if (ng == MAX_SCHEMES) return kvq_tool_error("bench", "at most %d schemes", MAX_SCHEMES);
+            if (s->model.layers && a->layers > s->model.layers)
+                return kvq_tool_error("bench", "--layers %d: scheme '%s' has %d layers (its model block)", a->layers,
+                                      kvq_scheme_name(s), s->model.layers);
             memset(&given[ng], 0, sizeof given[ng]);
             scheme_dims(a, s, &given[ng++]);
         }
