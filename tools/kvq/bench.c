@@ -36,12 +36,13 @@ typedef struct {
     int n_files;
     const char *schemes[MAX_SCHEMES];
     int n_schemes;
-    int layers, heads, kv_heads, head_dim; /* 0: not given */
+    int layers, heads, kv_heads, head_dim; /* 0: not given; heads: the one being run, of heads_list */
+    int heads_list[MAX_LIST], n_heads;
     int tokens[MAX_LIST], n_tokens;
     int threads[MAX_LIST], n_threads;
     int batch, steps, warmup, passes, seed;
     kvq_backend_kind backend;
-    int backend_given, pin, json, warm, quiet;
+    int backend_given, pin, json, markdown, warm, quiet;
 } bench_args;
 
 /* One scheme to time, with the dims its engine gets. */
@@ -96,8 +97,9 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: kvq bench FILE... [--scheme NAME]... [--tokens T[,T...]] [--threads N[,N...]] [--batch B]\n"
-            "                 [--layers L] [--heads H] [--kv-heads HKV] [--head-dim D] [--steps N] [--warmup N]\n"
-            "                 [--backend reference|cpu|emu|cuda] [--pin] [--warm] [--passes P] [--seed S] [--json] [-q]\n"
+            "                 [--layers L] [--heads H[,H...]] [--kv-heads HKV] [--head-dim D] [--steps N] [--warmup N]\n"
+            "                 [--backend reference|cpu|emu|cuda] [--pin] [--warm] [--passes P] [--seed S]\n"
+            "                 [--json | --markdown] [-q]\n"
             "  Prefills T random tokens (default 16384) into L layers (default 1) of B sequences (default 1), then\n"
             "  times N decode steps (default 20) of those layers: median/min/max ms per step, the cache bytes a step\n"
             "  reads, GB/s, the percentage of the read bandwidth measured in the same run with as many threads\n"
@@ -113,15 +115,15 @@ static int parse_args(int argc, char **argv, bench_args *a)
     a->tokens[0] = 16384, a->n_tokens = 1;
     a->threads[0] = 0, a->n_threads = 1;
     a->batch = 1, a->steps = 20, a->warmup = 1, a->passes = 7, a->layers = 0;
-    static const char *const flags[] = {"--pin", "--warm", "--json", "-q", "--quiet"};
+    static const char *const flags[] = {"--pin", "--warm", "--json", "--markdown", "-q", "--quiet"};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) return 1;
         int flag = -1;
-        for (int f = 0; f < 5; f++)
+        for (int f = 0; f < 6; f++)
             if (!strcmp(o, flags[f])) flag = f;
         if (flag >= 0) {
-            int *dst[] = {&a->pin, &a->warm, &a->json, &a->quiet, &a->quiet};
+            int *dst[] = {&a->pin, &a->warm, &a->json, &a->markdown, &a->quiet, &a->quiet};
             *dst[flag] = 1;
             continue;
         }
@@ -143,7 +145,7 @@ static int parse_args(int argc, char **argv, bench_args *a)
         else if (!strcmp(o, "--layers"))
             bad = tool_int("kvq bench", o, v, 1, 4096, &a->layers);
         else if (!strcmp(o, "--heads"))
-            bad = tool_int("kvq bench", o, v, 1, 4096, &a->heads);
+            bad = kvq_tool_int_list("bench", o, v, 1, 4096, a->heads_list, MAX_LIST, &a->n_heads);
         else if (!strcmp(o, "--kv-heads"))
             bad = tool_int("kvq bench", o, v, 1, 4096, &a->kv_heads);
         else if (!strcmp(o, "--head-dim"))
@@ -166,6 +168,8 @@ static int parse_args(int argc, char **argv, bench_args *a)
         if (bad) return -1;
     }
     if (!a->n_files) return kvq_tool_error("bench", "no spec file given");
+    if (a->json && a->markdown) return kvq_tool_error("bench", "--json and --markdown exclude each other");
+    if (!a->n_heads) a->n_heads = 1; /* heads_list[0] = 0: from the model block or the default */
     return 0;
 }
 
@@ -429,6 +433,38 @@ static void print_row(const bench_row *r)
     fflush(stdout);
 }
 
+/* The same as a markdown table (bench/cpu.sh puts these into docs/bench.md). */
+static void print_markdown_header(const bench_args *a, const kvq_machine *m, const char *date,
+                                  const kvq_membw_result *bw, int nbw)
+{
+    printf("kvq bench, backend **%s**, %s UTC, on %s (%d cpus, LLC %lld MiB). Batch %d, median of %d decode steps "
+           "after %d warm-up, %s.\n\n",
+           kvq_backend_name(a->backend), date, m->model, m->cpus, m->llc_bytes >> 20, a->batch, a->steps, a->warmup,
+           a->warm ? "LLC not evicted" : "LLC evicted before each step");
+    printf("Read bandwidth measured in the same run (%zu MiB streamed, median of %d passes%s):", bw[0].buffer_bytes >> 20,
+           a->passes, a->pin ? ", pinned" : "");
+    for (int i = 0; i < nbw; i++)
+        printf("%s %d thread%s %.2f GB/s", i ? "," : "", bw[i].threads, bw[i].threads == 1 ? "" : "s", bw[i].gbps);
+    printf(".\n\n");
+    printf("| scheme | heads | kv heads | head_dim | tokens | threads | ms/step | min | max | MiB/step | GB/s | %% of "
+           "bandwidth | time / fp16 |\n");
+    printf("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+    fflush(stdout);
+}
+
+static void print_markdown_row(const bench_row *r)
+{
+    const bench_scheme *bs = r->bs;
+    printf("| %s | %d | %d | %d | %d | %d |", kvq_scheme_name(bs->scheme), bs->dims.heads, bs->dims.kv_heads,
+           bs->dims.head_dim, r->tokens, r->threads);
+    if (r->ok)
+        printf(" %.3f | %.3f | %.3f | %.2f | %.2f | %.1f | %.3f |\n", r->ms_med, r->ms_min, r->ms_max,
+               r->bytes_per_step / 1048576.0, r->gbps, r->bw_pct, r->vs_fp16);
+    else
+        printf(" error: %s | | | | | | |\n", r->err);
+    fflush(stdout);
+}
+
 static void print_json(const bench_args *a, const kvq_machine *m, const char *date, const kvq_membw_result *bw,
                        int nbw, const bench_row *rows, int n)
 {
@@ -491,13 +527,14 @@ int kvq_bench_main(int argc, char **argv)
     }
     start_time = now_s();
     kvq_spec *specs[MAX_FILES] = {0}, *builtin = NULL;
-    bench_scheme list[2 * MAX_SCHEMES];
+    static bench_scheme list[MAX_LIST][2 * MAX_SCHEMES]; /* per --heads value */
+    int n_list[MAX_LIST] = {0};
     bench_row *rows = NULL;
     bench_data data;
     memset(&data, 0, sizeof data);
     kvq_membw *mb = NULL;
     kvq_membw_result bw[MAX_LIST];
-    int nbw = 0, n = 0, nrows = 0, rc = 0;
+    int nbw = 0, nrows = 0, rc = 0;
     char err[512];
     for (int f = 0; f < a.n_files; f++)
         if (!(specs[f] = tool_load_spec("kvq bench", a.files[f]))) {
@@ -509,9 +546,14 @@ int kvq_bench_main(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    if ((n = list_schemes(&a, specs, kvq_spec_scheme(builtin, NULL), list, 2 * MAX_SCHEMES)) < 0) {
-        rc = 1;
-        goto out;
+    size_t max_rows = 0;
+    for (int hi = 0; hi < a.n_heads; hi++) {
+        a.heads = a.heads_list[hi];
+        if ((n_list[hi] = list_schemes(&a, specs, kvq_spec_scheme(builtin, NULL), list[hi], 2 * MAX_SCHEMES)) < 0) {
+            rc = 1;
+            goto out;
+        }
+        max_rows += (size_t)n_list[hi] * a.n_tokens * a.n_threads;
     }
     if (!a.backend_given) a.backend = kvq_tool_default_backend("bench");
     if (!(mb = kvq_membw_open(0, err, sizeof err))) {
@@ -543,33 +585,40 @@ int kvq_bench_main(int argc, char **argv)
     time_t now = time(NULL);
     char date[32];
     strftime(date, sizeof date, "%Y-%m-%d %H:%M", gmtime(&now));
-    if (!a.json) print_header(&a, m, date, bw, nbw);
-    if (!(rows = calloc((size_t)n * a.n_tokens * a.n_threads, sizeof *rows))) {
+    if (a.markdown)
+        print_markdown_header(&a, m, date, bw, nbw);
+    else if (!a.json)
+        print_header(&a, m, date, bw, nbw);
+    if (!(rows = calloc(max_rows, sizeof *rows))) {
         kvq_tool_error("bench", "out of memory");
         rc = 1;
         goto out;
     }
     for (int ti = 0; ti < a.n_tokens; ti++)
-        for (int hi = 0; hi < a.n_threads; hi++) {
-            const bench_row *base = NULL;
-            for (int i = 0; i < n; i++) {
-                bench_row *row = &rows[nrows++];
-                row->bs = &list[i];
-                row->tokens = a.tokens[ti];
-                row->threads = a.threads[hi];
-                for (int j = 0; j < nbw; j++)
-                    if (bw[j].threads == row->threads) row->membw_gbps = bw[j].gbps;
-                run_one(&a, &data, mb, row);
-                if (list[i].baseline) base = row;
-                if (row->ok) {
-                    row->bw_pct = row->membw_gbps > 0 ? 100.0 * row->gbps / row->membw_gbps : 0;
-                    row->vs_fp16 = base && base->ok ? row->ms_med / base->ms_med : NAN;
-                } else
-                    rc = 1;
-                if (!a.json) print_row(row);
-                if (!row->ok) fprintf(stderr, "kvq bench: %s: %s\n", kvq_scheme_name(list[i].scheme), row->err);
+        for (int hd = 0; hd < a.n_heads; hd++)
+            for (int th = 0; th < a.n_threads; th++) {
+                const bench_row *base = NULL;
+                for (int i = 0; i < n_list[hd]; i++) {
+                    bench_row *row = &rows[nrows++];
+                    row->bs = &list[hd][i];
+                    row->tokens = a.tokens[ti];
+                    row->threads = a.threads[th];
+                    for (int j = 0; j < nbw; j++)
+                        if (bw[j].threads == row->threads) row->membw_gbps = bw[j].gbps;
+                    run_one(&a, &data, mb, row);
+                    if (row->bs->baseline) base = row;
+                    if (row->ok) {
+                        row->bw_pct = row->membw_gbps > 0 ? 100.0 * row->gbps / row->membw_gbps : 0;
+                        row->vs_fp16 = base && base->ok ? row->ms_med / base->ms_med : NAN;
+                    } else
+                        rc = 1;
+                    if (a.markdown)
+                        print_markdown_row(row);
+                    else if (!a.json)
+                        print_row(row);
+                    if (!row->ok) fprintf(stderr, "kvq bench: %s: %s\n", kvq_scheme_name(row->bs->scheme), row->err);
+                }
             }
-        }
     if (a.json) print_json(&a, m, date, bw, nbw, rows, nrows);
 out:
     free(rows);
