@@ -75,7 +75,7 @@ EXTRA_ALL :=
 -include tests/emu/module.mk
 -include compiler/cuda.mk
 
-.PHONY: all lib tools tests test demo clean emu-test
+.PHONY: all lib tools tests test demo bench-cpu clean emu-test
 all: $(LIB) $(TOOLS) $(EXTRA_ALL)
 lib: $(LIB)
 tools: $(TOOLS)
@@ -87,6 +87,10 @@ test:
 
 demo: all
 	@sh tools/demo.sh $(BUILD)
+
+# docs/bench.md's CPU tables (several minutes): markdown on stdout.
+bench-cpu: all
+	@sh bench/cpu.sh $(BUILD)
 
 clean:
 	rm -rf build
