@@ -7,7 +7,7 @@
 #
 # Usage: bench/cpu.sh [BUILD_DIR] > table.md     (make bench-cpu runs it; BUILD_DIR holds kvq, default build)
 # Environment (defaults): BACKENDS ("cpu reference"), TOKENS (16384,65536), THREADS (1,2), STEPS (20),
-#   REF_TOKENS (1024,4096), REF_STEPS (5), HEADS (8,32), BENCH_OPTS (extra kvq bench options, e.g. --pin).
+#   REF_TOKENS (4096,16384), REF_STEPS (5), HEADS (8,32), BENCH_OPTS (extra kvq bench options, e.g. --pin).
 build=${1:-build}
 case "$build" in /*) ;; *) build="$(pwd)/$build" ;; esac
 kvq="$build/kvq"
@@ -21,7 +21,7 @@ BACKENDS=${BACKENDS:-cpu reference}
 TOKENS=${TOKENS:-16384,65536}
 THREADS=${THREADS:-1,2}
 STEPS=${STEPS:-20}
-REF_TOKENS=${REF_TOKENS:-1024,4096}
+REF_TOKENS=${REF_TOKENS:-4096,16384}
 REF_STEPS=${REF_STEPS:-5}
 HEADS=${HEADS:-8,32}
 BENCH_OPTS=${BENCH_OPTS:-}

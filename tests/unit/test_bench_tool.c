@@ -1,7 +1,8 @@
 /* kvq bench and kvq membw end to end, as a user runs them: the tool built next to this test (BUILD/tests/... ->
  * BUILD/kvq) runs as a subprocess from the source directory on tiny dims with the reference backend. Checked:
  * the JSON fields exist and are sane (times ordered and positive, GB/s and % of bandwidth positive, the fp16
- * baseline's ratio 1, the measured bandwidth positive and below what its loop does in L2), the bytes a step reads
+ * baseline's ratio 1, GB/s = bytes / median time, % of the row's own bandwidth measurement, the measured bandwidth
+ * positive and below what its loop does in L2), the bytes a step reads
  * and the cache after the prefill equal the engine's own statistics for those lengths (computed here through
  * kvq.h), a scheme's model block gives the dims, the text table, and bad options: exit 2 (usage) or 1 (a spec or a
  * run failed) with a message. No assertion on how fast anything is. */
@@ -168,9 +169,12 @@ static void test_json(void)
             if (!o) continue;
             double med = field(o, "ms_median"), mn = field(o, "ms_min"), mx = field(o, "ms_max");
             double gbps = field(o, "gbps"), pct = field(o, "bw_percent"), ratio = field(o, "time_vs_fp16");
+            double own = field(o, "membw_gbps"), bytes = field(o, "bytes_per_step");
             TH_CHECK(mn > 0 && mn <= med && med <= mx, "%s: ms min %g median %g max %g", names[s], mn, med, mx);
-            TH_CHECK(gbps > 0 && pct > 0 && fabs(pct - 100 * gbps / g) < 1e-2 * pct + 1e-3,
-                     "%s: gbps %g, bw_percent %g (bandwidth %g)", names[s], gbps, pct, g);
+            TH_CHECK(gbps > 0 && fabs(gbps - bytes / med / 1e6) < 1e-3 * gbps + 1e-4,
+                     "%s: gbps %g is not bytes_per_step %g / ms_median %g", names[s], gbps, bytes, med);
+            TH_CHECK(own > 0 && pct > 0 && fabs(pct - 100 * gbps / own) < 1e-2 * pct + 1e-3,
+                     "%s: gbps %g, bw_percent %g (the row's bandwidth %g)", names[s], gbps, pct, own);
             TH_CHECK(ratio > 0 && (s || ratio == 1), "%s: time_vs_fp16 %g", names[s], ratio);
             TH_CHECK(field(o, "heads") == 4 && field(o, "kv_heads") == 2 && field(o, "head_dim") == 64 &&
                          field(o, "layers") == 1 && field(o, "batch") == 1 && field(o, "threads") == 1,
@@ -208,7 +212,7 @@ static void test_text_and_model(void)
     check_clean(&r);
     TH_CHECK(r.status == 0, "exit status %d; stderr:\n%s", r.status, r.err);
     TH_CHECK(!strncmp(r.out, "kvq bench: ", 11) && strstr(r.out, "backend reference") &&
-                 strstr(r.out, "read bandwidth (") && strstr(r.out, "1 thread "),
+                 strstr(r.out, "read bandwidth at the start (") && strstr(r.out, "1 thread "),
              "header:\n%s", r.out);
     /* Rows: name, layers, H, HKV, D, tokens, threads, then the figures. */
     const char *fp = strstr(r.out, "\nfp16 "), *sm = strstr(r.out, "\nsmall ");

@@ -4,7 +4,8 @@
  * layer for the whole batch), evicting the last-level cache before each so the cache comes from memory as it
  * does in a model with many layers. Reported: the median, min and max ms per step; the cache bytes a step reads
  * (the engine's device bytes after the step: every device byte of the layers' cache is read once per step);
- * GB/s; that as a percentage of the read bandwidth measured here by membw.c with as many threads; and the step
+ * GB/s; that as a percentage of the read bandwidth measured by membw.c with as many threads just before the
+ * timed steps (and once for every thread count at the start, to check the read loop); and the step
  * time over the fp16 scheme's (specs/fp16.kvq's scheme, run the same way in the same run). docs/bench.md. */
 #include <math.h>
 #include <stdarg.h>
@@ -363,6 +364,17 @@ static void run_one(const bench_args *a, bench_data *data, kvq_membw *mb, bench_
     progress(a, "%s, %d tokens: %d warm-up and %d timed decode steps", name, T, a->warmup, a->steps);
     double bytes = 0, last = now_s();
     for (int s = 0; s < a->warmup + a->steps; s++) {
+        if (s == a->warmup) {
+            /* The bandwidth this row is compared with, measured now: on a shared machine it moves with what the
+             * other tenants do, so a figure from minutes earlier would not do. */
+            kvq_membw_result bw;
+            char err[256];
+            if (kvq_membw_measure(mb, r->threads, a->pin, a->passes, &bw, err, sizeof err)) {
+                snprintf(r->err, sizeof r->err, "bandwidth measurement: %s", err);
+                goto done;
+            }
+            r->membw_gbps = bw.gbps;
+        }
         size_t set = (size_t)(s % STEP_SETS);
         for (int b = 0; b < B; b++)
             dit[b] = (kvq_decode_item){seqs[b], sk + set * step_kv + (size_t)b * HKV * D,
@@ -408,15 +420,15 @@ static void print_header(const bench_args *a, const kvq_machine *m, const char *
 {
     printf("kvq bench: %s, %d cpus (%d usable), LLC %lld MiB (L%d); %s UTC; backend %s\n", m->model, m->cpus,
            m->usable, m->llc_bytes >> 20, m->llc_level, date, kvq_backend_name(a->backend));
-    printf("read bandwidth (%zu MiB streamed, median of %d passes%s):", bw[0].buffer_bytes >> 20, a->passes,
-           a->pin ? ", pinned" : "");
+    printf("read bandwidth at the start (%zu MiB streamed, median of %d passes%s; each row's own, measured just "
+           "before its timed steps, is its 'bw GB/s'):", bw[0].buffer_bytes >> 20, a->passes, a->pin ? ", pinned" : "");
     for (int i = 0; i < nbw; i++)
         printf("%s %d thread%s %.2f GB/s", i ? "," : "", bw[i].threads, bw[i].threads == 1 ? "" : "s", bw[i].gbps);
     printf("\n");
     printf("decode: batch %d, median of %d steps after %d warm-up, %s; step time x fp16: this scheme's over fp16's\n",
            a->batch, a->steps, a->warmup, a->warm ? "LLC not evicted" : "LLC evicted before each step");
-    printf("%-14s %6s %4s %4s %4s %8s %7s %10s %9s %9s %9s %8s %6s %7s\n", "scheme", "layers", "H", "HKV", "D",
-           "tokens", "threads", "ms/step", "min", "max", "MiB/step", "GB/s", "% bw", "x fp16");
+    printf("%-14s %6s %4s %4s %4s %8s %7s %10s %9s %9s %9s %8s %8s %6s %7s\n", "scheme", "layers", "H", "HKV", "D",
+           "tokens", "threads", "ms/step", "min", "max", "MiB/step", "GB/s", "bw GB/s", "% bw", "x fp16");
     fflush(stdout);
 }
 
@@ -426,8 +438,8 @@ static void print_row(const bench_row *r)
     printf("%-14s %6d %4d %4d %4d %8d %7d", kvq_scheme_name(bs->scheme), bs->timed, bs->dims.heads,
            bs->dims.kv_heads, bs->dims.head_dim, r->tokens, r->threads);
     if (r->ok)
-        printf(" %10.3f %9.3f %9.3f %9.2f %8.2f %6.1f %7.3f\n", r->ms_med, r->ms_min, r->ms_max,
-               r->bytes_per_step / 1048576.0, r->gbps, r->bw_pct, r->vs_fp16);
+        printf(" %10.3f %9.3f %9.3f %9.2f %8.2f %8.2f %6.1f %7.3f\n", r->ms_med, r->ms_min, r->ms_max,
+               r->bytes_per_step / 1048576.0, r->gbps, r->membw_gbps, r->bw_pct, r->vs_fp16);
     else
         printf(" error: %s\n", r->err);
     fflush(stdout);
@@ -441,14 +453,14 @@ static void print_markdown_header(const bench_args *a, const kvq_machine *m, con
            "after %d warm-up, %s.\n\n",
            kvq_backend_name(a->backend), date, m->model, m->cpus, m->llc_bytes >> 20, a->batch, a->steps, a->warmup,
            a->warm ? "LLC not evicted" : "LLC evicted before each step");
-    printf("Read bandwidth measured in the same run (%zu MiB streamed, median of %d passes%s):", bw[0].buffer_bytes >> 20,
-           a->passes, a->pin ? ", pinned" : "");
+    printf("Read bandwidth at the start of the run (%zu MiB streamed, median of %d passes%s):",
+           bw[0].buffer_bytes >> 20, a->passes, a->pin ? ", pinned" : "");
     for (int i = 0; i < nbw; i++)
         printf("%s %d thread%s %.2f GB/s", i ? "," : "", bw[i].threads, bw[i].threads == 1 ? "" : "s", bw[i].gbps);
-    printf(".\n\n");
-    printf("| scheme | heads | kv heads | head_dim | tokens | threads | ms/step | min | max | MiB/step | GB/s | %% of "
-           "bandwidth | time / fp16 |\n");
-    printf("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+    printf("; each row's *bandwidth* is measured again just before its timed steps, and its %% is of that.\n\n");
+    printf("| scheme | heads | kv heads | head_dim | tokens | threads | ms/step | min | max | MiB/step | GB/s | "
+           "bandwidth GB/s | %% of bandwidth | time / fp16 |\n");
+    printf("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
     fflush(stdout);
 }
 
@@ -458,10 +470,10 @@ static void print_markdown_row(const bench_row *r)
     printf("| %s | %d | %d | %d | %d | %d |", kvq_scheme_name(bs->scheme), bs->dims.heads, bs->dims.kv_heads,
            bs->dims.head_dim, r->tokens, r->threads);
     if (r->ok)
-        printf(" %.3f | %.3f | %.3f | %.2f | %.2f | %.1f | %.3f |\n", r->ms_med, r->ms_min, r->ms_max,
-               r->bytes_per_step / 1048576.0, r->gbps, r->bw_pct, r->vs_fp16);
+        printf(" %.3f | %.3f | %.3f | %.2f | %.2f | %.2f | %.1f | %.3f |\n", r->ms_med, r->ms_min, r->ms_max,
+               r->bytes_per_step / 1048576.0, r->gbps, r->membw_gbps, r->bw_pct, r->vs_fp16);
     else
-        printf(" error: %s | | | | | | |\n", r->err);
+        printf(" error: %s | | | | | | | |\n", r->err);
     fflush(stdout);
 }
 
@@ -603,8 +615,6 @@ int kvq_bench_main(int argc, char **argv)
                     row->bs = &list[hd][i];
                     row->tokens = a.tokens[ti];
                     row->threads = a.threads[th];
-                    for (int j = 0; j < nbw; j++)
-                        if (bw[j].threads == row->threads) row->membw_gbps = bw[j].gbps;
                     run_one(&a, &data, mb, row);
                     if (row->bs->baseline) base = row;
                     if (row->ok) {
