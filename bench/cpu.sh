@@ -33,7 +33,8 @@ cores=$(lscpu_field 'Core(s) per socket')
 sockets=$(lscpu_field 'Socket(s)')
 l3=$(lscpu_field 'L3 cache')
 
-echo "### Machine: ${model:-unknown} — ${cpus:-?} CPUs (${cores:-?} cores per socket, ${sockets:-?} socket(s)), L3 ${l3:-unknown}; $(date -u '+%Y-%m-%d %H:%M UTC')"
+load=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)
+echo "### Machine: ${model:-unknown} — ${cpus:-?} CPUs (${cores:-?} cores per socket, ${sockets:-?} socket(s)), L3 ${l3:-unknown}; $(date -u '+%Y-%m-%d %H:%M UTC'); load average ${load:-unknown} at the start"
 echo
 
 status=0
