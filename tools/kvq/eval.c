@@ -394,7 +394,15 @@ static int run_scheme(const eval_args *a, const eval_inputs *in, eval_result *r)
         snprintf(r->err, sizeof r->err, "out of memory");
         goto done;
     }
-    if (kvq_engine_create(r->scheme, &cfg, &eng, r->err, sizeof r->err) != KVQ_OK) goto done;
+    kvq_status cst = kvq_engine_create(r->scheme, &cfg, &eng, r->err, sizeof r->err);
+    if (cst == KVQ_ERR_UNSUPPORTED && !a->backend_given && cfg.backend != KVQ_BACKEND_REFERENCE) {
+        /* The default backend cannot run this scheme: the oracle can, and the user did not ask for a backend. */
+        fprintf(stderr, "kvq eval: note: %s: %s; running it on the reference backend\n", kvq_scheme_name(r->scheme),
+                r->err);
+        cfg.backend = KVQ_BACKEND_REFERENCE;
+        cst = kvq_engine_create(r->scheme, &cfg, &eng, r->err, sizeof r->err);
+    }
+    if (cst != KVQ_OK) goto done;
     if (kvq_seq_create(eng, &seq) != KVQ_OK) goto engine_error;
 
     for (int l = 0; l < L; l++) {
