@@ -5,7 +5,7 @@
  * first thread's start to the last thread's end (docs/bench.md, "Method").
  *
  * The loop must not be what limits the figure: it adds 64-bit words with GCC vector extensions, eight independent
- * 16-byte accumulators, so it issues one or two 16-byte loads per cycle (about 40-80 GB/s per core at 2.5 GHz)
+ * 16-byte accumulators, so it issues one or two 16-byte loads per cycle (40-120 GB/s per core at 2.6-3.7 GHz)
  * with no dependency chain longer than one add; a DRAM stream gets 10-30 GB/s per core. The same loop is also
  * timed over a buffer that fits in L2 (loop_gbps): when that is not well above the DRAM figure, the loop is the
  * limit and the tool says so. */
