@@ -46,7 +46,9 @@ enum {
  * slots [v_slot, v_slot + n) of another (token i of the run: key slot k_slot + i, value slot v_slot + i). */
 typedef struct {
     kvq_u64 k, v;       /* container base addresses: a page (layout.h) or an fp16 window */
-    kvq_u64 count;      /* 0, or the address of int[kv_heads]: kv head h attends only to the first count[h] tokens */
+    kvq_u64 count;      /* 0, or the address of int[kv_heads]: kv head h attends only to the container's slots
+                         * below count[h], i.e. to the first clamp(count[h] - k_slot, 0, n) tokens of the run (a
+                         * pool longer than a tile is cut into several tiles sharing one count) */
     kvq_i32 k_slot, v_slot;
     kvq_i32 k_cap, v_cap; /* capacities of the containers (their row strides per kv head) */
     kvq_i32 n;

@@ -179,7 +179,8 @@ kvq_status cu_ott_compete(kvq_backend_ctx *c, cu_qlayer *L, const kvq_rows *k, c
                           int pg, uint64_t *rows, uint64_t *flags, char *msg, size_t n);
 void cu_ott_commit(kvq_backend_ctx *c, cu_ott *o);
 kvq_status cu_ott_undo(kvq_backend_ctx *c, cu_ott *o, char *msg, size_t n);
-void cu_ott_tiles(kvq_backend_ctx *c, const cu_ott *o, int *nt);
+/* The pools' decode tiles, at most `tile` tokens each. */
+void cu_ott_tiles(kvq_backend_ctx *c, const cu_ott *o, int tile, int *nt);
 void cu_ott_account(const kvq_backend_ctx *c, const cu_ott *o, kvq_mem_stats *out);
 /* A pooled outlier reads as its fp16 copy, keys and values. */
 kvq_status cu_ott_read(kvq_backend_ctx *c, const cu_ott *o, float *k, float *v, int capacity, char *msg, size_t n);

@@ -423,7 +423,7 @@ void cu_qlayer_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt)
 {
     int tile = c->plan->cls[L->cls].tile;
     cu_tiles_windows(c, nt, &L->sink[0], &L->sink[1], tile);
-    if (L->has_pool) cu_ott_tiles(c, &L->ott, nt);
+    if (L->has_pool) cu_ott_tiles(c, &L->ott, tile, nt);
     run *kr = kvq_malloc((size_t)(L->n_pages[0] + 3) * sizeof *kr),
         *vr = kvq_malloc((size_t)(L->n_pages[1] + 3) * sizeof *vr);
     if (!kr || !vr) {
