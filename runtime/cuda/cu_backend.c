@@ -32,6 +32,11 @@ kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsign
     return cu_dev_launch(c->dev, c->mod, kernel, g, b, params, size, msg, n);
 }
 
+unsigned cu_grid_y(long long blocks)
+{
+    return blocks < 1 ? 1u : blocks > (long long)CU_GRID_YZ_MAX ? CU_GRID_YZ_MAX : (unsigned)blocks;
+}
+
 kvq_status cu_win_init(kvq_backend_ctx *c, cu_win *w, int cap, char *msg, size_t n)
 {
     memset(w, 0, sizeof *w);
@@ -76,7 +81,7 @@ kvq_status cu_win_push(kvq_backend_ctx *c, cu_win *w, const kvq_rows *src, int n
     sp.slot = (w->head + w->count) % w->cap;
     sp.dst_ring = w->cap;
     sp.n = n;
-    kvq_status st = cu_launch(c, "kvq_store_f16", (unsigned)c->H, (unsigned)n, 1, 128, &sp, sizeof sp, msg, msg_n);
+    kvq_status st = cu_launch(c, "kvq_store_f16", (unsigned)c->H, cu_grid_y(n), 1, 128, &sp, sizeof sp, msg, msg_n);
     if (st != KVQ_OK) return st;
     for (int i = 0; i < n; i++) w->pos[(w->head + w->count + i) % w->cap] = pos[i];
     w->count += n;

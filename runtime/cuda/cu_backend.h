@@ -142,6 +142,10 @@ struct kvq_backend_ctx {
 kvq_status cu_scratch(kvq_backend_ctx *c, uint64_t *buf, size_t *have, size_t need, char *msg, size_t n);
 kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                      const void *params, size_t size, char *msg, size_t n);
+/* gridDim.y for `blocks` blocks of work on y: at most 65535, the hardware's limit (the kernels that take tokens on
+ * y stride over them, kvq_quantize.cuh). */
+#define CU_GRID_YZ_MAX 65535u
+unsigned cu_grid_y(long long blocks);
 kvq_status cu_win_init(kvq_backend_ctx *c, cu_win *w, int cap, char *msg, size_t n);
 void cu_win_free(kvq_backend_ctx *c, cu_win *w);
 /* Stores n fp16 rows (src) into the window's next slots. */

@@ -89,7 +89,7 @@ static kvq_status page_write(kvq_backend_ctx *c, const cu_qlayer *L, cu_page *p,
         kvq_store_params sp;
         memset(&sp, 0, sizeof sp);
         sp.src = *src, sp.dst = p->addr + p->lay.codes, sp.dst_cap = p->fmt.capacity, sp.slot = slot, sp.n = n;
-        return cu_launch(c, "kvq_store_f16", (unsigned)c->H, (unsigned)n, 1, 128, &sp, sizeof sp, msg, mn);
+        return cu_launch(c, "kvq_store_f16", (unsigned)c->H, cu_grid_y(n), 1, 128, &sp, sizeof sp, msg, mn);
     }
     const plan_store *st = store_of(c, L, p->store);
     kvq_quant_params qp;
@@ -105,9 +105,9 @@ static kvq_status page_write(kvq_backend_ctx *c, const cu_qlayer *L, cu_page *p,
     snprintf(name, sizeof name, "kvq_quant_%s_c%d", sn, L->cls);
     unsigned gx = (unsigned)c->H, gy = 1;
     if (st->gran == KVQ_GRAN_TOKEN && st->hidden)
-        gx = 1, gy = (unsigned)n;
+        gx = 1, gy = cu_grid_y(n);
     else if (st->gran == KVQ_GRAN_TOKEN)
-        gy = (unsigned)((n + 7) / 8);
+        gy = cu_grid_y((n + 7) / 8);
     if (s == KVQ_OK) s = cu_launch(c, name, gx, gy, 1, 128, &qp, sizeof qp, msg, mn);
     return s;
 }
