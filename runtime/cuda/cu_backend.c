@@ -155,6 +155,8 @@ static kvq_status cu_supports(const kvq_be_engine *e, char *msg, size_t n)
 static void ctx_free(kvq_backend_ctx *c)
 {
     if (!c) return;
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
     cu_dev_free(c->dev, c->stage);
     cu_dev_free(c->dev, c->tiles);
     cu_dev_free(c->dev, c->seqs);
@@ -163,6 +165,7 @@ static void ctx_free(kvq_backend_ctx *c)
     cu_dev_free(c->dev, c->aux);
     cu_dev_free(c->dev, c->pol);
     cu_module_free(c->mod);
+    cu_dev_leave(c->dev, &cs);
     cu_dev_close(c->dev);
     kvq_free(c->plan);
     kvq_free(c->htiles);
@@ -231,7 +234,10 @@ static kvq_status cu_seq_create(kvq_backend_ctx *c, kvq_backend_seq **out, char 
 static void cu_seq_free(kvq_backend_ctx *c, kvq_backend_seq *s)
 {
     if (!s) return;
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
     for (int l = 0; l < s->n_layers; l++) layer_free(c, s->layers[l]);
+    cu_dev_leave(c->dev, &cs);
     kvq_free(s->layers);
     kvq_free(s);
 }
@@ -452,6 +458,46 @@ static kvq_status cu_read_cache(kvq_backend_ctx *c, const kvq_backend_seq *s, in
                      : cu_qlayer_read(c, &L->q, k, v, capacity, msg, ms);
 }
 
+/* ---- entry points that touch the device: any thread may call them (docs/cuda.md, "Threads") ---- */
+
+static kvq_status be_prefill(kvq_backend_ctx *c, int layer, const kvq_be_prefill *items, int n, char *msg, size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    kvq_status st = cu_prefill(c, layer, items, n, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
+static kvq_status be_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *items, int n, char *msg, size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    kvq_status st = cu_decode(c, layer, items, n, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
+static kvq_status be_read_cache(kvq_backend_ctx *c, const kvq_backend_seq *s, int layer, float *k, float *v,
+                                int capacity, int *n_tokens, char *msg, size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    kvq_status st = cu_read_cache(c, s, layer, k, v, capacity, n_tokens, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
+static kvq_status be_dense_preference(kvq_backend_ctx *c, const float *q, const float *k, int n, int n_q, double top,
+                                      double *score, char *msg, size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    kvq_status st = cu_dense_preference(c, q, k, n, n_q, top, score, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
 const kvq_backend kvq_backend_cuda = {
     .name = "cuda",
     .probe = probe_cuda,
@@ -461,11 +507,11 @@ const kvq_backend kvq_backend_cuda = {
     .seq_create = cu_seq_create,
     .seq_free = cu_seq_free,
     .seq_length = cu_seq_length,
-    .prefill = cu_prefill,
-    .decode = cu_decode,
+    .prefill = be_prefill,
+    .decode = be_decode,
     .seq_account = cu_seq_account,
-    .read_cache = cu_read_cache,
-    .dense_preference = cu_dense_preference,
+    .read_cache = be_read_cache,
+    .dense_preference = be_dense_preference,
 };
 
 const kvq_backend kvq_backend_emu = {
@@ -477,9 +523,9 @@ const kvq_backend kvq_backend_emu = {
     .seq_create = cu_seq_create,
     .seq_free = cu_seq_free,
     .seq_length = cu_seq_length,
-    .prefill = cu_prefill,
-    .decode = cu_decode,
+    .prefill = be_prefill,
+    .decode = be_decode,
     .seq_account = cu_seq_account,
-    .read_cache = cu_read_cache,
-    .dense_preference = cu_dense_preference,
+    .read_cache = be_read_cache,
+    .dense_preference = be_dense_preference,
 };

@@ -1,10 +1,12 @@
 /* What a GPU would refuse or get wrong although the emulator used to accept it (issue 9, "what would break on
- * hardware"), each through the public API on the emu backend against the reference backend:
+ * hardware"), through the public API on the emu backend against the reference backend:
  *   - OTT pools longer than a decode tile (cu_ott_tiles cuts them into tiles of the plan's size);
  *   - a prefill of more than 65,535 tokens (gridDim.y's limit: the store and quantize kernels loop over tokens);
- *   - prefill and decode from a thread other than the one that created the engine (the CUDA context is made
- *     current on the calling thread by every entry point; the emulated driver models per-thread contexts).
- * Without the emulator: "skipped: <reason>", exit 0. */
+ *   - prefill, decode, read_cache and freeing from a thread other than the one that created the engine (every
+ *     entry point makes the device's context current on the calling thread);
+ * and through the emulated driver (cu_dev.h): its per-thread contexts, and the limits the driver enforces with
+ * the kernels' resources from ptxas (static shared memory, the dynamic shared memory attribute and the opt-in
+ * maximum, registers a block). Without the emulator: "skipped: <reason>", exit 0. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,8 +14,14 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "cuda/cu.h"
+#include "cuda/cu_dev.h"
+#include "emit_cuda.h"
 #include "harness.h"
 #include "kvq.h"
+#include "kvq_params.cuh"
+#include "plan.h"
+#include "scheme.h"
 
 /* ---- helpers: engines from inline specs, data, comparisons ---- */
 
@@ -209,6 +217,296 @@ static void test_long_prefill(void)
     th_end();
 }
 
+/* ---- entry points called from another thread ---- */
+
+typedef struct {
+    kvq_engine *emu;
+    kvq_seq *seq;
+    const kvq_prefill_item *pre;
+    kvq_decode_item *dec;
+    int steps;
+    float *k, *v; /* read_cache */
+    int cap, n;
+    kvq_status st;
+    char msg[512];
+} thread_job;
+
+static void *run_job(void *arg)
+{
+    thread_job *j = arg;
+    kvq_prefill_item it = *j->pre;
+    it.seq = j->seq;
+    j->st = kvq_prefill(j->emu, 0, &it, 1);
+    for (int s = 0; s < j->steps && j->st == KVQ_OK; s++) {
+        kvq_decode_item d = j->dec[s];
+        d.seq = j->seq;
+        j->st = kvq_decode(j->emu, 0, &d, 1);
+    }
+    if (j->st == KVQ_OK) j->st = kvq_seq_read_cache(j->emu, j->seq, 0, j->k, j->v, j->cap, &j->n);
+    if (j->st != KVQ_OK) snprintf(j->msg, sizeof j->msg, "%s", kvq_engine_errmsg(j->emu));
+    kvq_seq_free(j->emu, j->seq); /* device memory freed on this thread too */
+    j->seq = NULL;
+    return NULL;
+}
+
+static void test_other_thread(void)
+{
+    th_begin("emu backend: an engine created on one thread, prefilled, decoded, read and freed on another: the "
+             "reference's outputs and cache");
+    enum { H = 2, HQ = 4, D = 64, T = 40, STEPS = 5 };
+    static const char kivi[] = "scheme k { key { bits 2; per channel; group 32; } value { bits 2; per token; group 32; } "
+                               "residual 32; }\n";
+    const kvq_dims dims = {1, HQ, H, D};
+    kvq_spec *spec = NULL;
+    char err[1024] = "";
+    kvq_engine *ref = engine_for(kivi, &spec, KVQ_BACKEND_REFERENCE, dims, err, sizeof err);
+    kvq_engine *emu = ref ? engine_for(kivi, &spec, KVQ_BACKEND_EMU, dims, err, sizeof err) : NULL;
+    TH_CHECK(ref && emu, "engines: %s", err);
+    int total = T + STEPS;
+    float *K = kvq_malloc((size_t)H * T * D * 4), *V = kvq_malloc((size_t)H * T * D * 4);
+    float *Q = kvq_malloc((size_t)HQ * T * D * 4), *step = kvq_malloc((size_t)STEPS * (2 * H + 3 * HQ) * D * 4);
+    float *k1 = kvq_malloc((size_t)H * total * D * 4), *v1 = kvq_malloc((size_t)H * total * D * 4);
+    float *k2 = kvq_malloc((size_t)H * total * D * 4), *v2 = kvq_malloc((size_t)H * total * D * 4);
+    TH_CHECK(K && V && Q && step && k1 && v1 && k2 && v2, "out of memory");
+    rng_state = 5;
+    for (size_t i = 0; i < (size_t)H * T * D; i++) K[i] = urand(), V[i] = urand();
+    for (size_t i = 0; i < (size_t)HQ * T * D; i++) Q[i] = 0.3f * urand();
+    kvq_decode_item rd[STEPS], ed[STEPS];
+    for (int s = 0; s < STEPS; s++) {
+        float *b = step + (size_t)s * (2 * H + 3 * HQ) * D;
+        for (int i = 0; i < (2 * H + HQ) * D; i++) b[i] = urand();
+        rd[s] = (kvq_decode_item){NULL, b, b + H * D, b + 2 * H * D, b + (2 * H + HQ) * D};
+        ed[s] = (kvq_decode_item){NULL, b, b + H * D, b + 2 * H * D, b + (2 * H + 2 * HQ) * D};
+    }
+    kvq_seq *rs = NULL, *es = NULL;
+    TH_CHECK(kvq_seq_create(ref, &rs) == KVQ_OK && kvq_seq_create(emu, &es) == KVQ_OK, "sequences");
+    kvq_prefill_item pre = {rs, T, K, V, Q};
+    TH_CHECK(kvq_prefill(ref, 0, &pre, 1) == KVQ_OK, "ref prefill");
+    for (int s = 0; s < STEPS; s++) {
+        rd[s].seq = rs;
+        TH_CHECK(kvq_decode(ref, 0, &rd[s], 1) == KVQ_OK, "ref decode");
+    }
+    int n1 = 0;
+    TH_CHECK(kvq_seq_read_cache(ref, rs, 0, k1, v1, total, &n1) == KVQ_OK, "ref read");
+    thread_job j = {emu, es, &pre, ed, STEPS, k2, v2, total, 0, KVQ_OK, ""};
+    pthread_t th;
+    TH_CHECK(pthread_create(&th, NULL, run_job, &j) == 0, "pthread_create");
+    pthread_join(th, NULL);
+    TH_CHECK(j.st == KVQ_OK, "on the other thread: %s", j.msg);
+    double worst = 0;
+    for (int s = 0; s < STEPS; s++)
+        TH_CHECK(close_out(ed[s].out, rd[s].out, HQ, D, &worst), "step %d: error %.3g of the magnitude", s, worst);
+    TH_CHECK(j.n == n1 && memcmp(k1, k2, (size_t)H * n1 * D * 4) == 0 && memcmp(v1, v2, (size_t)H * n1 * D * 4) == 0,
+             "read_cache differs from the reference's");
+    /* and back on the creating thread */
+    kvq_seq *es2 = NULL;
+    TH_CHECK(kvq_seq_create(emu, &es2) == KVQ_OK, "sequence");
+    pre.seq = es2;
+    TH_CHECK(kvq_prefill(emu, 0, &pre, 1) == KVQ_OK, "prefill on the creating thread: %s", kvq_engine_errmsg(emu));
+    kvq_seq_free(emu, es2);
+    kvq_free(K), kvq_free(V), kvq_free(Q), kvq_free(step), kvq_free(k1), kvq_free(v1), kvq_free(k2), kvq_free(v2);
+    kvq_engine_free(ref);
+    kvq_engine_free(emu);
+    kvq_spec_free(spec);
+    th_end();
+}
+
+/* ---- the emulated driver ---- */
+
+static void *alloc_on_thread(void *arg)
+{
+    cu_dev *d = arg;
+    static char msg[512];
+    uint64_t a = 0;
+    kvq_status st = cu_dev_alloc(d, 64, &a, msg, sizeof msg);
+    if (st == KVQ_OK) cu_dev_free(d, a);
+    return st == KVQ_OK ? NULL : msg;
+}
+
+static void *alloc_entered(void *arg)
+{
+    cu_dev *d = arg;
+    cu_ctx_scope s;
+    cu_dev_enter(d, &s);
+    void *r = alloc_on_thread(d);
+    cu_dev_leave(d, &s);
+    void *after = alloc_on_thread(d); /* the thread's previous (no) context is back */
+    return r ? r : after ? NULL : (void *)"allocated after cu_dev_leave";
+}
+
+static void test_contexts(cu_dev *d)
+{
+    th_begin("emulated driver: the device's context is current on the opening thread only; cu_dev_enter makes it "
+             "current on another, cu_dev_leave takes it back");
+    pthread_t th;
+    void *r = NULL;
+    TH_CHECK(pthread_create(&th, NULL, alloc_on_thread, d) == 0, "pthread_create");
+    pthread_join(th, &r);
+    TH_CHECK(r && strstr((const char *)r, "CUDA_ERROR_INVALID_CONTEXT"), "allocation on another thread: %s",
+             r ? (const char *)r : "succeeded");
+    r = (void *)"?";
+    TH_CHECK(pthread_create(&th, NULL, alloc_entered, d) == 0, "pthread_create");
+    pthread_join(th, &r);
+    TH_CHECK(r == NULL, "with cu_dev_enter: %s", (const char *)r);
+    TH_CHECK(alloc_on_thread(d) == NULL, "the opening thread lost its context");
+    th_end();
+}
+
+/* A unit that compiles as CUDA (NVRTC) and for the emulator, without include paths under NVRTC. */
+static const char small_src[] =
+    "#ifdef __CUDACC_RTC__\n"
+    "#define EXPORT(n) static_assert(true, #n)\n"
+    "#define DYN(t, n) extern __shared__ t n[]\n"
+    "#else\n"
+    "#include \"kvq_intrin.cuh\"\n"
+    "#define EXPORT(n) KVQ_KERNEL_EXPORT(n)\n"
+    "#define DYN(t, n) KVQ_DYNAMIC_SHARED(t, n)\n"
+    "#endif\n"
+    "struct hw_params { unsigned long long out; int n, pad; };\n"
+    "extern \"C\" __global__ void hw_static(const struct hw_params p)\n"
+    "{\n"
+    "    __shared__ float s[STATIC_FLOATS];\n"
+    "    for (int i = threadIdx.x; i < STATIC_FLOATS; i += blockDim.x) s[i] = (float)i;\n"
+    "    __syncthreads();\n"
+    "    if (threadIdx.x == 0) ((float *)p.out)[0] = s[STATIC_FLOATS - 1];\n"
+    "}\n"
+    "EXPORT(hw_static);\n"
+    "extern \"C\" __global__ void hw_dyn(const struct hw_params p)\n"
+    "{\n"
+    "    DYN(float, d);\n"
+    "    for (int i = threadIdx.x; i < p.n; i += blockDim.x) d[i] = (float)i;\n"
+    "    __syncthreads();\n"
+    "    if (threadIdx.x == 0) ((float *)p.out)[1] = d[p.n - 1];\n"
+    "}\n"
+    "EXPORT(hw_dyn);\n";
+
+typedef struct {
+    unsigned long long out;
+    int n, pad;
+} hw_params;
+
+static kvq_status load_small(cu_dev *d, int static_floats, cu_module **m, char *msg, size_t n)
+{
+    char src[4096];
+    snprintf(src, sizeof src, "#define STATIC_FLOATS %d\n%s", static_floats, small_src);
+    return cu_dev_load(d, src, NULL, m, msg, n);
+}
+
+static void test_shared_memory(cu_dev *d)
+{
+    char why[256];
+    if (cu_nvrtc_load(why, sizeof why) != KVQ_OK) {
+        printf("SKIP emulated driver shared memory limits: %s\n", why);
+        return;
+    }
+    th_begin("emulated driver: static shared memory (48 KiB), dynamic shared memory (48 KiB, the attribute, sm_90's "
+             "227 KiB) as the driver checks them, with ptxas's figures");
+    char msg[2048] = "";
+    cu_module *m = NULL;
+    /* 48 KiB + 4 bytes of static shared memory: ptxas refuses the kernel, so the emulated GPU does too */
+    kvq_status st = load_small(d, 12289, &m, msg, sizeof msg);
+    TH_CHECK(st != KVQ_OK && strstr(msg, "sm_90") && strstr(msg, "hw_static") && strstr(msg, "static shared memory"),
+             "a kernel with 49156 bytes of static shared memory loaded (%s)", msg);
+    cu_module_free(m);
+    m = NULL;
+    TH_CHECK(load_small(d, 12288, &m, msg, sizeof msg) == KVQ_OK, "48 KiB of static shared memory: %s", msg);
+    float out[2] = {0, 0};
+    hw_params p = {(unsigned long long)(uintptr_t)out, 0, 0};
+    const unsigned one[3] = {1, 1, 1}, blk[3] = {128, 1, 1};
+    TH_CHECK(m && cu_dev_launch(d, m, "hw_static", one, blk, &p, sizeof p, msg, sizeof msg) == KVQ_OK, "%s", msg);
+    TH_CHECK(out[0] == 12287.0f, "static: %g", out[0]);
+    /* dynamic: 48 KiB by default, up to the attribute, the attribute up to the device's 227 KiB */
+    p.n = 12288;
+    TH_CHECK(m && cu_dev_launch_smem(d, m, "hw_dyn", one, blk, 48 * 1024, &p, sizeof p, msg, sizeof msg) == KVQ_OK,
+             "48 KiB dynamic: %s", msg);
+    TH_CHECK(out[1] == 12287.0f, "dynamic: %g", out[1]);
+    st = m ? cu_dev_launch_smem(d, m, "hw_dyn", one, blk, 48 * 1024 + 4, &p, sizeof p, msg, sizeof msg)
+           : KVQ_ERR_INTERNAL;
+    TH_CHECK(st == KVQ_ERR_INTERNAL && strstr(msg, "hw_dyn") && strstr(msg, "49156") &&
+                 strstr(msg, "CUDA_ERROR_INVALID_VALUE"),
+             "48 KiB + 4 dynamic without the attribute: %s", st == KVQ_OK ? "launched" : msg);
+    TH_CHECK(m && cu_dev_func_max_dyn_smem(d, m, "hw_dyn", 200 * 1024, msg, sizeof msg) == KVQ_OK, "attribute: %s",
+             msg);
+    p.n = 50000;
+    TH_CHECK(m && cu_dev_launch_smem(d, m, "hw_dyn", one, blk, 200000, &p, sizeof p, msg, sizeof msg) == KVQ_OK,
+             "200,000 bytes dynamic with the attribute: %s", msg);
+    TH_CHECK(out[1] == 49999.0f, "dynamic: %g", out[1]);
+    st = m ? cu_dev_launch_smem(d, m, "hw_dyn", one, blk, 200 * 1024 + 4, &p, sizeof p, msg, sizeof msg)
+           : KVQ_ERR_INTERNAL;
+    TH_CHECK(st == KVQ_ERR_INTERNAL && strstr(msg, "MAX_DYNAMIC_SHARED_SIZE_BYTES"), "past the attribute: %s",
+             st == KVQ_OK ? "launched" : msg);
+    st = m ? cu_dev_func_max_dyn_smem(d, m, "hw_dyn", 227 * 1024 + 4, msg, sizeof msg) : KVQ_ERR_INTERNAL;
+    TH_CHECK(st == KVQ_ERR_INTERNAL && strstr(msg, "CUDA_ERROR_INVALID_VALUE"), "attribute past 227 KiB: %s",
+             st == KVQ_OK ? "accepted" : msg);
+    /* the static kernel's 48 KiB count against the opt-in maximum */
+    st = m ? cu_dev_func_max_dyn_smem(d, m, "hw_static", 180 * 1024, msg, sizeof msg) : KVQ_ERR_INTERNAL;
+    TH_CHECK(st == KVQ_ERR_INTERNAL && strstr(msg, "49152 bytes of static"), "48 KiB static + 180 KiB: %s",
+             st == KVQ_OK ? "accepted" : msg);
+    cu_module_free(m);
+    th_end();
+}
+
+/* Registers: a decode kernel's ptxas count times the threads of the block. */
+static void test_registers(cu_dev *d)
+{
+    char why[256];
+    if (cu_nvrtc_load(why, sizeof why) != KVQ_OK) {
+        printf("SKIP emulated driver register limit: %s\n", why);
+        return;
+    }
+    th_begin("emulated driver: a block needing more than 65536 registers (ptxas's count x threads) is refused with "
+             "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES");
+    static const char kivi[] = "scheme k { key { bits 2; per channel; group 32; } value { bits 2; per token; group 32; } "
+                               "residual 32; }\n";
+    kvq_spec *spec = NULL;
+    char msg[2048] = "";
+    kvq_plan *plan = kvq_malloc(sizeof *plan);
+    char *src = NULL;
+    cu_module *m = NULL;
+    kvq_dims dims = {1, 32, 8, 128};
+    TH_CHECK(plan && kvq_spec_parse_string("<test>", kivi, strlen(kivi), &spec) == KVQ_OK, "spec");
+    TH_CHECK(plan_build(kvq_spec_scheme(spec, NULL), &dims, KVQ_F32, plan, msg, sizeof msg) == KVQ_OK, "%s", msg);
+    TH_CHECK(emit_cuda_source(plan, &src, NULL) == KVQ_OK, "emit");
+    TH_CHECK(cu_dev_load(d, src, NULL, &m, msg, sizeof msg) == KVQ_OK, "load: %s", msg);
+    cu_compiled c;
+    memset(&c, 0, sizeof c);
+    TH_CHECK(cu_nvrtc_compile(src, "sm_90", 1, &c, NULL, msg, sizeof msg) == KVQ_OK, "%s", msg);
+    int regs = 0;
+    for (int i = 0; i < c.n_res; i++)
+        if (!strcmp(c.res[i].name, "kvq_decode_c0")) regs = c.res[i].regs;
+    cu_compiled_free(&c);
+    /* the smallest block of whole warps whose registers exceed 65536 */
+    unsigned per_warp = ((unsigned)regs * 32 + 255) / 256 * 256, warps = 65536 / (per_warp ? per_warp : 1) + 1;
+    TH_CHECK(regs > 0 && warps * 32 <= 1024, "kvq_decode_c0 has %d registers", regs);
+    kvq_decode_params dp;
+    memset(&dp, 0, sizeof dp);
+    const unsigned one[3] = {1, 1, 1}, blk[3] = {warps * 32, 1, 1};
+    kvq_status st = m ? cu_dev_launch(d, m, "kvq_decode_c0", one, blk, &dp, sizeof dp, msg, sizeof msg) : KVQ_OK;
+    TH_CHECK(st == KVQ_ERR_INTERNAL && strstr(msg, "kvq_decode_c0") && strstr(msg, "registers") &&
+                 strstr(msg, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
+             "%d registers x %u threads: %s", regs, warps * 32, st == KVQ_OK ? "launched" : msg);
+    printf("  kvq_decode_c0: %d registers a thread on sm_90: %u threads refused\n", regs, warps * 32);
+    cu_module_free(m);
+    kvq_free(src);
+    kvq_free(plan);
+    kvq_spec_free(spec);
+    th_end();
+}
+
+static void test_driver(void)
+{
+    cu_dev *d = NULL;
+    char msg[512];
+    if (cu_dev_open(CU_DEV_EMU, &d, msg, sizeof msg) != KVQ_OK) {
+        printf("SKIP emulated driver: %s\n", msg);
+        return;
+    }
+    test_contexts(d);
+    test_shared_memory(d);
+    test_registers(d);
+    cu_dev_close(d);
+}
+
 int main(void)
 {
     char err[1024];
@@ -222,5 +520,7 @@ int main(void)
     kvq_engine_free(probe);
     test_ott_long_pools();
     test_long_prefill();
+    test_other_thread();
+    test_driver();
     return th_summary();
 }
