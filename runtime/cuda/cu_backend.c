@@ -387,12 +387,12 @@ static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
         st = cu_dev_launch(c->dev, c->mod, "kvq_merge", mg, mb, &dp, sizeof dp, msg, ms);
     }
     if (st == KVQ_OK) st = cu_dev_d2h(c->dev, oh, outd, qd * sizeof *oh, msg, ms);
-    /* 5. ZipCache: probe rows from this step's attention (its query and lse on the device), compression every W */
+    /* 5. ZipCache: probe rows over this step's tiles (its query on the device, docs/cuda.md "Determinism"),
+     *    compression every W */
     for (int i = 0; i < n && st == KVQ_OK; i++) {
         cu_layer *L = items[i].seq->layers[layer];
         if (L->sparse) continue;
-        st = cu_qlayer_after_attend(c, &L->q, c->qbuf + (uint64_t)i * Hq * D * 4, lsed + (uint64_t)i * Hq * 4, msg,
-                                    ms);
+        st = cu_qlayer_after_attend(c, &L->q, c->qbuf + (uint64_t)i * Hq * D * 4, &sq[i], msg, ms);
         if (st != KVQ_OK) bad = i;
     }
     /* 6. adopt, or put every item back */

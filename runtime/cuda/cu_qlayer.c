@@ -373,10 +373,11 @@ kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, const float *k, co
     return st;
 }
 
-kvq_status cu_qlayer_after_attend(kvq_backend_ctx *c, cu_qlayer *L, uint64_t q, uint64_t lse, char *msg, size_t mn)
+kvq_status cu_qlayer_after_attend(kvq_backend_ctx *c, cu_qlayer *L, uint64_t q, const kvq_seq_tiles *tiles,
+                                  char *msg, size_t mn)
 {
     if (!L->saliency || L->rule[0].capacity == 0) return KVQ_OK;
-    kvq_status st = cu_sal_record(c, L, L->length - 1, q, lse, msg, mn);
+    kvq_status st = cu_sal_record(c, L, L->length - 1, q, tiles, msg, mn);
     if (st != KVQ_OK || !L->pending_flush) return st;
     L->pending_flush = 0;
     int B = L->rule[0].batch; /* K and V share the rule */
