@@ -311,6 +311,75 @@ static void test_other_thread(void)
     th_end();
 }
 
+/* ---- ZipCache's classes on near-ties ---- */
+
+/* Every decode token's key is the same vector but for 16 "quiet" channels (where every query is about 1e-4), each
+ * moved by one fp16 ulp up or down, so the tokens' saliencies differ in their last bits and which are salient is
+ * decided by rounding: the device must compute the probe rows exactly as the reference does (docs/cuda.md
+ * "Determinism"). With the decode kernel's fp32 lse and exp2 (before), a class differed at step 54. */
+static const char zip_ties[] = "scheme zt {\n"
+                               "  key   { per channel; group all; }\n"
+                               "  value { per token; channel_separable; group hidden; }\n"
+                               "  residual 2;\n"
+                               "  saliency normalized { probes recent 50% random 50%; salient 50% bits 4; rest bits 2; "
+                               "every 6; }\n"
+                               "}\n";
+
+static void test_zip_near_ties(void)
+{
+    th_begin("emu backend: ZipCache classes on constructed near-ties (keys one fp16 ulp apart in channels the "
+             "queries barely see): decode and read_cache as the reference's over 10 compressions");
+    enum { H = 1, HQ = 2, D = 64, PROMPT = 16, STEPS = 60, QUIET = 16 };
+    const kvq_dims dims = {1, HQ, H, D};
+    kvq_spec *spec = NULL;
+    char err[1024] = "";
+    kvq_engine *ref = engine_for(zip_ties, &spec, KVQ_BACKEND_REFERENCE, dims, err, sizeof err);
+    kvq_engine *emu = ref ? engine_for(zip_ties, &spec, KVQ_BACKEND_EMU, dims, err, sizeof err) : NULL;
+    TH_CHECK(ref && emu, "engines: %s", err);
+    const int T = PROMPT + STEPS;
+    float *K = kvq_malloc((size_t)T * D * 4), *V = kvq_malloc((size_t)T * D * 4), *Q = kvq_malloc((size_t)HQ * T * D * 4);
+    TH_CHECK(K && V && Q, "out of memory");
+    rng_state = 17;
+    float base[D];
+    for (int c = 0; c < D; c++) /* fp16 values in [1, 2): one ulp is 2^-10 */
+        base[c] = copysignf(1.0f + (float)(int)((urand() + 1.0f) * 511.0f) / 1024.0f, urand());
+    for (int t = 0; t < T; t++) {
+        for (int c = 0; c < D; c++) K[(size_t)t * D + c] = t < PROMPT ? urand() : base[c], V[(size_t)t * D + c] = urand();
+        if (t >= PROMPT)
+            for (int c = 0; c < QUIET; c++) K[(size_t)t * D + c] += (urand() < 0 ? -1.0f : 1.0f) / 1024.0f;
+    }
+    for (int h = 0; h < HQ; h++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < D; c++) Q[((size_t)h * T + t) * D + c] = c < QUIET ? 1e-4f * urand() : 0.5f * urand();
+    kvq_seq *rs = NULL, *es = NULL;
+    TH_CHECK(kvq_seq_create(ref, &rs) == KVQ_OK && kvq_seq_create(emu, &es) == KVQ_OK, "sequences");
+    float *pq = kvq_malloc((size_t)HQ * PROMPT * D * 4);
+    TH_CHECK(pq != NULL, "out of memory");
+    for (int h = 0; h < HQ; h++) memcpy(pq + (size_t)h * PROMPT * D, Q + (size_t)h * T * D, (size_t)PROMPT * D * 4);
+    kvq_prefill_item ri = {rs, PROMPT, K, V, pq}, ei = {es, PROMPT, K, V, pq};
+    TH_CHECK(kvq_prefill(ref, 0, &ri, 1) == KVQ_OK, "ref prefill: %s", kvq_engine_errmsg(ref));
+    TH_CHECK(kvq_prefill(emu, 0, &ei, 1) == KVQ_OK, "emu prefill: %s", kvq_engine_errmsg(emu));
+    float q[HQ * D], o1[HQ * D], o2[HQ * D];
+    double worst = 0;
+    for (int s = 0; s < STEPS && !th_failed(); s++) {
+        int t = PROMPT + s;
+        for (int h = 0; h < HQ; h++) memcpy(q + h * D, Q + ((size_t)h * T + t) * D, D * 4);
+        kvq_decode_item rd = {rs, K + (size_t)t * D, V + (size_t)t * D, q, o1}, ed = {es, K + (size_t)t * D,
+                                                                                    V + (size_t)t * D, q, o2};
+        TH_CHECK(kvq_decode(ref, 0, &rd, 1) == KVQ_OK, "ref decode: %s", kvq_engine_errmsg(ref));
+        TH_CHECK(kvq_decode(emu, 0, &ed, 1) == KVQ_OK, "emu decode: %s", kvq_engine_errmsg(emu));
+        TH_CHECK(close_out(o2, o1, HQ, D, &worst), "step %d: error %.3g of the magnitude", s, worst);
+    }
+    long long bad = th_failed() ? -1 : cache_diff(ref, rs, emu, es, 0, H, D, T);
+    TH_CHECK(bad == -1, "read_cache differs at token %lld channel %lld: a class differs from the reference's", bad / D,
+             bad % D);
+    kvq_free(K), kvq_free(V), kvq_free(Q), kvq_free(pq);
+    kvq_engine_free(ref);
+    kvq_engine_free(emu);
+    kvq_spec_free(spec);
+    th_end();
+}
+
 /* ---- the emulated driver ---- */
 
 static void *alloc_on_thread(void *arg)
@@ -521,6 +590,7 @@ int main(void)
     test_ott_long_pools();
     test_long_prefill();
     test_other_thread();
+    test_zip_near_ties();
     test_driver();
     return th_summary();
 }
