@@ -364,7 +364,7 @@ KVQ_DEV unsigned long long kvq_prob_fixed(double e) { return (unsigned long long
 /* Key k_c of token t of tile T (kv head h) as ref_page_read dequantizes it: z + s * code (two roundings), times
  * the channel factor when separable; fp16 rows and pages as they are. */
 KVQ_DEV float kvq_norm_key(const unsigned char *b, int kind, kvq_fmt f, kvq_page_off o, int h, int cap, int slot,
-                           int c, const float *cv)
+                           int c, float code)
 {
     if (kind == KVQ_SRC_F16)
         return kvq_h2f(((const kvq_half *)b)[((long long)h * cap + slot) * KVQ_D + c]);
@@ -372,28 +372,28 @@ KVQ_DEV float kvq_norm_key(const unsigned char *b, int kind, kvq_fmt f, kvq_page
     long long i = f.gran == 0 ? (long long)h * KVQ_D + c
                   : f.hidden  ? (long long)slot
                               : ((long long)h * cap + slot) * o.n_groups + c / f.group;
-    float r = __fadd_rn(kvq_ld_par(b + o.zero, i, f.zbytes), __fmul_rn(kvq_ld_par(b + o.scale, i, f.sbytes), cv[c & 7]));
+    float r = __fadd_rn(kvq_ld_par(b + o.zero, i, f.zbytes), __fmul_rn(kvq_ld_par(b + o.scale, i, f.sbytes), code));
     if (f.sep) r = __fmul_rn(r, kvq_ld_par(b + o.factor, (long long)h * KVQ_D + c, f.sbytes));
     return r;
 }
 
-/* The logit q . k * scale of token t of tile T in double, channel by channel (ref_attend); -inf for a masked slot
- * (the reference skips it). */
-KVQ_DEV double kvq_norm_logit(const kvq_tile *T, int t, int h, kvq_fmt khi, kvq_fmt klo, const float *q, double scale)
+/* The logit q . k * scale of slot `slot` of a tile's key container (kind, format f, offsets o) in double, channel
+ * by channel (ref_attend); -inf for a masked slot (the reference skips it). Not unrolled: a policy kernel, kept
+ * within its registers. */
+KVQ_DEV double kvq_norm_logit(const unsigned char *b, int kind, kvq_fmt f, kvq_page_off o, int cap, int h, int slot,
+                              const float *q, double scale)
 {
-    const int kind = T->kinds & 255, slot = T->k_slot + t;
-    const unsigned char *b = (const unsigned char *)T->k;
-    const kvq_fmt f = kind == KVQ_SRC_LO ? klo : khi;
-    const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, T->k_cap);
     if (kind != KVQ_SRC_F16 && f.masked && ((b[o.mask + (long long)h * o.mask_stride + (slot >> 3)] >> (slot & 7)) & 1))
         return KVQ_NEG_INF_D;
     double s = 0.0;
-    float cv[8];
+    float cv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll 1
     for (int c0 = 0; c0 < KVQ_D; c0 += 8) {
         if (kind != KVQ_SRC_F16 && f.bits < 16)
-            kvq_unpack8(b + o.codes + ((long long)h * T->k_cap + slot) * o.cbpt, c0, f.bits, KVQ_D, cv);
-        for (int c = c0; c < c0 + 8; c++)
-            s += (double)q[c] * (double)kvq_norm_key(b, kind, f, o, h, T->k_cap, slot, c, cv);
+            kvq_unpack8(b + o.codes + ((long long)h * cap + slot) * o.cbpt, c0, f.bits, KVQ_D, cv);
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+            s += (double)q[c0 + v] * (double)kvq_norm_key(b, kind, f, o, h, cap, slot, c0 + v, cv[v]);
     }
     return kvq_dmul(s, scale);
 }
@@ -417,8 +417,11 @@ KVQ_DEV void kvq_zip_norm_body(const kvq_zip_norm_params *p, kvq_fmt khi, kvq_fm
             const kvq_tile T = tiles[ti];
             int n = T.n;
             if (T.count) n = max(0, min(n, ((const int *)T.count)[h] - T.k_slot));
+            const int kind = T.kinds & 255;
+            const kvq_fmt f = kind == KVQ_SRC_LO ? klo : khi;
+            const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, T.k_cap);
             for (int t = tid; t < n; t += KVQ_PTHREADS) {
-                double l = kvq_norm_logit(&T, t, h, khi, klo, qs, p->scale);
+                double l = kvq_norm_logit((const unsigned char *)T.k, kind, f, o, T.k_cap, h, T.k_slot + t, qs, p->scale);
                 if (l > mx) mx = l;
             }
         }
@@ -434,8 +437,11 @@ KVQ_DEV void kvq_zip_norm_body(const kvq_zip_norm_params *p, kvq_fmt khi, kvq_fm
             const kvq_tile T = tiles[ti];
             int n = T.n;
             if (T.count) n = max(0, min(n, ((const int *)T.count)[h] - T.k_slot));
+            const int kind = T.kinds & 255;
+            const kvq_fmt f = kind == KVQ_SRC_LO ? klo : khi;
+            const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, T.k_cap);
             for (int t = tid; t < n; t += KVQ_PTHREADS) {
-                double l = kvq_norm_logit(&T, t, h, khi, klo, qs, p->scale);
+                double l = kvq_norm_logit((const unsigned char *)T.k, kind, f, o, T.k_cap, h, T.k_slot + t, qs, p->scale);
                 if (l != KVQ_NEG_INF_D) z += kvq_prob_fixed(kvq_exp_det(l - mx));
             }
         }
