@@ -72,6 +72,14 @@ double kvq_dense_preference_layer(const float *q, const float *k, int heads, int
  * backend's kvq_tk_dense computes the same). NaN for NaN, +inf above 709.78, 0 below -745.13. */
 double kvq_exp_det(double x);
 
+/* ZipCache's probe-row normaliser (docs/cuda.md "Determinism"): each weight e in [0, 1] as an integer of 2^-40
+ * units, truncated, so that the normaliser Z = KVQ_PROB_FIXED_UNIT * sum is an integer sum whose value does not
+ * depend on the order of its terms: ref_attend and the device's kvq_zip_norm, summing in different orders, get the
+ * same bits. The truncation moves Z by less than n * 2^-40 (Z >= 1: the largest term is e^0). Device copy in
+ * templates/kvq_policy.cuh. */
+#define KVQ_PROB_FIXED_UNIT 9.094947017729282e-13 /* 2^-40 */
+static inline uint64_t kvq_prob_fixed(double e) { return (uint64_t)(e * 1099511627776.0); }
+
 /* TailorKV App. I reduce_q: the query the kv head `kv_head` uses for Eq. 10 and token scoring, the mean of its
  * group's query heads (heads / kv_heads consecutive heads; a plain copy for MHA). The mean is of signed values:
  * Eq. 10 takes |.| after the reduction. q: [heads][D], out: [D]. */

@@ -21,6 +21,19 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_MIN_BLOCKS) KVQ_C(
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
 
+#if KVQ_POL_ZIP
+/* ZipCache: a decode probe's normaliser over the cache this class's decode kernel reads (kvq_policy.cuh). */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm)(const kvq_zip_norm_params p)
+{
+    __shared__ float qs[KVQ_D];
+    __shared__ double red[KVQ_PTHREADS];
+    __shared__ unsigned long long zsum;
+    const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
+    kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm));
+#endif
+
 /* One quantize kernel per quantized store; the granularity picks the body (a constant). */
 #define KVQ_QUANT_KERNEL(NAME, FMT)                                                                            \
     extern "C" __global__ void __launch_bounds__(KVQ_QTHREADS, 4) KVQ_C(NAME)(const kvq_quant_params p)        \

@@ -300,7 +300,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *sbuf, fl
         const kvq_tile T = ((const kvq_tile *)st.tiles)[ti];
         const int kk = T.kinds & 255, vk = (T.kinds >> 8) & 255;
         int n = T.n;
-        if (T.count) n = min(n, ((const int *)T.count)[hk]);
+        if (T.count) n = max(0, min(n, ((const int *)T.count)[hk] - T.k_slot)); /* a pool's tile: kvq_tile.count */
         __syncthreads(); /* the previous tile's readers are done with the buffers */
         kvq_stage(&kb, T.k, kk, T.k_slot, T.k_cap, n, hk, khi, klo, tid);
         kvq_stage(&vb, T.v, vk, T.v_slot, T.v_cap, n, hk, vhi, vlo, tid);

@@ -46,7 +46,9 @@ enum {
  * slots [v_slot, v_slot + n) of another (token i of the run: key slot k_slot + i, value slot v_slot + i). */
 typedef struct {
     kvq_u64 k, v;       /* container base addresses: a page (layout.h) or an fp16 window */
-    kvq_u64 count;      /* 0, or the address of int[kv_heads]: kv head h attends only to the first count[h] tokens */
+    kvq_u64 count;      /* 0, or the address of int[kv_heads]: kv head h attends only to the container's slots
+                         * below count[h], i.e. to the first clamp(count[h] - k_slot, 0, n) tokens of the run (a
+                         * pool longer than a tile is cut into several tiles sharing one count) */
     kvq_i32 k_slot, v_slot;
     kvq_i32 k_cap, v_cap; /* capacities of the containers (their row strides per kv head) */
     kvq_i32 n;
@@ -159,6 +161,8 @@ typedef struct {
 /* ZipCache (Eq. 7-9, Alg. 2-3), block KVQ_PTHREADS:
  *   kvq_zip_stats    grid (np, heads): max logit and softmax denominator of each prefill probe row;
  *   kvq_zip_saliency grid (ceil(n / KVQ_PTHREADS), kv_heads): Eq. 7/8 of prompt tokens [first, first + n);
+ *   kvq_zip_norm_c<k> grid (kv_heads): a decode probe's max logit and normaliser over the whole cache (its
+ *                    tiles), kvq_zip_norm_params;
  *   kvq_zip_row      grid (kv_heads): a decode probe's row over the key window, into rows[row];
  *   kvq_zip_rowsal   grid (ceil(n / KVQ_PTHREADS), kv_heads): Eq. 7/8 of the window's first n tokens from the
  *                    rows recorded during the cycle;
@@ -169,14 +173,25 @@ typedef struct {
     kvq_u64 pos;      /* const int [np]: probe positions (stats, saliency), relative to the window (rowsal) */
     kvq_u64 stats;    /* double [heads][np][2] */
     kvq_u64 rows;     /* float [probe rows][kv_heads][wcap] */
-    kvq_u64 lse;      /* const float [heads]: log2-sum-exp2 of the step's scaled scores (decode kernel) */
+    kvq_u64 norm;     /* const double [heads][2]: the probe's max logit and normaliser over the cache (row) */
     kvq_u64 sal;      /* float [kv_heads][n] */
     kvq_u64 is_high;  /* u8 [kv_heads][n] */
     kvq_u64 work;     /* u32 [kv_heads][n] keys, then int [kv_heads][n] */
-    double scale;     /* the softmax scale (stats, saliency); scale * log2 e (row) */
+    double scale;     /* the softmax scale */
     kvq_i32 np, first, n, accumulated;
     kvq_i32 n_high, row, wcap, count; /* count: tokens in the window (row) */
 } kvq_zip_params;
+
+/* kvq_zip_norm_c<k> (kvq_class.cuh): the normaliser of a decode probe's row, Eq. 9's softmax over every token of
+ * the cache (docs/cuda.md "Determinism"): per query head the max logit m and Z = sum of kvq_prob_fixed(e^(l - m)),
+ * written to norm. grid (kv_heads), block KVQ_PTHREADS. */
+typedef struct {
+    kvq_u64 q;      /* const float [heads][D]: the step's query */
+    kvq_u64 tiles;  /* const kvq_tile [n_tiles]: the sequence's tiles of this step (those the decode kernel read) */
+    kvq_u64 norm;   /* double [heads][2] */
+    double scale;   /* the softmax scale */
+    kvq_i32 n_tiles, reserved;
+} kvq_zip_norm_params;
 
 /* TailorKV (Sec. 4.2, App. I): kvq_tk_absmax, grid (kv_heads), block KVQ_D: Eq. 10's max_t |K_t,i| over the
  * prompt; kvq_tk_select, grid (kv_heads), block KVQ_PTHREADS: reduced query, critical channels, candidate scores
@@ -218,8 +233,9 @@ typedef struct {
         (long long)sizeof(kvq_zip_params), (long long)sizeof(kvq_tk_params), (long long)sizeof(kvq_dense_params), \
         (long long)KVQ_RT_OFFSETOF(kvq_ott_params, group), (long long)KVQ_RT_OFFSETOF(kvq_zip_params, scale),     \
         (long long)KVQ_RT_OFFSETOF(kvq_zip_params, count), (long long)KVQ_RT_OFFSETOF(kvq_tk_params, n_ch),       \
-        (long long)KVQ_RT_OFFSETOF(kvq_dense_params, kk)
-#define KVQ_PARAMS_SIG_N 20
+        (long long)KVQ_RT_OFFSETOF(kvq_dense_params, kk), (long long)sizeof(kvq_zip_norm_params),              \
+        (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles)
+#define KVQ_PARAMS_SIG_N 22
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -243,5 +259,7 @@ KVQ_OFFSET_ASSERT(kvq_zip_params, scale, 96);
 KVQ_OFFSET_ASSERT(kvq_zip_params, count, 132);
 KVQ_OFFSET_ASSERT(kvq_tk_params, n_ch, 56);
 KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
+KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
+KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
 
 #endif

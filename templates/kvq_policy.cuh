@@ -7,16 +7,50 @@
  * in double, so whether a compiler fuses them into an fma does not matter, and where a double product is
  * followed by a subtraction (the logit scale) kvq_dmul keeps it separately rounded as on the host; conversions
  * to float and fp16 round to nearest on both sides; maxima and rankings are exact (kvq_select.cuh). Threads
- * split the independent items (tokens, channels, rows), never a sum. ZipCache's exp and exp2 are the only library
- * calls (the reference computes its probe rows with libm's): under the emulator they are the host's libm
- * (bit-identical), on a GPU CUDA's (within 1 ulp of libm's). TailorKV's calibration uses kvq_exp_det, which both
- * sides compute from the same additions and multiplications: bit-identical on a GPU too. */
+ * split the independent items (tokens, channels, rows), never a sum, except ZipCache's probe-row normaliser, an
+ * integer sum (kvq_prob_fixed) whose value does not depend on the order. There are no library calls: ZipCache and
+ * TailorKV take e^x from kvq_exp_det, which both sides compute from the same additions and multiplications, so the
+ * decisions are bit-identical on a GPU too. */
 #ifndef KVQ_POLICY_CUH
 #define KVQ_POLICY_CUH
 
 #include "kvq_select.cuh"
 
 #define KVQ_NEG_INF_D (__longlong_as_double((long long)0xfff0000000000000ull))
+
+#if KVQ_POL_ZIP || KVQ_POL_DENSE
+/* kvq_exp_det (runtime/policy_tailorkv.c), constant for constant and operation for operation; kvq_dmul keeps every
+ * product that feeds an addition separately rounded, as the host (-ffp-contract=off) computes it. */
+KVQ_DEV double kvq_exp_det(double x)
+{
+    if (x != x) return x;
+    if (x > 709.782712893384) return __longlong_as_double(0x7ff0000000000000LL);
+    if (x < -745.1332191019412) return 0.0;
+    double kd = kvq_dmul(x, 1.4426950408889634);
+    kd = (kd + 6755399441055744.0) - 6755399441055744.0;
+    double r = (x - kvq_dmul(kd, 0.6931471803691238)) - kvq_dmul(kd, 1.9082149292705877e-10);
+    double p = 1.6059043836821613e-10;
+    p = kvq_dmul(p, r) + 2.08767569878681e-09;
+    p = kvq_dmul(p, r) + 2.505210838544172e-08;
+    p = kvq_dmul(p, r) + 2.755731922398589e-07;
+    p = kvq_dmul(p, r) + 2.7557319223985893e-06;
+    p = kvq_dmul(p, r) + 2.48015873015873e-05;
+    p = kvq_dmul(p, r) + 0.0001984126984126984;
+    p = kvq_dmul(p, r) + 0.001388888888888889;
+    p = kvq_dmul(p, r) + 0.008333333333333333;
+    p = kvq_dmul(p, r) + 0.041666666666666664;
+    p = kvq_dmul(p, r) + 0.16666666666666666;
+    p = kvq_dmul(p, r) + 0.5;
+    p = kvq_dmul(p, r) + 1.0;
+    p = kvq_dmul(p, r) + 1.0;
+    int k = (int)kd;
+    if (k < -1021) /* subnormal result: 2^(k + 54), then 2^-54 (the one rounding) */
+        return kvq_dmul(kvq_dmul(p, __longlong_as_double((long long)(k + 54 + 1023) << 52)), 5.551115123125783e-17);
+    if (k > 1023) /* x within 0.35 of the overflow threshold */
+        return kvq_dmul(kvq_dmul(p, __longlong_as_double((long long)(k - 1 + 1023) << 52)), 2.0);
+    return kvq_dmul(p, __longlong_as_double((long long)(k + 1023) << 52));
+}
+#endif
 
 /* ---------------------------------------------------------------------------------- OTT (App. E) ---- */
 #if KVQ_POL_OTT
@@ -250,7 +284,7 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_stats(cons
     double den = 0.0;
     for (int base = 0; base < n; base += KVQ_PTHREADS) {
         int t = base + tid;
-        red[tid] = t < n ? exp(kvq_dmul(kvq_dot_qk(qs, &p.k, kvq_row_at(&p.k, h, t, 0)), p.scale) - mx) : 0.0;
+        red[tid] = t < n ? kvq_exp_det(kvq_dmul(kvq_dot_qk(qs, &p.k, kvq_row_at(&p.k, h, t, 0)), p.scale) - mx) : 0.0;
         __syncthreads();
         if (tid == 0)
             for (int j = 0; j < min(KVQ_PTHREADS, n - base); j++) den += red[j];
@@ -286,7 +320,8 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_saliency(c
         float a = 0.0f;
         for (int j = 0; j < KVQ_GQA; j++) {
             long long qr = (long long)(h * KVQ_GQA + j) * p.np + r;
-            double e = exp(kvq_dmul(kvq_dot_qk((const float *)p.q + qr * KVQ_D, &p.k, row0), p.scale) - st[2 * qr]);
+            double e =
+                kvq_exp_det(kvq_dmul(kvq_dot_qk((const float *)p.q + qr * KVQ_D, &p.k, row0), p.scale) - st[2 * qr]);
             a = (float)((double)a + e / st[2 * qr + 1]);
         }
         sum += (double)a;
@@ -296,11 +331,13 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_saliency(c
 }
 KVQ_KERNEL_EXPORT(kvq_zip_saliency);
 
-/* Alg. 3: a probe step's row over the waiting tokens, p_i = sum over the group's heads of
- * 2^(s_i * scale * log2 e - lse), lse the step's log2-sum-exp2 over the whole cache (cu_saliency.c). */
+/* Alg. 3: a probe step's row over the waiting tokens, p_i = sum over the group's heads of e^(l_i - m) / Z with
+ * (m, Z) from kvq_zip_norm over the whole cache, rounded as ref_attend rounds its probabilities (docs/cuda.md
+ * "Determinism"). */
 extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_row(const kvq_zip_params p)
 {
     const int h = blockIdx.x;
+    const double *nm = (const double *)p.norm;
     float *row = (float *)p.rows + ((long long)p.row * KVQ_HKV + h) * p.wcap;
     for (int sl = threadIdx.x; sl < p.wcap; sl += KVQ_PTHREADS) {
         float v = 0.0f; /* tokens after the probe: it cannot see them */
@@ -310,7 +347,8 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_row(const 
             for (int j = 0; j < KVQ_GQA; j++) {
                 int hq = h * KVQ_GQA + j;
                 double s = kvq_dot_qk((const float *)p.q + (long long)hq * KVQ_D, &p.k, r0);
-                acc += exp2(kvq_dmul(s, p.scale) - (double)((const float *)p.lse)[hq]);
+                float e = (float)kvq_exp_det(kvq_dmul(s, p.scale) - nm[2 * hq]);
+                acc += (double)(float)((double)e / nm[2 * hq + 1]);
             }
             v = (float)acc;
         }
@@ -318,6 +356,104 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_row(const 
     }
 }
 KVQ_KERNEL_EXPORT(kvq_zip_row);
+
+/* kvq_prob_fixed (runtime/policy.h): a weight e in [0, 1] in integer units of 2^-40, truncated. */
+#define KVQ_PROB_FIXED_UNIT 9.094947017729282e-13
+KVQ_DEV unsigned long long kvq_prob_fixed(double e) { return (unsigned long long)(e * 1099511627776.0); }
+
+/* Key k_c of token t of tile T (kv head h) as ref_page_read dequantizes it: z + s * code (two roundings), times
+ * the channel factor when separable; fp16 rows and pages as they are. */
+KVQ_DEV float kvq_norm_key(const unsigned char *b, int kind, kvq_fmt f, kvq_page_off o, int h, int cap, int slot,
+                           int c, float code)
+{
+    if (kind == KVQ_SRC_F16)
+        return kvq_h2f(((const kvq_half *)b)[((long long)h * cap + slot) * KVQ_D + c]);
+    if (f.bits >= 16) return kvq_h2f(((const kvq_half *)(b + o.codes))[((long long)h * cap + slot) * KVQ_D + c]);
+    long long i = f.gran == 0 ? (long long)h * KVQ_D + c
+                  : f.hidden  ? (long long)slot
+                              : ((long long)h * cap + slot) * o.n_groups + c / f.group;
+    float r = __fadd_rn(kvq_ld_par(b + o.zero, i, f.zbytes), __fmul_rn(kvq_ld_par(b + o.scale, i, f.sbytes), code));
+    if (f.sep) r = __fmul_rn(r, kvq_ld_par(b + o.factor, (long long)h * KVQ_D + c, f.sbytes));
+    return r;
+}
+
+/* The logit q . k * scale of slot `slot` of a tile's key container (kind, format f, offsets o) in double, channel
+ * by channel (ref_attend); -inf for a masked slot (the reference skips it). Not unrolled: a policy kernel, kept
+ * within its registers. */
+KVQ_DEV double kvq_norm_logit(const unsigned char *b, int kind, kvq_fmt f, kvq_page_off o, int cap, int h, int slot,
+                              const float *q, double scale)
+{
+    if (kind != KVQ_SRC_F16 && f.masked && ((b[o.mask + (long long)h * o.mask_stride + (slot >> 3)] >> (slot & 7)) & 1))
+        return KVQ_NEG_INF_D;
+    double s = 0.0;
+    float cv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll 1
+    for (int c0 = 0; c0 < KVQ_D; c0 += 8) {
+        if (kind != KVQ_SRC_F16 && f.bits < 16)
+            kvq_unpack8(b + o.codes + ((long long)h * cap + slot) * o.cbpt, c0, f.bits, KVQ_D, cv);
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+            s += (double)q[c0 + v] * (double)kvq_norm_key(b, kind, f, o, h, cap, slot, c0 + v, cv[v]);
+    }
+    return kvq_dmul(s, scale);
+}
+
+/* kvq_zip_norm_c<k>: for each query head of kv head blockIdx.x, the max logit over the sequence's tiles (exact in
+ * any order) and Z = sum of kvq_prob_fixed(e^(l - max)) (an integer: the same in any order), which is what
+ * ref_attend computes for a probe over the cache it materialises. qs: [D] floats, red: [KVQ_PTHREADS] doubles,
+ * zsum: one u64, all shared. */
+KVQ_DEV void kvq_zip_norm_body(const kvq_zip_norm_params *p, kvq_fmt khi, kvq_fmt klo, float *qs, double *red,
+                               unsigned long long *zsum)
+{
+    const int h = blockIdx.x, tid = threadIdx.x;
+    const kvq_tile *tiles = (const kvq_tile *)p->tiles;
+    for (int j = 0; j < KVQ_GQA; j++) {
+        const int hq = h * KVQ_GQA + j;
+        for (int x = tid; x < KVQ_D; x += KVQ_PTHREADS) qs[x] = ((const float *)p->q)[(long long)hq * KVQ_D + x];
+        if (tid == 0) *zsum = 0;
+        __syncthreads();
+        double mx = KVQ_NEG_INF_D;
+        for (int ti = 0; ti < p->n_tiles; ti++) {
+            const kvq_tile T = tiles[ti];
+            int n = T.n;
+            if (T.count) n = max(0, min(n, ((const int *)T.count)[h] - T.k_slot));
+            const int kind = T.kinds & 255;
+            const kvq_fmt f = kind == KVQ_SRC_LO ? klo : khi;
+            const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, T.k_cap);
+            for (int t = tid; t < n; t += KVQ_PTHREADS) {
+                double l = kvq_norm_logit((const unsigned char *)T.k, kind, f, o, T.k_cap, h, T.k_slot + t, qs, p->scale);
+                if (l > mx) mx = l;
+            }
+        }
+        red[tid] = mx;
+        __syncthreads();
+        for (int s = KVQ_PTHREADS / 2; s > 0; s >>= 1) {
+            if (tid < s && red[tid + s] > red[tid]) red[tid] = red[tid + s];
+            __syncthreads();
+        }
+        mx = red[0];
+        unsigned long long z = 0;
+        for (int ti = 0; ti < p->n_tiles; ti++) {
+            const kvq_tile T = tiles[ti];
+            int n = T.n;
+            if (T.count) n = max(0, min(n, ((const int *)T.count)[h] - T.k_slot));
+            const int kind = T.kinds & 255;
+            const kvq_fmt f = kind == KVQ_SRC_LO ? klo : khi;
+            const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, T.k_cap);
+            for (int t = tid; t < n; t += KVQ_PTHREADS) {
+                double l = kvq_norm_logit((const unsigned char *)T.k, kind, f, o, T.k_cap, h, T.k_slot + t, qs, p->scale);
+                if (l != KVQ_NEG_INF_D) z += kvq_prob_fixed(kvq_exp_det(l - mx));
+            }
+        }
+        atomicAdd(zsum, z);
+        __syncthreads();
+        if (tid == 0) {
+            ((double *)p->norm)[2 * hq] = mx;
+            ((double *)p->norm)[2 * hq + 1] = (double)*zsum * KVQ_PROB_FIXED_UNIT;
+        }
+        __syncthreads(); /* qs, red and zsum are the next head's */
+    }
+}
 
 /* Eq. 7/8 of the window's token i from the cycle's rows (kvq_saliency over rows restricted to the batch). */
 extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_rowsal(const kvq_zip_params p)
@@ -420,38 +556,6 @@ KVQ_KERNEL_EXPORT(kvq_tk_select);
 
 /* --------------------------------------------------------- TailorKV calibration (Eq. 6-8) ---- */
 #if KVQ_POL_DENSE
-
-/* kvq_exp_det (runtime/policy_tailorkv.c), constant for constant and operation for operation; kvq_dmul keeps every
- * product that feeds an addition separately rounded, as the host (-ffp-contract=off) computes it. */
-KVQ_DEV double kvq_exp_det(double x)
-{
-    if (x != x) return x;
-    if (x > 709.782712893384) return __longlong_as_double(0x7ff0000000000000LL);
-    if (x < -745.1332191019412) return 0.0;
-    double kd = kvq_dmul(x, 1.4426950408889634);
-    kd = (kd + 6755399441055744.0) - 6755399441055744.0;
-    double r = (x - kvq_dmul(kd, 0.6931471803691238)) - kvq_dmul(kd, 1.9082149292705877e-10);
-    double p = 1.6059043836821613e-10;
-    p = kvq_dmul(p, r) + 2.08767569878681e-09;
-    p = kvq_dmul(p, r) + 2.505210838544172e-08;
-    p = kvq_dmul(p, r) + 2.755731922398589e-07;
-    p = kvq_dmul(p, r) + 2.7557319223985893e-06;
-    p = kvq_dmul(p, r) + 2.48015873015873e-05;
-    p = kvq_dmul(p, r) + 0.0001984126984126984;
-    p = kvq_dmul(p, r) + 0.001388888888888889;
-    p = kvq_dmul(p, r) + 0.008333333333333333;
-    p = kvq_dmul(p, r) + 0.041666666666666664;
-    p = kvq_dmul(p, r) + 0.16666666666666666;
-    p = kvq_dmul(p, r) + 0.5;
-    p = kvq_dmul(p, r) + 1.0;
-    p = kvq_dmul(p, r) + 1.0;
-    int k = (int)kd;
-    if (k < -1021) /* subnormal result: 2^(k + 54), then 2^-54 (the one rounding) */
-        return kvq_dmul(kvq_dmul(p, __longlong_as_double((long long)(k + 54 + 1023) << 52)), 5.551115123125783e-17);
-    if (k > 1023) /* x within 0.35 of the overflow threshold */
-        return kvq_dmul(kvq_dmul(p, __longlong_as_double((long long)(k - 1 + 1023) << 52)), 2.0);
-    return kvq_dmul(p, __longlong_as_double((long long)(k + 1023) << 52));
-}
 
 /* The sparse error of one query row (policy_tailorkv.c row_sparse_error): logits q . k * scale (double dot,
  * rounded once to fp32), their max, the k-th largest logit, then the softmax mass outside the top kk summed

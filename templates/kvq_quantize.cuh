@@ -4,12 +4,13 @@
  * occurrence wins min/max ties, so a -0/+0 group keeps the same zero). Pages are zeroed when allocated; mask
  * bits are only ever set (atomicOr, since blocks may share a mask byte).
  *
- *   per token  grid (kv_heads, ceil(n / KVQ_QTOK)): each block stages its rows, fits one group per thread,
- *              packs one 32-bit code word per thread.
+ *   per token  grid (kv_heads, min(ceil(n / KVQ_QTOK), 65535)): each block stages its rows, fits one group per
+ *              thread, packs one 32-bit code word per thread, and strides over the runs of KVQ_QTOK tokens.
  *   per channel grid (kv_heads): one thread per channel fits the group over the page's n tokens, then packs.
- *   hidden     grid (1, n): one group spans every kv head of a token.
+ *   hidden     grid (1, min(n, 65535)): one group spans every kv head of a token; blocks stride over tokens.
  *   factors    grid (kv_heads): ZipCache Eq. 6 c_i = sqrt(max_t |X_t,i|) over the n tokens, into the page.
- *   fp16 rows  grid (kv_heads, n): kvq_store_f16, for windows, pools, fp16 pages and fetched sparse rows. */
+ *   fp16 rows  grid (kv_heads, min(n, 65535)): kvq_store_f16, for windows, pools, fp16 pages and fetched sparse
+ *              rows; blocks stride over tokens. */
 #ifndef KVQ_QUANTIZE_CUH
 #define KVQ_QUANTIZE_CUH
 
@@ -59,12 +60,12 @@ KVQ_DEV void kvq_set_mask_bits(const kvq_quant_params *p, kvq_fmt f, kvq_page_of
     }
 }
 
-/* Per-token groups (not hidden). xs: [KVQ_QTOK][D] staged values, ps/pz: [KVQ_QTOK][D / group]. */
-KVQ_DEV void kvq_quant_token_body(const kvq_quant_params *p, kvq_fmt f, float *xs, float *ps, float *pz)
+/* Per-token groups (not hidden), tokens [tb, tb + KVQ_QTOK). xs: [KVQ_QTOK][D] staged values, ps/pz:
+ * [KVQ_QTOK][D / group]. */
+KVQ_DEV void kvq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, float *xs, float *ps, float *pz, int tb)
 {
-    const int h = blockIdx.x, tb = blockIdx.y * KVQ_QTOK, tid = threadIdx.x;
+    const int h = blockIdx.x, tid = threadIdx.x;
     const int nt = min(KVQ_QTOK, p->n - tb);
-    if (nt <= 0) return;
     const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
     unsigned char *page = (unsigned char *)p->page;
     for (int i = tid; i < nt * KVQ_D; i += KVQ_QTHREADS) {
@@ -109,6 +110,16 @@ KVQ_DEV void kvq_quant_token_body(const kvq_quant_params *p, kvq_fmt f, float *x
         codes[((long long)h * p->cap + p->slot + tb + t) * W + w] = word;
     }
     kvq_set_mask_bits(p, f, o, h, tb, tb + nt, tid, KVQ_QTHREADS);
+}
+
+/* The blocks of gridDim.y stride over the runs of KVQ_QTOK tokens, so that gridDim.y stays within its limit of
+ * 65535 whatever n (the host launches min(runs, 65535)). */
+KVQ_DEV void kvq_quant_token_body(const kvq_quant_params *p, kvq_fmt f, float *xs, float *ps, float *pz)
+{
+    for (int tb = blockIdx.y * KVQ_QTOK; tb < p->n; tb += gridDim.y * KVQ_QTOK) {
+        kvq_quant_token_run(p, f, xs, ps, pz, tb);
+        __syncthreads(); /* the next run overwrites xs, ps, pz */
+    }
 }
 
 /* Value of token t, channel c of a per-channel group: masked tokens read as their channel's fill value. */
@@ -175,11 +186,11 @@ KVQ_DEV float kvq_hidden_val(const kvq_quant_params *p, kvq_fmt f, kvq_page_off 
     return x;
 }
 
-/* Hidden group: token blockIdx.y, one group over every kv head (h-major, channel-minor order). red: 4 *
- * KVQ_QTHREADS floats / ints of scratch. */
-KVQ_DEV void kvq_quant_hidden_body(const kvq_quant_params *p, kvq_fmt f, float *redv, int *redi)
+/* Hidden group of token t: one group over every kv head (h-major, channel-minor order). red: 4 * KVQ_QTHREADS
+ * floats / ints of scratch. */
+KVQ_DEV void kvq_quant_hidden_token(const kvq_quant_params *p, kvq_fmt f, float *redv, int *redi, int t)
 {
-    const int t = blockIdx.y, tid = threadIdx.x, N = KVQ_HKV * KVQ_D;
+    const int tid = threadIdx.x, N = KVQ_HKV * KVQ_D;
     const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
     unsigned char *page = (unsigned char *)p->page;
     /* min and max with their first index: ties resolve to the earliest element as the sequential loop does */
@@ -228,6 +239,15 @@ KVQ_DEV void kvq_quant_hidden_body(const kvq_quant_params *p, kvq_fmt f, float *
         if (tid == 0) kvq_set_mask_bits(p, f, o, h, t, t + 1, 0, 1);
 }
 
+/* Hidden groups: the blocks of gridDim.y stride over the tokens (gridDim.y <= 65535 whatever n). */
+KVQ_DEV void kvq_quant_hidden_body(const kvq_quant_params *p, kvq_fmt f, float *redv, int *redi)
+{
+    for (int t = blockIdx.y; t < p->n; t += gridDim.y) {
+        kvq_quant_hidden_token(p, f, redv, redi, t);
+        __syncthreads(); /* the next token's reduction overwrites red, which this one's threads read last */
+    }
+}
+
 /* ZipCache Eq. 6 channel factors over the n tokens of the call, written to the page. */
 KVQ_DEV void kvq_factor_body(const kvq_quant_params *p, kvq_fmt f)
 {
@@ -244,14 +264,17 @@ KVQ_DEV void kvq_factor_body(const kvq_quant_params *p, kvq_fmt f)
     }
 }
 
-/* fp16 rows: window slot (slot + t) mod dst_ring of kv head blockIdx.x, token blockIdx.y. */
+/* fp16 rows: window slot (slot + t) mod dst_ring of kv head blockIdx.x; the blocks of gridDim.y stride over the
+ * tokens t (gridDim.y <= 65535 whatever n). */
 KVQ_DEV void kvq_store_f16_body(const kvq_store_params *p)
 {
-    const int h = blockIdx.x, t = blockIdx.y;
-    long long r = p->dst_ring ? (p->slot + t) % p->dst_ring : p->slot + t;
-    kvq_half *dst = (kvq_half *)p->dst + ((long long)h * p->dst_cap + r) * KVQ_D;
-    long long row0 = kvq_row_at(&p->src, h, t, p->n);
-    for (int c = threadIdx.x; c < KVQ_D; c += blockDim.x) dst[c] = kvq_f2h(kvq_src_ld(&p->src, row0, c));
+    const int h = blockIdx.x;
+    for (int t = blockIdx.y; t < p->n; t += gridDim.y) {
+        long long r = p->dst_ring ? ((long long)p->slot + t) % p->dst_ring : (long long)p->slot + t;
+        kvq_half *dst = (kvq_half *)p->dst + ((long long)h * p->dst_cap + r) * KVQ_D;
+        long long row0 = kvq_row_at(&p->src, h, t, p->n);
+        for (int c = threadIdx.x; c < KVQ_D; c += blockDim.x) dst[c] = kvq_f2h(kvq_src_ld(&p->src, row0, c));
+    }
 }
 
 #endif

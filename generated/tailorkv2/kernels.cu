@@ -292,7 +292,9 @@ enum {
  * slots [v_slot, v_slot + n) of another (token i of the run: key slot k_slot + i, value slot v_slot + i). */
 typedef struct {
     kvq_u64 k, v;       /* container base addresses: a page (layout.h) or an fp16 window */
-    kvq_u64 count;      /* 0, or the address of int[kv_heads]: kv head h attends only to the first count[h] tokens */
+    kvq_u64 count;      /* 0, or the address of int[kv_heads]: kv head h attends only to the container's slots
+                         * below count[h], i.e. to the first clamp(count[h] - k_slot, 0, n) tokens of the run (a
+                         * pool longer than a tile is cut into several tiles sharing one count) */
     kvq_i32 k_slot, v_slot;
     kvq_i32 k_cap, v_cap; /* capacities of the containers (their row strides per kv head) */
     kvq_i32 n;
@@ -405,6 +407,8 @@ typedef struct {
 /* ZipCache (Eq. 7-9, Alg. 2-3), block KVQ_PTHREADS:
  *   kvq_zip_stats    grid (np, heads): max logit and softmax denominator of each prefill probe row;
  *   kvq_zip_saliency grid (ceil(n / KVQ_PTHREADS), kv_heads): Eq. 7/8 of prompt tokens [first, first + n);
+ *   kvq_zip_norm_c<k> grid (kv_heads): a decode probe's max logit and normaliser over the whole cache (its
+ *                    tiles), kvq_zip_norm_params;
  *   kvq_zip_row      grid (kv_heads): a decode probe's row over the key window, into rows[row];
  *   kvq_zip_rowsal   grid (ceil(n / KVQ_PTHREADS), kv_heads): Eq. 7/8 of the window's first n tokens from the
  *                    rows recorded during the cycle;
@@ -415,14 +419,25 @@ typedef struct {
     kvq_u64 pos;      /* const int [np]: probe positions (stats, saliency), relative to the window (rowsal) */
     kvq_u64 stats;    /* double [heads][np][2] */
     kvq_u64 rows;     /* float [probe rows][kv_heads][wcap] */
-    kvq_u64 lse;      /* const float [heads]: log2-sum-exp2 of the step's scaled scores (decode kernel) */
+    kvq_u64 norm;     /* const double [heads][2]: the probe's max logit and normaliser over the cache (row) */
     kvq_u64 sal;      /* float [kv_heads][n] */
     kvq_u64 is_high;  /* u8 [kv_heads][n] */
     kvq_u64 work;     /* u32 [kv_heads][n] keys, then int [kv_heads][n] */
-    double scale;     /* the softmax scale (stats, saliency); scale * log2 e (row) */
+    double scale;     /* the softmax scale */
     kvq_i32 np, first, n, accumulated;
     kvq_i32 n_high, row, wcap, count; /* count: tokens in the window (row) */
 } kvq_zip_params;
+
+/* kvq_zip_norm_c<k> (kvq_class.cuh): the normaliser of a decode probe's row, Eq. 9's softmax over every token of
+ * the cache (docs/cuda.md "Determinism"): per query head the max logit m and Z = sum of kvq_prob_fixed(e^(l - m)),
+ * written to norm. grid (kv_heads), block KVQ_PTHREADS. */
+typedef struct {
+    kvq_u64 q;      /* const float [heads][D]: the step's query */
+    kvq_u64 tiles;  /* const kvq_tile [n_tiles]: the sequence's tiles of this step (those the decode kernel read) */
+    kvq_u64 norm;   /* double [heads][2] */
+    double scale;   /* the softmax scale */
+    kvq_i32 n_tiles, reserved;
+} kvq_zip_norm_params;
 
 /* TailorKV (Sec. 4.2, App. I): kvq_tk_absmax, grid (kv_heads), block KVQ_D: Eq. 10's max_t |K_t,i| over the
  * prompt; kvq_tk_select, grid (kv_heads), block KVQ_PTHREADS: reduced query, critical channels, candidate scores
@@ -464,8 +479,9 @@ typedef struct {
         (long long)sizeof(kvq_zip_params), (long long)sizeof(kvq_tk_params), (long long)sizeof(kvq_dense_params), \
         (long long)KVQ_RT_OFFSETOF(kvq_ott_params, group), (long long)KVQ_RT_OFFSETOF(kvq_zip_params, scale),     \
         (long long)KVQ_RT_OFFSETOF(kvq_zip_params, count), (long long)KVQ_RT_OFFSETOF(kvq_tk_params, n_ch),       \
-        (long long)KVQ_RT_OFFSETOF(kvq_dense_params, kk)
-#define KVQ_PARAMS_SIG_N 20
+        (long long)KVQ_RT_OFFSETOF(kvq_dense_params, kk), (long long)sizeof(kvq_zip_norm_params),              \
+        (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles)
+#define KVQ_PARAMS_SIG_N 22
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -489,6 +505,8 @@ KVQ_OFFSET_ASSERT(kvq_zip_params, scale, 96);
 KVQ_OFFSET_ASSERT(kvq_zip_params, count, 132);
 KVQ_OFFSET_ASSERT(kvq_tk_params, n_ch, 56);
 KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
+KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
+KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
 
 #endif
 /* ======== templates/kvq_layout.cuh ======== */
@@ -1074,7 +1092,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *sbuf, fl
         const kvq_tile T = ((const kvq_tile *)st.tiles)[ti];
         const int kk = T.kinds & 255, vk = (T.kinds >> 8) & 255;
         int n = T.n;
-        if (T.count) n = min(n, ((const int *)T.count)[hk]);
+        if (T.count) n = max(0, min(n, ((const int *)T.count)[hk] - T.k_slot)); /* a pool's tile: kvq_tile.count */
         __syncthreads(); /* the previous tile's readers are done with the buffers */
         kvq_stage(&kb, T.k, kk, T.k_slot, T.k_cap, n, hk, khi, klo, tid);
         kvq_stage(&vb, T.v, vk, T.v_slot, T.v_cap, n, hk, vhi, vlo, tid);
@@ -1170,12 +1188,13 @@ KVQ_DEV void kvq_merge_body(const kvq_decode_params *p)
  * occurrence wins min/max ties, so a -0/+0 group keeps the same zero). Pages are zeroed when allocated; mask
  * bits are only ever set (atomicOr, since blocks may share a mask byte).
  *
- *   per token  grid (kv_heads, ceil(n / KVQ_QTOK)): each block stages its rows, fits one group per thread,
- *              packs one 32-bit code word per thread.
+ *   per token  grid (kv_heads, min(ceil(n / KVQ_QTOK), 65535)): each block stages its rows, fits one group per
+ *              thread, packs one 32-bit code word per thread, and strides over the runs of KVQ_QTOK tokens.
  *   per channel grid (kv_heads): one thread per channel fits the group over the page's n tokens, then packs.
- *   hidden     grid (1, n): one group spans every kv head of a token.
+ *   hidden     grid (1, min(n, 65535)): one group spans every kv head of a token; blocks stride over tokens.
  *   factors    grid (kv_heads): ZipCache Eq. 6 c_i = sqrt(max_t |X_t,i|) over the n tokens, into the page.
- *   fp16 rows  grid (kv_heads, n): kvq_store_f16, for windows, pools, fp16 pages and fetched sparse rows. */
+ *   fp16 rows  grid (kv_heads, min(n, 65535)): kvq_store_f16, for windows, pools, fp16 pages and fetched sparse
+ *              rows; blocks stride over tokens. */
 #ifndef KVQ_QUANTIZE_CUH
 #define KVQ_QUANTIZE_CUH
 
@@ -1225,12 +1244,12 @@ KVQ_DEV void kvq_set_mask_bits(const kvq_quant_params *p, kvq_fmt f, kvq_page_of
     }
 }
 
-/* Per-token groups (not hidden). xs: [KVQ_QTOK][D] staged values, ps/pz: [KVQ_QTOK][D / group]. */
-KVQ_DEV void kvq_quant_token_body(const kvq_quant_params *p, kvq_fmt f, float *xs, float *ps, float *pz)
+/* Per-token groups (not hidden), tokens [tb, tb + KVQ_QTOK). xs: [KVQ_QTOK][D] staged values, ps/pz:
+ * [KVQ_QTOK][D / group]. */
+KVQ_DEV void kvq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, float *xs, float *ps, float *pz, int tb)
 {
-    const int h = blockIdx.x, tb = blockIdx.y * KVQ_QTOK, tid = threadIdx.x;
+    const int h = blockIdx.x, tid = threadIdx.x;
     const int nt = min(KVQ_QTOK, p->n - tb);
-    if (nt <= 0) return;
     const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
     unsigned char *page = (unsigned char *)p->page;
     for (int i = tid; i < nt * KVQ_D; i += KVQ_QTHREADS) {
@@ -1275,6 +1294,16 @@ KVQ_DEV void kvq_quant_token_body(const kvq_quant_params *p, kvq_fmt f, float *x
         codes[((long long)h * p->cap + p->slot + tb + t) * W + w] = word;
     }
     kvq_set_mask_bits(p, f, o, h, tb, tb + nt, tid, KVQ_QTHREADS);
+}
+
+/* The blocks of gridDim.y stride over the runs of KVQ_QTOK tokens, so that gridDim.y stays within its limit of
+ * 65535 whatever n (the host launches min(runs, 65535)). */
+KVQ_DEV void kvq_quant_token_body(const kvq_quant_params *p, kvq_fmt f, float *xs, float *ps, float *pz)
+{
+    for (int tb = blockIdx.y * KVQ_QTOK; tb < p->n; tb += gridDim.y * KVQ_QTOK) {
+        kvq_quant_token_run(p, f, xs, ps, pz, tb);
+        __syncthreads(); /* the next run overwrites xs, ps, pz */
+    }
 }
 
 /* Value of token t, channel c of a per-channel group: masked tokens read as their channel's fill value. */
@@ -1341,11 +1370,11 @@ KVQ_DEV float kvq_hidden_val(const kvq_quant_params *p, kvq_fmt f, kvq_page_off 
     return x;
 }
 
-/* Hidden group: token blockIdx.y, one group over every kv head (h-major, channel-minor order). red: 4 *
- * KVQ_QTHREADS floats / ints of scratch. */
-KVQ_DEV void kvq_quant_hidden_body(const kvq_quant_params *p, kvq_fmt f, float *redv, int *redi)
+/* Hidden group of token t: one group over every kv head (h-major, channel-minor order). red: 4 * KVQ_QTHREADS
+ * floats / ints of scratch. */
+KVQ_DEV void kvq_quant_hidden_token(const kvq_quant_params *p, kvq_fmt f, float *redv, int *redi, int t)
 {
-    const int t = blockIdx.y, tid = threadIdx.x, N = KVQ_HKV * KVQ_D;
+    const int tid = threadIdx.x, N = KVQ_HKV * KVQ_D;
     const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
     unsigned char *page = (unsigned char *)p->page;
     /* min and max with their first index: ties resolve to the earliest element as the sequential loop does */
@@ -1394,6 +1423,15 @@ KVQ_DEV void kvq_quant_hidden_body(const kvq_quant_params *p, kvq_fmt f, float *
         if (tid == 0) kvq_set_mask_bits(p, f, o, h, t, t + 1, 0, 1);
 }
 
+/* Hidden groups: the blocks of gridDim.y stride over the tokens (gridDim.y <= 65535 whatever n). */
+KVQ_DEV void kvq_quant_hidden_body(const kvq_quant_params *p, kvq_fmt f, float *redv, int *redi)
+{
+    for (int t = blockIdx.y; t < p->n; t += gridDim.y) {
+        kvq_quant_hidden_token(p, f, redv, redi, t);
+        __syncthreads(); /* the next token's reduction overwrites red, which this one's threads read last */
+    }
+}
+
 /* ZipCache Eq. 6 channel factors over the n tokens of the call, written to the page. */
 KVQ_DEV void kvq_factor_body(const kvq_quant_params *p, kvq_fmt f)
 {
@@ -1410,14 +1448,17 @@ KVQ_DEV void kvq_factor_body(const kvq_quant_params *p, kvq_fmt f)
     }
 }
 
-/* fp16 rows: window slot (slot + t) mod dst_ring of kv head blockIdx.x, token blockIdx.y. */
+/* fp16 rows: window slot (slot + t) mod dst_ring of kv head blockIdx.x; the blocks of gridDim.y stride over the
+ * tokens t (gridDim.y <= 65535 whatever n). */
 KVQ_DEV void kvq_store_f16_body(const kvq_store_params *p)
 {
-    const int h = blockIdx.x, t = blockIdx.y;
-    long long r = p->dst_ring ? (p->slot + t) % p->dst_ring : p->slot + t;
-    kvq_half *dst = (kvq_half *)p->dst + ((long long)h * p->dst_cap + r) * KVQ_D;
-    long long row0 = kvq_row_at(&p->src, h, t, p->n);
-    for (int c = threadIdx.x; c < KVQ_D; c += blockDim.x) dst[c] = kvq_f2h(kvq_src_ld(&p->src, row0, c));
+    const int h = blockIdx.x;
+    for (int t = blockIdx.y; t < p->n; t += gridDim.y) {
+        long long r = p->dst_ring ? ((long long)p->slot + t) % p->dst_ring : (long long)p->slot + t;
+        kvq_half *dst = (kvq_half *)p->dst + ((long long)h * p->dst_cap + r) * KVQ_D;
+        long long row0 = kvq_row_at(&p->src, h, t, p->n);
+        for (int c = threadIdx.x; c < KVQ_D; c += blockDim.x) dst[c] = kvq_f2h(kvq_src_ld(&p->src, row0, c));
+    }
 }
 
 #endif
@@ -1599,16 +1640,50 @@ KVQ_DEV void kvq_block_rank(const unsigned *keys, const int *sel, int m, int *ou
  * in double, so whether a compiler fuses them into an fma does not matter, and where a double product is
  * followed by a subtraction (the logit scale) kvq_dmul keeps it separately rounded as on the host; conversions
  * to float and fp16 round to nearest on both sides; maxima and rankings are exact (kvq_select.cuh). Threads
- * split the independent items (tokens, channels, rows), never a sum. ZipCache's exp and exp2 are the only library
- * calls (the reference computes its probe rows with libm's): under the emulator they are the host's libm
- * (bit-identical), on a GPU CUDA's (within 1 ulp of libm's). TailorKV's calibration uses kvq_exp_det, which both
- * sides compute from the same additions and multiplications: bit-identical on a GPU too. */
+ * split the independent items (tokens, channels, rows), never a sum, except ZipCache's probe-row normaliser, an
+ * integer sum (kvq_prob_fixed) whose value does not depend on the order. There are no library calls: ZipCache and
+ * TailorKV take e^x from kvq_exp_det, which both sides compute from the same additions and multiplications, so the
+ * decisions are bit-identical on a GPU too. */
 #ifndef KVQ_POLICY_CUH
 #define KVQ_POLICY_CUH
 
 /* #include "kvq_select.cuh": inlined */
 
 #define KVQ_NEG_INF_D (__longlong_as_double((long long)0xfff0000000000000ull))
+
+#if KVQ_POL_ZIP || KVQ_POL_DENSE
+/* kvq_exp_det (runtime/policy_tailorkv.c), constant for constant and operation for operation; kvq_dmul keeps every
+ * product that feeds an addition separately rounded, as the host (-ffp-contract=off) computes it. */
+KVQ_DEV double kvq_exp_det(double x)
+{
+    if (x != x) return x;
+    if (x > 709.782712893384) return __longlong_as_double(0x7ff0000000000000LL);
+    if (x < -745.1332191019412) return 0.0;
+    double kd = kvq_dmul(x, 1.4426950408889634);
+    kd = (kd + 6755399441055744.0) - 6755399441055744.0;
+    double r = (x - kvq_dmul(kd, 0.6931471803691238)) - kvq_dmul(kd, 1.9082149292705877e-10);
+    double p = 1.6059043836821613e-10;
+    p = kvq_dmul(p, r) + 2.08767569878681e-09;
+    p = kvq_dmul(p, r) + 2.505210838544172e-08;
+    p = kvq_dmul(p, r) + 2.755731922398589e-07;
+    p = kvq_dmul(p, r) + 2.7557319223985893e-06;
+    p = kvq_dmul(p, r) + 2.48015873015873e-05;
+    p = kvq_dmul(p, r) + 0.0001984126984126984;
+    p = kvq_dmul(p, r) + 0.001388888888888889;
+    p = kvq_dmul(p, r) + 0.008333333333333333;
+    p = kvq_dmul(p, r) + 0.041666666666666664;
+    p = kvq_dmul(p, r) + 0.16666666666666666;
+    p = kvq_dmul(p, r) + 0.5;
+    p = kvq_dmul(p, r) + 1.0;
+    p = kvq_dmul(p, r) + 1.0;
+    int k = (int)kd;
+    if (k < -1021) /* subnormal result: 2^(k + 54), then 2^-54 (the one rounding) */
+        return kvq_dmul(kvq_dmul(p, __longlong_as_double((long long)(k + 54 + 1023) << 52)), 5.551115123125783e-17);
+    if (k > 1023) /* x within 0.35 of the overflow threshold */
+        return kvq_dmul(kvq_dmul(p, __longlong_as_double((long long)(k - 1 + 1023) << 52)), 2.0);
+    return kvq_dmul(p, __longlong_as_double((long long)(k + 1023) << 52));
+}
+#endif
 
 /* ---------------------------------------------------------------------------------- OTT (App. E) ---- */
 #if KVQ_POL_OTT
@@ -1842,7 +1917,7 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_stats(cons
     double den = 0.0;
     for (int base = 0; base < n; base += KVQ_PTHREADS) {
         int t = base + tid;
-        red[tid] = t < n ? exp(kvq_dmul(kvq_dot_qk(qs, &p.k, kvq_row_at(&p.k, h, t, 0)), p.scale) - mx) : 0.0;
+        red[tid] = t < n ? kvq_exp_det(kvq_dmul(kvq_dot_qk(qs, &p.k, kvq_row_at(&p.k, h, t, 0)), p.scale) - mx) : 0.0;
         __syncthreads();
         if (tid == 0)
             for (int j = 0; j < min(KVQ_PTHREADS, n - base); j++) den += red[j];
@@ -1878,7 +1953,8 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_saliency(c
         float a = 0.0f;
         for (int j = 0; j < KVQ_GQA; j++) {
             long long qr = (long long)(h * KVQ_GQA + j) * p.np + r;
-            double e = exp(kvq_dmul(kvq_dot_qk((const float *)p.q + qr * KVQ_D, &p.k, row0), p.scale) - st[2 * qr]);
+            double e =
+                kvq_exp_det(kvq_dmul(kvq_dot_qk((const float *)p.q + qr * KVQ_D, &p.k, row0), p.scale) - st[2 * qr]);
             a = (float)((double)a + e / st[2 * qr + 1]);
         }
         sum += (double)a;
@@ -1888,11 +1964,13 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_saliency(c
 }
 KVQ_KERNEL_EXPORT(kvq_zip_saliency);
 
-/* Alg. 3: a probe step's row over the waiting tokens, p_i = sum over the group's heads of
- * 2^(s_i * scale * log2 e - lse), lse the step's log2-sum-exp2 over the whole cache (cu_saliency.c). */
+/* Alg. 3: a probe step's row over the waiting tokens, p_i = sum over the group's heads of e^(l_i - m) / Z with
+ * (m, Z) from kvq_zip_norm over the whole cache, rounded as ref_attend rounds its probabilities (docs/cuda.md
+ * "Determinism"). */
 extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_row(const kvq_zip_params p)
 {
     const int h = blockIdx.x;
+    const double *nm = (const double *)p.norm;
     float *row = (float *)p.rows + ((long long)p.row * KVQ_HKV + h) * p.wcap;
     for (int sl = threadIdx.x; sl < p.wcap; sl += KVQ_PTHREADS) {
         float v = 0.0f; /* tokens after the probe: it cannot see them */
@@ -1902,7 +1980,8 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_row(const 
             for (int j = 0; j < KVQ_GQA; j++) {
                 int hq = h * KVQ_GQA + j;
                 double s = kvq_dot_qk((const float *)p.q + (long long)hq * KVQ_D, &p.k, r0);
-                acc += exp2(kvq_dmul(s, p.scale) - (double)((const float *)p.lse)[hq]);
+                float e = (float)kvq_exp_det(kvq_dmul(s, p.scale) - nm[2 * hq]);
+                acc += (double)(float)((double)e / nm[2 * hq + 1]);
             }
             v = (float)acc;
         }
@@ -1910,6 +1989,104 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_row(const 
     }
 }
 KVQ_KERNEL_EXPORT(kvq_zip_row);
+
+/* kvq_prob_fixed (runtime/policy.h): a weight e in [0, 1] in integer units of 2^-40, truncated. */
+#define KVQ_PROB_FIXED_UNIT 9.094947017729282e-13
+KVQ_DEV unsigned long long kvq_prob_fixed(double e) { return (unsigned long long)(e * 1099511627776.0); }
+
+/* Key k_c of token t of tile T (kv head h) as ref_page_read dequantizes it: z + s * code (two roundings), times
+ * the channel factor when separable; fp16 rows and pages as they are. */
+KVQ_DEV float kvq_norm_key(const unsigned char *b, int kind, kvq_fmt f, kvq_page_off o, int h, int cap, int slot,
+                           int c, float code)
+{
+    if (kind == KVQ_SRC_F16)
+        return kvq_h2f(((const kvq_half *)b)[((long long)h * cap + slot) * KVQ_D + c]);
+    if (f.bits >= 16) return kvq_h2f(((const kvq_half *)(b + o.codes))[((long long)h * cap + slot) * KVQ_D + c]);
+    long long i = f.gran == 0 ? (long long)h * KVQ_D + c
+                  : f.hidden  ? (long long)slot
+                              : ((long long)h * cap + slot) * o.n_groups + c / f.group;
+    float r = __fadd_rn(kvq_ld_par(b + o.zero, i, f.zbytes), __fmul_rn(kvq_ld_par(b + o.scale, i, f.sbytes), code));
+    if (f.sep) r = __fmul_rn(r, kvq_ld_par(b + o.factor, (long long)h * KVQ_D + c, f.sbytes));
+    return r;
+}
+
+/* The logit q . k * scale of slot `slot` of a tile's key container (kind, format f, offsets o) in double, channel
+ * by channel (ref_attend); -inf for a masked slot (the reference skips it). Not unrolled: a policy kernel, kept
+ * within its registers. */
+KVQ_DEV double kvq_norm_logit(const unsigned char *b, int kind, kvq_fmt f, kvq_page_off o, int cap, int h, int slot,
+                              const float *q, double scale)
+{
+    if (kind != KVQ_SRC_F16 && f.masked && ((b[o.mask + (long long)h * o.mask_stride + (slot >> 3)] >> (slot & 7)) & 1))
+        return KVQ_NEG_INF_D;
+    double s = 0.0;
+    float cv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll 1
+    for (int c0 = 0; c0 < KVQ_D; c0 += 8) {
+        if (kind != KVQ_SRC_F16 && f.bits < 16)
+            kvq_unpack8(b + o.codes + ((long long)h * cap + slot) * o.cbpt, c0, f.bits, KVQ_D, cv);
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+            s += (double)q[c0 + v] * (double)kvq_norm_key(b, kind, f, o, h, cap, slot, c0 + v, cv[v]);
+    }
+    return kvq_dmul(s, scale);
+}
+
+/* kvq_zip_norm_c<k>: for each query head of kv head blockIdx.x, the max logit over the sequence's tiles (exact in
+ * any order) and Z = sum of kvq_prob_fixed(e^(l - max)) (an integer: the same in any order), which is what
+ * ref_attend computes for a probe over the cache it materialises. qs: [D] floats, red: [KVQ_PTHREADS] doubles,
+ * zsum: one u64, all shared. */
+KVQ_DEV void kvq_zip_norm_body(const kvq_zip_norm_params *p, kvq_fmt khi, kvq_fmt klo, float *qs, double *red,
+                               unsigned long long *zsum)
+{
+    const int h = blockIdx.x, tid = threadIdx.x;
+    const kvq_tile *tiles = (const kvq_tile *)p->tiles;
+    for (int j = 0; j < KVQ_GQA; j++) {
+        const int hq = h * KVQ_GQA + j;
+        for (int x = tid; x < KVQ_D; x += KVQ_PTHREADS) qs[x] = ((const float *)p->q)[(long long)hq * KVQ_D + x];
+        if (tid == 0) *zsum = 0;
+        __syncthreads();
+        double mx = KVQ_NEG_INF_D;
+        for (int ti = 0; ti < p->n_tiles; ti++) {
+            const kvq_tile T = tiles[ti];
+            int n = T.n;
+            if (T.count) n = max(0, min(n, ((const int *)T.count)[h] - T.k_slot));
+            const int kind = T.kinds & 255;
+            const kvq_fmt f = kind == KVQ_SRC_LO ? klo : khi;
+            const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, T.k_cap);
+            for (int t = tid; t < n; t += KVQ_PTHREADS) {
+                double l = kvq_norm_logit((const unsigned char *)T.k, kind, f, o, T.k_cap, h, T.k_slot + t, qs, p->scale);
+                if (l > mx) mx = l;
+            }
+        }
+        red[tid] = mx;
+        __syncthreads();
+        for (int s = KVQ_PTHREADS / 2; s > 0; s >>= 1) {
+            if (tid < s && red[tid + s] > red[tid]) red[tid] = red[tid + s];
+            __syncthreads();
+        }
+        mx = red[0];
+        unsigned long long z = 0;
+        for (int ti = 0; ti < p->n_tiles; ti++) {
+            const kvq_tile T = tiles[ti];
+            int n = T.n;
+            if (T.count) n = max(0, min(n, ((const int *)T.count)[h] - T.k_slot));
+            const int kind = T.kinds & 255;
+            const kvq_fmt f = kind == KVQ_SRC_LO ? klo : khi;
+            const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, T.k_cap);
+            for (int t = tid; t < n; t += KVQ_PTHREADS) {
+                double l = kvq_norm_logit((const unsigned char *)T.k, kind, f, o, T.k_cap, h, T.k_slot + t, qs, p->scale);
+                if (l != KVQ_NEG_INF_D) z += kvq_prob_fixed(kvq_exp_det(l - mx));
+            }
+        }
+        atomicAdd(zsum, z);
+        __syncthreads();
+        if (tid == 0) {
+            ((double *)p->norm)[2 * hq] = mx;
+            ((double *)p->norm)[2 * hq + 1] = (double)*zsum * KVQ_PROB_FIXED_UNIT;
+        }
+        __syncthreads(); /* qs, red and zsum are the next head's */
+    }
+}
 
 /* Eq. 7/8 of the window's token i from the cycle's rows (kvq_saliency over rows restricted to the batch). */
 extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_rowsal(const kvq_zip_params p)
@@ -2012,38 +2189,6 @@ KVQ_KERNEL_EXPORT(kvq_tk_select);
 
 /* --------------------------------------------------------- TailorKV calibration (Eq. 6-8) ---- */
 #if KVQ_POL_DENSE
-
-/* kvq_exp_det (runtime/policy_tailorkv.c), constant for constant and operation for operation; kvq_dmul keeps every
- * product that feeds an addition separately rounded, as the host (-ffp-contract=off) computes it. */
-KVQ_DEV double kvq_exp_det(double x)
-{
-    if (x != x) return x;
-    if (x > 709.782712893384) return __longlong_as_double(0x7ff0000000000000LL);
-    if (x < -745.1332191019412) return 0.0;
-    double kd = kvq_dmul(x, 1.4426950408889634);
-    kd = (kd + 6755399441055744.0) - 6755399441055744.0;
-    double r = (x - kvq_dmul(kd, 0.6931471803691238)) - kvq_dmul(kd, 1.9082149292705877e-10);
-    double p = 1.6059043836821613e-10;
-    p = kvq_dmul(p, r) + 2.08767569878681e-09;
-    p = kvq_dmul(p, r) + 2.505210838544172e-08;
-    p = kvq_dmul(p, r) + 2.755731922398589e-07;
-    p = kvq_dmul(p, r) + 2.7557319223985893e-06;
-    p = kvq_dmul(p, r) + 2.48015873015873e-05;
-    p = kvq_dmul(p, r) + 0.0001984126984126984;
-    p = kvq_dmul(p, r) + 0.001388888888888889;
-    p = kvq_dmul(p, r) + 0.008333333333333333;
-    p = kvq_dmul(p, r) + 0.041666666666666664;
-    p = kvq_dmul(p, r) + 0.16666666666666666;
-    p = kvq_dmul(p, r) + 0.5;
-    p = kvq_dmul(p, r) + 1.0;
-    p = kvq_dmul(p, r) + 1.0;
-    int k = (int)kd;
-    if (k < -1021) /* subnormal result: 2^(k + 54), then 2^-54 (the one rounding) */
-        return kvq_dmul(kvq_dmul(p, __longlong_as_double((long long)(k + 54 + 1023) << 52)), 5.551115123125783e-17);
-    if (k > 1023) /* x within 0.35 of the overflow threshold */
-        return kvq_dmul(kvq_dmul(p, __longlong_as_double((long long)(k - 1 + 1023) << 52)), 2.0);
-    return kvq_dmul(p, __longlong_as_double((long long)(k + 1023) << 52));
-}
 
 /* The sparse error of one query row (policy_tailorkv.c row_sparse_error): logits q . k * scale (double dot,
  * rounded once to fp32), their max, the k-th largest logit, then the softmax mass outside the top kk summed
@@ -2156,6 +2301,19 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_MIN_BLOCKS) KVQ_C(
                     KVQ_C_VPAR);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
+
+#if KVQ_POL_ZIP
+/* ZipCache: a decode probe's normaliser over the cache this class's decode kernel reads (kvq_policy.cuh). */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm)(const kvq_zip_norm_params p)
+{
+    __shared__ float qs[KVQ_D];
+    __shared__ double red[KVQ_PTHREADS];
+    __shared__ unsigned long long zsum;
+    const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
+    kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm));
+#endif
 
 /* One quantize kernel per quantized store; the granularity picks the body (a constant). */
 #define KVQ_QUANT_KERNEL(NAME, FMT)                                                                            \

@@ -292,7 +292,9 @@ enum {
  * slots [v_slot, v_slot + n) of another (token i of the run: key slot k_slot + i, value slot v_slot + i). */
 typedef struct {
     kvq_u64 k, v;       /* container base addresses: a page (layout.h) or an fp16 window */
-    kvq_u64 count;      /* 0, or the address of int[kv_heads]: kv head h attends only to the first count[h] tokens */
+    kvq_u64 count;      /* 0, or the address of int[kv_heads]: kv head h attends only to the container's slots
+                         * below count[h], i.e. to the first clamp(count[h] - k_slot, 0, n) tokens of the run (a
+                         * pool longer than a tile is cut into several tiles sharing one count) */
     kvq_i32 k_slot, v_slot;
     kvq_i32 k_cap, v_cap; /* capacities of the containers (their row strides per kv head) */
     kvq_i32 n;
@@ -405,6 +407,8 @@ typedef struct {
 /* ZipCache (Eq. 7-9, Alg. 2-3), block KVQ_PTHREADS:
  *   kvq_zip_stats    grid (np, heads): max logit and softmax denominator of each prefill probe row;
  *   kvq_zip_saliency grid (ceil(n / KVQ_PTHREADS), kv_heads): Eq. 7/8 of prompt tokens [first, first + n);
+ *   kvq_zip_norm_c<k> grid (kv_heads): a decode probe's max logit and normaliser over the whole cache (its
+ *                    tiles), kvq_zip_norm_params;
  *   kvq_zip_row      grid (kv_heads): a decode probe's row over the key window, into rows[row];
  *   kvq_zip_rowsal   grid (ceil(n / KVQ_PTHREADS), kv_heads): Eq. 7/8 of the window's first n tokens from the
  *                    rows recorded during the cycle;
@@ -415,14 +419,25 @@ typedef struct {
     kvq_u64 pos;      /* const int [np]: probe positions (stats, saliency), relative to the window (rowsal) */
     kvq_u64 stats;    /* double [heads][np][2] */
     kvq_u64 rows;     /* float [probe rows][kv_heads][wcap] */
-    kvq_u64 lse;      /* const float [heads]: log2-sum-exp2 of the step's scaled scores (decode kernel) */
+    kvq_u64 norm;     /* const double [heads][2]: the probe's max logit and normaliser over the cache (row) */
     kvq_u64 sal;      /* float [kv_heads][n] */
     kvq_u64 is_high;  /* u8 [kv_heads][n] */
     kvq_u64 work;     /* u32 [kv_heads][n] keys, then int [kv_heads][n] */
-    double scale;     /* the softmax scale (stats, saliency); scale * log2 e (row) */
+    double scale;     /* the softmax scale */
     kvq_i32 np, first, n, accumulated;
     kvq_i32 n_high, row, wcap, count; /* count: tokens in the window (row) */
 } kvq_zip_params;
+
+/* kvq_zip_norm_c<k> (kvq_class.cuh): the normaliser of a decode probe's row, Eq. 9's softmax over every token of
+ * the cache (docs/cuda.md "Determinism"): per query head the max logit m and Z = sum of kvq_prob_fixed(e^(l - m)),
+ * written to norm. grid (kv_heads), block KVQ_PTHREADS. */
+typedef struct {
+    kvq_u64 q;      /* const float [heads][D]: the step's query */
+    kvq_u64 tiles;  /* const kvq_tile [n_tiles]: the sequence's tiles of this step (those the decode kernel read) */
+    kvq_u64 norm;   /* double [heads][2] */
+    double scale;   /* the softmax scale */
+    kvq_i32 n_tiles, reserved;
+} kvq_zip_norm_params;
 
 /* TailorKV (Sec. 4.2, App. I): kvq_tk_absmax, grid (kv_heads), block KVQ_D: Eq. 10's max_t |K_t,i| over the
  * prompt; kvq_tk_select, grid (kv_heads), block KVQ_PTHREADS: reduced query, critical channels, candidate scores
@@ -464,8 +479,9 @@ typedef struct {
         (long long)sizeof(kvq_zip_params), (long long)sizeof(kvq_tk_params), (long long)sizeof(kvq_dense_params), \
         (long long)KVQ_RT_OFFSETOF(kvq_ott_params, group), (long long)KVQ_RT_OFFSETOF(kvq_zip_params, scale),     \
         (long long)KVQ_RT_OFFSETOF(kvq_zip_params, count), (long long)KVQ_RT_OFFSETOF(kvq_tk_params, n_ch),       \
-        (long long)KVQ_RT_OFFSETOF(kvq_dense_params, kk)
-#define KVQ_PARAMS_SIG_N 20
+        (long long)KVQ_RT_OFFSETOF(kvq_dense_params, kk), (long long)sizeof(kvq_zip_norm_params),              \
+        (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles)
+#define KVQ_PARAMS_SIG_N 22
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -489,6 +505,8 @@ KVQ_OFFSET_ASSERT(kvq_zip_params, scale, 96);
 KVQ_OFFSET_ASSERT(kvq_zip_params, count, 132);
 KVQ_OFFSET_ASSERT(kvq_tk_params, n_ch, 56);
 KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
+KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
+KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
 
 #endif
 /* ======== templates/kvq_layout.cuh ======== */
@@ -1074,7 +1092,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *sbuf, fl
         const kvq_tile T = ((const kvq_tile *)st.tiles)[ti];
         const int kk = T.kinds & 255, vk = (T.kinds >> 8) & 255;
         int n = T.n;
-        if (T.count) n = min(n, ((const int *)T.count)[hk]);
+        if (T.count) n = max(0, min(n, ((const int *)T.count)[hk] - T.k_slot)); /* a pool's tile: kvq_tile.count */
         __syncthreads(); /* the previous tile's readers are done with the buffers */
         kvq_stage(&kb, T.k, kk, T.k_slot, T.k_cap, n, hk, khi, klo, tid);
         kvq_stage(&vb, T.v, vk, T.v_slot, T.v_cap, n, hk, vhi, vlo, tid);
@@ -1170,12 +1188,13 @@ KVQ_DEV void kvq_merge_body(const kvq_decode_params *p)
  * occurrence wins min/max ties, so a -0/+0 group keeps the same zero). Pages are zeroed when allocated; mask
  * bits are only ever set (atomicOr, since blocks may share a mask byte).
  *
- *   per token  grid (kv_heads, ceil(n / KVQ_QTOK)): each block stages its rows, fits one group per thread,
- *              packs one 32-bit code word per thread.
+ *   per token  grid (kv_heads, min(ceil(n / KVQ_QTOK), 65535)): each block stages its rows, fits one group per
+ *              thread, packs one 32-bit code word per thread, and strides over the runs of KVQ_QTOK tokens.
  *   per channel grid (kv_heads): one thread per channel fits the group over the page's n tokens, then packs.
- *   hidden     grid (1, n): one group spans every kv head of a token.
+ *   hidden     grid (1, min(n, 65535)): one group spans every kv head of a token; blocks stride over tokens.
  *   factors    grid (kv_heads): ZipCache Eq. 6 c_i = sqrt(max_t |X_t,i|) over the n tokens, into the page.
- *   fp16 rows  grid (kv_heads, n): kvq_store_f16, for windows, pools, fp16 pages and fetched sparse rows. */
+ *   fp16 rows  grid (kv_heads, min(n, 65535)): kvq_store_f16, for windows, pools, fp16 pages and fetched sparse
+ *              rows; blocks stride over tokens. */
 #ifndef KVQ_QUANTIZE_CUH
 #define KVQ_QUANTIZE_CUH
 
@@ -1225,12 +1244,12 @@ KVQ_DEV void kvq_set_mask_bits(const kvq_quant_params *p, kvq_fmt f, kvq_page_of
     }
 }
 
-/* Per-token groups (not hidden). xs: [KVQ_QTOK][D] staged values, ps/pz: [KVQ_QTOK][D / group]. */
-KVQ_DEV void kvq_quant_token_body(const kvq_quant_params *p, kvq_fmt f, float *xs, float *ps, float *pz)
+/* Per-token groups (not hidden), tokens [tb, tb + KVQ_QTOK). xs: [KVQ_QTOK][D] staged values, ps/pz:
+ * [KVQ_QTOK][D / group]. */
+KVQ_DEV void kvq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, float *xs, float *ps, float *pz, int tb)
 {
-    const int h = blockIdx.x, tb = blockIdx.y * KVQ_QTOK, tid = threadIdx.x;
+    const int h = blockIdx.x, tid = threadIdx.x;
     const int nt = min(KVQ_QTOK, p->n - tb);
-    if (nt <= 0) return;
     const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
     unsigned char *page = (unsigned char *)p->page;
     for (int i = tid; i < nt * KVQ_D; i += KVQ_QTHREADS) {
@@ -1275,6 +1294,16 @@ KVQ_DEV void kvq_quant_token_body(const kvq_quant_params *p, kvq_fmt f, float *x
         codes[((long long)h * p->cap + p->slot + tb + t) * W + w] = word;
     }
     kvq_set_mask_bits(p, f, o, h, tb, tb + nt, tid, KVQ_QTHREADS);
+}
+
+/* The blocks of gridDim.y stride over the runs of KVQ_QTOK tokens, so that gridDim.y stays within its limit of
+ * 65535 whatever n (the host launches min(runs, 65535)). */
+KVQ_DEV void kvq_quant_token_body(const kvq_quant_params *p, kvq_fmt f, float *xs, float *ps, float *pz)
+{
+    for (int tb = blockIdx.y * KVQ_QTOK; tb < p->n; tb += gridDim.y * KVQ_QTOK) {
+        kvq_quant_token_run(p, f, xs, ps, pz, tb);
+        __syncthreads(); /* the next run overwrites xs, ps, pz */
+    }
 }
 
 /* Value of token t, channel c of a per-channel group: masked tokens read as their channel's fill value. */
@@ -1341,11 +1370,11 @@ KVQ_DEV float kvq_hidden_val(const kvq_quant_params *p, kvq_fmt f, kvq_page_off 
     return x;
 }
 
-/* Hidden group: token blockIdx.y, one group over every kv head (h-major, channel-minor order). red: 4 *
- * KVQ_QTHREADS floats / ints of scratch. */
-KVQ_DEV void kvq_quant_hidden_body(const kvq_quant_params *p, kvq_fmt f, float *redv, int *redi)
+/* Hidden group of token t: one group over every kv head (h-major, channel-minor order). red: 4 * KVQ_QTHREADS
+ * floats / ints of scratch. */
+KVQ_DEV void kvq_quant_hidden_token(const kvq_quant_params *p, kvq_fmt f, float *redv, int *redi, int t)
 {
-    const int t = blockIdx.y, tid = threadIdx.x, N = KVQ_HKV * KVQ_D;
+    const int tid = threadIdx.x, N = KVQ_HKV * KVQ_D;
     const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
     unsigned char *page = (unsigned char *)p->page;
     /* min and max with their first index: ties resolve to the earliest element as the sequential loop does */
@@ -1394,6 +1423,15 @@ KVQ_DEV void kvq_quant_hidden_body(const kvq_quant_params *p, kvq_fmt f, float *
         if (tid == 0) kvq_set_mask_bits(p, f, o, h, t, t + 1, 0, 1);
 }
 
+/* Hidden groups: the blocks of gridDim.y stride over the tokens (gridDim.y <= 65535 whatever n). */
+KVQ_DEV void kvq_quant_hidden_body(const kvq_quant_params *p, kvq_fmt f, float *redv, int *redi)
+{
+    for (int t = blockIdx.y; t < p->n; t += gridDim.y) {
+        kvq_quant_hidden_token(p, f, redv, redi, t);
+        __syncthreads(); /* the next token's reduction overwrites red, which this one's threads read last */
+    }
+}
+
 /* ZipCache Eq. 6 channel factors over the n tokens of the call, written to the page. */
 KVQ_DEV void kvq_factor_body(const kvq_quant_params *p, kvq_fmt f)
 {
@@ -1410,14 +1448,17 @@ KVQ_DEV void kvq_factor_body(const kvq_quant_params *p, kvq_fmt f)
     }
 }
 
-/* fp16 rows: window slot (slot + t) mod dst_ring of kv head blockIdx.x, token blockIdx.y. */
+/* fp16 rows: window slot (slot + t) mod dst_ring of kv head blockIdx.x; the blocks of gridDim.y stride over the
+ * tokens t (gridDim.y <= 65535 whatever n). */
 KVQ_DEV void kvq_store_f16_body(const kvq_store_params *p)
 {
-    const int h = blockIdx.x, t = blockIdx.y;
-    long long r = p->dst_ring ? (p->slot + t) % p->dst_ring : p->slot + t;
-    kvq_half *dst = (kvq_half *)p->dst + ((long long)h * p->dst_cap + r) * KVQ_D;
-    long long row0 = kvq_row_at(&p->src, h, t, p->n);
-    for (int c = threadIdx.x; c < KVQ_D; c += blockDim.x) dst[c] = kvq_f2h(kvq_src_ld(&p->src, row0, c));
+    const int h = blockIdx.x;
+    for (int t = blockIdx.y; t < p->n; t += gridDim.y) {
+        long long r = p->dst_ring ? ((long long)p->slot + t) % p->dst_ring : (long long)p->slot + t;
+        kvq_half *dst = (kvq_half *)p->dst + ((long long)h * p->dst_cap + r) * KVQ_D;
+        long long row0 = kvq_row_at(&p->src, h, t, p->n);
+        for (int c = threadIdx.x; c < KVQ_D; c += blockDim.x) dst[c] = kvq_f2h(kvq_src_ld(&p->src, row0, c));
+    }
 }
 
 #endif
@@ -1494,6 +1535,19 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_MIN_BLOCKS) KVQ_C(
                     KVQ_C_VPAR);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
+
+#if KVQ_POL_ZIP
+/* ZipCache: a decode probe's normaliser over the cache this class's decode kernel reads (kvq_policy.cuh). */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm)(const kvq_zip_norm_params p)
+{
+    __shared__ float qs[KVQ_D];
+    __shared__ double red[KVQ_PTHREADS];
+    __shared__ unsigned long long zsum;
+    const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
+    kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm));
+#endif
 
 /* One quantize kernel per quantized store; the granularity picks the body (a constant). */
 #define KVQ_QUANT_KERNEL(NAME, FMT)                                                                            \

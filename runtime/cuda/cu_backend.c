@@ -32,6 +32,11 @@ kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsign
     return cu_dev_launch(c->dev, c->mod, kernel, g, b, params, size, msg, n);
 }
 
+unsigned cu_grid_y(long long blocks)
+{
+    return blocks < 1 ? 1u : blocks > (long long)CU_GRID_YZ_MAX ? CU_GRID_YZ_MAX : (unsigned)blocks;
+}
+
 kvq_status cu_win_init(kvq_backend_ctx *c, cu_win *w, int cap, char *msg, size_t n)
 {
     memset(w, 0, sizeof *w);
@@ -76,7 +81,7 @@ kvq_status cu_win_push(kvq_backend_ctx *c, cu_win *w, const kvq_rows *src, int n
     sp.slot = (w->head + w->count) % w->cap;
     sp.dst_ring = w->cap;
     sp.n = n;
-    kvq_status st = cu_launch(c, "kvq_store_f16", (unsigned)c->H, (unsigned)n, 1, 128, &sp, sizeof sp, msg, msg_n);
+    kvq_status st = cu_launch(c, "kvq_store_f16", (unsigned)c->H, cu_grid_y(n), 1, 128, &sp, sizeof sp, msg, msg_n);
     if (st != KVQ_OK) return st;
     for (int i = 0; i < n; i++) w->pos[(w->head + w->count + i) % w->cap] = pos[i];
     w->count += n;
@@ -150,6 +155,8 @@ static kvq_status cu_supports(const kvq_be_engine *e, char *msg, size_t n)
 static void ctx_free(kvq_backend_ctx *c)
 {
     if (!c) return;
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
     cu_dev_free(c->dev, c->stage);
     cu_dev_free(c->dev, c->tiles);
     cu_dev_free(c->dev, c->seqs);
@@ -158,6 +165,7 @@ static void ctx_free(kvq_backend_ctx *c)
     cu_dev_free(c->dev, c->aux);
     cu_dev_free(c->dev, c->pol);
     cu_module_free(c->mod);
+    cu_dev_leave(c->dev, &cs);
     cu_dev_close(c->dev);
     kvq_free(c->plan);
     kvq_free(c->htiles);
@@ -226,7 +234,10 @@ static kvq_status cu_seq_create(kvq_backend_ctx *c, kvq_backend_seq **out, char 
 static void cu_seq_free(kvq_backend_ctx *c, kvq_backend_seq *s)
 {
     if (!s) return;
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
     for (int l = 0; l < s->n_layers; l++) layer_free(c, s->layers[l]);
+    cu_dev_leave(c->dev, &cs);
     kvq_free(s->layers);
     kvq_free(s);
 }
@@ -339,6 +350,13 @@ static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
         }
         if (nt - first[i] > max_tiles) max_tiles = nt - first[i];
     }
+    /* the decode kernel stages a tile in shared memory sized for the class's tile: a longer one would overrun it */
+    for (int j = 0; j < nt && st == KVQ_OK; j++)
+        if (c->htiles[j].n > c->plan->cls[cls].tile) {
+            snprintf(msg, ms, "cuda: internal error: a decode tile of %d tokens, the plan's tile is %d", c->htiles[j].n,
+                     c->plan->cls[cls].tile);
+            st = KVQ_ERR_INTERNAL;
+        }
     int tpc = choose_tiles_per_chunk(c, n, max_tiles), nch = (max_tiles + tpc - 1) / tpc;
     if (nch < 1) nch = 1;
     if (st == KVQ_OK)
@@ -369,12 +387,12 @@ static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
         st = cu_dev_launch(c->dev, c->mod, "kvq_merge", mg, mb, &dp, sizeof dp, msg, ms);
     }
     if (st == KVQ_OK) st = cu_dev_d2h(c->dev, oh, outd, qd * sizeof *oh, msg, ms);
-    /* 5. ZipCache: probe rows from this step's attention (its query and lse on the device), compression every W */
+    /* 5. ZipCache: probe rows over this step's tiles (its query on the device, docs/cuda.md "Determinism"),
+     *    compression every W */
     for (int i = 0; i < n && st == KVQ_OK; i++) {
         cu_layer *L = items[i].seq->layers[layer];
         if (L->sparse) continue;
-        st = cu_qlayer_after_attend(c, &L->q, c->qbuf + (uint64_t)i * Hq * D * 4, lsed + (uint64_t)i * Hq * 4, msg,
-                                    ms);
+        st = cu_qlayer_after_attend(c, &L->q, c->qbuf + (uint64_t)i * Hq * D * 4, &sq[i], msg, ms);
         if (st != KVQ_OK) bad = i;
     }
     /* 6. adopt, or put every item back */
@@ -440,6 +458,46 @@ static kvq_status cu_read_cache(kvq_backend_ctx *c, const kvq_backend_seq *s, in
                      : cu_qlayer_read(c, &L->q, k, v, capacity, msg, ms);
 }
 
+/* ---- entry points that touch the device: any thread may call them (docs/cuda.md, "Threads") ---- */
+
+static kvq_status be_prefill(kvq_backend_ctx *c, int layer, const kvq_be_prefill *items, int n, char *msg, size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    kvq_status st = cu_prefill(c, layer, items, n, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
+static kvq_status be_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *items, int n, char *msg, size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    kvq_status st = cu_decode(c, layer, items, n, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
+static kvq_status be_read_cache(kvq_backend_ctx *c, const kvq_backend_seq *s, int layer, float *k, float *v,
+                                int capacity, int *n_tokens, char *msg, size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    kvq_status st = cu_read_cache(c, s, layer, k, v, capacity, n_tokens, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
+static kvq_status be_dense_preference(kvq_backend_ctx *c, const float *q, const float *k, int n, int n_q, double top,
+                                      double *score, char *msg, size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    kvq_status st = cu_dense_preference(c, q, k, n, n_q, top, score, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
 const kvq_backend kvq_backend_cuda = {
     .name = "cuda",
     .probe = probe_cuda,
@@ -449,11 +507,11 @@ const kvq_backend kvq_backend_cuda = {
     .seq_create = cu_seq_create,
     .seq_free = cu_seq_free,
     .seq_length = cu_seq_length,
-    .prefill = cu_prefill,
-    .decode = cu_decode,
+    .prefill = be_prefill,
+    .decode = be_decode,
     .seq_account = cu_seq_account,
-    .read_cache = cu_read_cache,
-    .dense_preference = cu_dense_preference,
+    .read_cache = be_read_cache,
+    .dense_preference = be_dense_preference,
 };
 
 const kvq_backend kvq_backend_emu = {
@@ -465,9 +523,9 @@ const kvq_backend kvq_backend_emu = {
     .seq_create = cu_seq_create,
     .seq_free = cu_seq_free,
     .seq_length = cu_seq_length,
-    .prefill = cu_prefill,
-    .decode = cu_decode,
+    .prefill = be_prefill,
+    .decode = be_decode,
     .seq_account = cu_seq_account,
-    .read_cache = cu_read_cache,
-    .dense_preference = cu_dense_preference,
+    .read_cache = be_read_cache,
+    .dense_preference = be_dense_preference,
 };

@@ -142,6 +142,10 @@ struct kvq_backend_ctx {
 kvq_status cu_scratch(kvq_backend_ctx *c, uint64_t *buf, size_t *have, size_t need, char *msg, size_t n);
 kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                      const void *params, size_t size, char *msg, size_t n);
+/* gridDim.y for `blocks` blocks of work on y: at most 65535, the hardware's limit (the kernels that take tokens on
+ * y stride over them, kvq_quantize.cuh). */
+#define CU_GRID_YZ_MAX 65535u
+unsigned cu_grid_y(long long blocks);
 kvq_status cu_win_init(kvq_backend_ctx *c, cu_win *w, int cap, char *msg, size_t n);
 void cu_win_free(kvq_backend_ctx *c, cu_win *w);
 /* Stores n fp16 rows (src) into the window's next slots. */
@@ -155,9 +159,11 @@ kvq_rows cu_rows_f16(uint64_t base, int head_stride, int first, int ring);
 /* cu_qlayer.c */
 kvq_status cu_qlayer_prefill(kvq_backend_ctx *c, cu_layer *L, int layer, const kvq_be_prefill *it, char *msg, size_t n);
 kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, const float *k, const float *v, char *msg, size_t n);
-/* ZipCache layers with a window: after the step's attention (q, lse: device [Hq] query rows and log2-sum-exp2 of
- * the scaled scores), record the probe row when the step is a probe, then compress when the window is full. */
-kvq_status cu_qlayer_after_attend(kvq_backend_ctx *c, cu_qlayer *L, uint64_t q, uint64_t lse, char *msg, size_t n);
+/* ZipCache layers with a window: after the step's attention (q: device [Hq][D] query rows; st: the sequence's tiles
+ * of the step on the device), record the probe row when the step is a probe, then compress when the window is
+ * full. */
+kvq_status cu_qlayer_after_attend(kvq_backend_ctx *c, cu_qlayer *L, uint64_t q, const kvq_seq_tiles *st, char *msg,
+                                  size_t n);
 void cu_qlayer_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt);
 void cu_qlayer_free(kvq_backend_ctx *c, cu_qlayer *L);
 void cu_qlayer_account(const kvq_backend_ctx *c, const cu_qlayer *L, kvq_mem_stats *o);
@@ -179,7 +185,8 @@ kvq_status cu_ott_compete(kvq_backend_ctx *c, cu_qlayer *L, const kvq_rows *k, c
                           int pg, uint64_t *rows, uint64_t *flags, char *msg, size_t n);
 void cu_ott_commit(kvq_backend_ctx *c, cu_ott *o);
 kvq_status cu_ott_undo(kvq_backend_ctx *c, cu_ott *o, char *msg, size_t n);
-void cu_ott_tiles(kvq_backend_ctx *c, const cu_ott *o, int *nt);
+/* The pools' decode tiles, at most `tile` tokens each. */
+void cu_ott_tiles(kvq_backend_ctx *c, const cu_ott *o, int tile, int *nt);
 void cu_ott_account(const kvq_backend_ctx *c, const cu_ott *o, kvq_mem_stats *out);
 /* A pooled outlier reads as its fp16 copy, keys and values. */
 kvq_status cu_ott_read(kvq_backend_ctx *c, const cu_ott *o, float *k, float *v, int capacity, char *msg, size_t n);
@@ -192,7 +199,9 @@ void cu_sal_free(kvq_backend_ctx *c, cu_qlayer *L);
 kvq_status cu_sal_prefill(kvq_backend_ctx *c, const cu_qlayer *L, const kvq_rows *k, const float *q, int T, int first,
                           int n, unsigned char *is_high, char *msg, size_t ms);
 void cu_sal_new_cycle(cu_qlayer *L);
-kvq_status cu_sal_record(kvq_backend_ctx *c, cu_qlayer *L, int pos, uint64_t q, uint64_t lse, char *msg, size_t ms);
+/* A probe step's row: kvq_zip_norm_c<cls> over the step's tiles (st), then kvq_zip_row over the window. */
+kvq_status cu_sal_record(kvq_backend_ctx *c, cu_qlayer *L, int pos, uint64_t q, const kvq_seq_tiles *st, char *msg,
+                         size_t ms);
 kvq_status cu_sal_flush(kvq_backend_ctx *c, const cu_qlayer *L, int B, unsigned char *is_high, char *msg, size_t ms);
 
 /* cu_slayer.c */

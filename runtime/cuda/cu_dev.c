@@ -109,12 +109,35 @@ void cu_module_free(cu_module *m)
 
 const char *cu_module_origin(const cu_module *m) { return m->origin; }
 
-kvq_status cu_dev_launch(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3], const unsigned block[3],
-                         const void *params, size_t size, char *msg, size_t n)
+kvq_status cu_dev_launch_smem(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3],
+                              const unsigned block[3], unsigned smem, const void *params, size_t size, char *msg,
+                              size_t n)
 {
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return KVQ_OK; /* nothing to do */
     if (injected(msg, n)) return KVQ_ERR_INTERNAL;
-    return d->ops->launch(d, m, kernel, grid, block, params, size, msg, n);
+    return d->ops->launch(d, m, kernel, grid, block, smem, params, size, msg, n);
+}
+
+kvq_status cu_dev_launch(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3], const unsigned block[3],
+                         const void *params, size_t size, char *msg, size_t n)
+{
+    return cu_dev_launch_smem(d, m, kernel, grid, block, 0, params, size, msg, n);
+}
+
+kvq_status cu_dev_func_max_dyn_smem(cu_dev *d, cu_module *m, const char *kernel, unsigned bytes, char *msg, size_t n)
+{
+    return d->ops->max_dyn_smem(d, m, kernel, bytes, msg, n);
+}
+
+void cu_dev_enter(cu_dev *d, cu_ctx_scope *s)
+{
+    s->prev = NULL, s->changed = 0;
+    if (d) d->ops->enter(d, s);
+}
+
+void cu_dev_leave(cu_dev *d, const cu_ctx_scope *s)
+{
+    if (d && s->changed) d->ops->leave(d, s);
 }
 
 kvq_status cu_dev_check_params(cu_dev *d, cu_module *m, char *msg, size_t n)

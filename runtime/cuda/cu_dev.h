@@ -45,9 +45,31 @@ void cu_module_free(cu_module *m);
 const char *cu_module_origin(const cu_module *m);
 
 /* Launches `kernel` of m with one parameter struct; synchronous (the call returns after the kernel finished),
- * so a failure is reported by the launch that caused it. */
+ * so a failure is reported by the launch that caused it. A launch the device refuses (grid, block, shared memory
+ * or registers beyond its limits) is KVQ_ERR_INTERNAL with the kernel, the limit and the value. */
 kvq_status cu_dev_launch(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3], const unsigned block[3],
                          const void *params, size_t param_size, char *msg, size_t msg_size);
+/* The same with `smem` bytes of dynamic shared memory (cuLaunchKernel's sharedMemBytes): more than 48 KiB less
+ * the kernel's static shared memory needs cu_dev_func_max_dyn_smem first. */
+kvq_status cu_dev_launch_smem(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3],
+                              const unsigned block[3], unsigned smem, const void *params, size_t param_size, char *msg,
+                              size_t msg_size);
+/* cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes): refused when static + bytes exceeds
+ * the device's opt-in maximum (sm_80 163 KiB, sm_90 227 KiB). */
+kvq_status cu_dev_func_max_dyn_smem(cu_dev *d, cu_module *m, const char *kernel, unsigned bytes, char *msg,
+                                    size_t msg_size);
+
+/* The device's context is current on one thread at a time per thread, as the CUDA driver's is: cu_dev_open makes
+ * it current on the opening thread, and every entry point of the backends (which any thread may call) brackets
+ * its device calls with cu_dev_enter / cu_dev_leave, which make it current on the calling thread and then put
+ * back the thread's previous context. A device call on a thread where the context is not current fails as the
+ * driver's do (CUDA_ERROR_INVALID_CONTEXT); the emulated device models this too. */
+typedef struct {
+    void *prev;
+    int changed;
+} cu_ctx_scope;
+void cu_dev_enter(cu_dev *d, cu_ctx_scope *s);
+void cu_dev_leave(cu_dev *d, const cu_ctx_scope *s);
 
 /* Test hook: after cu_dev_fail_after(n), the n-th following device call (allocation, copy, memset or launch;
  * 1-based) fails with KVQ_ERR_INTERNAL without doing anything, once; 0 disarms it. cu_dev_failures() counts the
@@ -69,8 +91,11 @@ typedef struct {
     kvq_status (*memset)(cu_dev *, uint64_t, int, size_t, char *, size_t);
     kvq_status (*load)(cu_dev *, const char *, const char *, cu_module **, char *, size_t);
     void (*module_free)(cu_module *);
-    kvq_status (*launch)(cu_dev *, cu_module *, const char *, const unsigned[3], const unsigned[3], const void *,
-                         size_t, char *, size_t);
+    kvq_status (*launch)(cu_dev *, cu_module *, const char *, const unsigned[3], const unsigned[3], unsigned,
+                         const void *, size_t, char *, size_t);
+    kvq_status (*max_dyn_smem)(cu_dev *, cu_module *, const char *, unsigned, char *, size_t);
+    void (*enter)(cu_dev *, cu_ctx_scope *);
+    void (*leave)(cu_dev *, const cu_ctx_scope *);
     void (*close)(cu_dev *);
 } cu_dev_ops;
 

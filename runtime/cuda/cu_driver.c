@@ -23,6 +23,11 @@ typedef unsigned long long CUdeviceptr;
 #define CU_ATTR_CC_MINOR 76
 #define CU_ATTR_MEM_CLOCK 36 /* kHz */
 #define CU_ATTR_BUS_WIDTH 37 /* bits */
+#define CU_FUNC_ATTR_SHARED_SIZE_BYTES 1
+#define CU_FUNC_ATTR_NUM_REGS 4
+#define CU_FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES 701
 #define CU_HOSTALLOC_PORTABLE 1
 #define CU_HOSTALLOC_DEVICEMAP 2
 
@@ -35,6 +40,9 @@ static struct {
     CUresult (*ctx_retain)(CUcontext *, CUdevice);
     CUresult (*ctx_release)(CUdevice);
     CUresult (*ctx_set)(CUcontext);
+    CUresult (*ctx_get)(CUcontext *);
+    CUresult (*fn_attr_get)(int *, int, CUfunction);
+    CUresult (*fn_attr_set)(CUfunction, int, int);
     CUresult (*ctx_sync)(void);
     CUresult (*mod_load)(CUmodule *, const void *);
     CUresult (*mod_fn)(CUfunction *, CUmodule, const char *);
@@ -94,6 +102,9 @@ static kvq_status load_driver(char *msg, size_t n)
         {&cu.ctx_retain, "cuDevicePrimaryCtxRetain"},
         {&cu.ctx_release, "cuDevicePrimaryCtxRelease_v2"},
         {&cu.ctx_set, "cuCtxSetCurrent"},
+        {&cu.ctx_get, "cuCtxGetCurrent"},
+        {&cu.fn_attr_get, "cuFuncGetAttribute"},
+        {&cu.fn_attr_set, "cuFuncSetAttribute"},
         {&cu.ctx_sync, "cuCtxSynchronize"},
         {&cu.mod_load, "cuModuleLoadData"},
         {&cu.mod_fn, "cuModuleGetFunction"},
@@ -278,7 +289,8 @@ static void drv_module_free(cu_module *m)
 }
 
 static kvq_status drv_launch(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3],
-                             const unsigned block[3], const void *params, size_t size, char *msg, size_t n)
+                             const unsigned block[3], unsigned smem, const void *params, size_t size, char *msg,
+                             size_t n)
 {
     (void)d, (void)size;
     drv_mod *dm = m->impl;
@@ -286,7 +298,20 @@ static kvq_status drv_launch(cu_dev *d, cu_module *m, const char *kernel, const 
     CUresult r = cu.mod_fn(&f, dm->mod, kernel);
     if (r) return fail(r, kernel, msg, n);
     void *args[1] = {(void *)params};
-    r = cu.launch(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, NULL, args, NULL);
+    r = cu.launch(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, NULL, args, NULL);
+    if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES) {
+        /* a launch beyond the device's limits: say what was asked of which kernel */
+        int regs = -1, sstat = -1, maxdyn = -1;
+        cu.fn_attr_get(&regs, CU_FUNC_ATTR_NUM_REGS, f);
+        cu.fn_attr_get(&sstat, CU_FUNC_ATTR_SHARED_SIZE_BYTES, f);
+        cu.fn_attr_get(&maxdyn, CU_FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, f);
+        snprintf(msg, n,
+                 "cuda: launch of %s refused: %s (%d): grid (%u,%u,%u), block (%u,%u,%u), %u bytes of dynamic shared "
+                 "memory; the kernel has %d registers a thread, %d bytes of static shared memory, a dynamic maximum of %d",
+                 kernel, err_text(r), r, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, regs, sstat,
+                 maxdyn);
+        return KVQ_ERR_INTERNAL;
+    }
     if (!r) r = cu.ctx_sync();
     if (r) {
         char what[128];
@@ -296,6 +321,37 @@ static kvq_status drv_launch(cu_dev *d, cu_module *m, const char *kernel, const 
     return KVQ_OK;
 }
 
+static kvq_status drv_max_dyn_smem(cu_dev *d, cu_module *m, const char *kernel, unsigned bytes, char *msg, size_t n)
+{
+    (void)d;
+    drv_mod *dm = m->impl;
+    CUfunction f;
+    CUresult r = cu.mod_fn(&f, dm->mod, kernel);
+    if (!r) r = cu.fn_attr_set(f, CU_FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)bytes);
+    if (r) {
+        char what[160];
+        snprintf(what, sizeof what, "cuFuncSetAttribute(%s, MAX_DYNAMIC_SHARED_SIZE_BYTES, %u)", kernel, bytes);
+        return fail(r, what, msg, n);
+    }
+    return KVQ_OK;
+}
+
+/* The calling thread's current context becomes this device's for the duration of an entry point. */
+static void drv_enter(cu_dev *d, cu_ctx_scope *s)
+{
+    drv_dev *dd = d->impl;
+    CUcontext prev = NULL;
+    if (cu.ctx_get(&prev) != 0) prev = NULL;
+    s->prev = prev;
+    s->changed = prev != dd->ctx && cu.ctx_set(dd->ctx) == 0;
+}
+
+static void drv_leave(cu_dev *d, const cu_ctx_scope *s)
+{
+    (void)d;
+    cu.ctx_set((CUcontext)s->prev);
+}
+
 static void drv_close(cu_dev *d)
 {
     drv_dev *dd = d->impl;
@@ -303,8 +359,9 @@ static void drv_close(cu_dev *d)
     kvq_free(dd);
 }
 
-static const cu_dev_ops drv_ops = {drv_alloc,  drv_free, drv_alloc_host,  drv_free_host, drv_h2d,  drv_d2h,
-                                   drv_memset, drv_load, drv_module_free, drv_launch,    drv_close};
+static const cu_dev_ops drv_ops = {drv_alloc,       drv_free,   drv_alloc_host, drv_free_host,    drv_h2d,
+                                   drv_d2h,         drv_memset, drv_load,       drv_module_free,  drv_launch,
+                                   drv_max_dyn_smem, drv_enter, drv_leave,      drv_close};
 
 kvq_status cu_driver_open(cu_dev *d, char *msg, size_t n)
 {

@@ -33,23 +33,62 @@ static const char *const emu_hdr_files[] = {"emu.h",   "emu_abi.h",  "emu_intern
 #define N_RT 4
 #define N_HDR 6
 
+/* A kernel's attributes as the driver holds them: ptxas's registers and static shared memory, and the dynamic
+ * shared memory maximum cuFuncSetAttribute set. */
+typedef struct {
+    char name[64];
+    struct emu_func_attrs a;
+} emu_fn;
+
 typedef struct {
     void *so;
     emu_status (*launch)(const struct emu_kernel *, emu_dim3, emu_dim3, size_t, const void *, size_t,
                          const struct emu_options *, struct emu_error *);
     void (*release)(void);
+    emu_fn *fns; /* from NVRTC's resource report for the emulated arch; NULL when NVRTC is not available */
+    int n_fns, cap_fns, resources;
 } emu_mod;
 
 typedef struct {
     char cc[256], cxx[256], opt[32];
     char emu_dir[4096];
+    char target[16]; /* the GPU emulated: its limits, and the arch NVRTC reports resources for */
+    unsigned smem_optin;
+    uintptr_t ctx; /* this device's context id (never reused) */
 } emu_dev;
+
+/* ---- contexts: the emulated device is current on one thread at a time per thread, as a CUDA context is ---- */
+
+static __thread uintptr_t emu_current; /* the calling thread's current context (0: none) */
+static uintptr_t emu_ctx_ids;          /* ids handed out so far (atomic) */
+
+static int no_context(const cu_dev *d, const char *what, char *msg, size_t n)
+{
+    if (emu_current == ((const emu_dev *)d->impl)->ctx) return 0;
+    snprintf(msg, n, "emu: %s: CUDA_ERROR_INVALID_CONTEXT (201): the device's context is not current on this thread",
+             what);
+    return 1;
+}
+
+static void emu_enter(cu_dev *d, cu_ctx_scope *s)
+{
+    uintptr_t mine = ((const emu_dev *)d->impl)->ctx;
+    s->prev = (void *)emu_current;
+    s->changed = emu_current != mine;
+    emu_current = mine;
+}
+
+static void emu_leave(cu_dev *d, const cu_ctx_scope *s)
+{
+    (void)d;
+    emu_current = (uintptr_t)s->prev;
+}
 
 /* ---- memory: host memory, 256-byte aligned as cuMemAlloc's ---- */
 
 static kvq_status emu_alloc(cu_dev *d, size_t bytes, uint64_t *addr, char *msg, size_t n)
 {
-    (void)d;
+    if (no_context(d, "cuMemAlloc", msg, n)) return KVQ_ERR_INTERNAL;
     unsigned char *raw = kvq_calloc(1, bytes + 256 + 8);
     if (!raw) {
         snprintf(msg, n, "emu: out of memory (%zu bytes)", bytes);
@@ -63,7 +102,8 @@ static kvq_status emu_alloc(cu_dev *d, size_t bytes, uint64_t *addr, char *msg, 
 
 static void emu_free(cu_dev *d, uint64_t addr)
 {
-    (void)d;
+    char msg[160];
+    if (no_context(d, "cuMemFree", msg, sizeof msg)) return; /* the driver's cuMemFree fails: the memory stays */
     void *raw;
     memcpy(&raw, (void *)(uintptr_t)(addr - 8), sizeof raw);
     kvq_free(raw);
@@ -80,21 +120,21 @@ static void emu_free_host(cu_dev *d, void *host) { emu_free(d, (uint64_t)(uintpt
 
 static kvq_status emu_h2d(cu_dev *d, uint64_t dst, const void *src, size_t n, char *msg, size_t ms)
 {
-    (void)d, (void)msg, (void)ms;
+    if (no_context(d, "cuMemcpyHtoD", msg, ms)) return KVQ_ERR_INTERNAL;
     memcpy((void *)(uintptr_t)dst, src, n);
     return KVQ_OK;
 }
 
 static kvq_status emu_d2h(cu_dev *d, void *dst, uint64_t src, size_t n, char *msg, size_t ms)
 {
-    (void)d, (void)msg, (void)ms;
+    if (no_context(d, "cuMemcpyDtoH", msg, ms)) return KVQ_ERR_INTERNAL;
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return KVQ_OK;
 }
 
 static kvq_status emu_memset(cu_dev *d, uint64_t dst, int byte, size_t n, char *msg, size_t ms)
 {
-    (void)d, (void)msg, (void)ms;
+    if (no_context(d, "cuMemsetD8", msg, ms)) return KVQ_ERR_INTERNAL;
     memset((void *)(uintptr_t)dst, byte, n);
     return KVQ_OK;
 }
@@ -210,11 +250,52 @@ static kvq_status build_runtime(emu_dev *e, const char *dir, char objs[N_RT][430
     return KVQ_OK;
 }
 
+/* The kernels' resources as ptxas reports them for the emulated GPU (NVRTC, through the JIT cache): a source the
+ * GPU's compiler refuses (more than 48 KiB of static shared memory, say) is refused here too, with its message.
+ * Without NVRTC the module has no figures and launches are checked against the grid, block and dynamic shared
+ * memory limits only (docs/emulator.md). */
+static kvq_status emu_resources(emu_dev *e, const char *src, emu_mod *em, char *msg, size_t n)
+{
+    char why[512];
+    if (cu_nvrtc_load(why, sizeof why) != KVQ_OK) return KVQ_OK;
+    cu_compiled c;
+    memset(&c, 0, sizeof c);
+    char cm[1024] = "";
+    kvq_status st = cu_nvrtc_compile(src, e->target, 1, &c, NULL, cm, sizeof cm);
+    if (st != KVQ_OK) {
+        snprintf(msg, n, "emu: the kernels do not compile for %s, the emulated GPU: %s", e->target, cm);
+        return st;
+    }
+    em->fns = c.n_res > 0 ? kvq_calloc((size_t)c.n_res, sizeof *em->fns) : NULL;
+    if (c.n_res > 0 && !em->fns) {
+        cu_compiled_free(&c);
+        return KVQ_ERR_NOMEM;
+    }
+    for (int i = 0; i < c.n_res; i++) {
+        emu_fn *f = &em->fns[em->n_fns++];
+        snprintf(f->name, sizeof f->name, "%s", c.res[i].name);
+        f->a.regs = (unsigned)c.res[i].regs;
+        f->a.static_smem = (unsigned)c.res[i].smem;
+    }
+    em->cap_fns = c.n_res;
+    em->resources = 1;
+    cu_compiled_free(&c);
+    return KVQ_OK;
+}
+
+static emu_fn *find_fn(emu_mod *em, const char *kernel)
+{
+    for (int i = 0; i < em->n_fns; i++)
+        if (!strcmp(em->fns[i].name, kernel)) return &em->fns[i];
+    return NULL;
+}
+
 static kvq_status emu_load(cu_dev *d, const char *src, const char *scheme, cu_module **out, char *msg, size_t n)
 {
     (void)scheme;
     emu_dev *e = d->impl;
     *out = NULL;
+    if (no_context(d, "cuModuleLoadData", msg, n)) return KVQ_ERR_INTERNAL;
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", cu_cache_dir());
     int tmpdir = 0;
@@ -310,12 +391,17 @@ static kvq_status emu_load(cu_dev *d, const char *src, const char *scheme, cu_mo
     void *f1 = dlsym(h, "emu_launch"), *f2 = dlsym(h, "emu_release");
     memcpy(&em->launch, &f1, sizeof f1);
     memcpy(&em->release, &f2, sizeof f2);
-    if (!em->launch || !em->release) {
+    kvq_status rs = KVQ_ERR_INTERNAL;
+    if (!em->launch || !em->release)
         snprintf(msg, n, "emu: %s lacks the emulator runtime", so);
+    else
+        rs = emu_resources(e, src, em, msg, n);
+    if (rs != KVQ_OK) {
         dlclose(h);
+        kvq_free(em->fns);
         kvq_free(m);
         kvq_free(em);
-        return KVQ_ERR_INTERNAL;
+        return rs;
     }
     m->dev = d;
     m->impl = em;
@@ -326,17 +412,59 @@ static kvq_status emu_load(cu_dev *d, const char *src, const char *scheme, cu_mo
 
 static void emu_module_free(cu_module *m)
 {
+    char msg[160];
+    if (no_context(m->dev, "cuModuleUnload", msg, sizeof msg)) return; /* the driver's unload fails: it stays */
     emu_mod *em = m->impl;
     em->release();
     dlclose(em->so);
+    kvq_free(em->fns);
     kvq_free(em);
     kvq_free(m);
 }
 
-static kvq_status emu_launch_k(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3],
-                               const unsigned block[3], const void *params, size_t size, char *msg, size_t n)
+static kvq_status emu_max_dyn_smem(cu_dev *d, cu_module *m, const char *kernel, unsigned bytes, char *msg, size_t n)
 {
-    (void)d;
+    if (no_context(d, "cuFuncSetAttribute", msg, n)) return KVQ_ERR_INTERNAL;
+    emu_dev *e = d->impl;
+    emu_mod *em = m->impl;
+    char sym[96];
+    snprintf(sym, sizeof sym, "%s__emu", kernel);
+    if (!dlsym(em->so, sym)) {
+        snprintf(msg, n, "emu: cuFuncSetAttribute: no kernel %s in the module (CUDA_ERROR_NOT_FOUND)", kernel);
+        return KVQ_ERR_INTERNAL;
+    }
+    emu_fn *f = find_fn(em, kernel);
+    if (!f) { /* no resource report: the kernel's attributes start empty */
+        if (em->n_fns == em->cap_fns) {
+            int cap = em->cap_fns ? 2 * em->cap_fns : 8;
+            emu_fn *nf = kvq_realloc(em->fns, (size_t)cap * sizeof *nf);
+            if (!nf) {
+                snprintf(msg, n, "out of memory");
+                return KVQ_ERR_NOMEM;
+            }
+            em->fns = nf, em->cap_fns = cap;
+        }
+        f = &em->fns[em->n_fns++];
+        memset(f, 0, sizeof *f);
+        snprintf(f->name, sizeof f->name, "%s", kernel);
+    }
+    if ((unsigned long long)f->a.static_smem + bytes > e->smem_optin) {
+        snprintf(msg, n,
+                 "emu: cuFuncSetAttribute(%s, MAX_DYNAMIC_SHARED_SIZE_BYTES, %u): with its %u bytes of static shared "
+                 "memory, more than the %u a block of %s may have (CUDA_ERROR_INVALID_VALUE)",
+                 kernel, bytes, f->a.static_smem, e->smem_optin, e->target);
+        return KVQ_ERR_INTERNAL;
+    }
+    f->a.max_dyn_smem = bytes;
+    return KVQ_OK;
+}
+
+static kvq_status emu_launch_k(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3],
+                               const unsigned block[3], unsigned smem, const void *params, size_t size, char *msg,
+                               size_t n)
+{
+    if (no_context(d, "cuLaunchKernel", msg, n)) return KVQ_ERR_INTERNAL;
+    emu_dev *e = d->impl;
     emu_mod *em = m->impl;
     char sym[96];
     snprintf(sym, sizeof sym, "%s__emu", kernel);
@@ -350,9 +478,17 @@ static kvq_status emu_launch_k(cu_dev *d, cu_module *m, const char *kernel, cons
     memset(&opt, 0, sizeof opt);
     const char *seed = getenv("KVQ_EMU_SHUFFLE");
     if (seed && *seed) opt.shuffle_seed = strtoull(seed, NULL, 10);
+    /* the driver's checks of the launch: the kernel's attributes, the emulated GPU's shared memory */
+    const emu_fn *f = find_fn(em, kernel);
+    opt.attrs = f ? &f->a : NULL;
+    opt.smem_optin = e->smem_optin;
     struct emu_error err;
     memset(&err, 0, sizeof err);
-    emu_status st = em->launch(k, g, b, 0, params, size, &opt, &err);
+    emu_status st = em->launch(k, g, b, smem, params, size, &opt, &err);
+    if (st == EMU_ERR_CONFIG || st == EMU_ERR_RESOURCES) {
+        snprintf(msg, n, "emu: launch of %s refused as %s would refuse it: %s", kernel, e->target, err.msg);
+        return KVQ_ERR_INTERNAL;
+    }
     if (st != EMU_OK) {
         snprintf(msg, n, "emu: %s failed: %s", kernel, err.msg);
         return st == EMU_ERR_NOMEM ? KVQ_ERR_NOMEM : KVQ_ERR_INTERNAL;
@@ -360,10 +496,15 @@ static kvq_status emu_launch_k(cu_dev *d, cu_module *m, const char *kernel, cons
     return KVQ_OK;
 }
 
-static void emu_close(cu_dev *d) { kvq_free(d->impl); }
+static void emu_close(cu_dev *d)
+{
+    if (emu_current == ((const emu_dev *)d->impl)->ctx) emu_current = 0;
+    kvq_free(d->impl);
+}
 
-static const cu_dev_ops emu_ops = {emu_alloc,  emu_free, emu_alloc_host,  emu_free_host, emu_h2d,  emu_d2h,
-                                   emu_memset, emu_load, emu_module_free, emu_launch_k,  emu_close};
+static const cu_dev_ops emu_ops = {emu_alloc,        emu_free,   emu_alloc_host, emu_free_host,   emu_h2d,
+                                   emu_d2h,          emu_memset, emu_load,       emu_module_free, emu_launch_k,
+                                   emu_max_dyn_smem, emu_enter,  emu_leave,      emu_close};
 
 kvq_status cu_emu_open(cu_dev *d, char *msg, size_t n)
 {
@@ -382,9 +523,20 @@ kvq_status cu_emu_open(cu_dev *d, char *msg, size_t n)
         kvq_free(e);
         return KVQ_ERR_UNAVAILABLE;
     }
+    /* the GPU whose limits launches are checked against: $KVQ_EMU_ARCH, sm_80 or sm_90 (the default) */
+    const char *arch = getenv("KVQ_EMU_ARCH");
+    if (arch && *arch && strcmp(arch, "sm_80") && strcmp(arch, "sm_90")) {
+        snprintf(msg, n, "emu: KVQ_EMU_ARCH=%s: the emulator models sm_80 or sm_90", arch);
+        kvq_free(e);
+        return KVQ_ERR_INVALID;
+    }
+    snprintf(e->target, sizeof e->target, "%s", arch && *arch ? arch : "sm_90");
+    e->smem_optin = !strcmp(e->target, "sm_80") ? EMU_SMEM_OPTIN_SM80 : EMU_SMEM_OPTIN_SM90;
     d->ops = &emu_ops;
     d->impl = e;
     snprintf(d->arch, sizeof d->arch, "emu");
     d->sm_count = 4;
+    e->ctx = __atomic_add_fetch(&emu_ctx_ids, 1, __ATOMIC_RELAXED);
+    emu_current = e->ctx; /* current on the opening thread, as cu_driver_open's context is */
     return KVQ_OK;
 }

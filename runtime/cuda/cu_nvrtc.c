@@ -245,10 +245,19 @@ kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu
             if (!f || fputs(text, f) < 0) path[0] = 0;
             if (f) fclose(f);
         }
-        /* The first error line of the log, then where the whole story is. */
+        /* The first error line of the log, then where the whole story is. ptxas refuses more than 48 KiB of static
+         * shared memory without an error line (NVRTC 13): its resource lines say which kernel. */
         const char *first = strstr(log, "error");
+        char why[256] = "";
+        cu_kernel_res *res = NULL;
+        int nres = first ? 0 : cu_parse_resources(log, &res);
+        for (int i = 0; i < nres && !why[0]; i++)
+            if (res[i].smem > 48 * 1024)
+                snprintf(why, sizeof why, "kernel %s uses %d bytes of static shared memory, more than 49152 (ptxas)",
+                         res[i].name, res[i].smem);
+        kvq_free(res);
         snprintf(msg, n, "cuda: NVRTC failed to compile the kernels for %s (%s): %.200s%s%s", arch, nv.error(r),
-                 first ? first : log, path[0] ? "; source, options and log in " : "", path);
+                 first ? first : why[0] ? why : log, path[0] ? "; source, options and log in " : "", path);
         if (diag)
             *diag = text;
         else

@@ -126,19 +126,23 @@ kvq_status cu_ott_undo(kvq_backend_ctx *c, cu_ott *o, char *msg, size_t n)
     return st;
 }
 
-void cu_ott_tiles(kvq_backend_ctx *c, const cu_ott *o, int *nt)
+void cu_ott_tiles(kvq_backend_ctx *c, const cu_ott *o, int tile, int *nt)
 {
     int cp = o->cur ^ o->pending; /* this step's competition, when it ran */
     for (int i = 0; i < 2; i++) {
         int cap = i ? o->spill : o->keep;
-        if (cap == 0) continue;
         uint64_t base = i ? o->srows : o->rows[cp];
-        kvq_tile t;
-        memset(&t, 0, sizeof t);
-        t.k = base, t.v = base + kvq_window_tensor_bytes(c->H, c->D, cap), t.k_cap = t.v_cap = cap, t.n = cap;
-        t.count = meta_field(c, o, cp, i ? KVQ_OM_SCOUNT : KVQ_OM_COUNT);
-        t.kinds = KVQ_SRC_F16 | KVQ_SRC_F16 << 8;
-        cu_tiles_push(c, nt, t); /* pools are far smaller than a tile */
+        /* A pool is cut into tiles of at most the plan's tile (the decode kernel stages a tile in shared memory
+         * sized for `tile` rows); each tile's kv head h attends to its slots below count[h] (kvq_tile.count). */
+        for (int s = 0; s < cap && *nt >= 0; s += tile) {
+            kvq_tile t;
+            memset(&t, 0, sizeof t);
+            t.k = base, t.v = base + kvq_window_tensor_bytes(c->H, c->D, cap), t.k_cap = t.v_cap = cap;
+            t.k_slot = t.v_slot = s, t.n = cap - s < tile ? cap - s : tile;
+            t.count = meta_field(c, o, cp, i ? KVQ_OM_SCOUNT : KVQ_OM_COUNT);
+            t.kinds = KVQ_SRC_F16 | KVQ_SRC_F16 << 8;
+            cu_tiles_push(c, nt, t);
+        }
     }
 }
 

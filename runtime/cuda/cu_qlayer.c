@@ -89,7 +89,7 @@ static kvq_status page_write(kvq_backend_ctx *c, const cu_qlayer *L, cu_page *p,
         kvq_store_params sp;
         memset(&sp, 0, sizeof sp);
         sp.src = *src, sp.dst = p->addr + p->lay.codes, sp.dst_cap = p->fmt.capacity, sp.slot = slot, sp.n = n;
-        return cu_launch(c, "kvq_store_f16", (unsigned)c->H, (unsigned)n, 1, 128, &sp, sizeof sp, msg, mn);
+        return cu_launch(c, "kvq_store_f16", (unsigned)c->H, cu_grid_y(n), 1, 128, &sp, sizeof sp, msg, mn);
     }
     const plan_store *st = store_of(c, L, p->store);
     kvq_quant_params qp;
@@ -105,9 +105,9 @@ static kvq_status page_write(kvq_backend_ctx *c, const cu_qlayer *L, cu_page *p,
     snprintf(name, sizeof name, "kvq_quant_%s_c%d", sn, L->cls);
     unsigned gx = (unsigned)c->H, gy = 1;
     if (st->gran == KVQ_GRAN_TOKEN && st->hidden)
-        gx = 1, gy = (unsigned)n;
+        gx = 1, gy = cu_grid_y(n);
     else if (st->gran == KVQ_GRAN_TOKEN)
-        gy = (unsigned)((n + 7) / 8);
+        gy = cu_grid_y((n + 7) / 8);
     if (s == KVQ_OK) s = cu_launch(c, name, gx, gy, 1, 128, &qp, sizeof qp, msg, mn);
     return s;
 }
@@ -373,10 +373,11 @@ kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, const float *k, co
     return st;
 }
 
-kvq_status cu_qlayer_after_attend(kvq_backend_ctx *c, cu_qlayer *L, uint64_t q, uint64_t lse, char *msg, size_t mn)
+kvq_status cu_qlayer_after_attend(kvq_backend_ctx *c, cu_qlayer *L, uint64_t q, const kvq_seq_tiles *tiles,
+                                  char *msg, size_t mn)
 {
     if (!L->saliency || L->rule[0].capacity == 0) return KVQ_OK;
-    kvq_status st = cu_sal_record(c, L, L->length - 1, q, lse, msg, mn);
+    kvq_status st = cu_sal_record(c, L, L->length - 1, q, tiles, msg, mn);
     if (st != KVQ_OK || !L->pending_flush) return st;
     L->pending_flush = 0;
     int B = L->rule[0].batch; /* K and V share the rule */
@@ -423,7 +424,7 @@ void cu_qlayer_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt)
 {
     int tile = c->plan->cls[L->cls].tile;
     cu_tiles_windows(c, nt, &L->sink[0], &L->sink[1], tile);
-    if (L->has_pool) cu_ott_tiles(c, &L->ott, nt);
+    if (L->has_pool) cu_ott_tiles(c, &L->ott, tile, nt);
     run *kr = kvq_malloc((size_t)(L->n_pages[0] + 3) * sizeof *kr),
         *vr = kvq_malloc((size_t)(L->n_pages[1] + 3) * sizeof *vr);
     if (!kr || !vr) {

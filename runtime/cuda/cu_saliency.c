@@ -18,7 +18,6 @@
 #include "cu_backend.h"
 #include "policy.h"
 
-#define LOG2E 1.4426950408889634
 
 static int probe_bound(const kvq_saliency_cfg *s, int n)
 {
@@ -110,17 +109,27 @@ void cu_sal_new_cycle(cu_qlayer *L)
     L->n_rows = 0;
 }
 
-kvq_status cu_sal_record(kvq_backend_ctx *c, cu_qlayer *L, int pos, uint64_t q, uint64_t lse, char *msg, size_t ms)
+kvq_status cu_sal_record(kvq_backend_ctx *c, cu_qlayer *L, int pos, uint64_t q, const kvq_seq_tiles *tiles, char *msg,
+                         size_t ms)
 {
     if (L->n_rows >= L->n_probes || L->probe_pos[L->n_rows] != pos) return KVQ_OK;
+    /* Eq. 9's normaliser over the whole cache as the reference computes it (docs/cuda.md "Determinism") */
+    kvq_status st = cu_scratch(c, &c->pol, &c->pol_bytes, (size_t)c->Hq * 2 * sizeof(double), msg, ms);
+    kvq_zip_norm_params np;
+    memset(&np, 0, sizeof np);
+    np.q = q, np.tiles = tiles->tiles, np.n_tiles = tiles->n_tiles, np.norm = c->pol;
+    np.scale = (double)c->e.softmax_scale;
+    char kname[32];
+    snprintf(kname, sizeof kname, "kvq_zip_norm_c%d", L->cls);
+    if (st == KVQ_OK) st = cu_launch(c, kname, (unsigned)c->H, 1, 1, 256, &np, sizeof np, msg, ms);
     const cu_win *w = &L->win[0];
     kvq_zip_params p;
     memset(&p, 0, sizeof p);
-    p.q = q, p.lse = lse, p.rows = L->rows;
+    p.q = q, p.norm = c->pol, p.rows = L->rows;
     p.k = cu_rows_f16(w->addr, w->cap, w->head, w->cap);
-    p.scale = (double)c->e.softmax_scale * LOG2E;
+    p.scale = (double)c->e.softmax_scale;
     p.row = L->n_rows, p.wcap = L->rule[0].capacity, p.count = w->count;
-    kvq_status st = cu_launch(c, "kvq_zip_row", (unsigned)c->H, 1, 1, 256, &p, sizeof p, msg, ms);
+    if (st == KVQ_OK) st = cu_launch(c, "kvq_zip_row", (unsigned)c->H, 1, 1, 256, &p, sizeof p, msg, ms);
     if (st == KVQ_OK) L->n_rows++; /* the row is written where no row was: a failed step just forgets it */
     return st;
 }

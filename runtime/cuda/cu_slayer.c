@@ -130,7 +130,7 @@ kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, const float *k, co
         sp.src = host_rows(L, w, 0);
         sp.src.gather = c->pol;
         sp.dst = L->fetch[w], sp.dst_cap = L->fetch_cap, sp.n = nf;
-        st = cu_launch(c, "kvq_store_f16", (unsigned)H, (unsigned)nf, 1, 128, &sp, sizeof sp, msg, mn);
+        st = cu_launch(c, "kvq_store_f16", (unsigned)H, cu_grid_y(nf), 1, 128, &sp, sizeof sp, msg, mn);
     }
     return st;
 }

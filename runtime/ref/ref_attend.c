@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "half.h"
+#include "policy.h"
 #include "ref.h"
 
 void ref_round_f16(float *dst, const float *src, size_t n)
@@ -36,14 +37,27 @@ void ref_attend(const float *q, const float *K, const float *V, int n, int D, fl
         for (int c = 0; c < D; c++) s += (double)q[c] * (double)k[c];
         s *= (double)scale;
         double w = exp(s - mx);
-        if (probs) probs[t] = (float)w;
         denom += w;
         const float *v = V + (size_t)t * (size_t)D;
         for (int c = 0; c < D; c++) acc[c] += w * (double)v[c];
     }
     for (int c = 0; c < D; c++) out[c] = denom > 0 ? (float)(acc[c] / denom) : 0.0f;
-    if (probs && denom > 0)
-        for (int t = 0; t < n; t++) probs[t] = (float)((double)probs[t] / denom);
+    if (!probs || !(denom > 0)) return;
+    /* ZipCache's probe rows decide classes, so the device must compute them bit for bit (docs/cuda.md,
+     * "Determinism"): e^x by kvq_exp_det, the normaliser an order-independent integer sum (kvq_prob_fixed), which
+     * kvq_zip_norm and kvq_zip_row reproduce in whatever order their threads take the tokens. */
+    uint64_t z = 0;
+    for (int t = 0; t < n; t++) {
+        double s = 0;
+        const float *k = K + (size_t)t * (size_t)D;
+        for (int c = 0; c < D; c++) s += (double)q[c] * (double)k[c];
+        s *= (double)scale;
+        double e = kvq_exp_det(s - mx);
+        probs[t] = (float)e;
+        z += kvq_prob_fixed(e);
+    }
+    double Z = (double)z * KVQ_PROB_FIXED_UNIT;
+    for (int t = 0; t < n; t++) probs[t] = (float)((double)probs[t] / Z);
 }
 
 size_t ref_attend_scratch_bytes(int len, int D)

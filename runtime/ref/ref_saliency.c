@@ -28,7 +28,8 @@
 #include "policy.h"
 #include "ref.h"
 
-/* Softmax probabilities of one query over n keys (double, two passes), summed into acc. */
+/* Softmax probabilities of one query over n keys (double, two passes; e^x by kvq_exp_det, docs/cuda.md
+ * "Determinism"), summed into acc. */
 static void softmax_add(const float *q, const float *K, int n, int D, float scale, double *logit, float *acc)
 {
     double mx = -INFINITY, den = 0;
@@ -39,7 +40,7 @@ static void softmax_add(const float *q, const float *K, int n, int D, float scal
         if (logit[t] > mx) mx = logit[t];
     }
     for (int t = 0; t < n; t++) {
-        logit[t] = exp(logit[t] - mx);
+        logit[t] = kvq_exp_det(logit[t] - mx); /* the device's kvq_zip_stats computes the same bits */
         den += logit[t];
     }
     for (int t = 0; t < n; t++) acc[t] = (float)((double)acc[t] + logit[t] / den);

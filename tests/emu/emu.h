@@ -40,7 +40,8 @@ typedef enum {
     EMU_ERR_BARRIER = 3, /* a barrier or warp collective that cannot complete: divergence, exited threads */
     EMU_ERR_WARP = 4,    /* a warp collective misused: caller not in its mask, lanes that disagree, bad width */
     EMU_ERR_ASYNC = 5,   /* a cp.async with a bad size or alignment */
-    EMU_ERR_TRAP = 6     /* the kernel called __trap() */
+    EMU_ERR_TRAP = 6,    /* the kernel called __trap() */
+    EMU_ERR_RESOURCES = 7 /* the block needs more registers than an SM has (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES) */
 } emu_status;
 
 struct emu_stats {
@@ -52,6 +53,14 @@ struct emu_stats {
     uint64_t switches;          /* fiber switches */
 };
 
+/* What the driver knows of a kernel beyond its code (cuFuncGetAttribute / cuFuncSetAttribute), from ptxas's
+ * resource report: a launch is checked against them as the driver checks it. */
+struct emu_func_attrs {
+    unsigned regs;         /* registers per thread (0: unknown, not checked) */
+    unsigned static_smem;  /* bytes of static __shared__ memory */
+    unsigned max_dyn_smem; /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (0: not set, 48 KiB - static) */
+};
+
 struct emu_options {
     /* 0: threads start and resume in thread order. Otherwise the seed of a shuffle of that order at the start of
      * each block and at every barrier (and of the block order), so that a shared-memory race gives results that
@@ -59,6 +68,11 @@ struct emu_options {
     uint64_t shuffle_seed;
     size_t stack_size;        /* per-thread fiber stack; 0 = 64 KiB (256 KiB under ASan) */
     struct emu_stats *stats;  /* when set, receives this launch's counts */
+    /* The kernel's attributes; NULL: none set, resources unknown (dynamic shared memory up to 48 KiB, registers
+     * and static shared memory not checked). */
+    const struct emu_func_attrs *attrs;
+    /* The device's shared memory per block with opt-in (EMU_SMEM_OPTIN_SM80 / _SM90); 0: sm_90's. */
+    unsigned smem_optin;
 };
 
 struct emu_error {
@@ -78,9 +92,14 @@ const char *emu_status_str(emu_status s);
 /* Returns the cached stacks and bookkeeping to the system. The next launch allocates them again. */
 void emu_release(void);
 
-/* Limits the emulator enforces, those of sm_80/sm_90 (dynamic shared memory: the sm_90 opt-in maximum). */
+/* Limits the emulator enforces, those of sm_80 / sm_90 (docs/emulator.md, "Hardware limits"). */
 #define EMU_MAX_THREADS 1024u
-#define EMU_MAX_DYN_SMEM (227u * 1024u)
+#define EMU_MAX_DYN_SMEM (227u * 1024u)       /* sm_90's opt-in maximum per block */
+#define EMU_SMEM_OPTIN_SM80 (163u * 1024u)
+#define EMU_SMEM_OPTIN_SM90 (227u * 1024u)
+#define EMU_MAX_STATIC_SMEM (48u * 1024u)     /* ptxas refuses more static __shared__ memory */
+#define EMU_DEFAULT_DYN_SMEM (48u * 1024u)    /* static + dynamic without the attribute */
+#define EMU_REGS_PER_BLOCK 65536u
 #define EMU_MAX_PARAM 32764u
 
 #ifdef __cplusplus

@@ -36,7 +36,7 @@ static int check(const unsigned *out, unsigned blocks, unsigned n, int iters)
 static double launch_time(struct bench_params *p, unsigned blocks, unsigned n, struct emu_stats *st)
 {
     emu_dim3 grid = {blocks, 1, 1}, block = {n, 1, 1};
-    struct emu_options opt = {0, 0, st};
+    struct emu_options opt = {.shuffle_seed = 0, .stack_size = 0, .stats = st};
     struct emu_error err;
     double t0 = now();
     emu_status s = emu_launch(&barrier_bench__emu, grid, block, 0, p, sizeof *p, &opt, &err);

@@ -56,6 +56,7 @@ const char *emu_status_str(emu_status s)
     case EMU_ERR_WARP: return "warp collective misused";
     case EMU_ERR_ASYNC: return "cp.async misused";
     case EMU_ERR_TRAP: return "kernel trapped";
+    case EMU_ERR_RESOURCES: return "too many resources requested for launch";
     }
     return "unknown status";
 }
@@ -414,8 +415,11 @@ static int reserve(unsigned n, size_t stack_size)
     return 0;
 }
 
+/* The driver's checks of a launch (cuLaunchKernel): CUDA_ERROR_INVALID_VALUE for a block, grid or shared memory
+ * size out of range, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES for a block that needs more registers than an SM has. */
 static emu_status check_config(const struct emu_kernel *k, emu_dim3 grid, emu_dim3 block, size_t dyn_smem,
-                               const void *params, size_t param_size, char *msg, size_t size)
+                               const void *params, size_t param_size, const struct emu_options *opt, char *msg,
+                               size_t size)
 {
     const char *name = k && k->name ? k->name : "?";
     if (!k || !k->entry) {
@@ -430,19 +434,53 @@ static emu_status check_config(const struct emu_kernel *k, emu_dim3 grid, emu_di
     unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
     if (!block.x || !block.y || !block.z || block.x > 1024 || block.y > 1024 || block.z > 64 ||
         threads > EMU_MAX_THREADS) {
-        snprintf(msg, size, "kernel '%s': block (%u,%u,%u) is not 1..1024 threads within (1024,1024,64)", name,
-                 block.x, block.y, block.z);
+        snprintf(msg, size,
+                 "kernel '%s': block (%u,%u,%u) is not 1..1024 threads within (1024,1024,64) "
+                 "(CUDA_ERROR_INVALID_VALUE)",
+                 name, block.x, block.y, block.z);
         return EMU_ERR_CONFIG;
     }
     if (!grid.x || !grid.y || !grid.z || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
-        snprintf(msg, size, "kernel '%s': grid (%u,%u,%u) is outside (2^31-1,65535,65535)", name, grid.x, grid.y,
-                 grid.z);
+        snprintf(msg, size,
+                 "kernel '%s': grid (%u,%u,%u) is outside (2^31-1,65535,65535): gridDim.%c %u (CUDA_ERROR_INVALID_VALUE)",
+                 name, grid.x, grid.y, grid.z,
+                 !grid.x || grid.x > 0x7fffffffu ? 'x' : !grid.y || grid.y > 65535 ? 'y' : 'z',
+                 !grid.x || grid.x > 0x7fffffffu ? grid.x : !grid.y || grid.y > 65535 ? grid.y : grid.z);
         return EMU_ERR_CONFIG;
     }
-    if (dyn_smem > EMU_MAX_DYN_SMEM) {
-        snprintf(msg, size, "kernel '%s': %zu bytes of dynamic shared memory, more than %u", name, dyn_smem,
-                 EMU_MAX_DYN_SMEM);
+    const struct emu_func_attrs none = {0, 0, 0}, *a = opt->attrs ? opt->attrs : &none;
+    unsigned optin = opt->smem_optin ? opt->smem_optin : EMU_SMEM_OPTIN_SM90;
+    if (a->static_smem > EMU_MAX_STATIC_SMEM) {
+        snprintf(msg, size, "kernel '%s': %u bytes of static shared memory, more than the %u a kernel may declare", name,
+                 a->static_smem, EMU_MAX_STATIC_SMEM);
         return EMU_ERR_CONFIG;
+    }
+    unsigned long long max_dyn = a->max_dyn_smem ? a->max_dyn_smem : EMU_DEFAULT_DYN_SMEM - a->static_smem;
+    if (dyn_smem > max_dyn || a->static_smem + (unsigned long long)dyn_smem > optin) {
+        if (dyn_smem > max_dyn)
+            snprintf(msg, size,
+                     "kernel '%s': %zu bytes of dynamic shared memory, more than its maximum of %llu (%s) "
+                     "(CUDA_ERROR_INVALID_VALUE)",
+                     name, dyn_smem, max_dyn,
+                     a->max_dyn_smem ? "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES"
+                                     : "48 KiB less its static shared memory, the attribute not set");
+        else
+            snprintf(msg, size,
+                     "kernel '%s': %u bytes of static and %zu of dynamic shared memory, more than the device's %u a "
+                     "block (CUDA_ERROR_INVALID_VALUE)",
+                     name, a->static_smem, dyn_smem, optin);
+        return EMU_ERR_CONFIG;
+    }
+    if (a->regs) {
+        /* registers are allocated per warp in units of 256 (8 a thread) */
+        unsigned long long warps = (threads + 31) / 32, per_warp = ((unsigned long long)a->regs * 32 + 255) / 256 * 256;
+        if (warps * per_warp > EMU_REGS_PER_BLOCK) {
+            snprintf(msg, size,
+                     "kernel '%s': %u registers a thread x %llu threads (%llu allocated) exceed the %u registers of a "
+                     "block (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)",
+                     name, a->regs, threads, warps * per_warp, EMU_REGS_PER_BLOCK);
+            return EMU_ERR_RESOURCES;
+        }
     }
     return EMU_OK;
 }
@@ -467,7 +505,7 @@ emu_status emu_launch(const struct emu_kernel *k, emu_dim3 grid, emu_dim3 block,
     msg[0] = 0;
     if (!opt) opt = &defaults;
     if (opt->stats) memset(opt->stats, 0, sizeof *opt->stats);
-    emu_status s = check_config(k, grid, block, dyn_smem, params, param_size, msg, msg_size);
+    emu_status s = check_config(k, grid, block, dyn_smem, params, param_size, opt, msg, msg_size);
     if (s != EMU_OK) {
         if (err) err->code = s;
         return s;

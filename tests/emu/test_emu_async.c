@@ -42,7 +42,7 @@ static int mm_run(struct mm *x, int bug, uint64_t seed)
 {
     for (int i = 0; i < x->m * x->n; i++) x->c[i] = -12345.0f;
     struct matmul_params p = {x->a, x->b, x->c, x->m, x->n, x->k, bug};
-    struct emu_options opt = {seed, 0, NULL};
+    struct emu_options opt = {.shuffle_seed = seed, .stack_size = 0, .stats = NULL};
     struct emu_error e;
     emu_dim3 grid = {(unsigned)(x->n + MM_TILE - 1) / MM_TILE, (unsigned)(x->m + MM_TILE - 1) / MM_TILE, 1};
     emu_status s = emu_launch(EMU_KERNEL(matmul_tiled), grid, d3(MM_TILE, MM_TILE, 1), 0, &p, sizeof p, &opt, &e);

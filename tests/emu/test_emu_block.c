@@ -1,6 +1,7 @@
 /* Emulator: block-level execution. Reductions over static and dynamic shared memory at several block and grid
  * sizes, counting barriers, built-in indices of a 3-D launch run plainly, shared and global atomics, the
- * shuffled mode on race-free kernels, and launch configurations the emulator must refuse. */
+ * shuffled mode on race-free kernels, and launch configurations the emulator must refuse: sizes, and the hardware
+ * limits on shared memory and registers. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -44,7 +45,7 @@ static void test_block_sum(void)
                 float *in = random_floats(n, 1 + bi + si + gi), *out = calloc(g, sizeof *out);
                 struct block_sum_params p = {in, out, n};
                 struct emu_stats st;
-                struct emu_options opt = {0, 0, &st};
+                struct emu_options opt = {.shuffle_seed = 0, .stack_size = 0, .stats = &st};
                 LAUNCH_OK(EMU_KERNEL(block_sum), d3(g, 1, 1), d3(nt, 1, 1), 0, &p, &opt);
                 check_sums(in, n, out, g, nt);
                 unsigned levels = 1;
@@ -106,7 +107,7 @@ static void test_indices(void)
     unsigned *out = calloc((size_t)nb * nt * 8, sizeof *out);
     struct index_params p = {out};
     struct emu_stats st;
-    struct emu_options opt = {0, 0, &st};
+    struct emu_options opt = {.shuffle_seed = 0, .stack_size = 0, .stats = &st};
     LAUNCH_OK(EMU_KERNEL(indices), d3(gx, gy, gz), d3(bx, by, bz), 0, &p, &opt);
     unsigned dims = bx + 10 * by + 100 * bz + 1000 * gx + 10000 * gy + 100000 * gz;
     for (unsigned b = 0; b < nb && !th_failed(); b++)
@@ -170,7 +171,7 @@ static void test_shuffled_race_free(void)
     LAUNCH_OK(EMU_KERNEL(block_sum), d3(g, 1, 1), d3(nt, 1, 1), 0, &p, NULL);
     p.out = out;
     for (uint64_t seed = 1; seed <= 8 && !th_failed(); seed++) {
-        struct emu_options opt = {seed, 0, NULL};
+        struct emu_options opt = {.shuffle_seed = seed, .stack_size = 0, .stats = NULL};
         LAUNCH_OK(EMU_KERNEL(block_sum), d3(g, 1, 1), d3(nt, 1, 1), 0, &p, &opt);
         TH_CHECK(!memcmp(out, ref, sizeof ref), "seed %llu changed the result", (unsigned long long)seed);
         LAUNCH_OK(EMU_KERNEL(block_sum_dyn), d3(g, 1, 1), d3(nt, 1, 1), nt / 32 * sizeof(float), &p, &opt);
@@ -202,6 +203,65 @@ static void test_config_errors(void)
     expect_config_error("gridDim.y 65536", d3(1, 65536, 1), d3(32, 1, 1), 0, ps);
     expect_config_error("the wrong parameter size", d3(1, 1, 1), d3(32, 1, 1), 0, ps - 4);
     expect_config_error("too much dynamic shared memory", d3(1, 1, 1), d3(32, 1, 1), EMU_MAX_DYN_SMEM + 1, ps);
+    expect_config_error("gridDim.z 65536", d3(1, 1, 65536), d3(32, 1, 1), 0, ps);
+    expect_config_error("gridDim.x 2^31", d3(0x80000000u, 1, 1), d3(32, 1, 1), 0, ps);
+}
+
+/* One launch of block_sum_dyn (which needs 4 bytes of dynamic shared memory a warp; block_sum when smem is 0) with
+ * the kernel attributes a and the device's opt-in shared memory; want: the status; needle: what the message must
+ * say. */
+static void limit_case(const char *what, emu_dim3 block, size_t smem, struct emu_func_attrs a, unsigned optin,
+                       emu_status want, const char *needle)
+{
+    th_begin("emu hardware limit: %s: %s", what, want == EMU_OK ? "runs" : "refused");
+    float in[3] = {1, 2, 3}, out[1] = {0};
+    struct block_sum_params p = {in, out, 3};
+    struct emu_options opt = {.attrs = &a, .smem_optin = optin};
+    struct emu_error e;
+    const struct emu_kernel *k = smem ? EMU_KERNEL(block_sum_dyn) : EMU_KERNEL(block_sum);
+    emu_status s = emu_launch(k, d3(1, 1, 1), block, smem, &p, sizeof p, &opt, &e);
+    TH_CHECK(s == want && e.code == s, "status %s (%s), want %s", emu_status_str(s), e.msg, emu_status_str(want));
+    if (want == EMU_OK)
+        TH_CHECK(out[0] == 6.0f, "sum %g", out[0]);
+    else
+        TH_CHECK(strstr(e.msg, k->name) && strstr(e.msg, needle), "message: %s (want the kernel and '%s')", e.msg,
+                 needle);
+    th_end();
+}
+
+/* What the driver refuses although the code is fine: shared memory beyond the static limit, the default dynamic
+ * limit, the attribute and the device's opt-in maximum; registers beyond 65536 a block (allocated 256 a warp). */
+static void test_hardware_limits(void)
+{
+    const unsigned K = 1024, s80 = EMU_SMEM_OPTIN_SM80;
+    const struct emu_func_attrs plain = {0, 0, 0};
+    limit_case("48 KiB dynamic, attribute not set", d3(64, 1, 1), 48 * K, plain, 0, EMU_OK, "");
+    limit_case("48 KiB + 1 dynamic, attribute not set", d3(64, 1, 1), 48 * K + 1, plain, 0, EMU_ERR_CONFIG,
+               "more than its maximum of 49152");
+    limit_case("1 KiB static + 47 KiB dynamic", d3(64, 1, 1), 47 * K, (struct emu_func_attrs){0, K, 0}, 0, EMU_OK, "");
+    limit_case("1 KiB static + 47 KiB + 1 dynamic", d3(64, 1, 1), 47 * K + 1, (struct emu_func_attrs){0, K, 0}, 0,
+               EMU_ERR_CONFIG, "more than its maximum of 48128");
+    limit_case("48 KiB static", d3(64, 1, 1), 0, (struct emu_func_attrs){0, 48 * K, 0}, 0, EMU_OK, "");
+    limit_case("48 KiB + 1 static", d3(64, 1, 1), 0, (struct emu_func_attrs){0, 48 * K + 1, 0}, 0, EMU_ERR_CONFIG,
+               "49153 bytes of static shared memory");
+    limit_case("100 KiB dynamic with the attribute at 100 KiB", d3(64, 1, 1), 100 * K,
+               (struct emu_func_attrs){0, 0, 100 * K}, 0, EMU_OK, "");
+    limit_case("100 KiB + 1 dynamic with the attribute at 100 KiB", d3(64, 1, 1), 100 * K + 1,
+               (struct emu_func_attrs){0, 0, 100 * K}, 0, EMU_ERR_CONFIG, "MAX_DYNAMIC_SHARED_SIZE_BYTES");
+    limit_case("227 KiB dynamic on sm_90", d3(64, 1, 1), 227 * K, (struct emu_func_attrs){0, 0, 227 * K}, 0, EMU_OK,
+               "");
+    limit_case("163 KiB dynamic on sm_80", d3(64, 1, 1), 163 * K, (struct emu_func_attrs){0, 0, 163 * K}, s80, EMU_OK,
+               "");
+    limit_case("1 KiB static + 163 KiB dynamic on sm_80", d3(64, 1, 1), 163 * K,
+               (struct emu_func_attrs){0, K, 200 * K}, s80, EMU_ERR_CONFIG, "more than the device's 166912");
+    limit_case("64 registers x 1024 threads", d3(1024, 1, 1), 128, (struct emu_func_attrs){64, 0, 0}, 0, EMU_OK, "");
+    limit_case("65 registers x 1024 threads", d3(1024, 1, 1), 128, (struct emu_func_attrs){65, 0, 0}, 0,
+               EMU_ERR_RESOURCES, "65 registers a thread x 1024 threads");
+    limit_case("255 registers x 256 threads", d3(256, 1, 1), 32, (struct emu_func_attrs){255, 0, 0}, 0, EMU_OK, "");
+    limit_case("255 registers x 257 threads", d3(257, 1, 1), 64, (struct emu_func_attrs){255, 0, 0}, 0,
+               EMU_ERR_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES");
+    limit_case("129 registers x (16,8,4) threads", d3(16, 8, 4), 64, (struct emu_func_attrs){129, 0, 0}, 0,
+               EMU_ERR_RESOURCES, "x 512 threads");
 }
 
 static void test_reuse(void)
@@ -211,7 +271,7 @@ static void test_reuse(void)
     for (int i = 0; i < 64; i++) in[i] = (float)i;
     struct block_sum_params p = {in, out, 64};
     emu_release();
-    struct emu_options opt = {0, 16 * 1024 * 1024, NULL};
+    struct emu_options opt = {.shuffle_seed = 0, .stack_size = 16 * 1024 * 1024, .stats = NULL};
     LAUNCH_OK(EMU_KERNEL(block_sum), d3(1, 1, 1), d3(64, 1, 1), 0, &p, &opt);
     TH_CHECK(out[0] == 2016.0f, "sum %g", out[0]);
     LAUNCH_OK(EMU_KERNEL(block_sum), d3(1, 1, 1), d3(64, 1, 1), 0, &p, NULL);
@@ -229,6 +289,7 @@ int main(void)
     test_handoff();
     test_shuffled_race_free();
     test_config_errors();
+    test_hardware_limits();
     test_reuse();
     emu_release();
     return th_summary();

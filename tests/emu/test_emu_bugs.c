@@ -19,7 +19,7 @@ static emu_status run(int mode, unsigned grid, unsigned block, uint64_t seed, st
 {
     memset(out, 0, sizeof out);
     struct bug_params p = {out, mode};
-    struct emu_options opt = {seed, 0, NULL};
+    struct emu_options opt = {.shuffle_seed = seed, .stack_size = 0, .stats = NULL};
     return emu_launch(EMU_KERNEL(bug), d3(grid, 1, 1), d3(block, 1, 1), 0, &p, sizeof p, &opt, e);
 }
 

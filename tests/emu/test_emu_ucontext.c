@@ -20,7 +20,7 @@ int main(void)
     for (int i = 0; i < n; i++) in[i] = (float)(i % 17) - 8.0f, want += in[i];
     struct block_sum_params p = {in, out, n};
     struct emu_stats st;
-    struct emu_options opt = {0, 0, &st};
+    struct emu_options opt = {.shuffle_seed = 0, .stack_size = 0, .stats = &st};
     LAUNCH_OK(EMU_KERNEL(block_sum), d3(g, 1, 1), d3(nt, 1, 1), 0, &p, &opt);
     TH_CHECK(out[0] + out[1] + out[2] == (float)want, "static smem sum %g, want %g", out[0] + out[1] + out[2], want);
     TH_CHECK(st.barrier_crossings == (uint64_t)g * nt * 8, "%llu crossings", (unsigned long long)st.barrier_crossings);

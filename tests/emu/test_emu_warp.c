@@ -62,7 +62,7 @@ static void run(unsigned nt, unsigned width, uint64_t shuffle_seed)
     uint64_t seed = nt * 31 + width;
     for (unsigned i = 0; i < nt; i++) in[i] = test_rand(&seed) % (i / 32 % 2 ? 900 : 5000);
     struct warp_params p = {in, out, (int)width};
-    struct emu_options opt = {shuffle_seed, 0, NULL};
+    struct emu_options opt = {.shuffle_seed = shuffle_seed, .stack_size = 0, .stats = NULL};
     LAUNCH_OK(EMU_KERNEL(warp_ops), d3(1, 1, 1), d3(nt, 1, 1), 0, &p, &opt);
     for (unsigned t = 0; t < nt && !th_failed(); t++) {
         unsigned base = t - t % 32, lanes = nt - base >= 32 ? 32 : nt - base;

@@ -186,6 +186,8 @@ static void test_quant_store(const loaded *L, int cls, int which, int pattern)
         g[0] = 1, g[1] = (unsigned)cap;
     else if (st->gran == KVQ_GRAN_TOKEN)
         g[1] = (unsigned)((cap + 7) / 8);
+    /* fewer blocks on y than runs of tokens (as past gridDim.y's 65535): the blocks stride over the tokens */
+    if (g[1] > 3) g[1] = 3;
     TH_CHECK(cu_dev_launch(dev, L->mod, kname, g, blk, &qp, sizeof qp, msg, sizeof msg) == KVQ_OK, "%s", msg);
     const unsigned char *got = (const unsigned char *)(uintptr_t)page;
     size_t first = rp->lay.total;
@@ -247,7 +249,8 @@ static void test_store(const loaded *L)
     for (size_t i = 0; i < (size_t)H * n * D; i++) x[i] = 3.0f * urand();
     for (size_t i = 0; i < (size_t)H * T * D; i++) host[i] = kvq_f16_from_f32(urand());
     char msg[512];
-    const unsigned blk[3] = {128, 1, 1}, g[3] = {(unsigned)H, (unsigned)n, 1};
+    /* 2 blocks on y for 9 tokens (as past gridDim.y's 65535): the blocks stride over the tokens */
+    const unsigned blk[3] = {128, 1, 1}, g[3] = {(unsigned)H, 2, 1};
     kvq_store_params sp;
     memset(&sp, 0, sizeof sp);
     sp.src.base = (uint64_t)(uintptr_t)x, sp.src.head_stride = n;

@@ -225,7 +225,7 @@ static void softmax_add(const float *q, const float *K, int n, float scale, doub
         if (logit[t] > mx) mx = logit[t];
     }
     for (int t = 0; t < n; t++) {
-        logit[t] = exp(logit[t] - mx);
+        logit[t] = kvq_exp_det(logit[t] - mx);
         den += logit[t];
     }
     for (int t = 0; t < n; t++) acc[t] = (float)((double)acc[t] + logit[t] / den);
@@ -310,23 +310,24 @@ static void test_zip_decode(void)
 {
     th_begin("policy kernels: kvq_zip_row/rowsal/select = the probe-row formula, kvq_saliency, ref_saliency_flush");
     const int wcap = 40, cap = 41; /* the key window: a ring of 41 slots holding wcap tokens at most */
-    const double sc = (1.0 / sqrt((double)HD)) * 1.4426950408889634;
+    const double sc = 1.0 / sqrt((double)HD);
     for (int metric = KVQ_SAL_NORMALIZED; metric <= KVQ_SAL_ACCUMULATED && !th_failed(); metric++)
         for (int head0 = 0; head0 < cap; head0 += 17) {
             kvq_quant_cfg cfg;
             zip_cfg(&cfg, (kvq_saliency_metric)metric);
             uint16_t *win = kvq_malloc((size_t)NKV * cap * HD * 2);
-            float *q = kvq_malloc((size_t)NQ * HD * 4), lse[NQ];
+            float *q = kvq_malloc((size_t)NQ * HD * 4);
+            double norm[NQ][2]; /* kvq_zip_norm's max logit and normaliser */
             int nr = 6, ppos[6] = {0, 9, 9, 20, 33, 39}; /* relative positions; 9 twice: equal rows */
             float *rows = kvq_calloc((size_t)nr * NKV * wcap, 4), *want = kvq_calloc((size_t)nr * NKV * wcap, 4);
             fill_keys(win, cap, 0);
             for (int r = 0; r < nr && !th_failed(); r++) {
                 int count = ppos[r] + 1; /* the probe sees the window up to itself */
                 for (int i = 0; i < NQ * HD; i++) q[i] = srand1() * (r == 2 ? 0.0f : 2.0f); /* row 2: uniform */
-                for (int i = 0; i < NQ; i++) lse[i] = (float)(3.0 + urand() * 4.0);
+                for (int i = 0; i < NQ; i++) norm[i][0] = 2.0 + urand() * 4.0, norm[i][1] = 1.0 + urand() * 40.0;
                 kvq_zip_params p;
                 memset(&p, 0, sizeof p);
-                p.q = A(q), p.lse = A(lse), p.rows = A(rows), p.scale = sc, p.row = r, p.wcap = wcap, p.count = count;
+                p.q = A(q), p.norm = A(norm), p.rows = A(rows), p.scale = sc, p.row = r, p.wcap = wcap, p.count = count;
                 p.k.base = A(win), p.k.f16 = 1, p.k.head_stride = cap, p.k.first = head0, p.k.ring = cap;
                 if (!launch("kvq_zip_row", NKV, 1, NT, &p, sizeof p)) break;
                 for (int h = 0; h < NKV; h++)
@@ -337,7 +338,9 @@ static void test_zip_decode(void)
                             double s = 0;
                             for (int x = 0; x < HD; x++)
                                 s += (double)q[(h * GRP + j) * HD + x] * (double)kvq_f32_from_f16(kk[x]);
-                            acc += exp2(s * sc - (double)lse[h * GRP + j]);
+                            /* ref_attend's probe probabilities (kvq_exp_det, then / Z, rounded to fp32 twice) */
+                            float e = (float)kvq_exp_det(s * sc - norm[h * GRP + j][0]);
+                            acc += (double)(float)((double)e / norm[h * GRP + j][1]);
                         }
                         want[((size_t)r * NKV + h) * wcap + sl] = (float)acc;
                     }
