@@ -67,6 +67,33 @@ void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page
     kvq_page_format_init(fmt, &t, st->bits, st->masked, p->kv_heads, p->head_dim, cap);
 }
 
+/* Per-channel parameters cover a group of tokens: the group, or the flush batch (group all). A hidden group's
+ * scale and zero serve every kv head: one kv head's share is counted. */
+static double store_bytes_per_token(const plan_store *st, int D, int kv_heads, int batch, int page_tokens)
+{
+    double b = plan_row_bytes(D, st->bits);
+    if (st->bits >= 16) return b;
+    double par = (st->scale_f32 ? 4 : 2) + (st->zero_f32 ? 4 : 2); /* one scale and one zero */
+    if (st->gran == KVQ_GRAN_TOKEN) {
+        b += st->hidden ? par / kv_heads : par * (D / st->group);
+        if (st->sep) b += (double)D * (st->scale_f32 ? 4 : 2) / page_tokens;
+    } else {
+        int g = st->group > 0 ? st->group : batch;
+        b += par * D / (g > 0 ? g : 1);
+    }
+    if (st->masked) b += 1.0 / 8.0;
+    return b;
+}
+
+double plan_body_bytes_per_token(const kvq_plan *p, const plan_class *c)
+{
+    if (!c->quant) return 4.0 * p->head_dim; /* sparse layers attend over fp16 rows */
+    int page_k = c->rule_k.batch > 1 ? c->rule_k.batch : KVQ_APPEND_PAGE_TOKENS;
+    int page_v = c->rule_v.batch > 1 ? c->rule_v.batch : KVQ_APPEND_PAGE_TOKENS;
+    return store_bytes_per_token(&c->k_hi, p->head_dim, p->kv_heads, c->rule_k.batch, page_k) +
+           store_bytes_per_token(&c->v_hi, p->head_dim, p->kv_heads, c->rule_v.batch, page_v);
+}
+
 static int max_i(int a, int b) { return a > b ? a : b; }
 
 static void class_init(plan_class *c, const kvq_layer_cfg *cfg, int D)

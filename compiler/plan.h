@@ -72,6 +72,11 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
 /* The page format (layout.h) of store `st` at capacity cap, for the plan's dims. */
 void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page_format *fmt);
 
+/* Cache bytes the decode kernel reads per token of one kv head on the quantized path of class c (its body
+ * pages, high class): K and V codes, per-token parameters, per-channel parameters and factors amortised over
+ * the tokens they cover, mask bits (docs/cuda.md, "Issue count"). */
+double plan_body_bytes_per_token(const kvq_plan *p, const plan_class *c);
+
 /* Bytes of one token of one kv head as the decode kernel stages it (codes, or fp16 values). */
 int plan_row_bytes(int head_dim, int bits);
 

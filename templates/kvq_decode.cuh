@@ -237,7 +237,9 @@ KVQ_DEV void kvq_tile_run(int kk, int vk, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi,
     const int masked = kk != KVQ_SRC_F16 && khi.masked;
 #pragma unroll
     for (int i = 0; i < KVQ_HPT; i++) oz[i] = 0.0f;
-    /* Every thread runs the same trip count: the shuffles below need the whole warp. */
+    /* Every thread runs the same trip count: the shuffles below need the whole warp. Not unrolled: one
+     * iteration is TZ tokens, which kvqc build's instruction count relies on. */
+#pragma unroll 1
     for (int base = 0; base < n; base += KVQ_TZ) {
         int t = base + tz, live = t < n, tt = live ? t : 0;
         float sc[KVQ_HPT], a[KVQ_HPT], p[KVQ_HPT];
@@ -298,7 +300,13 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *sbuf, fl
 
     for (int ti = t0; ti < t1; ti++) {
         const kvq_tile T = ((const kvq_tile *)st.tiles)[ti];
+#ifdef KVQ_MEASURE_KINDS
+        /* kvqc build's instruction count (docs/cuda.md) compiles the unit once more with every tile on the
+         * body's pages, so that the token loop of the quantized path is the only one left to count */
+        const int kk = KVQ_SRC_HI, vk = KVQ_SRC_HI;
+#else
         const int kk = T.kinds & 255, vk = (T.kinds >> 8) & 255;
+#endif
         int n = T.n;
         if (T.count) n = min(n, ((const int *)T.count)[hk]);
         __syncthreads(); /* the previous tile's readers are done with the buffers */
