@@ -56,6 +56,10 @@ static int parse_line(const char *line, sass_ins *in)
         in->branch = 1;
         in->target = (unsigned)strtoul(t, NULL, 16);
     }
+    if (!strcmp(in->op, "PMTRIG")) {
+        const char *t = strstr(s + n, "0x");
+        in->target = t ? (unsigned)strtoul(t, NULL, 16) : 0;
+    }
     in->exit = !strcmp(in->op, "EXIT") || !strncmp(in->op, "RET", 3);
     return 1;
 }
@@ -106,12 +110,27 @@ static int block_of(const sass_block *b, int nb, const sass_ins *in, unsigned ad
     return -1;
 }
 
-static int is_token_op(const char *op)
+/* mark 0: the token reduction or tensor-core products; mark k > 0: the marker KVQ_MARK(k) (pmevent k, which
+ * SASS writes PMTRIG 1 << k) */
+static int is_wanted(const sass_ins *in, int mark)
 {
-    return !strncmp(op, "SHFL.BFLY", 9) || !strncmp(op, "HMMA", 4);
+    if (mark == 0) return !strncmp(in->op, "SHFL.BFLY", 9) || !strncmp(in->op, "HMMA", 4);
+    return !strcmp(in->op, "PMTRIG") && in->target == (1u << mark);
 }
 
+static int count_loop(const char *sass, const char *fn, int mark, sass_loop_count *out);
+
 int sass_count_token_loop(const char *sass, const char *fn, sass_loop_count *out)
+{
+    return count_loop(sass, fn, 0, out);
+}
+
+int sass_count_marked_loop(const char *sass, const char *fn, int mark, sass_loop_count *out)
+{
+    return count_loop(sass, fn, mark, out);
+}
+
+static int count_loop(const char *sass, const char *fn, int mark, sass_loop_count *out)
 {
     memset(out, 0, sizeof *out);
     sass_ins *in;
@@ -166,7 +185,7 @@ int sass_count_token_loop(const char *sass, const char *fn, sass_loop_count *out
             }
             for (int k = 0; k < nb && !has_tok; k++)
                 if (inloop[k])
-                    for (int i = b[k].first; i <= b[k].last && !has_tok; i++) has_tok = is_token_op(in[i].op);
+                    for (int i = b[k].first; i <= b[k].last && !has_tok; i++) has_tok = is_wanted(&in[i], mark);
             if (!has_tok) continue;
             candidates++;
             if (best_h < 0 || size < best_size) best_size = size, best_h = h, best_u = u;
@@ -215,6 +234,8 @@ int sass_count_token_loop(const char *sass, const char *fn, sass_loop_count *out
                 out->shfl++;
             else if (!strncmp(op, "MUFU", 4))
                 out->mufu++;
+            else if (!strcmp(op, "PMTRIG"))
+                out->markers++;
         }
         if (k == best_h) break;
         int prev = -1;
@@ -225,6 +246,7 @@ int sass_count_token_loop(const char *sass, const char *fn, sass_loop_count *out
         if (prev < 0) break;
         k = prev;
     }
+    out->instructions -= out->markers; /* the measurement's own markers */
     rc = 0;
 done:
     kvq_free(leader);

@@ -363,7 +363,8 @@ static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
     snprintf(kname, sizeof kname, "kvq_decode_c%d", cls);
     const unsigned g[3] = {(unsigned)H, (unsigned)nch, (unsigned)n};
     const unsigned b[3] = {(unsigned)c->plan->tx, (unsigned)c->plan->ty, (unsigned)c->plan->tz};
-    if (st == KVQ_OK) st = cu_dev_launch(c->dev, c->mod, kname, g, b, &dp, sizeof dp, msg, ms);
+    if (st == KVQ_OK)
+        st = cu_dev_launch_smem(c->dev, c->mod, kname, g, b, (size_t)c->plan->cls[cls].smem, &dp, sizeof dp, msg, ms);
     if (st == KVQ_OK && nch > 1) {
         const unsigned mg[3] = {(unsigned)Hq, (unsigned)n, 1}, mb[3] = {(unsigned)(D < 256 ? D : 256), 1, 1};
         st = cu_dev_launch(c->dev, c->mod, "kvq_merge", mg, mb, &dp, sizeof dp, msg, ms);

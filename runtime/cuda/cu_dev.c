@@ -112,9 +112,16 @@ const char *cu_module_origin(const cu_module *m) { return m->origin; }
 kvq_status cu_dev_launch(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3], const unsigned block[3],
                          const void *params, size_t size, char *msg, size_t n)
 {
+    return cu_dev_launch_smem(d, m, kernel, grid, block, 0, params, size, msg, n);
+}
+
+kvq_status cu_dev_launch_smem(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3],
+                              const unsigned block[3], size_t smem, const void *params, size_t size, char *msg,
+                              size_t n)
+{
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return KVQ_OK; /* nothing to do */
     if (injected(msg, n)) return KVQ_ERR_INTERNAL;
-    return d->ops->launch(d, m, kernel, grid, block, params, size, msg, n);
+    return d->ops->launch(d, m, kernel, grid, block, smem, params, size, msg, n);
 }
 
 kvq_status cu_dev_check_params(cu_dev *d, cu_module *m, char *msg, size_t n)

@@ -48,6 +48,11 @@ const char *cu_module_origin(const cu_module *m);
  * so a failure is reported by the launch that caused it. */
 kvq_status cu_dev_launch(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3], const unsigned block[3],
                          const void *params, size_t param_size, char *msg, size_t msg_size);
+/* The same with `smem` bytes of dynamic shared memory (the decode kernels); above 48 KiB the kernel's limit is
+ * raised first (cuFuncSetAttribute, MAX_DYNAMIC_SHARED_SIZE_BYTES). */
+kvq_status cu_dev_launch_smem(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3],
+                              const unsigned block[3], size_t smem, const void *params, size_t param_size, char *msg,
+                              size_t msg_size);
 
 /* Test hook: after cu_dev_fail_after(n), the n-th following device call (allocation, copy, memset or launch;
  * 1-based) fails with KVQ_ERR_INTERNAL without doing anything, once; 0 disarms it. cu_dev_failures() counts the
@@ -69,8 +74,8 @@ typedef struct {
     kvq_status (*memset)(cu_dev *, uint64_t, int, size_t, char *, size_t);
     kvq_status (*load)(cu_dev *, const char *, const char *, cu_module **, char *, size_t);
     void (*module_free)(cu_module *);
-    kvq_status (*launch)(cu_dev *, cu_module *, const char *, const unsigned[3], const unsigned[3], const void *,
-                         size_t, char *, size_t);
+    kvq_status (*launch)(cu_dev *, cu_module *, const char *, const unsigned[3], const unsigned[3], size_t,
+                         const void *, size_t, char *, size_t);
     void (*close)(cu_dev *);
 } cu_dev_ops;
 

@@ -39,6 +39,7 @@ static struct {
     CUresult (*mod_load)(CUmodule *, const void *);
     CUresult (*mod_fn)(CUfunction *, CUmodule, const char *);
     CUresult (*mod_unload)(CUmodule);
+    CUresult (*func_attr)(CUfunction, int, int);
     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                        void **, void **);
     CUresult (*mem_alloc)(CUdeviceptr *, size_t);
@@ -98,6 +99,7 @@ static kvq_status load_driver(char *msg, size_t n)
         {&cu.mod_load, "cuModuleLoadData"},
         {&cu.mod_fn, "cuModuleGetFunction"},
         {&cu.mod_unload, "cuModuleUnload"},
+        {&cu.func_attr, "cuFuncSetAttribute"},
         {&cu.launch, "cuLaunchKernel"},
         {&cu.mem_alloc, "cuMemAlloc_v2"},
         {&cu.mem_free, "cuMemFree_v2"},
@@ -277,16 +279,23 @@ static void drv_module_free(cu_module *m)
     kvq_free(m);
 }
 
+/* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES of cuda.h */
+#define KVQ_CU_FUNC_MAX_DYN_SMEM 8
+
 static kvq_status drv_launch(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3],
-                             const unsigned block[3], const void *params, size_t size, char *msg, size_t n)
+                             const unsigned block[3], size_t smem, const void *params, size_t size, char *msg,
+                             size_t n)
 {
     (void)d, (void)size;
     drv_mod *dm = m->impl;
     CUfunction f;
     CUresult r = cu.mod_fn(&f, dm->mod, kernel);
     if (r) return fail(r, kernel, msg, n);
+    /* above the default 48 KiB a kernel must opt in to its dynamic shared memory */
+    if (smem > 48 * 1024 && (r = cu.func_attr(f, KVQ_CU_FUNC_MAX_DYN_SMEM, (int)smem)) != 0)
+        return fail(r, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", msg, n);
     void *args[1] = {(void *)params};
-    r = cu.launch(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, NULL, args, NULL);
+    r = cu.launch(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], (unsigned)smem, NULL, args, NULL);
     if (!r) r = cu.ctx_sync();
     if (r) {
         char what[128];

@@ -334,7 +334,8 @@ static void emu_module_free(cu_module *m)
 }
 
 static kvq_status emu_launch_k(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3],
-                               const unsigned block[3], const void *params, size_t size, char *msg, size_t n)
+                               const unsigned block[3], size_t smem, const void *params, size_t size, char *msg,
+                               size_t n)
 {
     (void)d;
     emu_mod *em = m->impl;
@@ -352,7 +353,7 @@ static kvq_status emu_launch_k(cu_dev *d, cu_module *m, const char *kernel, cons
     if (seed && *seed) opt.shuffle_seed = strtoull(seed, NULL, 10);
     struct emu_error err;
     memset(&err, 0, sizeof err);
-    emu_status st = em->launch(k, g, b, 0, params, size, &opt, &err);
+    emu_status st = em->launch(k, g, b, smem, params, size, &opt, &err);
     if (st != EMU_OK) {
         snprintf(msg, n, "emu: %s failed: %s", kernel, err.msg);
         return st == EMU_ERR_NOMEM ? KVQ_ERR_NOMEM : KVQ_ERR_INTERNAL;

@@ -255,11 +255,10 @@ static int count_archs(const build_args *a, const kvq_plan *p, const char *dir, 
     memcpy(msrc, define, sizeof define - 1);
     memcpy(msrc + sizeof define - 1, src, n + 1);
     emit_buf_printf(out,
-                    "# SASS warp-instructions of one iteration of the decode token loop on the body's pages, per\n"
-                    "# token of one kv head (x warps / tokens per iteration) and per byte of cache (docs/cuda.md)\n");
-    emit_buf_printf(out, "%-16s %-6s %5s %5s %5s %9s %7s %8s %5s %6s %4s %4s %4s %4s\n", "kernel", "arch", "loop",
-                    "warps", "tok", "per_token", "bytes", "per_byte", "fp32", "fp16x2", "mma", "lds", "shfl",
-                    "mufu");
+                    "# SASS warp-instructions per token of one kv head on the body's pages (docs/cuda.md, \"Issue\n"
+                    "# count\"): each marked loop's iteration x warps / its tokens, plus the rest of the tile loop / tile\n");
+    emit_buf_printf(out, "%-16s %-6s %9s %7s %8s %7s %7s %7s %7s %19s %s\n", "kernel", "arch", "per_token", "bytes",
+                    "per_byte", "scores", "probs", "values", "tile", "loops", "tok: scores/values/tile");
     int rc = 0;
     for (int i = 0; i < a->n_archs && !rc; i++) {
         cu_compiled c;
@@ -281,20 +280,29 @@ static int count_archs(const build_args *a, const kvq_plan *p, const char *dir, 
             snprintf(fn, sizeof fn, "kvq_decode_c%d", k);
             snprintf(cmd, sizeof cmd, "'%s' -sass -fun %s '%s' 2>/dev/null", tool, fn, path);
             char *sass = read_command(cmd);
-            sass_loop_count lc;
-            int r = sass ? sass_count_token_loop(sass, fn, &lc) : 1;
+            const plan_class *pc = &p->cls[k];
+            sass_loop_count lc[5];
+            int r = sass ? 0 : 1;
+            for (int mk = 1; mk <= 4 && r == 0; mk++) r = sass_count_marked_loop(sass, fn, mk, &lc[mk]);
             kvq_free(sass);
             if (r < 0) rc = -1;
             if (r != 0) {
-                emit_buf_printf(out, "%-16s %-6s no token loop found\n", fn, a->archs[i]);
+                emit_buf_printf(out, "%-16s %-6s no marked loops found\n", fn, a->archs[i]);
                 continue;
             }
-            int warps = p->threads / 32, tok = p->tz;
-            double per_tok = (double)lc.instructions * warps / tok;
-            double bytes = plan_body_bytes_per_token(p, &p->cls[k]);
-            emit_buf_printf(out, "%-16s %-6s %5d %5d %5d %9.1f %7.2f %8.3f %5d %6d %4d %4d %4d %4d\n", fn,
-                            a->archs[i], lc.instructions, warps, tok, per_tok, bytes, per_tok / bytes, lc.fp32,
-                            lc.fp16x2, lc.mma, lc.lds, lc.shfl, lc.mufu);
+            /* scores and probabilities: p1 tokens an iteration; values: TZ; the tile loop's own work: a tile */
+            double w = p->threads / 32;
+            double sc = lc[1].instructions * w / pc->p1, pr = lc[2].instructions * w / pc->p1;
+            double va = lc[3].instructions * w / p->tz;
+            int rest = lc[4].instructions - lc[1].instructions - lc[2].instructions - lc[3].instructions;
+            double ti = rest * w / pc->tile, per_tok = sc + pr + va + ti;
+            double bytes = plan_body_bytes_per_token(p, pc);
+            char loops[64];
+            snprintf(loops, sizeof loops, "%d/%d/%d/%d", lc[1].instructions, lc[2].instructions, lc[3].instructions,
+                     lc[4].instructions);
+            emit_buf_printf(out, "%-16s %-6s %9.1f %7.2f %8.3f %7.1f %7.1f %7.1f %7.1f %19s %d/%d/%d (%d warps)\n", fn,
+                            a->archs[i], per_tok, bytes, per_tok / bytes, sc, pr, va, ti, loops, pc->p1, p->tz,
+                            pc->tile, (int)w);
         }
     }
     kvq_free(msrc);
