@@ -309,11 +309,11 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
             pc->id = c;
             kvq_status st = check_class(pc, p->head_dim, msg, n);
             if (st != KVQ_OK) return st;
-            /* Tile: K and V staging together within 32 KiB of shared memory at the widest row, a power of two
+            /* Tile: K and V staging together within 64 KiB of shared memory at the widest row, a power of two
              * from 32 to 128 (phase 1 gives each token `split` lanes of a warp). */
             int row = max_i(max_i(pc->k_row_bytes, pc->v_row_bytes), 1);
             int tile = 32;
-            while (tile < 128 && 2 * tile * row <= 16384) tile *= 2;
+            while (tile < 128 && 2 * tile * row <= 32768) tile *= 2;
             pc->tile = tile;
             tile_mapping(p, pc);
             p->any_sparse |= pc->sparse;

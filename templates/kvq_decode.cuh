@@ -147,9 +147,10 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         float sc[KVQ_GQA], acc[KVQ_GQA], zacc[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) sc[h] = 0.0f, acc[h] = 0.0f, zacc[h] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < KVQ_D / KVQ_VEC; j++) {
-            if (j * KVQ_VEC >= cp) break;
+        /* runs of 8 channels, not unrolled: unrolled, the compiler hoists every run's query loads and spills */
+#pragma unroll 1
+        for (int j = 0; j < cp / KVQ_VEC; j++) {
+            KVQ_MARK(5);
             const int c0 = cbeg + j * KVQ_VEC;
             float cv[KVQ_VEC];
             if (f.bits >= 16)

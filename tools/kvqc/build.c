@@ -281,24 +281,26 @@ static int count_archs(const build_args *a, const kvq_plan *p, const char *dir, 
             snprintf(cmd, sizeof cmd, "'%s' -sass -fun %s '%s' 2>/dev/null", tool, fn, path);
             char *sass = read_command(cmd);
             const plan_class *pc = &p->cls[k];
-            sass_loop_count lc[5];
+            sass_loop_count lc[6];
             int r = sass ? 0 : 1;
-            for (int mk = 1; mk <= 4 && r == 0; mk++) r = sass_count_marked_loop(sass, fn, mk, &lc[mk]);
+            for (int mk = 1; mk <= 5 && r == 0; mk++) r = sass_count_marked_loop(sass, fn, mk, &lc[mk]);
             kvq_free(sass);
             if (r < 0) rc = -1;
             if (r != 0) {
                 emit_buf_printf(out, "%-16s %-6s no marked loops found\n", fn, a->archs[i]);
                 continue;
             }
-            /* scores and probabilities: p1 tokens an iteration; values: TZ; the tile loop's own work: a tile */
+            /* scores (mark 1, with its loop over runs of 8 channels, mark 5, head_dim / split / 8 times) and
+             * probabilities (2): p1 tokens an iteration; values (3): TZ; the tile loop's own work (4): a tile */
             double w = p->threads / 32;
-            double sc = lc[1].instructions * w / pc->p1, pr = lc[2].instructions * w / pc->p1;
+            int l1 = lc[1].instructions + lc[5].instructions * (p->head_dim / pc->split / 8 - 1);
+            double sc = l1 * w / pc->p1, pr = lc[2].instructions * w / pc->p1;
             double va = lc[3].instructions * w / p->tz;
             int rest = lc[4].instructions - lc[1].instructions - lc[2].instructions - lc[3].instructions;
             double ti = rest * w / pc->tile, per_tok = sc + pr + va + ti;
             double bytes = plan_body_bytes_per_token(p, pc);
             char loops[64];
-            snprintf(loops, sizeof loops, "%d/%d/%d/%d", lc[1].instructions, lc[2].instructions, lc[3].instructions,
+            snprintf(loops, sizeof loops, "%d/%d/%d/%d", l1, lc[2].instructions, lc[3].instructions,
                      lc[4].instructions);
             emit_buf_printf(out, "%-16s %-6s %9.1f %7.2f %8.3f %7.1f %7.1f %7.1f %7.1f %19s %d/%d/%d (%d warps)\n", fn,
                             a->archs[i], per_tok, bytes, per_tok / bytes, sc, pr, va, ti, loops, pc->p1, p->tz,
