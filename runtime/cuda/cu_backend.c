@@ -3,6 +3,7 @@
  * whole batch, split over KV chunks with a merge when the grid would be small), accounting and read_cache. The
  * layer logic is in cu_qlayer.c and cu_slayer.c. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "alloc.h"
@@ -176,6 +177,10 @@ static kvq_status prepare_kind(cu_dev_kind kind, const kvq_be_engine *e, kvq_bac
     if (st == KVQ_OK) {
         c->plan = kvq_malloc(sizeof *c->plan);
         st = c->plan ? plan_build(e->scheme, &e->dims, KVQ_F32, c->plan, msg, n) : KVQ_ERR_NOMEM;
+    }
+    if (st == KVQ_OK) { /* the device's limits (the emulator enforces sm_90's) */
+        const char *arch = cu_dev_arch(c->dev);
+        st = plan_check_target(c->plan, strncmp(arch, "sm_", 3) ? 90 : atoi(arch + 3), msg, n);
     }
     if (st == KVQ_OK) st = emit_cuda_source(c->plan, &src, NULL);
     if (st == KVQ_OK) st = cu_dev_load(c->dev, src, kvq_scheme_name(e->scheme), &c->mod, msg, n);
