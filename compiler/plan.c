@@ -244,7 +244,8 @@ kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t n)
                  p->head_dim, p->gqa);
         return KVQ_ERR_UNSUPPORTED;
     }
-    /* __launch_bounds__(THREADS, MIN_BLOCKS): 64K registers per SM over THREADS * MIN_BLOCKS threads */
+    /* __launch_bounds__(THREADS, MIN_BLOCKS): 64K registers per SM over THREADS * MIN_BLOCKS threads; the
+     * decode kernels ask for at most the plan's MIN_BLOCKS (emit_cuda: fewer when shared memory allows fewer) */
     int minb = p->threads >= 512 ? 1 : 512 / p->threads;
     int regs = 65536 / (p->threads * minb);
     if (regs > 255) regs = 255;
