@@ -281,14 +281,24 @@ static kvq_status cu_prefill(kvq_backend_ctx *c, int layer, const kvq_be_prefill
     return KVQ_OK;
 }
 
-/* Chunks of tiles per sequence: enough blocks to fill the device twice over. */
-static int choose_tiles_per_chunk(const kvq_backend_ctx *c, int n_items, int max_tiles)
+/* Split-KV: chunks of a sequence's tiles so that the grid fills every SM to its occupancy (the occupancy API with
+ * the kernel's block and shared memory, times the SM count), counted in tokens (a tile holds up to `tile`) with a
+ * floor of KVQ_CHUNK_MIN_TOKENS: below it the merge and the per-chunk setup cost more than the parallelism
+ * gains. One chunk when the batch alone fills the device. */
+#define KVQ_CHUNK_MIN_TOKENS 256
+static int choose_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_tiles)
 {
-    int blocks = c->H * n_items, want = 2 * (cu_dev_sm_count(c->dev) > 0 ? cu_dev_sm_count(c->dev) : 1);
-    int chunks = blocks >= want ? 1 : (want + blocks - 1) / blocks;
+    char kname[32];
+    snprintf(kname, sizeof kname, "kvq_decode_c%d", cls);
+    int occ = cu_dev_occupancy(c->dev, c->mod, kname, c->plan->threads, (size_t)c->plan->cls[cls].smem);
+    int sms = cu_dev_sm_count(c->dev) > 0 ? cu_dev_sm_count(c->dev) : 1;
+    long want = (long)(occ > 0 ? occ : 1) * sms, blocks = (long)c->H * n_items;
+    long chunks = blocks >= want ? 1 : (want + blocks - 1) / blocks;
+    int tile = c->plan->cls[cls].tile, floor_tiles = (KVQ_CHUNK_MIN_TOKENS + tile - 1) / tile;
     if (chunks > max_tiles) chunks = max_tiles;
     if (chunks < 1) chunks = 1;
-    int tpc = (max_tiles + chunks - 1) / chunks;
+    int tpc = (int)((max_tiles + chunks - 1) / chunks);
+    if (tpc < floor_tiles) tpc = floor_tiles;
     return tpc < 1 ? 1 : tpc;
 }
 
@@ -344,7 +354,7 @@ static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
         }
         if (nt - first[i] > max_tiles) max_tiles = nt - first[i];
     }
-    int tpc = choose_tiles_per_chunk(c, n, max_tiles), nch = (max_tiles + tpc - 1) / tpc;
+    int tpc = choose_tiles_per_chunk(c, cls, n, max_tiles), nch = (max_tiles + tpc - 1) / tpc;
     if (nch < 1) nch = 1;
     if (st == KVQ_OK)
         st = cu_scratch(c, &c->tiles, &c->tiles_bytes, (size_t)(nt > 0 ? nt : 1) * sizeof(kvq_tile), msg, ms);

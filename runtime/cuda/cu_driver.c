@@ -40,6 +40,7 @@ static struct {
     CUresult (*mod_fn)(CUfunction *, CUmodule, const char *);
     CUresult (*mod_unload)(CUmodule);
     CUresult (*func_attr)(CUfunction, int, int);
+    CUresult (*occupancy)(int *, CUfunction, int, size_t);
     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                        void **, void **);
     CUresult (*mem_alloc)(CUdeviceptr *, size_t);
@@ -100,6 +101,7 @@ static kvq_status load_driver(char *msg, size_t n)
         {&cu.mod_fn, "cuModuleGetFunction"},
         {&cu.mod_unload, "cuModuleUnload"},
         {&cu.func_attr, "cuFuncSetAttribute"},
+        {&cu.occupancy, "cuOccupancyMaxActiveBlocksPerMultiprocessor"},
         {&cu.launch, "cuLaunchKernel"},
         {&cu.mem_alloc, "cuMemAlloc_v2"},
         {&cu.mem_free, "cuMemFree_v2"},
@@ -303,6 +305,17 @@ static kvq_status drv_launch(cu_dev *d, cu_module *m, const char *kernel, const 
         return fail(r, what, msg, n);
     }
     return KVQ_OK;
+}
+
+int cu_driver_occupancy(cu_module *m, const char *kernel, int threads, size_t smem)
+{
+    drv_mod *dm = m->impl;
+    CUfunction f;
+    int blocks = 0;
+    if (cu.mod_fn(&f, dm->mod, kernel)) return 0;
+    if (smem > 48 * 1024 && cu.func_attr(f, KVQ_CU_FUNC_MAX_DYN_SMEM, (int)smem)) return 0;
+    if (cu.occupancy(&blocks, f, threads, smem)) return 0;
+    return blocks;
 }
 
 static void drv_close(cu_dev *d)
