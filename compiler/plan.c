@@ -244,16 +244,23 @@ kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t n)
                  p->head_dim, p->gqa);
         return KVQ_ERR_UNSUPPORTED;
     }
-    /* __launch_bounds__(THREADS, MIN_BLOCKS): 64K registers per SM over THREADS * MIN_BLOCKS threads; the
-     * decode kernels ask for at most the plan's MIN_BLOCKS (emit_cuda: fewer when shared memory allows fewer) */
-    int minb = p->threads >= 512 ? 1 : 512 / p->threads;
-    int regs = 65536 / (p->threads * minb);
-    if (regs > 255) regs = 255;
-    int need = 32 + p->hpt * p->vec + 2 * p->gqa; /* o, and the scores of all heads, besides the working set */
-    if (regs < need) {
-        snprintf(msg, n, "plan: the decode kernel would need about %d registers per thread for GQA %d, the block "
-                 "of %d threads leaves %d", need, p->gqa, p->threads, regs);
-        return KVQ_ERR_UNSUPPORTED;
+    /* The decode kernel keeps per-head state of the whole GQA group in registers (m, d, a, and the scores, partial
+     * sums and query of a token in phase 1: about 6 x GQA), besides o (HPT x VEC) and about 48 for addresses and
+     * codes; __launch_bounds__ caps ptxas at 64K registers over THREADS x the class's blocks per SM (emit_cuda:
+     * KVQ_C_MINB), at most 255. A larger group would spill, and is refused. */
+    for (int k = 0; k < p->n_classes; k++) {
+        int pminb = p->threads >= 512 ? 1 : 512 / p->threads;
+        int minb = plan_smem_optin(80) / (p->cls[k].smem > 0 ? p->cls[k].smem : 1);
+        if (minb > pminb) minb = pminb;
+        if (minb < 1) minb = 1;
+        int regs = 65536 / (p->threads * minb);
+        if (regs > 255) regs = 255;
+        int need = 48 + p->hpt * p->vec + 6 * p->gqa;
+        if (need > regs) {
+            snprintf(msg, n, "plan: the decode kernel keeps about %d registers per thread for GQA %d (the query heads "
+                     "of one kv head), more than the %d a block of %d threads can have", need, p->gqa, regs, p->threads);
+            return KVQ_ERR_UNSUPPORTED;
+        }
     }
     int lim = plan_smem_optin(sm);
     for (int k = 0; k < p->n_classes; k++)
