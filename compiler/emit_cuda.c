@@ -271,10 +271,7 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
     emit_buf_printf(b, "#define KVQ_C_KPAR %d\n#define KVQ_C_VPAR %d\n#define KVQ_C_SBUF %d\n",
                     emit_cuda_par_floats(p, c, 1), emit_cuda_par_floats(p, c, 0), emit_cuda_sbuf_bytes(p, c));
     emit_buf_printf(b, "#define KVQ_C_SPLIT %d\n#define KVQ_C_P1 %d\n", c->split, c->p1);
-    /* blocks per SM the shared memory allows on sm_80 (the smaller), at most the plan's: ptxas's register cap */
-    int minb = plan_smem_optin(80) / (c->smem > 0 ? c->smem : 1);
-    int pminb = p->threads >= 512 ? 1 : 512 / p->threads;
-    emit_buf_printf(b, "#define KVQ_C_MINB %d\n", minb < 1 ? 1 : minb > pminb ? pminb : minb);
+    emit_buf_printf(b, "#define KVQ_C_MINB %d\n", plan_decode_min_blocks(p, c)); /* ptxas's register cap */
     emit_buf_printf(b,
                     "#define KVQ_C_SMEM %d /* dynamic shared memory: rows %d, kpar %d, vpar %d, kmask %d, q %d, qk %d, "
                     "qsum %d, p %d, red %d */\n",

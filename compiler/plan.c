@@ -229,6 +229,15 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
     c->smem = o;
 }
 
+int plan_decode_min_blocks(const kvq_plan *p, const plan_class *c)
+{
+    /* at most 3 blocks of 128 threads: ptxas then has 170 registers, what the kernel needs without spilling */
+    int pminb = p->threads >= 384 ? 1 : 384 / p->threads;
+    int minb = plan_smem_optin(80) / (c->smem > 0 ? c->smem : 1);
+    if (minb > pminb) minb = pminb;
+    return minb < 1 ? 1 : minb;
+}
+
 int plan_smem_optin(int sm)
 {
     if (sm >= 90) return 227 * 1024;
@@ -249,10 +258,7 @@ kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t n)
      * codes; __launch_bounds__ caps ptxas at 64K registers over THREADS x the class's blocks per SM (emit_cuda:
      * KVQ_C_MINB), at most 255. A larger group would spill, and is refused. */
     for (int k = 0; k < p->n_classes; k++) {
-        int pminb = p->threads >= 512 ? 1 : 512 / p->threads;
-        int minb = plan_smem_optin(80) / (p->cls[k].smem > 0 ? p->cls[k].smem : 1);
-        if (minb > pminb) minb = pminb;
-        if (minb < 1) minb = 1;
+        int minb = plan_decode_min_blocks(p, &p->cls[k]);
         int regs = 65536 / (p->threads * minb);
         if (regs > 255) regs = 255;
         int need = 48 + p->hpt * p->vec + 6 * p->gqa;

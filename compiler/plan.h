@@ -91,6 +91,9 @@ int plan_row_bytes(int head_dim, int bits);
  * maximum of `sm` (80: 163 KiB, 86/89: 99 KiB, 90: 227 KiB), threads per block, and the registers per thread
  * that __launch_bounds__ leaves. KVQ_ERR_UNSUPPORTED with the reason in msg. */
 kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t msg_size);
+/* Blocks per SM the decode kernel of class c declares in __launch_bounds__ (KVQ_C_MINB): what sm_80's shared
+ * memory allows, at most 3 x 128 threads (ptxas's register cap then leaves 170). */
+int plan_decode_min_blocks(const kvq_plan *p, const plan_class *c);
 /* The opt-in shared memory per block of sm (bytes). */
 int plan_smem_optin(int sm);
 
