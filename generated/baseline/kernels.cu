@@ -1583,7 +1583,7 @@ KVQ_KERNEL_EXPORT(kvq_params_sig);
 #define KVQ_C_SBUF 18432
 #define KVQ_C_SPLIT 1
 #define KVQ_C_P1 128
-#define KVQ_C_MINB 4
+#define KVQ_C_MINB 3
 #define KVQ_C_SMEM 28272 /* dynamic shared memory: rows 0, kpar 18432, vpar 19968, kmask 21504, q 21632, qk 23680, qsum 25728, p 26000, red 28048 */
 #define KVQ_C_SO_KPAR 18432
 #define KVQ_C_SO_VPAR 19968

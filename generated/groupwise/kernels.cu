@@ -1583,7 +1583,7 @@ KVQ_KERNEL_EXPORT(kvq_params_sig);
 #define KVQ_C_SBUF 18432
 #define KVQ_C_SPLIT 1
 #define KVQ_C_P1 128
-#define KVQ_C_MINB 4
+#define KVQ_C_MINB 3
 #define KVQ_C_SMEM 34416 /* dynamic shared memory: rows 0, kpar 18432, vpar 23040, kmask 27648, q 27776, qk 29824, qsum 31872, p 32144, red 34192 */
 #define KVQ_C_SO_KPAR 18432
 #define KVQ_C_SO_VPAR 23040
