@@ -293,9 +293,11 @@ static int count_archs(const build_args *a, const kvq_plan *p, const char *dir, 
             /* scores (mark 1, with its loop over runs of 8 channels, mark 5, head_dim / split / 8 times) and
              * probabilities (2): p1 tokens an iteration; values (3): TZ; the tile loop's own work (4): a tile */
             double w = p->threads / 32;
-            int l1 = lc[1].instructions + lc[5].instructions * (p->head_dim / pc->split / 8 - 1);
+            /* a loop unrolled u times holds its marker u times: one iteration covers u steps */
+            int u5 = lc[5].markers > 0 ? lc[5].markers : 1, u3 = lc[3].markers > 0 ? lc[3].markers : 1;
+            int l1 = lc[1].instructions + lc[5].instructions * (p->head_dim / pc->split / 8 / u5 - 1);
             double sc = l1 * w / pc->p1, pr = lc[2].instructions * w / pc->p1;
-            double va = lc[3].instructions * w / p->tz;
+            double va = lc[3].instructions * w / (p->tz * u3);
             int rest = lc[4].instructions - lc[1].instructions - lc[2].instructions - lc[3].instructions;
             double ti = rest * w / pc->tile, per_tok = sc + pr + va + ti;
             double bytes = plan_body_bytes_per_token(p, pc);
