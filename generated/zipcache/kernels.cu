@@ -946,7 +946,7 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) sc[h] = 0.0f, acc[h] = 0.0f, zacc[h] = 0.0f;
         /* runs of 8 channels, not unrolled: unrolled, the compiler hoists every run's query loads and spills */
-#pragma unroll 1
+#pragma unroll 2
         for (int j = 0; j < cp / KVQ_VEC; j++) {
             KVQ_MARK(5);
             const int c0 = cbeg + j * KVQ_VEC;
@@ -1017,7 +1017,7 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
     }
 #pragma unroll
     for (int i = 0; i < KVQ_HPT; i++) oz[i] = 0.0f;
-#pragma unroll 1
+#pragma unroll 2
     for (int t = tz; t < n; t += KVQ_TZ) {
         KVQ_MARK(3);
         float p[KVQ_HPT], cv[KVQ_VEC];
