@@ -83,6 +83,7 @@ tests: $(TEST_BIN)
 
 test:
 	@$(MAKE) --no-print-directory BUILD=build/san SAN=1 all tests
+	@sh tools/ensure-sass-tools.sh build
 	@sh tests/run.sh build/san
 
 demo: all

@@ -113,28 +113,16 @@ static void put_template(emit_buf *b, const char *name)
 
 /* ---- derived sizes ---- */
 
-static int store_par(const kvq_plan *p, const plan_store *st, int tile)
-{
-    if (st->bits == 0 || st->bits >= 16) return 1;
-    if (st->gran == KVQ_GRAN_CHANNEL) return p->head_dim;
-    if (st->hidden) return tile;
-    return tile * (p->head_dim / st->group);
-}
-
 int emit_cuda_par_floats(const kvq_plan *p, const plan_class *c, int key)
 {
-    const plan_store *hi = key ? &c->k_hi : &c->v_hi, *lo = key ? &c->k_lo : &c->v_lo;
-    int a = c->quant ? store_par(p, hi, c->tile) : 1, b = c->quant ? store_par(p, lo, c->tile) : 1;
-    int n = a > b ? a : b;
-    return (n + 3) & ~3;
+    (void)p;
+    return key ? c->kpar : c->vpar;
 }
 
 int emit_cuda_sbuf_bytes(const kvq_plan *p, const plan_class *c)
 {
-    int stage = c->tile * (c->k_row_bytes + c->v_row_bytes);
-    int merge = p->tz > 1 ? (2 * p->tz * p->gqa + p->tz * p->gqa * p->head_dim) * 4 : 0;
-    int n = stage > merge ? stage : merge;
-    return (n + 15) & ~15;
+    (void)p;
+    return c->rows_bytes;
 }
 
 /* ---- kernels ---- */
@@ -282,6 +270,18 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
                     c->v_row_bytes);
     emit_buf_printf(b, "#define KVQ_C_KPAR %d\n#define KVQ_C_VPAR %d\n#define KVQ_C_SBUF %d\n",
                     emit_cuda_par_floats(p, c, 1), emit_cuda_par_floats(p, c, 0), emit_cuda_sbuf_bytes(p, c));
+    emit_buf_printf(b, "#define KVQ_C_SPLIT %d\n#define KVQ_C_P1 %d\n", c->split, c->p1);
+    emit_buf_printf(b, "#define KVQ_C_MINB %d\n", plan_decode_min_blocks(p, c)); /* ptxas's register cap */
+    emit_buf_printf(b,
+                    "#define KVQ_C_SMEM %d /* dynamic shared memory: rows %d, kpar %d, vpar %d, kmask %d, q %d, qk %d, "
+                    "qsum %d, p %d, red %d */\n",
+                    c->smem, c->so_rows, c->so_kpar, c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_qsum, c->so_p,
+                    c->so_red);
+    emit_buf_printf(b,
+                    "#define KVQ_C_SO_KPAR %d\n#define KVQ_C_SO_VPAR %d\n#define KVQ_C_SO_KMASK %d\n"
+                    "#define KVQ_C_SO_Q %d\n#define KVQ_C_SO_QK %d\n#define KVQ_C_SO_QSUM %d\n#define KVQ_C_SO_P %d\n"
+                    "#define KVQ_C_SO_RED %d\n",
+                    c->so_kpar, c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_qsum, c->so_p, c->so_red);
     const plan_store *st[4] = {&c->k_hi, &c->k_lo, &c->v_hi, &c->v_lo};
     const char *mn[4] = {"KVQ_C_KHI", "KVQ_C_KLO", "KVQ_C_VHI", "KVQ_C_VLO"};
     for (int i = 0; i < 4; i++) {
@@ -296,7 +296,10 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
     }
     put_template(b, "kvq_class.cuh");
     emit_buf_printf(b, "#undef KVQ_C\n#undef KVQ_C_TILE\n#undef KVQ_C_KROW\n#undef KVQ_C_VROW\n"
-                       "#undef KVQ_C_KPAR\n#undef KVQ_C_VPAR\n#undef KVQ_C_SBUF\n");
+                       "#undef KVQ_C_KPAR\n#undef KVQ_C_VPAR\n#undef KVQ_C_SBUF\n#undef KVQ_C_SPLIT\n#undef KVQ_C_P1\n#undef KVQ_C_MINB\n"
+                       "#undef KVQ_C_SMEM\n#undef KVQ_C_SO_KPAR\n#undef KVQ_C_SO_VPAR\n#undef KVQ_C_SO_KMASK\n"
+                       "#undef KVQ_C_SO_Q\n#undef KVQ_C_SO_QK\n#undef KVQ_C_SO_QSUM\n#undef KVQ_C_SO_P\n"
+                       "#undef KVQ_C_SO_RED\n");
     for (int i = 0; i < 4; i++) emit_buf_printf(b, "#undef %s\n#undef %s_Q\n#undef %s_SEP\n", mn[i], mn[i], mn[i]);
 }
 
@@ -422,8 +425,10 @@ kvq_status emit_cuda_manifest(const kvq_plan *p, const char *hash, const char *r
     emit_buf_printf(&b, "],\n  \"classes\": [\n");
     for (int c = 0; c < p->n_classes; c++) {
         const plan_class *pc = &p->cls[c];
-        emit_buf_printf(&b, "    {\"id\": %d, \"mode\": \"%s\", \"tile\": %d, \"sbuf_bytes\": %d", c,
-                        mode_name(pc->mode), pc->tile, emit_cuda_sbuf_bytes(p, pc));
+        emit_buf_printf(&b,
+                        "    {\"id\": %d, \"mode\": \"%s\", \"tile\": %d, \"sbuf_bytes\": %d, \"split\": %d, "
+                        "\"decode_smem\": %d",
+                        c, mode_name(pc->mode), pc->tile, emit_cuda_sbuf_bytes(p, pc), pc->split, pc->smem);
         if (pc->quant) {
             emit_buf_printf(&b, ",\n     ");
             json_store(&b, "k_hi", &pc->k_hi);

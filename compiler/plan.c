@@ -67,6 +67,33 @@ void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page
     kvq_page_format_init(fmt, &t, st->bits, st->masked, p->kv_heads, p->head_dim, cap);
 }
 
+/* Per-channel parameters cover a group of tokens: the group, or the flush batch (group all). A hidden group's
+ * scale and zero serve every kv head: one kv head's share is counted. */
+static double store_bytes_per_token(const plan_store *st, int D, int kv_heads, int batch, int page_tokens)
+{
+    double b = plan_row_bytes(D, st->bits);
+    if (st->bits >= 16) return b;
+    double par = (st->scale_f32 ? 4 : 2) + (st->zero_f32 ? 4 : 2); /* one scale and one zero */
+    if (st->gran == KVQ_GRAN_TOKEN) {
+        b += st->hidden ? par / kv_heads : par * (D / st->group);
+        if (st->sep) b += (double)D * (st->scale_f32 ? 4 : 2) / page_tokens;
+    } else {
+        int g = st->group > 0 ? st->group : batch;
+        b += par * D / (g > 0 ? g : 1);
+    }
+    if (st->masked) b += 1.0 / 8.0;
+    return b;
+}
+
+double plan_body_bytes_per_token(const kvq_plan *p, const plan_class *c)
+{
+    if (!c->quant) return 4.0 * p->head_dim; /* sparse layers attend over fp16 rows */
+    int page_k = c->rule_k.batch > 1 ? c->rule_k.batch : KVQ_APPEND_PAGE_TOKENS;
+    int page_v = c->rule_v.batch > 1 ? c->rule_v.batch : KVQ_APPEND_PAGE_TOKENS;
+    return store_bytes_per_token(&c->k_hi, p->head_dim, p->kv_heads, c->rule_k.batch, page_k) +
+           store_bytes_per_token(&c->v_hi, p->head_dim, p->kv_heads, c->rule_v.batch, page_v);
+}
+
 static int max_i(int a, int b) { return a > b ? a : b; }
 
 static void class_init(plan_class *c, const kvq_layer_cfg *cfg, int D)
@@ -139,9 +166,10 @@ void plan_default_dims(const kvq_scheme *scheme, kvq_dims *d)
     if (d->head_dim <= 0) d->head_dim = scheme->model.head_dim > 0 ? scheme->model.head_dim : 128;
 }
 
-/* Decode mapping (plan.h). TY is the largest divisor of the GQA ratio that keeps TX*TY <= 128 threads, widened
- * (up to 512 threads) when a thread would otherwise hold more than 4 heads: q and o live in registers,
- * HPT * VEC floats each, and must not spill. */
+/* Decode mapping (plan.h). Values (phase 3): HPT = the largest divisor of the GQA ratio up to 4, so a thread
+ * unpacks each value code once for up to 4 query heads (o lives in registers, HPT * VEC floats) and TY = GQA / HPT
+ * head lanes share nothing but the staged bytes; TZ token lanes fill 128 threads. Scores (phase 1) use the same
+ * threads another way, per class (tile_mapping). */
 static void choose_mapping(kvq_plan *p)
 {
     int D = p->head_dim, g = p->gqa;
@@ -149,23 +177,105 @@ static void choose_mapping(kvq_plan *p)
     int lanes = (D + p->vec - 1) / p->vec;
     p->tx = 1;
     while (p->tx < lanes) p->tx *= 2;
-    int ty = 1;
-    for (int d = 1; d <= g; d++)
-        if (g % d == 0 && p->tx * d <= 128) ty = d;
-    if (g / ty > 4)
-        for (int d = ty + 1; d <= g; d++)
-            if (g % d == 0 && p->tx * d <= 512 && g / d <= 4) {
-                ty = d;
-                break;
-            }
-    p->ty = ty;
-    p->hpt = g / ty;
-    /* TZ: whole warps (the shuffles name all 32 lanes), as many as fit 128 threads */
+    int hpt = 1;
+    for (int d = 1; d <= 4 && d <= g; d++)
+        if (g % d == 0) hpt = d;
+    p->hpt = hpt;
+    p->ty = g / hpt;
+    /* TZ: whole warps, as many as fit 128 threads */
     int xy = p->tx * p->ty, w = 32;
     while (xy % w) w /= 2;
     int tz0 = 32 / w;
     p->tz = tz0 * (xy * tz0 >= 128 ? 1 : 128 / (xy * tz0));
     p->threads = xy * p->tz;
+}
+
+static int align16(int n) { return (n + 15) & ~15; }
+
+/* Staged parameter floats of one store per tile (scales or zeros). */
+static int store_par(const kvq_plan *p, const plan_store *st, int tile)
+{
+    if (st->bits == 0 || st->bits >= 16) return 1;
+    if (st->gran == KVQ_GRAN_CHANNEL) return p->head_dim;
+    if (st->hidden) return tile;
+    return tile * (p->head_dim / st->group);
+}
+
+/* Phase 1 and the shared memory layout of class c's decode kernel. */
+static void tile_mapping(const kvq_plan *p, plan_class *c)
+{
+    int D = p->head_dim, G = p->gqa, T = c->tile;
+    int s = 1;
+    while (2 * s <= 32 && 2 * s * T <= p->threads && D % (16 * s) == 0) s *= 2;
+    c->split = s;
+    c->p1 = p->threads / s;
+    int kp = c->quant ? max_i(store_par(p, &c->k_hi, T), store_par(p, &c->k_lo, T)) : 1;
+    int vp = c->quant ? max_i(store_par(p, &c->v_hi, T), store_par(p, &c->v_lo, T)) : 1;
+    c->kpar = (kp + 3) & ~3;
+    c->vpar = (vp + 3) & ~3;
+    int stage = T * (c->k_row_bytes + c->v_row_bytes);
+    int merge = (p->tz * G * D + c->p1 * G) * 4; /* o partials of the TZ lanes, d partials of the token lanes */
+    c->rows_bytes = align16(max_i(stage, merge));
+    int o = 0;
+    c->so_rows = o, o += c->rows_bytes;
+    c->so_kpar = o, o += align16((2 * c->kpar + D) * 4);
+    c->so_vpar = o, o += align16((2 * c->vpar + D) * 4);
+    c->so_kmask = o, o += align16(T);
+    c->so_q = o, o += align16(D * G * 4);
+    c->so_qk = o, o += align16(D * G * 4);
+    c->so_qsum = o, o += align16((D / 8 + 1) * G * 4); /* per 8 channels, then the per-channel bias */
+    c->so_p = o, o += align16(T * G * 4);
+    c->so_red = o, o += align16((p->threads / 32 + 10) * G * 4); /* warp maxima, bias partials, a and m */
+    c->smem = o;
+}
+
+int plan_decode_min_blocks(const kvq_plan *p, const plan_class *c)
+{
+    /* at most 3 blocks of 128 threads: ptxas then has 170 registers, what the kernel needs without spilling */
+    int pminb = p->threads >= 384 ? 1 : 384 / p->threads;
+    int minb = plan_smem_optin(80) / (c->smem > 0 ? c->smem : 1);
+    if (minb > pminb) minb = pminb;
+    return minb < 1 ? 1 : minb;
+}
+
+int plan_smem_optin(int sm)
+{
+    if (sm >= 90) return 227 * 1024;
+    if (sm == 80 || sm == 87) return 163 * 1024;
+    if (sm >= 86) return 99 * 1024;
+    return 48 * 1024;
+}
+
+kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t n)
+{
+    if (p->threads > 1024) {
+        snprintf(msg, n, "plan: the decode block needs %d threads (head_dim %d, GQA %d), more than 1024", p->threads,
+                 p->head_dim, p->gqa);
+        return KVQ_ERR_UNSUPPORTED;
+    }
+    /* The decode kernel keeps per-head state of the whole GQA group in registers (m, d, a, and the scores, partial
+     * sums and query of a token in phase 1: about 6 x GQA), besides o (HPT x VEC) and about 48 for addresses and
+     * codes; __launch_bounds__ caps ptxas at 64K registers over THREADS x the class's blocks per SM (emit_cuda:
+     * KVQ_C_MINB), at most 255. A larger group would spill, and is refused. */
+    for (int k = 0; k < p->n_classes; k++) {
+        int minb = plan_decode_min_blocks(p, &p->cls[k]);
+        int regs = 65536 / (p->threads * minb);
+        if (regs > 255) regs = 255;
+        int need = 48 + p->hpt * p->vec + 6 * p->gqa;
+        if (need > regs) {
+            snprintf(msg, n, "plan: the decode kernel keeps about %d registers per thread for GQA %d (the query heads "
+                     "of one kv head), more than the %d a block of %d threads can have", need, p->gqa, regs, p->threads);
+            return KVQ_ERR_UNSUPPORTED;
+        }
+    }
+    int lim = plan_smem_optin(sm);
+    for (int k = 0; k < p->n_classes; k++)
+        if (p->cls[k].smem > lim) {
+            snprintf(msg, n, "plan: class %d's decode kernel needs %d bytes of shared memory (tile %d, head_dim %d, "
+                     "GQA %d), sm_%d allows %d", k, p->cls[k].smem, p->cls[k].tile, p->head_dim, p->gqa, sm, lim);
+            return KVQ_ERR_UNSUPPORTED;
+        }
+    return KVQ_OK;
 }
 
 kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype in_dtype, kvq_plan *p, char *msg,
@@ -213,12 +323,13 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
             pc->id = c;
             kvq_status st = check_class(pc, p->head_dim, msg, n);
             if (st != KVQ_OK) return st;
-            /* Tile: K and V staging together within 32 KiB of shared memory at the widest row. */
+            /* Tile: K and V staging together within 64 KiB of shared memory at the widest row, a power of two
+             * from 32 to 128 (phase 1 gives each token `split` lanes of a warp). */
             int row = max_i(max_i(pc->k_row_bytes, pc->v_row_bytes), 1);
-            int tile = 16384 / row / 32 * 32;
-            if (tile < 32) tile = 32;
-            if (tile > 128) tile = 128;
+            int tile = 32;
+            while (tile < 128 && 2 * tile * row <= 32768) tile *= 2;
             pc->tile = tile;
+            tile_mapping(p, pc);
             p->any_sparse |= pc->sparse;
             p->any_saliency |= pc->quant && pc->has_low;
             p->any_pool |= pc->quant && pc->has_pool;

@@ -48,7 +48,14 @@ typedef struct {
     int n_layers; /* layers in the class */
     /* Decode: largest staged row (bytes per token of one kv head) over the kinds K and V come in. */
     int k_row_bytes, v_row_bytes;
-    int tile; /* tokens per decode tile (a multiple of 32 and of TZ) */
+    int tile; /* tokens per decode tile: 32, 64 or 128 */
+    /* Decode scores (phase 1): `split` adjacent lanes per token (a power of two), each head_dim / split channels
+     * of all the GQA heads; `p1` = threads / split token lanes. */
+    int split, p1;
+    /* Dynamic shared memory of the decode kernel, byte offsets (16-aligned) and total (docs/cuda.md). */
+    int kpar, vpar; /* staged parameter floats per array (scales, zeros) */
+    int so_rows, so_kpar, so_vpar, so_kmask, so_q, so_qk, so_qsum, so_p, so_red, smem;
+    int rows_bytes; /* K then V rows of a tile, or the end-of-chunk merge scratch */
 } plan_class;
 
 typedef struct kvq_plan {
@@ -72,8 +79,23 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
 /* The page format (layout.h) of store `st` at capacity cap, for the plan's dims. */
 void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page_format *fmt);
 
+/* Cache bytes the decode kernel reads per token of one kv head on the quantized path of class c (its body
+ * pages, high class): K and V codes, per-token parameters, per-channel parameters and factors amortised over
+ * the tokens they cover, mask bits (docs/cuda.md, "Issue count"). */
+double plan_body_bytes_per_token(const kvq_plan *p, const plan_class *c);
+
 /* Bytes of one token of one kv head as the decode kernel stages it (codes, or fp16 values). */
 int plan_row_bytes(int head_dim, int bits);
+
+/* Checks the plan against a target's limits: the decode kernel's dynamic shared memory against the opt-in
+ * maximum of `sm` (80: 163 KiB, 86/89: 99 KiB, 90: 227 KiB), threads per block, and the registers per thread
+ * that __launch_bounds__ leaves. KVQ_ERR_UNSUPPORTED with the reason in msg. */
+kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t msg_size);
+/* Blocks per SM the decode kernel of class c declares in __launch_bounds__ (KVQ_C_MINB): what sm_80's shared
+ * memory allows, at most 3 x 128 threads (ptxas's register cap then leaves 170). */
+int plan_decode_min_blocks(const kvq_plan *p, const plan_class *c);
+/* The opt-in shared memory per block of sm (bytes). */
+int plan_smem_optin(int sm);
 
 /* Dims given on the command line win over the scheme's `model { }` block; then the defaults
  * (32 layers, 32 heads, 8 kv heads, head_dim 128). */

@@ -5,19 +5,23 @@
  *   KVQ_C_KROW, KVQ_C_VROW largest staged row, bytes per token of one kv head
  *   KVQ_C_KPAR, KVQ_C_VPAR staged parameter floats per array (scales, zeros)
  *   KVQ_C_SBUF             bytes of the decode kernel's row buffer (also its merge scratch)
+ *   KVQ_C_SPLIT, KVQ_C_P1  decode phase 1: lanes per token, token lanes
+ *   KVQ_C_MINB             decode blocks per SM for __launch_bounds__: what sm_80's shared memory allows
+ *   KVQ_C_SMEM, KVQ_C_SO_* the decode kernel's dynamic shared memory and the offsets of its parts (plan.c)
  *   KVQ_C_KHI, KVQ_C_KLO, KVQ_C_VHI, KVQ_C_VLO   kvq_fmt initialisers of the page formats (bits 0: absent)
  *   KVQ_C_<store>_Q        1 when the store is quantized (has a quantize kernel)
  *   KVQ_C_<store>_SEP      1 when it stores channel-separable factors (has a factor kernel) */
 
-extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_MIN_BLOCKS) KVQ_C(kvq_decode)(const kvq_decode_params p)
+extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_decode)(const kvq_decode_params p)
 {
-    __shared__ __align__(16) unsigned char sbuf[KVQ_C_SBUF];
-    __shared__ float kpar[2 * KVQ_C_KPAR + KVQ_D];
-    __shared__ float vpar[2 * KVQ_C_VPAR + KVQ_D];
-    __shared__ unsigned char kmask[KVQ_C_TILE];
+    /* KVQ_C_SMEM bytes of dynamic shared memory (the launch passes them; above 48 KiB the module load raised the
+     * kernel's limit with cuFuncSetAttribute), carved at the plan's offsets */
+    KVQ_DYNAMIC_SHARED(unsigned char, smem);
     const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO, vhi = KVQ_C_VHI, vlo = KVQ_C_VLO;
-    kvq_decode_body(&p, sbuf, kpar, vpar, kmask, khi, klo, vhi, vlo, KVQ_C_TILE, KVQ_C_KROW, KVQ_C_KPAR,
-                    KVQ_C_VPAR);
+    const kvq_dec_geo g = {KVQ_C_TILE,    KVQ_C_SPLIT,    KVQ_C_P1,       KVQ_C_KROW,  KVQ_C_KPAR,
+                           KVQ_C_VPAR,    KVQ_C_SO_KPAR,  KVQ_C_SO_VPAR,  KVQ_C_SO_KMASK, KVQ_C_SO_Q,
+                           KVQ_C_SO_QK,   KVQ_C_SO_QSUM,  KVQ_C_SO_P,     KVQ_C_SO_RED};
+    kvq_decode_body(&p, smem, khi, klo, vhi, vlo, g);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
 

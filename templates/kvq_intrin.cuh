@@ -18,9 +18,13 @@
  *   kvq_cp_async4/8/16(dst, src), kvq_cp_async16_zfill(dst, src, src_bytes)   shared <- global
  *   kvq_cp_async_commit(), kvq_cp_async_wait_group(N) (N a literal), kvq_cp_async_wait_all()
  *   kvq_lop3(a, b, c, LUT) (LUT a constant), kvq_prmt(a, b, selector)
+ *   kvq_ex2(x)                                        ex2.approx.ftz.f32 (2^x, ~2 ulp, -inf -> +0); the emulator
+ *                                                     computes exp2f (correctly rounded or within 1 ulp): a
+ *                                                     documented tolerance, docs/cuda.md
  *   kvq_dmul(a, b)                                    mul.rn.f64: never fused into an fma (policy kernels
  *                                                     reproduce the host's separately rounded a * b - c)
  *   KVQ_DYNAMIC_SHARED(type, name)   declares `type *name` at the block's dynamic shared memory
+ *   KVQ_MARK(k)                      marks a decode loop for kvqc build's issue count (measurement unit only)
  *   KVQ_KERNEL_EXPORT(name);         after each extern "C" __global__ entry point (the emulator's launch handle)
  * Needs sm_80 or newer (cp.async, bf16 conversions). */
 #ifndef KVQ_INTRIN_CUH
@@ -153,11 +157,24 @@ static __device__ __forceinline__ unsigned kvq_prmt(unsigned a, unsigned b, unsi
 }
 
 static __device__ __forceinline__ double kvq_dmul(double a, double b) { return __dmul_rn(a, b); }
+static __device__ __forceinline__ float kvq_ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 #define KVQ_DYNAMIC_SHARED(type, name)                                                                         \
     extern __shared__ __align__(16) unsigned char kvq_dyn_smem_[];                                             \
     type *name = reinterpret_cast<type *>(kvq_dyn_smem_)
 #define KVQ_KERNEL_EXPORT(name) static_assert(true, #name)
+/* kvqc build's issue count marks the decode loops in its measurement unit only (pmevent: one PMTRIG, which the
+ * count subtracts); nothing otherwise */
+#ifdef KVQ_MEASURE_KINDS
+#define KVQ_MARK(k) asm volatile("pmevent " #k ";")
+#else
+#define KVQ_MARK(k) ((void)0)
+#endif
 
 #else /* ------------------------------------------------------------------------------------- emulator */
 
@@ -208,9 +225,16 @@ static inline unsigned kvq_prmt(unsigned a, unsigned b, unsigned sel) { return e
 
 /* the unit is compiled with -ffp-contract=off (cu_emu.c), so a product is never fused */
 static inline double kvq_dmul(double a, double b) { return a * b; }
+/* ex2.approx.ftz: subnormal results flush to zero; the value is libm's exp2f (the GPU's is within 2 ulp) */
+static inline float kvq_ex2(float x)
+{
+    float y = exp2f(x);
+    return y < 1.17549435e-38f ? 0.0f : y;
+}
 
 #define KVQ_DYNAMIC_SHARED(type, name) type *name = static_cast<type *>(emu_blk_->dyn_smem)
 #define KVQ_KERNEL_EXPORT(name) EMU_KERNEL_EXPORT(name)
+#define KVQ_MARK(k) ((void)0)
 
 #endif
 

@@ -11,9 +11,9 @@
 /* decode block: TX lanes x VEC channels, TY lanes x HPT query heads, TZ token lanes */
 #define KVQ_VEC 8
 #define KVQ_TX 16
-#define KVQ_TY 4
-#define KVQ_HPT 1
-#define KVQ_TZ 2
+#define KVQ_TY 1
+#define KVQ_HPT 4
+#define KVQ_TZ 8
 #define KVQ_THREADS 128
 #define KVQ_MIN_BLOCKS 4
 #define KVQ_POL_OTT 0
@@ -41,9 +41,13 @@
  *   kvq_cp_async4/8/16(dst, src), kvq_cp_async16_zfill(dst, src, src_bytes)   shared <- global
  *   kvq_cp_async_commit(), kvq_cp_async_wait_group(N) (N a literal), kvq_cp_async_wait_all()
  *   kvq_lop3(a, b, c, LUT) (LUT a constant), kvq_prmt(a, b, selector)
+ *   kvq_ex2(x)                                        ex2.approx.ftz.f32 (2^x, ~2 ulp, -inf -> +0); the emulator
+ *                                                     computes exp2f (correctly rounded or within 1 ulp): a
+ *                                                     documented tolerance, docs/cuda.md
  *   kvq_dmul(a, b)                                    mul.rn.f64: never fused into an fma (policy kernels
  *                                                     reproduce the host's separately rounded a * b - c)
  *   KVQ_DYNAMIC_SHARED(type, name)   declares `type *name` at the block's dynamic shared memory
+ *   KVQ_MARK(k)                      marks a decode loop for kvqc build's issue count (measurement unit only)
  *   KVQ_KERNEL_EXPORT(name);         after each extern "C" __global__ entry point (the emulator's launch handle)
  * Needs sm_80 or newer (cp.async, bf16 conversions). */
 #ifndef KVQ_INTRIN_CUH
@@ -176,11 +180,24 @@ static __device__ __forceinline__ unsigned kvq_prmt(unsigned a, unsigned b, unsi
 }
 
 static __device__ __forceinline__ double kvq_dmul(double a, double b) { return __dmul_rn(a, b); }
+static __device__ __forceinline__ float kvq_ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 #define KVQ_DYNAMIC_SHARED(type, name)                                                                         \
     extern __shared__ __align__(16) unsigned char kvq_dyn_smem_[];                                             \
     type *name = reinterpret_cast<type *>(kvq_dyn_smem_)
 #define KVQ_KERNEL_EXPORT(name) static_assert(true, #name)
+/* kvqc build's issue count marks the decode loops in its measurement unit only (pmevent: one PMTRIG, which the
+ * count subtracts); nothing otherwise */
+#ifdef KVQ_MEASURE_KINDS
+#define KVQ_MARK(k) asm volatile("pmevent " #k ";")
+#else
+#define KVQ_MARK(k) ((void)0)
+#endif
 
 #else /* ------------------------------------------------------------------------------------- emulator */
 
@@ -231,9 +248,16 @@ static inline unsigned kvq_prmt(unsigned a, unsigned b, unsigned sel) { return e
 
 /* the unit is compiled with -ffp-contract=off (cu_emu.c), so a product is never fused */
 static inline double kvq_dmul(double a, double b) { return a * b; }
+/* ex2.approx.ftz: subnormal results flush to zero; the value is libm's exp2f (the GPU's is within 2 ulp) */
+static inline float kvq_ex2(float x)
+{
+    float y = exp2f(x);
+    return y < 1.17549435e-38f ? 0.0f : y;
+}
 
 #define KVQ_DYNAMIC_SHARED(type, name) type *name = static_cast<type *>(emu_blk_->dyn_smem)
 #define KVQ_KERNEL_EXPORT(name) EMU_KERNEL_EXPORT(name)
+#define KVQ_MARK(k) ((void)0)
 
 #endif
 
@@ -860,140 +884,208 @@ KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot
         kvq_stage_page(sb, b, lo, slot, cap, n, h, tid);
 }
 
-/* Per-tile fold of the query into the key format: qk (the vector dotted with the codes) and qb (per channel:
- * this lane's share of q.z; per token: this lane's sum of qk, multiplied by the token's zero later). */
-KVQ_DEV void kvq_fold_q(kvq_fmt f, const kvq_stage_buf *sb, int c0, int act, float q[KVQ_HPT][KVQ_VEC],
-                        float qk[KVQ_HPT][KVQ_VEC], float qb[KVQ_HPT])
+/* Decode geometry of a layer class (kvq_class.cuh passes constants, folded after inlining): tile tokens, phase-1
+ * lanes per token and token lanes, staged parameter floats, and the byte offsets of the dynamic shared memory. */
+typedef struct {
+    int tile, split, p1, krow, kparn, vparn;
+    int so_kpar, so_vpar, so_kmask, so_q, so_qk, so_qsum, so_p, so_red;
+} kvq_dec_geo;
+
+/* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
+KVQ_DEV int kvq_k_runs(kvq_fmt f) { return f.bits < 16 && f.gran != 0 && (f.hidden || f.group % KVQ_VEC == 0); }
+/* The query dotted with the codes is folded (q'_c = q_c s_c per channel, or q_c f_c channel-separable). */
+KVQ_DEV int kvq_k_folds(kvq_fmt f) { return f.bits < 16 && (f.gran == 0 || f.sep); }
+
+/* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
+ * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[8][GQA] = eight partial
+ * sums of q . z in channel order (per-channel zeros), added up by kvq_fold_bias. Every thread takes items. */
+KVQ_DEV void kvq_fold_k(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, float *qk, float *qsum, float *red,
+                        int tid)
 {
+    const int G = KVQ_GQA, D = KVQ_D;
+    if (f.bits >= 16) return;
+    if (kvq_k_folds(f))
+        for (int i = tid; i < D * G; i += KVQ_THREADS) qk[i] = qs[i] * (f.gran == 0 ? kb->s[i / G] : kb->f[i / G]);
+    if (f.gran == 0) {
+        for (int i = tid; i < 8 * G; i += KVQ_THREADS) {
+            const int h = i % G, part = i / G;
+            float acc = 0.0f;
+            for (int c = part * (D / 8); c < (part + 1) * (D / 8); c++) acc = fmaf(qs[c * G + h], kb->z[c], acc);
+            red[i] = acc;
+        }
+    } else if (kvq_k_runs(f)) {
+        for (int i = tid; i < (D / 8) * G; i += KVQ_THREADS) {
+            const int h = i % G, c8 = i / G;
+            float acc = 0.0f;
 #pragma unroll
-    for (int i = 0; i < KVQ_HPT; i++) {
-        qb[i] = 0.0f;
-#pragma unroll
-        for (int v = 0; v < KVQ_VEC; v++) {
-            float s = 1.0f, z = 0.0f;
-            if (act && f.bits < 16) {
-                if (f.gran == 0) {
-                    s = sb->s[c0 + v];
-                    z = sb->z[c0 + v];
-                } else if (f.sep) {
-                    s = sb->f[c0 + v];
-                }
+            for (int v = 0; v < 8; v++) {
+                float x = qs[(c8 * 8 + v) * G + h];
+                acc += f.sep ? x * kb->f[c8 * 8 + v] : x; /* the product qk holds, rounded the same */
             }
-            qk[i][v] = q[i][v] * s;
-            qb[i] += f.bits < 16 && f.gran == 0 ? q[i][v] * z : qk[i][v];
+            qsum[i] = acc;
         }
     }
 }
 
-/* This lane's partial score of staged key t for each head. */
-KVQ_DEV void kvq_key_partial(kvq_fmt f, const kvq_stage_buf *sb, int t, int c0, int act,
-                             float qk[KVQ_HPT][KVQ_VEC], float qb[KVQ_HPT], float sc[KVQ_HPT])
+/* Loads the GQA query values of channel c (G consecutive floats, 16-byte aligned when G % 4 == 0). */
+KVQ_DEV void kvq_ld_qrow(const float *q, int c, float *out)
 {
-    float cv[KVQ_VEC];
-    int cbpt = kvq_fmt_cbpt(f.bits, KVQ_D);
+    if (KVQ_GQA % 4 == 0) {
 #pragma unroll
-    for (int i = 0; i < KVQ_HPT; i++) sc[i] = 0.0f;
-    if (!act) return;
-    if (f.bits >= 16)
-        kvq_unpack8_half(sb->rows + t * cbpt + 2 * c0, cv);
-    else
-        kvq_unpack8(sb->rows + t * cbpt, c0, f.bits, KVQ_D, cv);
-    if (f.bits >= 16 || f.gran == 0) {
-#pragma unroll
-        for (int i = 0; i < KVQ_HPT; i++) {
-            float acc = f.bits >= 16 ? 0.0f : qb[i];
-#pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) acc = fmaf(qk[i][v], cv[v], acc);
-            sc[i] = acc;
-        }
-    } else if (f.hidden || f.group % KVQ_VEC == 0) {
-        /* the lane's channels share one group: s_t * (qk . codes) + z_t * sum(qk) */
-        int ng = f.hidden ? 1 : KVQ_D / f.group, g = f.hidden ? 0 : c0 / f.group;
-        float s = sb->s[t * ng + g], z = sb->z[t * ng + g];
-#pragma unroll
-        for (int i = 0; i < KVQ_HPT; i++) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) acc = fmaf(qk[i][v], cv[v], acc);
-            sc[i] = fmaf(s, acc, z * qb[i]);
+        for (int h = 0; h < KVQ_GQA; h += 4) {
+            float4 x = *(const float4 *)(q + c * KVQ_GQA + h);
+            out[h] = x.x, out[h + 1] = x.y, out[h + 2] = x.z, out[h + 3] = x.w;
         }
     } else {
-        int ng = KVQ_D / f.group;
 #pragma unroll
-        for (int v = 0; v < KVQ_VEC; v++) {
-            int g = (c0 + v) / f.group;
-            cv[v] = fmaf(sb->s[t * ng + g], cv[v], sb->z[t * ng + g]);
+        for (int h = 0; h < KVQ_GQA; h++) out[h] = q[c * KVQ_GQA + h];
+    }
+}
+
+/* Phase 1: the scores of tokens [0, n) for every query head of the kv head, each code unpacked once. Lane
+ * group `split` adjacent lanes per token, each a run of head_dim / split channels, reduced by shuffles; the
+ * part-0 lane writes the token's scores (-inf for masked slots) to ps[t][GQA] and every lane keeps the maxima. */
+KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, const float *qk, const float *qsum,
+                        int n, int tid, int split, int p1, float *ps, float mloc[KVQ_GQA])
+{
+    const int G = KVQ_GQA, D = KVQ_D;
+    const int part = tid % split, lane1 = tid / split, cp = D / split, cbeg = part * cp;
+    const int cbpt = kvq_fmt_cbpt(f.bits, D);
+    const float *qv = kvq_k_folds(f) ? qk : qs;
+    const float *bias = qsum + (D / 8) * G;
+    const int runs = kvq_k_runs(f), grp = f.hidden ? D : f.group;
+    /* the same trip count on every lane: the shuffles need the whole warp */
+#pragma unroll 1
+    for (int base = 0; base < n; base += p1) {
+        KVQ_MARK(1);
+        const int t = base + lane1, live = t < n, tt = live ? t : 0;
+        const unsigned char *row = kb->rows + tt * cbpt;
+        float sc[KVQ_GQA], acc[KVQ_GQA], zacc[KVQ_GQA];
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) sc[h] = 0.0f, acc[h] = 0.0f, zacc[h] = 0.0f;
+        /* runs of 8 channels, not unrolled: unrolled, the compiler hoists every run's query loads and spills */
+#pragma unroll 2
+        for (int j = 0; j < cp / KVQ_VEC; j++) {
+            KVQ_MARK(5);
+            const int c0 = cbeg + j * KVQ_VEC;
+            float cv[KVQ_VEC];
+            if (f.bits >= 16)
+                kvq_unpack8_half(row + 2 * c0, cv);
+            else
+                kvq_unpack8(row, c0, f.bits, D, cv);
+            if (f.bits < 16 && f.gran != 0 && !runs) {
+                /* groups narrower than 8 channels: dequantise each code */
+                const int ng = D / f.group;
+#pragma unroll
+                for (int v = 0; v < KVQ_VEC; v++) {
+                    const int g = (c0 + v) / f.group;
+                    cv[v] = fmaf(kb->s[tt * ng + g], cv[v], kb->z[tt * ng + g]);
+                }
+            }
+#pragma unroll
+            for (int v = 0; v < KVQ_VEC; v++) {
+                float q[KVQ_GQA];
+                kvq_ld_qrow(qv, c0 + v, q);
+#pragma unroll
+                for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(q[h], cv[v], acc[h]);
+            }
+            if (runs) {
+#pragma unroll
+                for (int h = 0; h < KVQ_GQA; h++) zacc[h] += qsum[(c0 / 8) * G + h];
+                if ((j + 1) * KVQ_VEC >= cp || (c0 + KVQ_VEC) % grp == 0) {
+                    /* end of a group run: s_t (q . codes) + z_t sum(q) */
+                    const int ng = f.hidden ? 1 : D / f.group, g = f.hidden ? 0 : c0 / f.group;
+                    const float s = kb->s[tt * ng + g], z = kb->z[tt * ng + g];
+#pragma unroll
+                    for (int h = 0; h < KVQ_GQA; h++) {
+                        sc[h] = fmaf(s, acc[h], fmaf(z, zacc[h], sc[h]));
+                        acc[h] = 0.0f, zacc[h] = 0.0f;
+                    }
+                }
+            }
         }
+        const int dead = !live || (f.masked && kb->mask[t]);
 #pragma unroll
-        for (int i = 0; i < KVQ_HPT; i++) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) acc = fmaf(qk[i][v], cv[v], acc);
-            sc[i] = acc;
+        for (int h = 0; h < KVQ_GQA; h++) {
+            float x = runs ? sc[h] : acc[h];
+            for (int off = split / 2; off > 0; off >>= 1) x += __shfl_xor_sync(KVQ_FULL_MASK, x, off);
+            if (f.bits < 16 && f.gran == 0) x += bias[h];
+            if (dead) x = KVQ_NEG_INF;
+            mloc[h] = fmaxf(mloc[h], x);
+            if (part == 0 && live) ps[t * G + h] = x;
         }
     }
 }
 
-/* Per-tile value parameters kept in registers: per channel scale and zero, channel-separable factors. */
-KVQ_DEV void kvq_fold_v(kvq_fmt f, const kvq_stage_buf *sb, int c0, int act, float vs[KVQ_VEC],
-                        float vz[KVQ_VEC], float vf[KVQ_VEC])
+/* Phase 3: o += p_t v_t over tokens [tz, n) step TZ for this lane's channels and heads; p from ps. Per-channel
+ * value scales and zeros stay in registers for the tile; per-token scales fold into the weight (w = p s_t) and
+ * their zeros accumulate as one scalar per head (sum p z_t) added back at the end of the tile. */
+KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int n, int c0, int hl0, int tz,
+                        float o[KVQ_HPT][KVQ_VEC])
 {
+    const int G = KVQ_GQA, D = KVQ_D;
+    const int cbpt = kvq_fmt_cbpt(f.bits, D);
+    const int quant = f.bits < 16, runs = quant && f.gran != 0 && (f.hidden || f.group % KVQ_VEC == 0);
+    float vs[KVQ_VEC], vz[KVQ_VEC], vf[KVQ_VEC], oz[KVQ_HPT];
 #pragma unroll
     for (int v = 0; v < KVQ_VEC; v++) {
         vs[v] = 1.0f, vz[v] = 0.0f, vf[v] = 1.0f;
-        if (act && f.bits < 16 && f.gran == 0) vs[v] = sb->s[c0 + v], vz[v] = sb->z[c0 + v];
-        if (act && f.bits < 16 && f.sep) vf[v] = sb->f[c0 + v];
+        if (quant && f.gran == 0) vs[v] = vb->s[c0 + v], vz[v] = vb->z[c0 + v];
+        if (quant && f.sep) vf[v] = vb->f[c0 + v];
     }
-}
-
-/* o = o * a + p * v_t over the lane's channels; oz collects p * z_t for per-token groups covering the lane. */
-KVQ_DEV void kvq_value_acc(kvq_fmt f, const kvq_stage_buf *sb, int t, int c0, int act, int live,
-                           const float a[KVQ_HPT], const float p[KVQ_HPT], float o[KVQ_HPT][KVQ_VEC],
-                           float oz[KVQ_HPT], const float vs[KVQ_VEC], const float vz[KVQ_VEC],
-                           const float vf[KVQ_VEC])
-{
-    float cv[KVQ_VEC];
-    int cbpt = kvq_fmt_cbpt(f.bits, KVQ_D);
 #pragma unroll
-    for (int v = 0; v < KVQ_VEC; v++) cv[v] = 0.0f;
-    if (act && live) {
-        if (f.bits >= 16)
-            kvq_unpack8_half(sb->rows + t * cbpt + 2 * c0, cv);
-        else
-            kvq_unpack8(sb->rows + t * cbpt, c0, f.bits, KVQ_D, cv);
-    }
-    if (f.bits >= 16 || f.gran == 0) {
-        if (f.bits < 16)
+    for (int i = 0; i < KVQ_HPT; i++) oz[i] = 0.0f;
+#pragma unroll 2
+    for (int t = tz; t < n; t += KVQ_TZ) {
+        KVQ_MARK(3);
+        float p[KVQ_HPT], cv[KVQ_VEC];
+        if (KVQ_HPT == 4) {
+            float4 x = *(const float4 *)(ps + t * G + hl0);
+            p[0] = x.x, p[1] = x.y, p[2] = x.z, p[3] = x.w;
+        } else {
 #pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) cv[v] = fmaf(vs[v], cv[v], vz[v]);
-#pragma unroll
-        for (int i = 0; i < KVQ_HPT; i++)
-#pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(p[i], cv[v], o[i][v] * a[i]);
-    } else if (f.hidden || f.group % KVQ_VEC == 0) {
-        int ng = f.hidden ? 1 : KVQ_D / f.group, g = f.hidden ? 0 : c0 / f.group;
-        float s = 0.0f, z = 0.0f;
-        if (act && live) s = sb->s[t * ng + g], z = sb->z[t * ng + g];
-#pragma unroll
-        for (int i = 0; i < KVQ_HPT; i++) {
-            float w = p[i] * s;
-            oz[i] = fmaf(p[i], z, oz[i] * a[i]);
-#pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(f.sep ? w * vf[v] : w, cv[v], o[i][v] * a[i]);
+            for (int i = 0; i < KVQ_HPT; i++) p[i] = ps[t * G + hl0 + i];
         }
-    } else {
-        int ng = KVQ_D / f.group;
-        if (act && live)
+        if (f.bits >= 16)
+            kvq_unpack8_half(vb->rows + t * cbpt + 2 * c0, cv);
+        else
+            kvq_unpack8(vb->rows + t * cbpt, c0, f.bits, D, cv);
+        if (!quant || f.gran == 0) {
+            if (quant)
+#pragma unroll
+                for (int v = 0; v < KVQ_VEC; v++) cv[v] = fmaf(vs[v], cv[v], vz[v]);
+#pragma unroll
+            for (int i = 0; i < KVQ_HPT; i++)
+#pragma unroll
+                for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(p[i], cv[v], o[i][v]);
+        } else if (runs) {
+            const int ng = f.hidden ? 1 : D / f.group, g = f.hidden ? 0 : c0 / f.group;
+            const float s = vb->s[t * ng + g], z = vb->z[t * ng + g];
+#pragma unroll
+            for (int i = 0; i < KVQ_HPT; i++) {
+                const float w = p[i] * s;
+                oz[i] = fmaf(p[i], z, oz[i]);
+#pragma unroll
+                for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(f.sep ? w * vf[v] : w, cv[v], o[i][v]);
+            }
+        } else {
+            const int ng = D / f.group;
 #pragma unroll
             for (int v = 0; v < KVQ_VEC; v++) {
-                int g = (c0 + v) / f.group;
-                cv[v] = fmaf(sb->s[t * ng + g], cv[v], sb->z[t * ng + g]) * vf[v];
+                const int g = (c0 + v) / f.group;
+                cv[v] = fmaf(vb->s[t * ng + g], cv[v], vb->z[t * ng + g]) * vf[v];
             }
+#pragma unroll
+            for (int i = 0; i < KVQ_HPT; i++)
+#pragma unroll
+                for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(p[i], cv[v], o[i][v]);
+        }
+    }
+    if (runs) /* per-token value zeros: sum_t p_t z_t, times the channel factors when separable */
 #pragma unroll
         for (int i = 0; i < KVQ_HPT; i++)
 #pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(p[i], cv[v], o[i][v] * a[i]);
-    }
+            for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(oz[i], vf[v], o[i][v]);
 }
 
 KVQ_DEV kvq_fmt kvq_fmt_f16(void)
@@ -1018,49 +1110,17 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
         }                                                                                                      \
     } while (0)
 
-/* One tile: scores, online softmax and value accumulation for tokens [0, n) of the staged tile. */
-KVQ_DEV void kvq_tile_run(int kk, int vk, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi, kvq_fmt vlo,
-                          const kvq_stage_buf *kb, const kvq_stage_buf *vb, int n, int c0, int act, int tz,
-                          float q[KVQ_HPT][KVQ_VEC], float m[KVQ_HPT], float d[KVQ_HPT], float o[KVQ_HPT][KVQ_VEC])
+/* The whole decode kernel of a layer class; hi/lo are the class's page formats and g its geometry (constants
+ * after inlining), smem the dynamic shared memory laid out by the plan (compiler/plan.c, tile_mapping).
+ *
+ * Per tile: stage K and V (cp.async); fold the query into the key format; phase 1, the scores of every token for
+ * every query head, the tile's maximum per head and m' = max(m, tile max), a = 2^(m - m'), p_t = 2^(s_t - m')
+ * written back to shared memory, d = d a + sum p; phase 3, o = o a once, then o += p_t v_t. m is the same on
+ * every thread (each computes it from the same shared values), so the end of a chunk only adds. */
+KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi,
+                             kvq_fmt vlo, const kvq_dec_geo g)
 {
-    float qk[KVQ_HPT][KVQ_VEC], qb[KVQ_HPT], oz[KVQ_HPT], vs[KVQ_VEC], vz[KVQ_VEC], vfac[KVQ_VEC];
-    KVQ_BY_KIND(kk, khi, klo, kvq_fold_q(F_, kb, c0, act, q, qk, qb));
-    KVQ_BY_KIND(vk, vhi, vlo, kvq_fold_v(F_, vb, c0, act, vs, vz, vfac));
-    const int masked = kk != KVQ_SRC_F16 && khi.masked;
-#pragma unroll
-    for (int i = 0; i < KVQ_HPT; i++) oz[i] = 0.0f;
-    /* Every thread runs the same trip count: the shuffles below need the whole warp. */
-    for (int base = 0; base < n; base += KVQ_TZ) {
-        int t = base + tz, live = t < n, tt = live ? t : 0;
-        float sc[KVQ_HPT], a[KVQ_HPT], p[KVQ_HPT];
-        KVQ_BY_KIND(kk, khi, klo, kvq_key_partial(F_, kb, tt, c0, act && live, qk, qb, sc));
-#pragma unroll
-        for (int i = 0; i < KVQ_HPT; i++) {
-#pragma unroll
-            for (int off = KVQ_TX / 2; off > 0; off >>= 1) sc[i] += __shfl_xor_sync(KVQ_FULL_MASK, sc[i], off);
-            if (!live || (masked && kb->mask[t])) sc[i] = KVQ_NEG_INF;
-            float mn = fmaxf(m[i], sc[i]);
-            a[i] = mn == KVQ_NEG_INF ? 1.0f : exp2f(m[i] - mn);
-            p[i] = sc[i] == KVQ_NEG_INF ? 0.0f : exp2f(sc[i] - mn);
-            m[i] = mn;
-            d[i] = fmaf(d[i], a[i], p[i]);
-        }
-        KVQ_BY_KIND(vk, vhi, vlo, kvq_value_acc(F_, vb, tt, c0, act, live, a, p, o, oz, vs, vz, vfac));
-    }
-    /* per-token value zeros: sum_t p_t z_t, times the channel factors when separable */
-    KVQ_BY_KIND(vk, vhi, vlo, {
-        if (F_.bits < 16 && F_.gran != 0 && (F_.hidden || F_.group % KVQ_VEC == 0))
-            for (int i = 0; i < KVQ_HPT; i++)
-                for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(oz[i], vfac[v], o[i][v]);
-    });
-}
-
-/* The whole decode kernel of a layer class; hi/lo are the class's page formats (constants after inlining),
- * sbuf holds max(tile * (krow + vrow), merge scratch) bytes, kpar/vpar 2 * par + D floats, kmask tile bytes. */
-KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *sbuf, float *kpar, float *vpar,
-                             unsigned char *kmask, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi, kvq_fmt vlo, int tile,
-                             int krow, int kparn, int vparn)
-{
+    const int G = KVQ_GQA, D = KVQ_D, NW = KVQ_THREADS / 32;
     const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
     const int tid = tx + KVQ_TX * (ty + KVQ_TY * tz);
     const int hk = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;
@@ -1068,29 +1128,41 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *sbuf, fl
     const int t0 = chunk * p->tiles_per_chunk;
     const int t1 = min(st.n_tiles, t0 + p->tiles_per_chunk);
     if (t0 >= t1 && t0 > 0) return; /* a chunk past this sequence's tiles: kvq_merge ignores it */
-    const int c0 = tx * KVQ_VEC, act = c0 < KVQ_D;
+    const int c0 = tx * KVQ_VEC, act = c0 < D, hl0 = ty * KVQ_HPT;
+    const int part = tid % g.split, lane1 = tid / g.split;
 
-    float q[KVQ_HPT][KVQ_VEC], o[KVQ_HPT][KVQ_VEC], m[KVQ_HPT], d[KVQ_HPT];
+    float *qs = (float *)(smem + g.so_q), *qk = (float *)(smem + g.so_qk), *qsum = (float *)(smem + g.so_qsum);
+    float *ps = (float *)(smem + g.so_p), *red = (float *)(smem + g.so_red);
+    float *wmax = red, *bred = red + NW * G, *sa = red + (NW + 8) * G, *sm = red + (NW + 9) * G;
+    kvq_stage_buf kb, vb;
+    float *kpar = (float *)(smem + g.so_kpar), *vpar = (float *)(smem + g.so_vpar);
+    kb.rows = smem, kb.s = kpar, kb.z = kpar + g.kparn, kb.f = kpar + 2 * g.kparn, kb.mask = smem + g.so_kmask;
+    vb.rows = smem + g.tile * g.krow, vb.s = vpar, vb.z = vpar + g.vparn, vb.f = vpar + 2 * g.vparn, vb.mask = 0;
+
+    /* the group's queries, [D][GQA], in the log2 domain */
+    for (int i = tid; i < D * G; i += KVQ_THREADS) {
+        const int c = i / G, h = i % G;
+        qs[i] = ((const float *)p->q)[((long long)b * KVQ_HQ + hk * G + h) * D + c] * p->scale;
+    }
+    float m[KVQ_GQA], dl[KVQ_GQA], o[KVQ_HPT][KVQ_VEC];
 #pragma unroll
-    for (int i = 0; i < KVQ_HPT; i++) {
-        int head = hk * KVQ_GQA + ty * KVQ_HPT + i;
-        const float *qp = (const float *)p->q + ((long long)b * KVQ_HQ + head) * KVQ_D + c0;
-        float4 x = make_float4(0.f, 0.f, 0.f, 0.f), y = x;
-        if (act) x = ((const float4 *)qp)[0], y = ((const float4 *)qp)[1];
-        q[i][0] = x.x * p->scale, q[i][1] = x.y * p->scale, q[i][2] = x.z * p->scale, q[i][3] = x.w * p->scale;
-        q[i][4] = y.x * p->scale, q[i][5] = y.y * p->scale, q[i][6] = y.z * p->scale, q[i][7] = y.w * p->scale;
-        m[i] = KVQ_NEG_INF, d[i] = 0.0f;
+    for (int h = 0; h < KVQ_GQA; h++) m[h] = KVQ_NEG_INF, dl[h] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < KVQ_HPT; i++)
 #pragma unroll
         for (int v = 0; v < KVQ_VEC; v++) o[i][v] = 0.0f;
-    }
 
-    kvq_stage_buf kb, vb;
-    kb.rows = sbuf, kb.s = kpar, kb.z = kpar + kparn, kb.f = kpar + 2 * kparn, kb.mask = kmask;
-    vb.rows = sbuf + tile * krow, vb.s = vpar, vb.z = vpar + vparn, vb.f = vpar + 2 * vparn, vb.mask = 0;
-
+#pragma unroll 1
     for (int ti = t0; ti < t1; ti++) {
+        KVQ_MARK(4);
         const kvq_tile T = ((const kvq_tile *)st.tiles)[ti];
+#ifdef KVQ_MEASURE_KINDS
+        /* kvqc build's instruction count (docs/cuda.md) compiles the unit once more with every tile on the
+         * body's pages, so that the token loop of the quantized path is the only one left to count */
+        const int kk = KVQ_SRC_HI, vk = KVQ_SRC_HI;
+#else
         const int kk = T.kinds & 255, vk = (T.kinds >> 8) & 255;
+#endif
         int n = T.n;
         if (T.count) n = max(0, min(n, ((const int *)T.count)[hk] - T.k_slot)); /* a pool's tile: kvq_tile.count */
         __syncthreads(); /* the previous tile's readers are done with the buffers */
@@ -1098,60 +1170,110 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *sbuf, fl
         kvq_stage(&vb, T.v, vk, T.v_slot, T.v_cap, n, hk, vhi, vlo, tid);
         kvq_cp_async_wait_all();
         __syncthreads();
-        kvq_tile_run(kk, vk, khi, klo, vhi, vlo, &kb, &vb, n, c0, act, tz, q, m, d, o);
+        KVQ_BY_KIND(kk, khi, klo, kvq_fold_k(F_, &kb, qs, qk, qsum, bred, tid));
+        __syncthreads();
+        const int kchan = (kk == KVQ_SRC_HI && khi.bits < 16 && khi.gran == 0) ||
+                          (kk == KVQ_SRC_LO && klo.bits && klo.bits < 16 && klo.gran == 0);
+        if (kchan && tid < G) { /* q . z per head, the eight partial sums in order */
+            float acc = 0.0f;
+            for (int k = 0; k < 8; k++) acc += bred[k * G + tid];
+            qsum[(D / 8) * G + tid] = acc;
+        }
+        __syncthreads();
+
+        /* phase 1: scores, then the tile's maximum per head over the block */
+        float mloc[KVQ_GQA];
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) mloc[h] = KVQ_NEG_INF;
+        KVQ_BY_KIND(kk, khi, klo, kvq_scores(F_, &kb, qs, qk, qsum, n, tid, g.split, g.p1, ps, mloc));
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) {
+            for (int off = 16; off >= g.split; off >>= 1)
+                mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(KVQ_FULL_MASK, mloc[h], off));
+            if ((tid & 31) == 0) wmax[(tid >> 5) * G + h] = mloc[h];
+        }
+        __syncthreads();
+        float a[KVQ_GQA];
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) {
+            float mx = m[h];
+            for (int w = 0; w < NW; w++) mx = fmaxf(mx, wmax[w * G + h]);
+            a[h] = mx == KVQ_NEG_INF ? 1.0f : kvq_ex2(m[h] - mx);
+            m[h] = mx;
+            dl[h] *= a[h];
+        }
+        if (tid < G) {
+#pragma unroll
+            for (int h = 0; h < KVQ_GQA; h++)
+                if (h == tid) sa[h] = a[h], sm[h] = m[h];
+        }
+        /* p = 2^(s - m) of this lane's own tokens (written by itself in phase 1) */
+        if (part == 0)
+#pragma unroll 1
+            for (int t = lane1; t < n; t += g.p1) {
+                KVQ_MARK(2);
+#pragma unroll
+                for (int h = 0; h < KVQ_GQA; h++) {
+                    const float x = ps[t * G + h];
+                    const float pr = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
+                    ps[t * G + h] = pr;
+                    dl[h] += pr;
+                }
+            }
+        __syncthreads();
+
+        /* phase 3: values, o rescaled once per tile */
+        if (act) {
+#pragma unroll
+            for (int i = 0; i < KVQ_HPT; i++) {
+                const float ai = sa[hl0 + i];
+#pragma unroll
+                for (int v = 0; v < KVQ_VEC; v++) o[i][v] *= ai;
+            }
+            KVQ_BY_KIND(vk, vhi, vlo, kvq_values(F_, &vb, ps, n, c0, hl0, tz, o));
+        }
     }
 
-    /* Merge the TZ token lanes: scratch [TZ][GQA] m and d, then [TZ][GQA][D] o. */
-    float *sm = (float *)sbuf, *sd = sm + KVQ_TZ * KVQ_GQA, *so = sd + KVQ_TZ * KVQ_GQA;
-    if (KVQ_TZ > 1) {
-        __syncthreads();
+    /* End of the chunk: o summed over the TZ token lanes and d over the phase-1 lanes, in a fixed order,
+     * through the row buffers (scratch [TZ][GQA][D] then [P1][GQA]). */
+    float *so = (float *)smem, *dred = so + KVQ_TZ * G * D;
+    __syncthreads();
+    if (part == 0)
 #pragma unroll
-        for (int i = 0; i < KVQ_HPT; i++) {
-            int hl = ty * KVQ_HPT + i;
-            if (tx == 0) sm[tz * KVQ_GQA + hl] = m[i], sd[tz * KVQ_GQA + hl] = d[i];
-            if (act)
+        for (int h = 0; h < KVQ_GQA; h++) dred[lane1 * G + h] = dl[h];
+    if (act)
 #pragma unroll
-                for (int v = 0; v < KVQ_VEC; v++) so[(tz * KVQ_GQA + hl) * KVQ_D + c0 + v] = o[i][v];
-        }
-        __syncthreads();
-        if (tz != 0) return;
+        for (int i = 0; i < KVQ_HPT; i++)
 #pragma unroll
-        for (int i = 0; i < KVQ_HPT; i++) {
-            int hl = ty * KVQ_HPT + i;
-            float mx = KVQ_NEG_INF;
-            for (int z = 0; z < KVQ_TZ; z++) mx = fmaxf(mx, sm[z * KVQ_GQA + hl]);
-            float dd = 0.0f;
-#pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) o[i][v] = 0.0f;
-            if (mx != KVQ_NEG_INF)
-                for (int z = 0; z < KVQ_TZ; z++) {
-                    float w = exp2f(sm[z * KVQ_GQA + hl] - mx);
-                    dd = fmaf(sd[z * KVQ_GQA + hl], w, dd);
-                    if (act)
-#pragma unroll
-                        for (int v = 0; v < KVQ_VEC; v++)
-                            o[i][v] = fmaf(so[(z * KVQ_GQA + hl) * KVQ_D + c0 + v], w, o[i][v]);
-                }
-            m[i] = mx, d[i] = dd;
-        }
-    }
-    if (!act) return;
+            for (int v = 0; v < KVQ_VEC; v++) so[(tz * G + hl0 + i) * D + c0 + v] = o[i][v];
+    if (tid < G && t1 <= t0) sm[tid] = KVQ_NEG_INF; /* an empty sequence: no tile ran */
+    __syncthreads();
+    if (tz != 0 || !act) return;
 #pragma unroll
     for (int i = 0; i < KVQ_HPT; i++) {
-        int head = hk * KVQ_GQA + ty * KVQ_HPT + i;
-        float inv = d[i] > 0.0f ? __fdividef(1.0f, d[i]) : 0.0f; /* d >= 1: the max term is 1 */
+        const int hl = hl0 + i, head = hk * G + hl;
+        float dd = 0.0f;
+        for (int l = 0; l < g.p1; l++) dd += dred[l * G + hl];
+        float acc[KVQ_VEC];
+#pragma unroll
+        for (int v = 0; v < KVQ_VEC; v++) acc[v] = 0.0f;
+        for (int z = 0; z < KVQ_TZ; z++)
+#pragma unroll
+            for (int v = 0; v < KVQ_VEC; v++) acc[v] += so[(z * G + hl) * D + c0 + v];
+        const float mh = sm[hl];
+        const float inv = dd > 0.0f ? __fdividef(1.0f, dd) : 0.0f; /* d >= 1: the max term is 1 */
+        const float lse = dd > 0.0f ? mh + log2f(dd) : KVQ_NEG_INF;
         float *dst;
         if (p->n_chunks == 1) {
-            dst = (float *)p->out + ((long long)b * KVQ_HQ + head) * KVQ_D + c0;
-            if (p->lse && tx == 0)
-                ((float *)p->lse)[(long long)b * KVQ_HQ + head] = d[i] > 0.0f ? m[i] + log2f(d[i]) : KVQ_NEG_INF;
+            dst = (float *)p->out + ((long long)b * KVQ_HQ + head) * D + c0;
+            if (p->lse && tx == 0) ((float *)p->lse)[(long long)b * KVQ_HQ + head] = lse;
         } else {
             long long pi = ((long long)b * KVQ_HQ + head) * p->n_chunks + chunk;
-            dst = (float *)p->part_o + pi * KVQ_D + c0;
-            if (tx == 0) ((float *)p->part_lse)[pi] = d[i] > 0.0f ? m[i] + log2f(d[i]) : KVQ_NEG_INF;
+            dst = (float *)p->part_o + pi * D + c0;
+            if (tx == 0) ((float *)p->part_lse)[pi] = lse;
         }
-        ((float4 *)dst)[0] = make_float4(o[i][0] * inv, o[i][1] * inv, o[i][2] * inv, o[i][3] * inv);
-        ((float4 *)dst)[1] = make_float4(o[i][4] * inv, o[i][5] * inv, o[i][6] * inv, o[i][7] * inv);
+        ((float4 *)dst)[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+        ((float4 *)dst)[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
     }
 }
 
@@ -1494,12 +1616,24 @@ KVQ_KERNEL_EXPORT(kvq_params_sig);
  *   sinks 0, residual 0, key window 0+1, value window 0+1, pool 0, spill 0
  */
 #define KVQ_C(name) name##_c0
-#define KVQ_C_TILE 64
+#define KVQ_C_TILE 128
 #define KVQ_C_KROW 256
 #define KVQ_C_VROW 256
 #define KVQ_C_KPAR 4
 #define KVQ_C_VPAR 4
-#define KVQ_C_SBUF 32768
+#define KVQ_C_SBUF 65536
+#define KVQ_C_SPLIT 1
+#define KVQ_C_P1 128
+#define KVQ_C_MINB 2
+#define KVQ_C_SMEM 73392 /* dynamic shared memory: rows 0, kpar 65536, vpar 66080, kmask 66624, q 66752, qk 68800, qsum 70848, p 71120, red 73168 */
+#define KVQ_C_SO_KPAR 65536
+#define KVQ_C_SO_VPAR 66080
+#define KVQ_C_SO_KMASK 66624
+#define KVQ_C_SO_Q 66752
+#define KVQ_C_SO_QK 68800
+#define KVQ_C_SO_QSUM 70848
+#define KVQ_C_SO_P 71120
+#define KVQ_C_SO_RED 73168
 #define KVQ_C_KHI {16, 0, 0, 32, 0, 2, 2, 0}
 #define KVQ_C_KHI_Q 0
 #define KVQ_C_KHI_SEP 0
@@ -1520,19 +1654,23 @@ KVQ_KERNEL_EXPORT(kvq_params_sig);
  *   KVQ_C_KROW, KVQ_C_VROW largest staged row, bytes per token of one kv head
  *   KVQ_C_KPAR, KVQ_C_VPAR staged parameter floats per array (scales, zeros)
  *   KVQ_C_SBUF             bytes of the decode kernel's row buffer (also its merge scratch)
+ *   KVQ_C_SPLIT, KVQ_C_P1  decode phase 1: lanes per token, token lanes
+ *   KVQ_C_MINB             decode blocks per SM for __launch_bounds__: what sm_80's shared memory allows
+ *   KVQ_C_SMEM, KVQ_C_SO_* the decode kernel's dynamic shared memory and the offsets of its parts (plan.c)
  *   KVQ_C_KHI, KVQ_C_KLO, KVQ_C_VHI, KVQ_C_VLO   kvq_fmt initialisers of the page formats (bits 0: absent)
  *   KVQ_C_<store>_Q        1 when the store is quantized (has a quantize kernel)
  *   KVQ_C_<store>_SEP      1 when it stores channel-separable factors (has a factor kernel) */
 
-extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_MIN_BLOCKS) KVQ_C(kvq_decode)(const kvq_decode_params p)
+extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_decode)(const kvq_decode_params p)
 {
-    __shared__ __align__(16) unsigned char sbuf[KVQ_C_SBUF];
-    __shared__ float kpar[2 * KVQ_C_KPAR + KVQ_D];
-    __shared__ float vpar[2 * KVQ_C_VPAR + KVQ_D];
-    __shared__ unsigned char kmask[KVQ_C_TILE];
+    /* KVQ_C_SMEM bytes of dynamic shared memory (the launch passes them; above 48 KiB the module load raised the
+     * kernel's limit with cuFuncSetAttribute), carved at the plan's offsets */
+    KVQ_DYNAMIC_SHARED(unsigned char, smem);
     const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO, vhi = KVQ_C_VHI, vlo = KVQ_C_VLO;
-    kvq_decode_body(&p, sbuf, kpar, vpar, kmask, khi, klo, vhi, vlo, KVQ_C_TILE, KVQ_C_KROW, KVQ_C_KPAR,
-                    KVQ_C_VPAR);
+    const kvq_dec_geo g = {KVQ_C_TILE,    KVQ_C_SPLIT,    KVQ_C_P1,       KVQ_C_KROW,  KVQ_C_KPAR,
+                           KVQ_C_VPAR,    KVQ_C_SO_KPAR,  KVQ_C_SO_VPAR,  KVQ_C_SO_KMASK, KVQ_C_SO_Q,
+                           KVQ_C_SO_QK,   KVQ_C_SO_QSUM,  KVQ_C_SO_P,     KVQ_C_SO_RED};
+    kvq_decode_body(&p, smem, khi, klo, vhi, vlo, g);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
 
@@ -1607,6 +1745,18 @@ KVQ_FACTOR_KERNEL(kvq_factor_v_lo, KVQ_C_VLO);
 #undef KVQ_C_KPAR
 #undef KVQ_C_VPAR
 #undef KVQ_C_SBUF
+#undef KVQ_C_SPLIT
+#undef KVQ_C_P1
+#undef KVQ_C_MINB
+#undef KVQ_C_SMEM
+#undef KVQ_C_SO_KPAR
+#undef KVQ_C_SO_VPAR
+#undef KVQ_C_SO_KMASK
+#undef KVQ_C_SO_Q
+#undef KVQ_C_SO_QK
+#undef KVQ_C_SO_QSUM
+#undef KVQ_C_SO_P
+#undef KVQ_C_SO_RED
 #undef KVQ_C_KHI
 #undef KVQ_C_KHI_Q
 #undef KVQ_C_KHI_SEP

@@ -3,6 +3,7 @@
  * whole batch, split over KV chunks with a merge when the grid would be small), accounting and read_cache. The
  * layer logic is in cu_qlayer.c and cu_slayer.c. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "alloc.h"
@@ -185,10 +186,21 @@ static kvq_status prepare_kind(cu_dev_kind kind, const kvq_be_engine *e, kvq_bac
         c->plan = kvq_malloc(sizeof *c->plan);
         st = c->plan ? plan_build(e->scheme, &e->dims, KVQ_F32, c->plan, msg, n) : KVQ_ERR_NOMEM;
     }
+    if (st == KVQ_OK) { /* the device's limits (the emulator enforces sm_90's) */
+        const char *arch = cu_dev_arch(c->dev);
+        st = plan_check_target(c->plan, strncmp(arch, "sm_", 3) ? 90 : atoi(arch + 3), msg, n);
+    }
     if (st == KVQ_OK) st = emit_cuda_source(c->plan, &src, NULL);
     if (st == KVQ_OK) st = cu_dev_load(c->dev, src, kvq_scheme_name(e->scheme), &c->mod, msg, n);
     kvq_free(src);
     if (st == KVQ_OK) st = cu_dev_check_params(c->dev, c->mod, msg, n);
+    /* A decode kernel past the default 48 KiB of dynamic shared memory opts in once, at load (not per launch). */
+    for (int k = 0; st == KVQ_OK && k < c->plan->n_classes; k++)
+        if (c->plan->cls[k].smem > 48 * 1024) {
+            char kname[32];
+            snprintf(kname, sizeof kname, "kvq_decode_c%d", k);
+            st = cu_dev_func_max_dyn_smem(c->dev, c->mod, kname, (unsigned)c->plan->cls[k].smem, msg, n);
+        }
     if (st != KVQ_OK) {
         if (st == KVQ_ERR_NOMEM) snprintf(msg, n, "out of memory");
         ctx_free(c);
@@ -287,14 +299,24 @@ static kvq_status cu_prefill(kvq_backend_ctx *c, int layer, const kvq_be_prefill
     return KVQ_OK;
 }
 
-/* Chunks of tiles per sequence: enough blocks to fill the device twice over. */
-static int choose_tiles_per_chunk(const kvq_backend_ctx *c, int n_items, int max_tiles)
+/* Split-KV: chunks of a sequence's tiles so that the grid fills every SM to its occupancy (the occupancy API with
+ * the kernel's block and shared memory, times the SM count), counted in tokens (a tile holds up to `tile`) with a
+ * floor of KVQ_CHUNK_MIN_TOKENS: below it the merge and the per-chunk setup cost more than the parallelism
+ * gains. One chunk when the batch alone fills the device. */
+#define KVQ_CHUNK_MIN_TOKENS 256
+static int choose_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_tiles)
 {
-    int blocks = c->H * n_items, want = 2 * (cu_dev_sm_count(c->dev) > 0 ? cu_dev_sm_count(c->dev) : 1);
-    int chunks = blocks >= want ? 1 : (want + blocks - 1) / blocks;
+    char kname[32];
+    snprintf(kname, sizeof kname, "kvq_decode_c%d", cls);
+    int occ = cu_dev_occupancy(c->dev, c->mod, kname, c->plan->threads, (size_t)c->plan->cls[cls].smem);
+    int sms = cu_dev_sm_count(c->dev) > 0 ? cu_dev_sm_count(c->dev) : 1;
+    long want = (long)(occ > 0 ? occ : 1) * sms, blocks = (long)c->H * n_items;
+    long chunks = blocks >= want ? 1 : (want + blocks - 1) / blocks;
+    int tile = c->plan->cls[cls].tile, floor_tiles = (KVQ_CHUNK_MIN_TOKENS + tile - 1) / tile;
     if (chunks > max_tiles) chunks = max_tiles;
     if (chunks < 1) chunks = 1;
-    int tpc = (max_tiles + chunks - 1) / chunks;
+    int tpc = (int)((max_tiles + chunks - 1) / chunks);
+    if (tpc < floor_tiles) tpc = floor_tiles;
     return tpc < 1 ? 1 : tpc;
 }
 
@@ -357,7 +379,7 @@ static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
                      c->plan->cls[cls].tile);
             st = KVQ_ERR_INTERNAL;
         }
-    int tpc = choose_tiles_per_chunk(c, n, max_tiles), nch = (max_tiles + tpc - 1) / tpc;
+    int tpc = choose_tiles_per_chunk(c, cls, n, max_tiles), nch = (max_tiles + tpc - 1) / tpc;
     if (nch < 1) nch = 1;
     if (st == KVQ_OK)
         st = cu_scratch(c, &c->tiles, &c->tiles_bytes, (size_t)(nt > 0 ? nt : 1) * sizeof(kvq_tile), msg, ms);
@@ -381,7 +403,8 @@ static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
     snprintf(kname, sizeof kname, "kvq_decode_c%d", cls);
     const unsigned g[3] = {(unsigned)H, (unsigned)nch, (unsigned)n};
     const unsigned b[3] = {(unsigned)c->plan->tx, (unsigned)c->plan->ty, (unsigned)c->plan->tz};
-    if (st == KVQ_OK) st = cu_dev_launch(c->dev, c->mod, kname, g, b, &dp, sizeof dp, msg, ms);
+    if (st == KVQ_OK)
+        st = cu_dev_launch_smem(c->dev, c->mod, kname, g, b, (unsigned)c->plan->cls[cls].smem, &dp, sizeof dp, msg, ms);
     if (st == KVQ_OK && nch > 1) {
         const unsigned mg[3] = {(unsigned)Hq, (unsigned)n, 1}, mb[3] = {(unsigned)(D < 256 ? D : 256), 1, 1};
         st = cu_dev_launch(c->dev, c->mod, "kvq_merge", mg, mb, &dp, sizeof dp, msg, ms);

@@ -109,6 +109,15 @@ void cu_module_free(cu_module *m)
 
 const char *cu_module_origin(const cu_module *m) { return m->origin; }
 
+int cu_dev_occupancy(cu_dev *d, cu_module *m, const char *kernel, int threads, size_t smem)
+{
+    if (threads <= 0) return 0;
+    if (d->kind == CU_DEV_GPU) return cu_driver_occupancy(m, kernel, threads, smem);
+    int by_threads = 2048 / threads, by_smem = smem ? (int)((227u * 1024u) / smem) : 32;
+    int b = by_threads < by_smem ? by_threads : by_smem;
+    return b > 32 ? 32 : b;
+}
+
 kvq_status cu_dev_launch_smem(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3],
                               const unsigned block[3], unsigned smem, const void *params, size_t size, char *msg,
                               size_t n)

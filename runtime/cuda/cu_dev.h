@@ -71,6 +71,11 @@ typedef struct {
 void cu_dev_enter(cu_dev *d, cu_ctx_scope *s);
 void cu_dev_leave(cu_dev *d, const cu_ctx_scope *s);
 
+/* Blocks of `kernel` (threads per block, smem bytes of dynamic shared memory) one SM holds at once: the
+ * occupancy API on a GPU; on the emulator, sm_90's limits (2048 threads, 227 KiB, 32 blocks). 0 when unknown. */
+int cu_dev_occupancy(cu_dev *d, cu_module *m, const char *kernel, int threads, size_t smem);
+int cu_driver_occupancy(cu_module *m, const char *kernel, int threads, size_t smem);
+
 /* Test hook: after cu_dev_fail_after(n), the n-th following device call (allocation, copy, memset or launch;
  * 1-based) fails with KVQ_ERR_INTERNAL without doing anything, once; 0 disarms it. cu_dev_failures() counts the
  * failures injected so far. Like kvq_alloc_fail_after, process-wide. */

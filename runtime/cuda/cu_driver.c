@@ -47,6 +47,7 @@ static struct {
     CUresult (*mod_load)(CUmodule *, const void *);
     CUresult (*mod_fn)(CUfunction *, CUmodule, const char *);
     CUresult (*mod_unload)(CUmodule);
+    CUresult (*occupancy)(int *, CUfunction, int, size_t);
     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                        void **, void **);
     CUresult (*mem_alloc)(CUdeviceptr *, size_t);
@@ -109,6 +110,7 @@ static kvq_status load_driver(char *msg, size_t n)
         {&cu.mod_load, "cuModuleLoadData"},
         {&cu.mod_fn, "cuModuleGetFunction"},
         {&cu.mod_unload, "cuModuleUnload"},
+        {&cu.occupancy, "cuOccupancyMaxActiveBlocksPerMultiprocessor"},
         {&cu.launch, "cuLaunchKernel"},
         {&cu.mem_alloc, "cuMemAlloc_v2"},
         {&cu.mem_free, "cuMemFree_v2"},
@@ -350,6 +352,17 @@ static void drv_leave(cu_dev *d, const cu_ctx_scope *s)
 {
     (void)d;
     cu.ctx_set((CUcontext)s->prev);
+}
+
+int cu_driver_occupancy(cu_module *m, const char *kernel, int threads, size_t smem)
+{
+    drv_mod *dm = m->impl;
+    CUfunction f;
+    int blocks = 0;
+    if (cu.mod_fn(&f, dm->mod, kernel)) return 0;
+    if (smem > 48 * 1024 && cu.fn_attr_set(f, CU_FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem)) return 0;
+    if (cu.occupancy(&blocks, f, threads, smem)) return 0;
+    return blocks;
 }
 
 static void drv_close(cu_dev *d)

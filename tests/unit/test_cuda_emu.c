@@ -475,7 +475,14 @@ static void test_decode(const loaded *Ld, const emu_case *c)
             const unsigned g[3] = {(unsigned)H, (unsigned)nch, BATCH},
                            blk[3] = {(unsigned)p->tx, (unsigned)p->ty, (unsigned)p->tz};
             memset(out, 0xff, (size_t)BATCH * Hq * D * 4);
-            TH_CHECK(cu_dev_launch(dev, Ld->mod, kname, g, blk, &dp, sizeof dp, msg, sizeof msg) == KVQ_OK, "%s", msg);
+            /* past 48 KiB the kernel opts in first, as the backend does at load */
+            if (p->cls[cls].smem > 48 * 1024)
+                TH_CHECK(cu_dev_func_max_dyn_smem(dev, Ld->mod, kname, (unsigned)p->cls[cls].smem, msg, sizeof msg) ==
+                             KVQ_OK,
+                         "%s", msg);
+            TH_CHECK(cu_dev_launch_smem(dev, Ld->mod, kname, g, blk, (unsigned)p->cls[cls].smem, &dp, sizeof dp, msg,
+                                        sizeof msg) == KVQ_OK,
+                     "%s", msg);
             if (nch > 1) {
                 const unsigned mg[3] = {(unsigned)Hq, BATCH, 1}, mb[3] = {(unsigned)D, 1, 1};
                 TH_CHECK(cu_dev_launch(dev, Ld->mod, "kvq_merge", mg, mb, &dp, sizeof dp, msg, sizeof msg) == KVQ_OK,

@@ -88,9 +88,21 @@ static void test_mapping(void)
             TH_CHECK(p->ty * p->hpt == g && p->hpt <= 4, "gqa %d: ty %d hpt %d", g, p->ty, p->hpt);
             TH_CHECK(p->threads == p->tx * p->ty * p->tz && p->threads <= 512 && p->tz >= 1 && p->threads % 32 == 0,
                      "D %d gqa %d: %d x %d x %d threads", Ds[di], g, p->tx, p->ty, p->tz);
-            TH_CHECK(p->cls[0].tile % 32 == 0 && p->cls[0].tile >= 32, "tile %d", p->cls[0].tile);
-            TH_CHECK(p->cls[0].tile * (p->cls[0].k_row_bytes + p->cls[0].v_row_bytes) <= 48 * 1024,
-                     "staging too large");
+            const plan_class *c = &p->cls[0];
+            TH_CHECK(c->tile == 32 || c->tile == 64 || c->tile == 128, "tile %d", c->tile);
+            TH_CHECK(c->tile * (c->k_row_bytes + c->v_row_bytes) <= 64 * 1024, "staging too large");
+            /* phase 1: split lanes of a warp per token, runs of 8 channels each */
+            TH_CHECK(c->split >= 1 && c->split <= 32 && (c->split & (c->split - 1)) == 0 &&
+                         d.head_dim % (8 * c->split) == 0 && c->p1 * c->split == p->threads,
+                     "split %d p1 %d", c->split, c->p1);
+            /* dynamic shared memory: 16-aligned parts in order, within sm_80's opt-in */
+            int so[] = {c->so_rows, c->so_kpar, c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_qsum, c->so_p,
+                        c->so_red, c->smem};
+            for (int k = 0; k + 1 < 10; k++) TH_CHECK(so[k] % 16 == 0 && so[k] < so[k + 1], "offset %d", k);
+            TH_CHECK(c->so_kpar - c->so_rows >= c->tile * (c->k_row_bytes + c->v_row_bytes), "rows region");
+            /* up to GQA 16 every shape fits sm_80; larger groups may be refused, with the reason */
+            kvq_status ts = plan_check_target(p, 80, msg, sizeof msg);
+            TH_CHECK(ts == KVQ_OK || (g > 16 && strstr(msg, "GQA") != NULL), "gqa %d sm_80: %s", g, msg);
         }
     th_end();
 

@@ -4,6 +4,8 @@
  *   manifest.json   plan, kernels with parameters and launch shapes, source hash, resources per kernel and arch
  *   resources.txt   the resource report (registers, shared memory, stack, spills per kernel and arch)
  *   <arch>.cubin, <arch>.ptx   one per --arch (git-ignored in the repository)
+ *   instructions.txt   the decode kernels' SASS warp-instructions per token and per byte of cache (cuobjdump;
+ *                      skipped with a note when it is missing: tools/ensure-sass-tools.sh installs it)
  * The runtime loads <arch>.cubin when kernels.cu equals the source it would JIT. Without libnvrtc, or with
  * --no-compile, only the text part is written. */
 #include <errno.h>
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "cuda/cu.h"
@@ -20,6 +23,7 @@
 #include "kvqc.h"
 #include "tool_spec.h"
 #include "plan.h"
+#include "sass_count.h"
 
 #define MAX_ARCHS 8
 
@@ -197,6 +201,118 @@ static int compile_archs(const build_args *a, const char *dir, const char *src, 
     return json->failed || report->failed ? -1 : 0;
 }
 
+/* cuobjdump: $KVQ_CUOBJDUMP, the one tools/ensure-sass-tools.sh installs under build/, or PATH's. */
+static const char *find_cuobjdump(void)
+{
+    const char *e = getenv("KVQ_CUOBJDUMP");
+    if (e && *e) return access(e, X_OK) == 0 ? e : NULL;
+    if (access("build/sass-tools/cuobjdump", X_OK) == 0) return "build/sass-tools/cuobjdump";
+    return system("command -v cuobjdump >/dev/null 2>&1") == 0 ? "cuobjdump" : NULL;
+}
+
+/* The whole output of `cmd`, NUL-terminated (caller frees), or NULL. */
+static char *read_command(const char *cmd)
+{
+    FILE *f = popen(cmd, "r");
+    if (!f) return NULL;
+    size_t n = 0, cap = 1 << 16;
+    char *s = kvq_malloc(cap);
+    while (s) {
+        if (n + 4096 + 1 > cap) {
+            char *t = kvq_realloc(s, cap *= 2);
+            if (!t) {
+                kvq_free(s);
+                s = NULL;
+                break;
+            }
+            s = t;
+        }
+        size_t r = fread(s + n, 1, 4096, f);
+        n += r;
+        if (r == 0) break;
+    }
+    if (pclose(f) != 0 && s) {
+        kvq_free(s);
+        return NULL;
+    }
+    if (s) s[n] = '\0';
+    return s;
+}
+
+/* The issue count (docs/cuda.md, "Issue count"): the unit compiled again with every tile on the body's pages
+ * (KVQ_MEASURE_KINDS), its decode kernels' token loops counted from cuobjdump -sass. Appends to `out`. */
+static int count_archs(const build_args *a, const kvq_plan *p, const char *dir, const char *src, emit_buf *out)
+{
+    const char *tool = find_cuobjdump();
+    if (!tool) {
+        emit_buf_printf(out, "# skipped: no cuobjdump (tools/ensure-sass-tools.sh installs it under build/)\n");
+        return 0;
+    }
+    static const char define[] = "#define KVQ_MEASURE_KINDS 1\n";
+    size_t n = strlen(src);
+    char *msrc = kvq_malloc(sizeof define + n);
+    if (!msrc) return -1;
+    memcpy(msrc, define, sizeof define - 1);
+    memcpy(msrc + sizeof define - 1, src, n + 1);
+    emit_buf_printf(out,
+                    "# SASS warp-instructions per token of one kv head on the body's pages (docs/cuda.md, \"Issue\n"
+                    "# count\"): each marked loop's iteration x warps / its tokens, plus the rest of the tile loop / tile\n");
+    emit_buf_printf(out, "%-16s %-6s %9s %7s %8s %7s %7s %7s %7s %19s %s\n", "kernel", "arch", "per_token", "bytes",
+                    "per_byte", "scores", "probs", "values", "tile", "loops", "tok: scores/values/tile");
+    int rc = 0;
+    for (int i = 0; i < a->n_archs && !rc; i++) {
+        cu_compiled c;
+        char msg[1024], *diag = NULL;
+        if (cu_nvrtc_compile(msrc, a->archs[i], 1, &c, &diag, msg, sizeof msg) != KVQ_OK) {
+            fprintf(stderr, "kvqc build: count unit: %s\n", msg);
+            kvq_free(diag);
+            rc = -1;
+            break;
+        }
+        char name[64], path[PATH_MAX + 80];
+        snprintf(name, sizeof name, "%s-count.cubin", a->archs[i]);
+        rc = write_file(dir, name, c.cubin, c.cubin_size);
+        cu_compiled_free(&c);
+        if (rc) break;
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        for (int k = 0; k < p->n_classes && !rc; k++) {
+            char fn[64], cmd[PATH_MAX + 400];
+            snprintf(fn, sizeof fn, "kvq_decode_c%d", k);
+            snprintf(cmd, sizeof cmd, "'%s' -sass -fun %s '%s' 2>/dev/null", tool, fn, path);
+            char *sass = read_command(cmd);
+            const plan_class *pc = &p->cls[k];
+            sass_loop_count lc[6];
+            int r = sass ? 0 : 1;
+            for (int mk = 1; mk <= 5 && r == 0; mk++) r = sass_count_marked_loop(sass, fn, mk, &lc[mk]);
+            kvq_free(sass);
+            if (r < 0) rc = -1;
+            if (r != 0) {
+                emit_buf_printf(out, "%-16s %-6s no marked loops found\n", fn, a->archs[i]);
+                continue;
+            }
+            /* scores (mark 1, with its loop over runs of 8 channels, mark 5, head_dim / split / 8 times) and
+             * probabilities (2): p1 tokens an iteration; values (3): TZ; the tile loop's own work (4): a tile */
+            double w = p->threads / 32;
+            /* a loop unrolled u times holds its marker u times: one iteration covers u steps */
+            int u5 = lc[5].markers > 0 ? lc[5].markers : 1, u3 = lc[3].markers > 0 ? lc[3].markers : 1;
+            int l1 = lc[1].instructions + lc[5].instructions * (p->head_dim / pc->split / 8 / u5 - 1);
+            double sc = l1 * w / pc->p1, pr = lc[2].instructions * w / pc->p1;
+            double va = lc[3].instructions * w / (p->tz * u3);
+            int rest = lc[4].instructions - lc[1].instructions - lc[2].instructions - lc[3].instructions;
+            double ti = rest * w / pc->tile, per_tok = sc + pr + va + ti;
+            double bytes = plan_body_bytes_per_token(p, pc);
+            char loops[64];
+            snprintf(loops, sizeof loops, "%d/%d/%d/%d", l1, lc[2].instructions, lc[3].instructions,
+                     lc[4].instructions);
+            emit_buf_printf(out, "%-16s %-6s %9.1f %7.2f %8.3f %7.1f %7.1f %7.1f %7.1f %19s %d/%d/%d (%d warps)\n", fn,
+                            a->archs[i], per_tok, bytes, per_tok / bytes, sc, pr, va, ti, loops, pc->p1, p->tz,
+                            pc->tile, (int)w);
+        }
+    }
+    kvq_free(msrc);
+    return rc || out->failed ? -1 : 0;
+}
+
 static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_compile)
 {
     kvq_dims dims = a->dims;
@@ -216,7 +332,7 @@ static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_comp
     snprintf(dir, sizeof dir, "%s/%s", a->out, kvq_scheme_name(sch));
     int rc = 0;
     emit_cuda_text t;
-    emit_buf json = {0}, report = {0};
+    emit_buf json = {0}, report = {0}, count = {0};
     if (mkdirs(dir) != 0) {
         fprintf(stderr, "kvqc build: cannot create %s: %s\n", dir, strerror(errno));
         rc = 1;
@@ -234,6 +350,7 @@ static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_comp
                  write_file(dir, "kernels.h", t.header, t.header_len) ||
                  write_file(dir, "manifest.json", t.manifest, t.manifest_len);
         if (!rc && can_compile) rc = write_file(dir, "resources.txt", report.s, report.len);
+        if (!rc && can_compile) rc = count_archs(a, p, dir, t.source, &count) || write_file(dir, "instructions.txt", count.s, count.len);
         if (!rc) {
             printf("%s: %d layer class%s, %d layers, %d/%d heads, head_dim %d", dir, p->n_classes,
                    p->n_classes == 1 ? "" : "es", p->layers, p->heads, p->kv_heads, p->head_dim);
@@ -241,11 +358,13 @@ static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_comp
                 for (int i = 0; i < a->n_archs; i++) printf(" %s", a->archs[i]);
             printf("\n");
             if (can_compile) fputs(report.s, stdout);
+            if (can_compile) fputs(count.s, stdout);
         }
         emit_cuda_text_free(&t);
     }
     emit_buf_free(&json);
     emit_buf_free(&report);
+    emit_buf_free(&count);
     kvq_free(p);
     return rc ? 1 : 0;
 }
