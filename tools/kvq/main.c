@@ -20,7 +20,8 @@ int kvq_tool_error(const char *cmd, const char *fmt, ...)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: kvq eval FILE... [options]   (kvq eval --help for the options)\n");
+    fprintf(stderr, "usage: kvq eval FILE... [options]   (kvq eval --help for the options)\n"
+                    "       kvq --version\n");
 }
 
 int main(int argc, char **argv)
@@ -30,6 +31,10 @@ int main(int argc, char **argv)
         return 2;
     }
     if (!strcmp(argv[1], "eval")) return kvq_eval_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "--version")) {
+        printf("kvq %s\n", kvq_version());
+        return 0;
+    }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage();
         return 0;
