@@ -117,6 +117,7 @@ install: $(LIB) $(SOLIB) $(TOOLS)
 	cp $(addprefix tests/emu/,$(EMU_RUNTIME_FILES)) $(DEST)/share/kvq/tests/emu/
 	cp -R generated $(DEST)/share/kvq/
 	cp -R specs $(DEST)/share/kvq/
+	mkdir -p $(DEST)/share/kvq/python/kvq && cp python/kvq/plot.py $(DEST)/share/kvq/python/kvq/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' tools/kvq.pc.in > $(DEST)/lib/pkgconfig/kvq.pc
 
 demo: all

@@ -78,3 +78,20 @@ def test_ppl_table(tiny_llama_dir, text_file):
     assert float(rows["fp16"][-2]) == pytest.approx(base, rel=1e-3)
     assert float(rows["kivi2"][-3]) < 16
     assert np.isfinite(float(rows["kivi2"][-2]))
+
+
+def test_eval_plot_and_model_dims(kvq_tool, tmp_path):
+    pytest.importorskip("matplotlib")
+    s = tmp_path / "m.kvq"
+    s.write_text("scheme m4 {\n  model { layers 2; heads 8; kv_heads 2; head_dim 64; }\n  bits 4;\n}\n")
+    png = tmp_path / "out.png"
+    env = dict(os.environ, KVQ_PYTHON=sys.executable)
+    r = subprocess.run([kvq_tool, "eval", str(s), spec("kivi4"), "--backend", "reference", "--synthetic", "--tokens",
+                        "48", "--plot", str(png)], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "2 layers, 8 heads, 2 kv heads, head_dim 64" in r.stdout  # the spec's model block
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import json
+    data = json.loads((tmp_path / "out.png.json").read_text())
+    assert [x["name"] for x in data["schemes"]] == ["m4", "kivi4"] and len(data["schemes"][0]["attn_layer_rel_err"]) == 2
+    assert "fp16 windows" in r.stderr  # 48 tokens: KIVI's residual window is the whole cache
