@@ -11,8 +11,12 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 pass=0; fail=0; skip=0
 log=$(mktemp)
-for t in "$build"/tests/test_* tests/sh/test_*.sh; do
+# The scripts first: the Python one makes PLAIN_BUILD/venv, whose python3 (with numpy) then serves the unit
+# tests that cross-check with NumPy.
+for t in tests/sh/test_*.sh "$build"/tests/test_*; do
     [ -f "$t" ] || continue
+    [ -x "$plain/venv/bin/python3" ] && case ":$PATH:" in *":$(pwd)/$plain/venv/bin:"*) ;;
+        *) PATH="$(pwd)/$plain/venv/bin:$PATH"; export PATH ;; esac
     name=$(basename "$t")
     case "$t" in
         *.sh) sh "$t" "$plain" >"$log" 2>&1 ;;

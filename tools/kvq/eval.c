@@ -99,7 +99,8 @@ static void usage(void)
             "  errors, effective bits and memory for every scheme side by side. --synth sets a generator parameter\n"
             "  (docs/synthetic.md). --out-dir writes DIR/SCHEME/{attn,keys,values}.npy. --plot draws attention error\n"
             "  against effective bits and per layer (python3 with matplotlib, or $KVQ_PYTHON). Synthetic dims not\n"
-            "  given come from the specs' model { } block. Progress goes to stderr. Guide: docs/eval.md.\n");
+            "  given come from the specs' model { } block. Progress and notes go to stderr (--quiet: errors only).\n"
+            "  Guide: docs/eval.md.\n");
 }
 
 static int parse_synth(const char *s, eval_args *a)
@@ -558,7 +559,7 @@ static void print_table(const eval_args *a, const eval_inputs *in, eval_result *
             used += (size_t)snprintf(names + used, sizeof names - used, "%s%s %.0f%%", used ? ", " : "",
                                      kvq_scheme_name(res[i].scheme), 100.0 * win / (double)m->device_bytes);
     }
-    if (used)
+    if (used && !a->quiet)
         fprintf(stderr,
                 "kvq eval: note: at %d tokens the fp16 windows (sinks, residual) take much of the cache (%s of the "
                 "bytes), so the effective bits mostly reflect the windows; measure at a length where they are a small "
