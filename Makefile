@@ -96,10 +96,12 @@ tests: $(TEST_BIN)
 
 # The install and Python tests (tests/sh/) load libkvq.so into programs built without sanitizers: they use the
 # plain build in build/.
+# The Python tests' virtualenv (torch: minutes of download) is made in the background while the C code compiles.
 test:
-	@$(MAKE) --no-print-directory BUILD=build/san SAN=1 all tests
-	@$(MAKE) --no-print-directory BUILD=build SAN=0 all
-	@sh tests/run.sh build/san build
+	@mkdir -p build; sh tools/python-venv.sh build >build/venv.out 2>&1 & venv=$$!; \
+	$(MAKE) --no-print-directory BUILD=build/san SAN=1 all tests && \
+	$(MAKE) --no-print-directory BUILD=build SAN=0 all; st=$$?; \
+	wait $$venv; cat build/venv.out; [ $$st -eq 0 ] && sh tests/run.sh build/san build
 
 # ---- install: make install PREFIX=/usr/local [DESTDIR=...] (docs/install.md) ----
 PREFIX ?= /usr/local

@@ -1,39 +1,23 @@
 #!/bin/sh
-# The Python package's tests (python/tests, pytest) in a virtualenv, BUILD/venv, made on first use from
-# python/requirements-test.txt (remade when that file changes); the package itself is pip-installed from the
+# The Python package's tests (python/tests, pytest) in a virtualenv, BUILD/venv, made by tools/python-venv.sh
+# from python/requirements-test.txt (remade when that file changes); the package itself is pip-installed from the
 # checkout on every run, with the plain build's libkvq.so bundled. pytest's cases become PASS/FAIL/SKIP lines;
 # pytest's own summary line is shown too. Argument: the plain (non-sanitized) build folder, default build.
 build=${1:-build}
 root=$(pwd)
 venv="$root/$build/venv"
-req="$root/python/requirements-test.txt"
-stamp="$venv/.kvq-requirements-$(cksum <"$req" | cut -d' ' -f1)"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+work=$(mktemp -d)
+trap 'rm -rf "$log" "$work"' EXIT
 if [ ! -f "$build/libkvq.so.0" ]; then
     echo "FAIL python: $build/libkvq.so.0 is not built (make)"
     exit 1
 fi
-if [ ! -f "$stamp" ]; then
-    rm -rf "$venv"
-    start=$(date +%s)
-    if ! python3 -m venv "$venv" >"$log" 2>&1; then
-        echo "SKIP python: python3 -m venv failed (install python3-venv): $(tail -1 "$log")"
-        exit 0
-    fi
-    "$venv/bin/pip" install -q --upgrade pip >/dev/null 2>&1
-    if ! "$venv/bin/pip" install -q numpy pytest matplotlib >"$log" 2>&1; then
-        echo "SKIP python: pip could not install numpy/pytest (no package index?): $(tail -1 "$log")"
-        rm -rf "$venv"
-        exit 0
-    fi
-    # torch and transformers: without them the model tests print SKIP (pytest.importorskip) and the rest runs.
-    if ! "$venv/bin/pip" install -q -r "$req" >"$log" 2>&1; then
-        echo "note: pip could not install torch/transformers; their tests will be skipped: $(tail -1 "$log")"
-    else
-        touch "$stamp"
-    fi
-    echo "note: virtualenv $venv made in $(( $(date +%s) - start )) s, $(du -sm "$venv" | cut -f1) MiB"
+made=$(sh tools/python-venv.sh "$build")
+[ -n "$made" ] && echo "note: $made"
+if [ ! -x "$venv/bin/python" ]; then
+    echo "SKIP python: no virtualenv for the Python tests ($made)"
+    exit 0
 fi
 if ! "$venv/bin/pip" install -q --no-deps --force-reinstall "$root/python" >"$log" 2>&1; then
     echo "FAIL python_install: pip install python/ failed:"
@@ -42,7 +26,7 @@ if ! "$venv/bin/pip" install -q --no-deps --force-reinstall "$root/python" >"$lo
 fi
 echo "PASS python_install"
 # From outside the checkout, so `import kvq` is the installed package (and its bundled library).
-cd "$(mktemp -d)" || exit 1
+cd "$work" || exit 1
 KVQ_SRCDIR="$root" KVQ_BUILD="$root/$build" "$venv/bin/python" -m pytest -rA -q -p no:cacheprovider \
     "$root/python/tests" >"$log" 2>&1
 rc=$?
