@@ -25,6 +25,11 @@ if ! "$venv/bin/pip" install -q --no-deps --force-reinstall "$root/python" >"$lo
     exit 1
 fi
 echo "PASS python_install"
+if "$venv/bin/kvq-dump" --help >/dev/null 2>&1 && "$venv/bin/kvq-ppl" --help >/dev/null 2>&1; then
+    echo "PASS console_scripts"
+else
+    echo "FAIL console_scripts: kvq-dump --help or kvq-ppl --help failed"
+fi
 # From outside the checkout, so `import kvq` is the installed package (and its bundled library).
 cd "$work" || exit 1
 KVQ_SRCDIR="$root" KVQ_BUILD="$root/$build" "$venv/bin/python" -m pytest -rA -q -p no:cacheprovider \
