@@ -2,6 +2,7 @@
 # Runs every test program in BUILD/tests and every tests/sh/test_*.sh script, and totals their PASS/FAIL/SKIP
 # lines. A program that crashes or exits non-zero without reporting a failure counts as one failure of its own.
 # The scripts (install, Python) get PLAIN_BUILD, a build without sanitizers, as their argument.
+# Passing programs show only their SKIP lines (and the Python script its pytest summary and notes).
 # Last line: "N passed, N failed" (", N skipped" when a case printed SKIP).
 build=${1:-build}
 plain=${2:-build}
@@ -27,7 +28,7 @@ for t in tests/sh/test_*.sh "$build"/tests/test_*; do
     if [ "$f" -gt 0 ] || [ "$rc" -ne 0 ] || [ "${KVQ_TEST_VERBOSE:-0}" = 1 ]; then
         cat "$log"
     else
-        grep '^SKIP ' "$log"
+        grep -E '^(SKIP |pytest: |note: )' "$log"
     fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
         echo "FAIL $name: exited with status $rc without reporting a failure"
