@@ -40,6 +40,8 @@ def draw(data, out):
     for s in schemes:
         errs = [max(e, 1e-9) for e in s["attn_layer_rel_err"]]
         ax2.plot(range(len(errs)), errs, marker="o", ms=3, label=s["name"])
+    from matplotlib.ticker import MaxNLocator
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.set_xlabel("layer")
     ax2.set_ylabel("attention output relative error")
     ax2.set_yscale("log")
@@ -47,6 +49,8 @@ def draw(data, out):
     ax2.set_title("per layer (%d layers, %d heads, %d kv heads, head_dim %d)" % (
         data["layers"], data["heads"], data["kv_heads"], data["head_dim"]), fontsize=10)
     ax2.legend(fontsize=8)
+    if any(s["attn_rel_err"] <= 0 or min(s["attn_layer_rel_err"] or [1]) <= 0 for s in schemes):
+        fig.text(0.01, 0.01, "an error of 0 (lossless) is drawn at 1e-9", fontsize=7, color="gray")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
