@@ -8,7 +8,8 @@ SAN ?= 0
 CC ?= cc
 # -ffp-contract=off: the quantizer's arithmetic is specified rounding by rounding (runtime/quant.h).
 # -MMD: header dependencies, so a changed header rebuilds what includes it.
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g -O2 -ffp-contract=off -Wall -Wextra -Werror -MMD -MP
+# -fPIC: the same objects make libkvq.a and libkvq.so.
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g -O2 -ffp-contract=off -Wall -Wextra -Werror -MMD -MP -fPIC
 INCLUDES := -Itests -Itools/common -Ibase -Icompiler -Iruntime -Iruntime/include -Igrammar -I$(BUILD)/gen
 ifeq ($(SAN),1)
 SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
@@ -51,6 +52,17 @@ $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# ---- shared library: libkvq.so -> libkvq.so.MAJOR -> libkvq.so.VERSION (the version is kvq.h's KVQ_VERSION) ----
+VERSION := $(shell sed -n 's/^\#define KVQ_VERSION "\(.*\)"/\1/p' runtime/include/kvq.h)
+SONAME := libkvq.so.$(firstword $(subst ., ,$(VERSION)))
+SOLIB := $(BUILD)/libkvq.so.$(VERSION)
+# Only the kvq_ names are exported (tools/libkvq.map).
+$(SOLIB): $(LIB) tools/libkvq.map
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=tools/libkvq.map -Wl,--no-undefined -o $@ \
+		-Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS_ALL)
+	ln -sf libkvq.so.$(VERSION) $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $(BUILD)/libkvq.so
+
 # ---- tools ----
 TOOLS := $(BUILD)/kvqc $(BUILD)/kvq
 # Each tool is the .c files of its folder: tools/kvqc/ (compile side), tools/kvq/ (runtime side), plus
@@ -58,6 +70,7 @@ TOOLS := $(BUILD)/kvqc $(BUILD)/kvq
 TOOL_COMMON_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/common/*.c))
 KVQC_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/kvqc/*.c)) $(TOOL_COMMON_OBJ)
 KVQ_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/kvq/*.c)) $(TOOL_COMMON_OBJ)
+# The tools print kvq.h's version (--version).
 $(BUILD)/kvqc: $(KVQC_OBJ) $(LIB)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 $(BUILD)/kvq: $(KVQ_OBJ) $(LIB)
@@ -75,16 +88,39 @@ EXTRA_ALL :=
 -include tests/emu/module.mk
 -include compiler/cuda.mk
 
-.PHONY: all lib tools tests test demo bench-cpu clean emu-test
-all: $(LIB) $(TOOLS) $(EXTRA_ALL)
-lib: $(LIB)
+.PHONY: all lib tools tests test demo bench-cpu clean emu-test install
+all: $(LIB) $(SOLIB) $(TOOLS) $(EXTRA_ALL)
+lib: $(LIB) $(SOLIB)
 tools: $(TOOLS)
 tests: $(TEST_BIN)
 
+# The install and Python tests (tests/sh/) load libkvq.so into programs built without sanitizers: they use the
+# plain build in build/.
+# The Python tests' virtualenv (torch: minutes of download) is made in the background while the C code compiles.
 test:
-	@$(MAKE) --no-print-directory BUILD=build/san SAN=1 all tests
-	@sh tools/ensure-sass-tools.sh build
-	@sh tests/run.sh build/san
+	@mkdir -p build; sh tools/python-venv.sh build >build/venv.out 2>&1 & venv=$$!; \
+	$(MAKE) --no-print-directory BUILD=build/san SAN=1 all tests && sh tools/ensure-sass-tools.sh build && \
+	$(MAKE) --no-print-directory BUILD=build SAN=0 all; st=$$?; \
+	wait $$venv; cat build/venv.out; [ $$st -eq 0 ] && sh tests/run.sh build/san build
+
+# ---- install: make install PREFIX=/usr/local [DESTDIR=...] (docs/install.md) ----
+PREFIX ?= /usr/local
+DEST := $(DESTDIR)$(PREFIX)
+# What the emu and cuda backends read at run time (kvq_data_dir in kvq.h), in the checkout's shape.
+EMU_RUNTIME_FILES := exec.c warp.c cp_async.c fiber.c emu.h emu_abi.h emu_internal.h fiber.h emu_cuda.h emu_half.h
+install: $(LIB) $(SOLIB) $(TOOLS)
+	mkdir -p $(DEST)/include $(DEST)/lib/pkgconfig $(DEST)/bin $(DEST)/share/kvq/templates $(DEST)/share/kvq/tests/emu
+	cp runtime/include/kvq.h $(DEST)/include/
+	cp $(LIB) $(SOLIB) $(DEST)/lib/
+	ln -sf libkvq.so.$(VERSION) $(DEST)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DEST)/lib/libkvq.so
+	cp $(TOOLS) $(DEST)/bin/
+	cp templates/*.cuh $(DEST)/share/kvq/templates/
+	cp $(addprefix tests/emu/,$(EMU_RUNTIME_FILES)) $(DEST)/share/kvq/tests/emu/
+	cp -R generated $(DEST)/share/kvq/
+	cp -R specs $(DEST)/share/kvq/
+	mkdir -p $(DEST)/share/kvq/python/kvq && cp python/kvq/plot.py $(DEST)/share/kvq/python/kvq/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' tools/kvq.pc.in > $(DEST)/lib/pkgconfig/kvq.pc
 
 demo: all
 	@sh tools/demo.sh $(BUILD)

@@ -13,14 +13,14 @@ if [ -z "$PY" ]; then
     exit 0
 fi
 mkdir -p "$BUILD"
-if [ ! -x "$BUILD/venv/bin/pip" ]; then
-    "$PY" -m venv "$BUILD/venv" || { echo "kvq: python3 -m venv failed; the SASS issue count is skipped" >&2; exit 0; }
+if [ ! -x "$BUILD/sass-venv/bin/pip" ]; then
+    "$PY" -m venv "$BUILD/sass-venv" || { echo "kvq: python3 -m venv failed; the SASS issue count is skipped" >&2; exit 0; }
 fi
-"$BUILD/venv/bin/pip" install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm ||
+"$BUILD/sass-venv/bin/pip" install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm ||
     { echo "kvq: pip install of nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm failed; the count is skipped" >&2; exit 0; }
 mkdir -p "$TOOLS"
 for t in cuobjdump nvdisasm; do
-    f=$(find "$BUILD/venv" -type f -name "$t" -perm -u+x | head -n 1)
+    f=$(find "$BUILD/sass-venv" -type f -name "$t" -perm -u+x | head -n 1)
     [ -n "$f" ] && ln -sf "$(cd "$(dirname "$f")" && pwd)/$t" "$TOOLS/$t"
 done
 [ -x "$TOOLS/cuobjdump" ] || echo "kvq: cuobjdump not found in the wheel; the SASS issue count is skipped" >&2

@@ -7,15 +7,7 @@
 #include "cu_dev.h"
 #include "kvq_params.cuh"
 
-#ifndef KVQ_SOURCE_DIR
-#define KVQ_SOURCE_DIR "."
-#endif
-
-const char *cu_source_dir(void)
-{
-    const char *s = getenv("KVQ_SRCDIR");
-    return s && *s ? s : KVQ_SOURCE_DIR;
-}
+const char *cu_source_dir(void) { return kvq_data_dir(); }
 
 kvq_status cu_dev_open(cu_dev_kind kind, cu_dev **out, char *msg, size_t n)
 {

@@ -30,6 +30,17 @@ typedef enum {
 /* A short name for a status ("out of memory", ...). Never NULL. */
 const char *kvq_status_str(kvq_status s);
 
+/* The library's version: the one place it is written (the Makefile reads it for the shared library's soname and
+ * kvq.pc). kvq_version() is the version of the library actually loaded, KVQ_VERSION the header's. */
+#define KVQ_VERSION "0.1.0"
+#define KVQ_VERSION_MAJOR 0
+const char *kvq_version(void);
+
+/* The folder the emu and cuda backends read their run-time sources from (templates/, tests/emu/, generated/):
+ * $KVQ_SRCDIR when set; else <dir of the loaded libkvq>/../share/kvq when an installed copy is there; else the
+ * checkout the library was built in. Never NULL. */
+const char *kvq_data_dir(void);
+
 /* ------------------------------------------------------------------------------------------------------------
  * Specs: parse and check a .kvq file. A spec holds one or more resolved schemes and the diagnostics of the
  * parse. kvq_spec_parse_* set *out even when the spec has errors (so the caller can read the diagnostics); the

@@ -482,7 +482,7 @@ static void test_synthetic(void)
     const char *c[] = {"eval", "specs/ott.kvq", "specs/zipcache.kvq", "specs/compare/ott-baseline.kvq",
                        "specs/compare/kivi2-g128.kvq", "specs/compare/zipcache-accumulated.kvq",
                        "--synthetic", "--tokens", "200", "--prefill", "164", "--layers", "3",
-                       "--kv-heads", "1", "--heads", "1", NULL};
+                       "--kv-heads", "1", "--heads", "1", "--quiet", NULL};
     r = run(c);
     check_clean(&r);
     TH_CHECK(r.status == 0, "exit status %d; stderr:\n%s", r.status, r.err);

@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "exact_attn.h"
 #include "half.h"
@@ -36,6 +39,10 @@ typedef struct {
     kvq_backend_kind backend;
     int backend_given, threads; /* threads: the engine's and the exact baseline's (0: every core) */
     int per_layer;
+    const char *plot; /* --plot FILE.png */
+    int quiet;        /* no progress on stderr */
+    /* which synthetic dims the command line gave (they win over a spec's model block) */
+    int given_layers, given_heads, given_kv_heads, given_head_dim;
 } eval_args;
 
 /* The inputs, float32, [L][HKV][T][D] and [L][H][T][D]; K and V already rounded to fp16. */
@@ -87,13 +94,16 @@ static void usage(void)
             "                [--layers L] [--heads H] [--kv-heads HKV] [--head-dim D] [--tokens T] [--seed S]\n"
             "                [--synth NAME=VALUE]...)\n"
             "                [--prefill N] [--backend reference|cpu|cuda|emu] [--threads N] [--per-layer] [--out-dir DIR]\n"
+            "                [--plot FILE.png] [--quiet]\n"
             "  K, V: [layers, kv_heads, tokens, head_dim] (3-D: one layer); Q: [layers, heads, tokens, head_dim];\n"
             "  float32, float16 or bfloat16. Prefills N tokens (default: half), decodes the rest one at a time, and\n"
             "  reports the relative error of the attention outputs against exact attention, key/value reconstruction\n"
             "  errors, effective bits and memory for every scheme side by side. --synth sets a generator parameter\n"
             "  (docs/synthetic.md). --out-dir writes DIR/SCHEME/{attn,keys,values}.npy. Default backend: cpu when it\n"
             "  runs here, else reference (the oracle). --threads: the engine's and the exact attention's threads\n"
-            "  (default: every core). Guide: docs/eval.md.\n");
+            "  (default: every core). --plot draws attention error against effective bits and per layer (python3\n"
+            "  with matplotlib, or $KVQ_PYTHON). Synthetic dims not given come from the specs' model { } block.\n"
+            "  Progress and notes go to stderr (--quiet: errors only). Guide: docs/eval.md.\n");
 }
 
 static int parse_synth(const char *s, eval_args *a)
@@ -138,6 +148,10 @@ static int parse_args(int argc, char **argv, eval_args *a)
             a->per_layer = 1;
             continue;
         }
+        if (!strcmp(o, "--quiet")) {
+            a->quiet = 1;
+            continue;
+        }
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) return 1;
         if (o[0] != '-') {
             if (a->n_files == MAX_FILES) return kvq_tool_error("eval", "at most %d spec files", MAX_FILES);
@@ -148,13 +162,13 @@ static int parse_args(int argc, char **argv, eval_args *a)
         i++;
         int bad = 0, synth_opt = 1;
         if (!strcmp(o, "--layers"))
-            bad = tool_int("kvq eval", o, v, 1, MAX_LAYERS, &a->sp.layers);
+            bad = tool_int("kvq eval", o, v, 1, MAX_LAYERS, &a->sp.layers), a->given_layers = 1;
         else if (!strcmp(o, "--heads"))
-            bad = tool_int("kvq eval", o, v, 1, 256, &a->sp.heads);
+            bad = tool_int("kvq eval", o, v, 1, 256, &a->sp.heads), a->given_heads = 1;
         else if (!strcmp(o, "--kv-heads"))
-            bad = tool_int("kvq eval", o, v, 1, 256, &a->sp.kv_heads);
+            bad = tool_int("kvq eval", o, v, 1, 256, &a->sp.kv_heads), a->given_kv_heads = 1;
         else if (!strcmp(o, "--head-dim"))
-            bad = tool_int("kvq eval", o, v, 16, 256, &a->sp.head_dim);
+            bad = tool_int("kvq eval", o, v, 16, 256, &a->sp.head_dim), a->given_head_dim = 1;
         else if (!strcmp(o, "--tokens"))
             bad = tool_int("kvq eval", o, v, 2, 1 << 20, &a->sp.tokens);
         else if (!strcmp(o, "--synth"))
@@ -177,6 +191,8 @@ static int parse_args(int argc, char **argv, eval_args *a)
             a->queries = v;
         else if (!strcmp(o, "--out-dir"))
             a->out_dir = v;
+        else if (!strcmp(o, "--plot"))
+            a->plot = v;
         else if (!strcmp(o, "--prefill"))
             bad = tool_int("kvq eval", o, v, 1, 1 << 24, &a->prefill);
         else if (!strcmp(o, "--seed")) {
@@ -368,6 +384,37 @@ static int compute_exact(const eval_args *a, eval_inputs *in)
     return 0;
 }
 
+/* Progress on stderr: a line rewritten in place on a terminal, else one line every 10 s (logs stay short). */
+typedef struct {
+    const char *name;
+    int quiet, tty, shown;
+    double start, last;
+} progress;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void progress_show(progress *p, const char *phase, int layer, int step, int steps)
+{
+    double t = now_s();
+    if (p->quiet || t - p->last < (p->tty ? 0.25 : 10.0)) return;
+    p->last = t;
+    p->shown = 1;
+    char eta[48] = "";
+    if (step > 0) snprintf(eta, sizeof eta, ", about %.0f s left", (t - p->start) / step * (steps - step));
+    fprintf(stderr, "%skvq eval: %s: %s, layer %d, decode step %d/%d, %.0f s%s%s", p->tty ? "\r\033[K" : "",
+            p->name, phase, layer, step, steps, t - p->start, eta, p->tty ? "" : "\n");
+}
+
+static void progress_done(progress *p)
+{
+    if (p->tty && p->shown) fprintf(stderr, "\r\033[K");
+}
+
 /* Runs one scheme end to end. Errors go into r->err; returns 0 on success. */
 static int run_scheme(const eval_args *a, const eval_inputs *in, eval_result *r)
 {
@@ -383,6 +430,8 @@ static int run_scheme(const eval_args *a, const eval_inputs *in, eval_result *r)
     kvq_engine *eng = NULL;
     kvq_seq *seq = NULL;
     int rc = -1;
+    double t0 = now_s();
+    progress pr = {kvq_scheme_name(r->scheme), a->quiet, isatty(2), 0, t0, t0};
     size_t esz = in->dtype == KVQ_F32 ? 4 : 2;
     size_t kvn = (size_t)HKV * T * D, qn = (size_t)H * T * D;
     float *fk = malloc(kvn * sizeof(float)), *fv = malloc(kvn * sizeof(float)), *fq = malloc(qn * sizeof(float));
@@ -406,6 +455,7 @@ static int run_scheme(const eval_args *a, const eval_inputs *in, eval_result *r)
     if (kvq_seq_create(eng, &seq) != KVQ_OK) goto engine_error;
 
     for (int l = 0; l < L; l++) {
+        progress_show(&pr, "prefill", l, 0, steps);
         gather(in->k, in, HKV, l, 0, N, fk);
         gather(in->v, in, HKV, l, 0, N, fv);
         gather(in->q, in, H, l, 0, N, fq);
@@ -418,6 +468,7 @@ static int run_scheme(const eval_args *a, const eval_inputs *in, eval_result *r)
     for (int s = 0; s < steps; s++) {
         int t = N + s;
         for (int l = 0; l < L; l++) {
+            progress_show(&pr, "decode", l, s, steps);
             gather(in->k, in, HKV, l, t, 1, fk);
             gather(in->v, in, HKV, l, t, 1, fv);
             gather(in->q, in, H, l, t, 1, fq);
@@ -471,6 +522,7 @@ static int run_scheme(const eval_args *a, const eval_inputs *in, eval_result *r)
 engine_error:
     snprintf(r->err, sizeof r->err, "%s", kvq_engine_errmsg(eng));
 done:
+    progress_done(&pr);
     if (seq) kvq_seq_free(eng, seq);
     kvq_engine_free(eng);
     free(fk), free(fv), free(fq), free(bk), free(bv), free(bq), free(attn), free(kc), free(vc), free(tmp);
@@ -521,6 +573,136 @@ static void print_table(const eval_args *a, const eval_inputs *in, eval_result *
 #undef ROW
     for (int i = 0; i < n; i++)
         if (!res[i].ok) fprintf(stderr, "kvq eval: %s: %s\n", kvq_scheme_name(res[i].scheme), res[i].err);
+    /* On a short sequence the fp16 windows (sinks, residual) take most of the cache, and the effective bits say
+     * more about the window sizes than about the quantizer. */
+    fflush(stdout);
+    char names[512] = "";
+    size_t used = 0;
+    for (int i = 0; i < n; i++) {
+        const kvq_mem_stats *m = &res[i].mem;
+        double win = (double)m->bytes[KVQ_SEG_SINK] + (double)m->bytes[KVQ_SEG_RESIDUAL];
+        if (res[i].ok && m->effective_bits < 15.5 && m->device_bytes > 0 && win / (double)m->device_bytes > 0.25 &&
+            used < sizeof names)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s %.0f%%", used ? ", " : "",
+                                     kvq_scheme_name(res[i].scheme), 100.0 * win / (double)m->device_bytes);
+    }
+    if (used && !a->quiet)
+        fprintf(stderr,
+                "kvq eval: note: at %d tokens the fp16 windows (sinks, residual) take much of the cache (%s of the "
+                "bytes), so the effective bits mostly reflect the windows; measure at a length where they are a small "
+                "part (docs/eval.md uses --tokens 4096 --prefill 3584)\n",
+                in->T, names);
+}
+
+/* A spec's model { } block gives the dims the scheme is meant for (kvqc report honours it too). Synthetic inputs
+ * take every dim the command line leaves out from it; .npy inputs must agree with it. */
+static int model_dims_for_synth(eval_args *a, const eval_result *res, int n)
+{
+    struct {
+        const char *what;
+        int given, *dst;
+        size_t off;
+    } dims[4] = {{"layers", a->given_layers, &a->sp.layers, offsetof(kvq_model_dims, layers)},
+                 {"heads", a->given_heads, &a->sp.heads, offsetof(kvq_model_dims, heads)},
+                 {"kv_heads", a->given_kv_heads, &a->sp.kv_heads, offsetof(kvq_model_dims, kv_heads)},
+                 {"head_dim", a->given_head_dim, &a->sp.head_dim, offsetof(kvq_model_dims, head_dim)}};
+    int from[4] = {-1, -1, -1, -1};
+    for (int d = 0; d < 4; d++) {
+        if (dims[d].given) continue;
+        for (int i = 0; i < n; i++) {
+            int v = *(const int *)(const void *)((const char *)&res[i].scheme->model + dims[d].off);
+            if (v <= 0) continue;
+            if (from[d] >= 0 && *dims[d].dst != v)
+                return kvq_tool_error("eval", "schemes '%s' and '%s' are for models with %s %d and %d: evaluate them "
+                                      "separately, or give --%s", kvq_scheme_name(res[from[d]].scheme),
+                                      kvq_scheme_name(res[i].scheme), dims[d].what, *dims[d].dst, v,
+                                      d == 2 ? "kv-heads" : d == 3 ? "head-dim" : dims[d].what);
+            *dims[d].dst = v;
+            from[d] = i;
+        }
+    }
+    /* A model block with heads but no kv_heads is multi-head attention, as in kvqc report. */
+    if (!a->given_kv_heads && from[2] < 0 && from[1] >= 0) a->sp.kv_heads = a->sp.heads;
+    if (!a->quiet && (from[0] >= 0 || from[1] >= 0 || from[2] >= 0 || from[3] >= 0))
+        fprintf(stderr, "kvq eval: synthetic dims from the model block of the spec: %d layers, %d heads, %d kv heads, "
+                        "head_dim %d\n", a->sp.layers, a->sp.heads, a->sp.kv_heads, a->sp.head_dim);
+    return 0;
+}
+
+static int model_dims_match_inputs(const eval_result *res, int n, const eval_inputs *in)
+{
+    for (int i = 0; i < n; i++) {
+        const kvq_model_dims *m = &res[i].scheme->model;
+        int have[4] = {in->L, in->H, in->HKV, in->D}, want[4] = {m->layers, m->heads, m->kv_heads, m->head_dim};
+        const char *what[4] = {"layers", "heads", "kv heads", "head_dim"};
+        for (int d = 0; d < 4; d++)
+            if (want[d] > 0 && want[d] != have[d])
+                return kvq_tool_error("eval", "scheme '%s' (%s:%d) is for a model with %s %d; the inputs have %d",
+                                      kvq_scheme_name(res[i].scheme), res[i].scheme->file, res[i].scheme->line,
+                                      what[d], want[d], have[d]);
+    }
+    return 0;
+}
+
+/* --plot: the results as JSON beside the picture, drawn by python/kvq/plot.py (matplotlib). */
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", (unsigned char)*s);
+        else
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static int plot_results(const eval_args *a, const eval_inputs *in, const eval_result *res, int n)
+{
+    char json[4200], script[4200];
+    snprintf(json, sizeof json, "%.4090s.json", a->plot);
+    FILE *f = fopen(json, "w");
+    if (!f) return kvq_tool_error("eval", "%s: %s", json, strerror(errno));
+    fprintf(f, "{\"layers\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"tokens\": %d, \"prefill\": %d, "
+               "\"synthetic\": %s,\n \"schemes\": [", in->L, in->H, in->HKV, in->D, in->T, prefill_len(a, in),
+            a->synthetic ? "true" : "false");
+    int first = 1;
+    for (int i = 0; i < n; i++) {
+        if (!res[i].ok) continue;
+        fprintf(f, "%s\n  {\"name\": ", first ? "" : ",");
+        first = 0;
+        json_str(f, kvq_scheme_name(res[i].scheme));
+        fprintf(f, ", \"file\": ");
+        json_str(f, res[i].file);
+        fprintf(f, ", \"attn_rel_err\": %.9g, \"key_rel_err\": %.9g, \"value_rel_err\": %.9g, "
+                   "\"effective_bits\": %.9g, \"compression_ratio\": %.9g, \"attn_layer_rel_err\": [",
+                rel(res[i].attn_num, res[i].attn_den), rel(res[i].key_num, res[i].key_den),
+                rel(res[i].val_num, res[i].val_den), res[i].mem.effective_bits, res[i].mem.compression_ratio);
+        for (int l = 0; l < in->L; l++)
+            fprintf(f, "%s%.9g", l ? ", " : "", rel(res[i].attn_layer_num[l], res[i].attn_layer_den[l]));
+        fprintf(f, "]}");
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f)) return kvq_tool_error("eval", "%s: write failed", json);
+    snprintf(script, sizeof script, "%.4096s/python/kvq/plot.py", kvq_data_dir());
+    const char *py = getenv("KVQ_PYTHON");
+    py = py && *py ? py : "python3";
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return kvq_tool_error("eval", "--plot: fork: %s", strerror(errno));
+    if (pid == 0) {
+        execlp(py, py, script, json, a->plot, (char *)NULL);
+        fprintf(stderr, "kvq eval: --plot: cannot run %s: %s\n", py, strerror(errno));
+        _exit(127);
+    }
+    int st = 0;
+    if (waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return kvq_tool_error("eval", "--plot: %s %s failed (it needs matplotlib: pip install matplotlib, or set "
+                              "KVQ_PYTHON to a python that has it); the data is in %s", py, script, json);
+    if (!a->quiet) fprintf(stderr, "kvq eval: wrote %s (data: %s)\n", a->plot, json);
+    return 0;
 }
 
 /* Lists the wanted schemes of every file. A scheme that comes twice from the same file (one spec includes a file
@@ -570,7 +752,6 @@ int kvq_eval_main(int argc, char **argv)
         usage();
         return r < 0 ? 2 : 0;
     }
-    if (a.synthetic) fit_feature_counts(&a);
     kvq_spec *specs[MAX_FILES] = {0};
     static eval_result res[MAX_SCHEMES];
     int n = 0, rc = 0;
@@ -581,7 +762,12 @@ int kvq_eval_main(int argc, char **argv)
             rc = 1;
             goto out;
         }
-    if (list_schemes(&a, specs, res, &n) || load_inputs(&a, &in)) {
+    if (list_schemes(&a, specs, res, &n) || (a.synthetic && model_dims_for_synth(&a, res, n))) {
+        rc = 1;
+        goto out;
+    }
+    if (a.synthetic) fit_feature_counts(&a);
+    if (load_inputs(&a, &in) || (!a.synthetic && model_dims_match_inputs(res, n, &in))) {
         rc = 1;
         goto out;
     }
@@ -598,6 +784,7 @@ int kvq_eval_main(int argc, char **argv)
     for (int i = 0; i < n; i++)
         if (run_scheme(&a, &in, &res[i])) rc = 1;
     print_table(&a, &in, res, n);
+    if (a.plot && plot_results(&a, &in, res, n)) rc = 1;
 out:
     free_inputs(&in);
     for (int f = 0; f < a.n_files; f++) kvq_spec_free(specs[f]);

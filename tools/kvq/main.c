@@ -23,7 +23,8 @@ static void usage(void)
 {
     fprintf(stderr, "usage: kvq eval FILE... [options]    accuracy of schemes   (kvq eval --help for the options)\n"
                     "       kvq bench FILE... [options]   decode speed          (kvq bench --help)\n"
-                    "       kvq membw [options]           read bandwidth        (kvq membw --help)\n");
+                    "       kvq membw [options]           read bandwidth        (kvq membw --help)\n"
+                    "       kvq --version\n");
 }
 
 int main(int argc, char **argv)
@@ -35,6 +36,10 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "eval")) return kvq_eval_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) return kvq_bench_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "membw")) return kvq_membw_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "--version")) {
+        printf("kvq %s\n", kvq_version());
+        return 0;
+    }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage();
         return 0;

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kvq.h"
 #include "kvqc.h"
 
 static void usage(FILE *to)
@@ -12,6 +13,7 @@ static void usage(FILE *to)
             "  check FILE...     check specs: diagnostics on stderr, 'FILE: ok (...)' on stdout\n"
             "  report FILE ...   memory by segment, effective bits and compression ratio (kvqc report --help)\n"
             "  build FILE ...    CUDA kernels ahead of time into generated/<scheme>/ (kvqc build --help)\n"
+            "  --version         kvq's version\n"
             "exit status: 0 ok, 1 a spec has errors, 2 usage error\n");
 }
 
@@ -24,6 +26,10 @@ int main(int argc, char **argv)
     }
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("kvqc %s\n", kvq_version());
         return 0;
     }
     if (!strcmp(cmd, "check")) return kvqc_check_main(argc - 1, argv + 1);
