@@ -357,6 +357,14 @@ kvq_status kvq_prefill(kvq_engine *e, int layer, const kvq_prefill_item *items, 
         bi[i].v = bufs[3 * i + 1] ? bufs[3 * i + 1] : it->v;
         bi[i].q = it->q ? (bufs[3 * i + 2] ? bufs[3 * i + 2] : it->q) : NULL;
     }
+    /* The input policy (rt_check.c): one bad element refuses the whole batch before anything is stored. */
+    int input_refused = 0;
+    for (int i = 0; i < n_items && st == KVQ_OK; i++) {
+        st = rt_check_kv(e, fn, i, layer, "k", bi[i].k, bi[i].n_tokens, 0);
+        if (st == KVQ_OK) st = rt_check_kv(e, fn, i, layer, "v", bi[i].v, bi[i].n_tokens, 0);
+        if (st == KVQ_OK && bi[i].q) st = rt_check_q(e, fn, i, layer, bi[i].q, bi[i].n_tokens, 0);
+        input_refused = st != KVQ_OK;
+    }
     int calibration_failed = 0;
     if (st == KVQ_OK && calibrate) {
         /* A layer left undecided is calibrated from its first prefill: the mean score of the batch's prompts. */
@@ -383,7 +391,7 @@ kvq_status kvq_prefill(kvq_engine *e, int layer, const kvq_prefill_item *items, 
                 e->layer_score[layer] = NAN;
             }
         }
-    } else if (!calibration_failed) {
+    } else if (!calibration_failed && !input_refused) {
         rt_error(e, st, "%s: out of memory", fn);
     }
     if (st == KVQ_OK) {
@@ -437,6 +445,18 @@ kvq_status kvq_decode(kvq_engine *e, int layer, const kvq_decode_item *items, in
         rt_to_f32(e->cfg.dtype, items[i].v, nkv, b + nkv);
         rt_to_f32(e->cfg.dtype, items[i].q, nq, b + 2 * nkv);
         bi[i] = (kvq_be_decode){items[i].seq->bseq, b, b + nkv, b + 2 * nkv, items[i].out};
+    }
+    /* The input policy (rt_check.c): the new token is at position seq_length; nothing is stored on a refusal. */
+    for (int i = 0; i < n_items; i++) {
+        int pos = e->be->seq_length(items[i].seq->bseq, layer);
+        st = rt_check_kv(e, fn, i, layer, "k", bi[i].k, 1, pos);
+        if (st == KVQ_OK) st = rt_check_kv(e, fn, i, layer, "v", bi[i].v, 1, pos);
+        if (st == KVQ_OK) st = rt_check_q(e, fn, i, layer, bi[i].q, 1, pos);
+        if (st != KVQ_OK) {
+            kvq_free(bi);
+            kvq_free(buf);
+            return st;
+        }
     }
     char msg[RT_ERRMSG_MAX] = "";
     st = e->be->decode(e->ctx, layer, bi, n_items, msg, sizeof msg);
@@ -535,6 +555,14 @@ kvq_status kvq_calibrate_layer(kvq_engine *e, int layer, int n_tokens, const voi
     rt_to_f32(e->cfg.dtype, q, nq, fq);
     double score = 0;
     char msg[RT_ERRMSG_MAX] = "";
+    st = rt_check_kv(e, fn, 0, layer, "k", fk, n_tokens, 0);
+    if (st == KVQ_OK) st = rt_check_q(e, fn, 0, layer, fq, n_tokens, 0);
+    if (st != KVQ_OK) {
+        kvq_free(fk);
+        kvq_free(fq);
+        kvq_free(scratch);
+        return st;
+    }
     st = dense_preference(e, fq, fk, n_tokens, scratch, &score, msg, sizeof msg);
     kvq_free(fk);
     kvq_free(fq);
