@@ -286,9 +286,10 @@ static int load_inputs(const eval_args *a, eval_inputs *in)
      * reconstruction errors are measured against them. Rounding here changes nothing the engine sees (it rounds
      * on arrival, and an fp16-rounded fp32 or bf16 value is still representable in its type). */
     size_t kvn = (size_t)in->L * in->HKV * in->T * in->D;
+    /* A value fp16 cannot hold is left as given: the engine refuses it and names it (docs/runtime.md). */
     for (size_t i = 0; i < kvn; i++) {
-        in->k[i] = kvq_f16_round(in->k[i]);
-        in->v[i] = kvq_f16_round(in->v[i]);
+        if (fabsf(in->k[i]) <= 65504.0f) in->k[i] = kvq_f16_round(in->k[i]);
+        if (fabsf(in->v[i]) <= 65504.0f) in->v[i] = kvq_f16_round(in->v[i]);
     }
     return 0;
 }
@@ -449,10 +450,34 @@ done:
     return rc;
 }
 
-static double rel(double num, double den) { return den > 0 ? sqrt(num / den) : 0.0; }
-
-static void print_table(const eval_args *a, const eval_inputs *in, eval_result *res, int n)
+/* Relative error sqrt(num / den). Not measured (issue 12): NaN when either sum is NaN or infinite, and undefined
+ * when the reference is zero (den == 0); the table then says so instead of printing a perfect 0. */
+typedef enum { REL_OK, REL_NAN, REL_UNDEFINED } rel_kind;
+static rel_kind rel_of(double num, double den, double *out)
 {
+    *out = NAN;
+    if (!isfinite(num) || !isfinite(den) || num < 0 || den < 0) return REL_NAN;
+    if (den == 0) return REL_UNDEFINED;
+    *out = sqrt(num / den);
+    return REL_OK;
+}
+
+/* One cell of an error row; counts the cells that were not measured. */
+static void print_rel(int w, double num, double den, int *unmeasured)
+{
+    double v;
+    rel_kind k = rel_of(num, den, &v);
+    if (k == REL_OK)
+        printf(" %*.6f", w, v);
+    else
+        printf(" %*s", w, k == REL_NAN ? "nan" : "undefined");
+    *unmeasured += k != REL_OK;
+}
+
+/* Prints the table; returns the number of error cells that were not measured (NaN or undefined). */
+static int print_table(const eval_args *a, const eval_inputs *in, eval_result *res, int n)
+{
+    int unmeasured = 0;
     int N = prefill_len(a, in), w = 14;
     for (int i = 0; i < n; i++) {
         int len = (int)strlen(kvq_scheme_name(res[i].scheme));
@@ -478,21 +503,39 @@ static void print_table(const eval_args *a, const eval_inputs *in, eval_result *
         }                                                                                                      \
         printf("\n");                                                                                          \
     } while (0)
-    ROW("attn rel err", rel(res[i].attn_num, res[i].attn_den));
+#define REL_ROW(title, num, den)                                                                               \
+    do {                                                                                                       \
+        printf("%-22s", title);                                                                                \
+        for (int i = 0; i < n; i++) {                                                                          \
+            if (res[i].ok)                                                                                     \
+                print_rel(w, (num), (den), &unmeasured);                                                       \
+            else                                                                                               \
+                printf(" %*s", w, "error");                                                                    \
+        }                                                                                                      \
+        printf("\n");                                                                                          \
+    } while (0)
+    REL_ROW("attn rel err", res[i].attn_num, res[i].attn_den);
     if (a->per_layer)
         for (int l = 0; l < in->L; l++) {
             char t[32];
             snprintf(t, sizeof t, "  layer %d", l);
-            ROW(t, rel(res[i].attn_layer_num[l], res[i].attn_layer_den[l]));
+            REL_ROW(t, res[i].attn_layer_num[l], res[i].attn_layer_den[l]);
         }
-    ROW("key rel err", rel(res[i].key_num, res[i].key_den));
-    ROW("value rel err", rel(res[i].val_num, res[i].val_den));
+    REL_ROW("key rel err", res[i].key_num, res[i].key_den);
+    REL_ROW("value rel err", res[i].val_num, res[i].val_den);
+#undef REL_ROW
     ROW("effective bits", res[i].mem.effective_bits);
     ROW("compression ratio", res[i].mem.compression_ratio);
     ROW("device KiB", (double)res[i].mem.device_bytes / 1024.0);
 #undef ROW
     for (int i = 0; i < n; i++)
         if (!res[i].ok) fprintf(stderr, "kvq eval: %s: %s\n", kvq_scheme_name(res[i].scheme), res[i].err);
+    if (unmeasured)
+        fprintf(stderr,
+                "kvq eval: %d error figure%s could not be measured: 'nan' (a NaN or infinite sum) or 'undefined' "
+                "(the reference is zero, so a relative error has no meaning)\n",
+                unmeasured, unmeasured == 1 ? "" : "s");
+    return unmeasured;
 }
 
 /* Lists the wanted schemes of every file. A scheme that comes twice from the same file (one spec includes a file
@@ -564,7 +607,7 @@ int kvq_eval_main(int argc, char **argv)
     }
     for (int i = 0; i < n; i++)
         if (run_scheme(&a, &in, &res[i])) rc = 1;
-    print_table(&a, &in, res, n);
+    if (print_table(&a, &in, res, n)) rc = 1;
 out:
     free_inputs(&in);
     for (int f = 0; f < a.n_files; f++) kvq_spec_free(specs[f]);
