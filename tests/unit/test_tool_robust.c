@@ -106,7 +106,7 @@ static const char *tmp(const char *name)
     return b;
 }
 
-__attribute__((unused)) static void write_text(const char *path, const char *text)
+static void write_text(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
     TH_CHECK(f != NULL, "cannot write %s", path);
@@ -209,6 +209,82 @@ static void test_eval_unmeasured(void)
     th_end();
 }
 
+static void expect_fail(const char *what, const char *tool, const char *const *args, const char *const *needles,
+                        double max_seconds)
+{
+    th_begin("%s", what);
+    run_result r = run(tool, args);
+    check_fails(&r, needles);
+    TH_CHECK(r.seconds <= max_seconds, "took %.1f s (at most %.0f expected)", r.seconds, max_seconds);
+    run_free(&r);
+    th_end();
+}
+
+static void test_report(void)
+{
+    write_text(tmp("g1.kvq"), "scheme g1 {\n  key { bits 2; per channel; group 1; }\n"
+                              "  value { bits 2; per token; group 32; }\n  residual 0;\n}\n");
+    write_text(tmp("pt.kvq"), "scheme pt {\n  key { bits 2; per token; group 32; }\n"
+                              "  value { bits 2; per token; group 32; }\n  residual 0;\n}\n");
+    write_text(tmp("empty.kvq"), "# a spec file with no scheme\n");
+    {
+        th_begin("report: group 1, 4096 layers, a million tokens in closed form, under 5 s (issue 12 case 5)");
+        const char *a[] = {"report", tmp("g1.kvq"), "--layers", "4096", "--heads", "32", "--kv-heads", "8",
+                           "--head-dim", "128", "--seq", "1000000", NULL};
+        run_result r = run(kvqc_bin, a);
+        TH_CHECK(r.status == 0, "exit %d: %s", r.status, r.err);
+        TH_CHECK(r.seconds < 5.0, "took %.1f s (a loop over pages took 41 s)", r.seconds);
+        /* 4096 layers * 8 kv heads * 1e6 tokens * 128 channels * 2 bits / 8 * 2 tensors... as the page loop
+         * counted: codes 2097152000000 bytes, parameters 17301504000000 */
+        TH_CHECK(strstr(r.out, "2097152000000") && strstr(r.out, "17301504000000") && strstr(r.out, "19398656000000"),
+                 "figures differ from the page-by-page count:\n%s", r.out);
+        run_free(&r);
+        th_end();
+    }
+    {
+        const char *a[] = {"report", tmp("pt.kvq"), "--layers", "4096", "--heads", "4096", "--kv-heads", "4096",
+                           "--head-dim", "256", "--batch", "1048576", "--seq", "1073741823", NULL};
+        const char *n[] = {"does not fit 63 bits", NULL};
+        expect_fail("report: a size beyond 2^63 at the largest dims is an error, not a wrapped number (case 6)",
+                    kvqc_bin, a, n, 5);
+    }
+    {
+        const char *a[] = {"report", "specs/ott.kvq", "--layers", "32", "--heads", "32", "--kv-heads", "8",
+                           "--head-dim", "64", "--seq", "4096", NULL};
+        const char *n[] = {"value group 128 does not divide head_dim 64", NULL};
+        expect_fail("report: OTT's value group 128 at head_dim 64 is refused as the engine refuses it (case 7)",
+                    kvqc_bin, a, n, 5);
+    }
+    {
+        const char *a[] = {"report", "specs/kivi2.kvq", "--layers", "2", "--heads", "4", "--head-dim", "80",
+                           "--seq", "16", NULL};
+        const char *n[] = {"head_dim 80 is not 64, 96, 128 or 256", NULL};
+        expect_fail("report: a head_dim the engine refuses (80) is refused", kvqc_bin, a, n, 5);
+    }
+    {
+        const char *a[] = {"report", tmp("empty.kvq"), "--layers", "1", "--heads", "1", "--head-dim", "64", "--seq",
+                           "4", NULL};
+        const char *n[] = {"defines no scheme", NULL};
+        expect_fail("report: a spec file with no scheme is an error (case 9)", kvqc_bin, a, n, 5);
+    }
+    {
+        const char *a[] = {"eval", tmp("empty.kvq"), "--synthetic", NULL};
+        const char *n[] = {"define no scheme", NULL};
+        expect_fail("eval: a spec file with no scheme is an error (case 9)", kvq_bin, a, n, 20);
+    }
+    {
+        const char *a[] = {"eval", "specs/kivi2.kvq", "--synthetic", "--tokens", "600", "--out-dir",
+                           tmp("missing/parent/out"), NULL};
+        const char *n[] = {"--out-dir", "No such file or directory", NULL};
+        th_begin("eval: --out-dir under a missing parent is refused before any scheme runs (case 9)");
+        run_result r = run(kvq_bin, a);
+        check_fails(&r, n);
+        TH_CHECK(!strstr(r.out, "attn rel err"), "the schemes ran first:\n%s", r.out);
+        run_free(&r);
+        th_end();
+    }
+}
+
 int main(void)
 {
     char self[PATH_MAX];
@@ -228,6 +304,7 @@ int main(void)
     TH_CHECK(mkdtemp(dir) != NULL, "mkdtemp failed");
     if (!th_end()) return th_summary();
     test_eval_unmeasured();
+    test_report();
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

@@ -568,11 +568,25 @@ static int list_schemes(const eval_args *a, kvq_spec **specs, eval_result *res, 
             (*n)++;
         }
     }
+    int defined = 0;
+    for (int f = 0; f < a->n_files; f++) defined += kvq_spec_scheme_count(specs[f]);
+    if (!defined) return kvq_tool_error("eval", "the given files define no scheme");
     for (int k = 0; k < a->n_schemes; k++) {
         int found = 0;
         for (int i = 0; i < *n; i++) found |= !strcmp(a->schemes[k], kvq_scheme_name(res[i].scheme));
         if (!found) return kvq_tool_error("eval", "no scheme '%s' in the given files", a->schemes[k]);
     }
+    return 0;
+}
+
+/* --out-dir is made before anything runs, so a missing parent or a file in the way is reported at once
+ * instead of after every scheme has run. */
+static int make_out_dir(const char *dir)
+{
+    struct stat st;
+    if (mkdir(dir, 0777) && errno != EEXIST) return kvq_tool_error("eval", "--out-dir %s: %s", dir, strerror(errno));
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode))
+        return kvq_tool_error("eval", "--out-dir %s: exists and is not a directory", dir);
     return 0;
 }
 
@@ -596,7 +610,7 @@ int kvq_eval_main(int argc, char **argv)
             rc = 1;
             goto out;
         }
-    if (list_schemes(&a, specs, res, &n) || load_inputs(&a, &in)) {
+    if (list_schemes(&a, specs, res, &n) || (a.out_dir && make_out_dir(a.out_dir)) || load_inputs(&a, &in)) {
         rc = 1;
         goto out;
     }
