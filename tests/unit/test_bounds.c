@@ -14,7 +14,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+
 #include "harness.h"
+#include "npy.h"
 #include "kvq.h"
 
 static kvq_spec *spec_of(const char *text)
@@ -201,11 +205,50 @@ static void test_handle_messages(void)
     th_end();
 }
 
+/* A .npy header on a pipe claiming 2 TiB of float32, followed by 64 bytes of data: the reader's memory follows
+ * what arrives (a buffer that grows with the data), so it reports the truncation instead of allocating what the
+ * header claims first (KVQ_ERR_NOMEM, or a sanitizer's allocation-size-too-big abort). */
+static void test_npy_pipe_claim(void)
+{
+    th_begin("bounds: a .npy on a pipe whose header claims 2 TiB is read as a stream: truncated, nothing huge (case 9)");
+    char fifo[64];
+    snprintf(fifo, sizeof fifo, "/tmp/kvq_test_bounds_fifo_%d", (int)getpid());
+    unlink(fifo);
+    TH_CHECK(mkfifo(fifo, 0600) == 0, "mkfifo");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char hdr[128];
+        int n = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (549755813888,), }");
+        while (n < 117) hdr[n++] = ' ';
+        hdr[n++] = '\n';
+        FILE *f = fopen(fifo, "wb");
+        if (!f) _exit(1);
+        unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)n, 0};
+        fwrite(pre, 1, 10, f);
+        fwrite(hdr, 1, (size_t)n, f);
+        float data[16] = {0};
+        fwrite(data, sizeof data[0], 16, f);
+        fclose(f);
+        _exit(0);
+    }
+    kvq_npy a;
+    char err[512] = "";
+    kvq_status st = kvq_npy_read(fifo, &a, err, sizeof err);
+    int ws = 0;
+    if (pid > 0) waitpid(pid, &ws, 0);
+    TH_CHECK(st == KVQ_ERR_FORMAT && strstr(err, "truncated data"), "%s: %s", kvq_status_str(st), err);
+    kvq_npy_free(&a);
+    unlink(fifo);
+    th_end();
+}
+
 int main(void)
 {
     test_engine_caps();
     test_one_validation();
     test_account_bounds();
     test_handle_messages();
+    test_npy_pipe_claim();
     return th_summary();
 }

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -29,6 +30,7 @@ typedef struct {
     int status; /* exit status, or -signal when killed */
     char *out, *err;
     double seconds;
+    long max_rss_kb; /* the child's peak resident memory */
 } run_result;
 
 static char *slurp(const char *path)
@@ -72,9 +74,13 @@ static run_result run(const char *tool, const char *const *args)
         execv(tool, (char *const *)argv);
         _exit(127);
     }
-    run_result r = {-1000, NULL, NULL, 0};
+    run_result r = {-1000, NULL, NULL, 0, 0};
     int st;
-    if (pid > 0 && waitpid(pid, &st, 0) == pid) r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+    struct rusage ru;
+    if (pid > 0 && wait4(pid, &st, 0, &ru) == pid) {
+        r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+        r.max_rss_kb = ru.ru_maxrss;
+    }
     r.seconds = now() - t0;
     r.out = slurp(outp);
     r.err = slurp(errp);
@@ -285,6 +291,91 @@ static void test_report(void)
     }
 }
 
+static void test_files(void)
+{
+    const char *fifo = tmp("fifo");
+    unlink(fifo);
+    TH_CHECK(mkfifo(fifo, 0600) == 0, "mkfifo failed");
+    write_text(tmp("inc_fifo.kvq"), "include \"fifo\";\nscheme a { bits 4; }\n");
+    write_text(tmp("inc_zero.kvq"), "include \"/dev/zero\";\nscheme a { bits 4; }\n");
+    write_text(tmp("inc_huge.kvq"), "include \"huge.kvq\";\nscheme a { bits 4; }\n");
+    /* a sparse regular file one byte past the 64 MiB limit */
+    FILE *f = fopen(tmp("huge.kvq"), "w");
+    if (f) {
+        fseek(f, (64L << 20), SEEK_SET);
+        fputc('\n', f);
+        fclose(f);
+    }
+    {
+        const char *a[] = {"check", tmp("inc_fifo.kvq"), NULL};
+        const char *n[] = {"cannot read included file", "not a regular file", NULL};
+        expect_fail("kvqc: include of a FIFO is refused at once, never blocks (case 9)", kvqc_bin, a, n, 5);
+    }
+    {
+        const char *a[] = {"check", fifo, NULL};
+        const char *n[] = {"not a regular file", NULL};
+        expect_fail("kvqc: a FIFO as the spec file is refused at once", kvqc_bin, a, n, 5);
+    }
+    {
+        const char *a[] = {"check", tmp("inc_zero.kvq"), NULL};
+        const char *n[] = {"'/dev/zero'", "not a regular file", NULL};
+        expect_fail("kvqc: include \"/dev/zero\" is refused without reading it (case 9)", kvqc_bin, a, n, 5);
+    }
+    {
+        const char *a[] = {"check", tmp("inc_huge.kvq"), NULL};
+        const char *n[] = {"larger than the 64 MiB limit", NULL};
+        expect_fail("kvqc: an include past 64 MiB is refused with the limit in the message (case 9)", kvqc_bin, a, n,
+                    5);
+    }
+    {
+        fill();
+        write_inputs(tmp("k.npy"), tmp("v.npy"), tmp("q.npy"));
+        const char *a[] = {"eval", "specs/kivi2.kvq", "--keys", fifo, "--values", tmp("v.npy"), "--queries",
+                           tmp("q.npy"), NULL};
+        const char *n[] = {"fifo: not a regular file", NULL};
+        expect_fail("eval: --keys FIFO is refused at once, never blocks (case 9)", kvq_bin, a, n, 10);
+    }
+    {
+        /* headers first: V's header says another shape; its data is cut short, which only a full read sees */
+        size_t sv[4] = {L, HKV, T - 1, D};
+        char err[256];
+        kvq_npy_write(tmp("vshort.npy"), KVQ_F32, sv, 4, V, err, sizeof err);
+        FILE *g = fopen(tmp("vshort.npy"), "r+");
+        if (g) {
+            TH_CHECK(ftruncate(fileno(g), 200) == 0, "truncate");
+            fclose(g);
+        }
+        const char *a[] = {"eval", "specs/kivi2.kvq", "--keys", tmp("k.npy"), "--values", tmp("vshort.npy"),
+                           "--queries", tmp("q.npy"), NULL};
+        const char *n[] = {"truncated", NULL};
+        expect_fail("eval: a truncated .npy is found from its header and size, before reading data", kvq_bin, a, n, 10);
+        kvq_npy_write(tmp("vshape.npy"), KVQ_F32, sv, 4, V, err, sizeof err);
+        const char *b[] = {"eval", "specs/kivi2.kvq", "--keys", tmp("k.npy"), "--values", tmp("vshape.npy"),
+                           "--queries", tmp("q.npy"), NULL};
+        const char *m[] = {"differ in shape", NULL};
+        expect_fail("eval: shapes are compared from the headers", kvq_bin, b, m, 10);
+    }
+    {
+        /* 50 MB of schemes: parsing stops one past the limit of 1024 schemes */
+        FILE *g = fopen(tmp("big.kvq"), "w");
+        for (int i = 0; g && i < 450000; i++)
+            fprintf(g, "scheme s%d { key { bits 2; per channel; group 32; } value { bits 2; per token; group 32; } "
+                       "residual 128; }\n", i);
+        if (g) fclose(g);
+        th_begin("kvqc: a 50 MB spec of schemes is refused ('too many schemes') in bounded memory (case 9)");
+        const char *a[] = {"check", tmp("big.kvq"), NULL};
+        run_result r = run(kvqc_bin, a);
+        const char *n[] = {"too many schemes (at most 1024", NULL};
+        check_fails(&r, n);
+        /* the text itself (50 MB, read into a buffer of up to 64 MiB) plus the trees of 1025 schemes; the
+         * whole file's trees took 815 MB (875 MB measured here). Sanitizers double what a plain build uses. */
+        TH_CHECK(r.max_rss_kb < 400 * 1024, "peak memory %ld MB", r.max_rss_kb / 1024);
+        printf("  kvqc check of a %d MB spec: peak %ld MB, %.2f s\n", 50, r.max_rss_kb / 1024, r.seconds);
+        run_free(&r);
+        th_end();
+    }
+}
+
 int main(void)
 {
     char self[PATH_MAX];
@@ -305,6 +396,7 @@ int main(void)
     if (!th_end()) return th_summary();
     test_eval_unmeasured();
     test_report();
+    test_files();
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

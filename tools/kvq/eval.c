@@ -3,6 +3,7 @@
  * output with exact attention over the unquantized cache (the inputs rounded to fp16, which is what the cache
  * stores). docs/eval.md is the user's guide. */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stddef.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "exact_attn.h"
 #include "half.h"
@@ -243,6 +245,21 @@ static int npy_dims(const kvq_npy *a, const char *path, int *L, int *Hx, int *T,
     return 0;
 }
 
+/* An input must be a regular file: opened non-blocking, so a FIFO without a writer is refused at once instead of
+ * blocking the open forever. */
+static int check_input_file(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return kvq_tool_error("eval", "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    int bad = fstat(fd, &st) != 0 || !S_ISREG(st.st_mode);
+    close(fd);
+    if (bad)
+        return kvq_tool_error("eval", "%s: not a regular file (a FIFO, a device or a directory); kvq eval reads .npy files",
+                              path);
+    return 0;
+}
+
 static int load_inputs(const eval_args *a, eval_inputs *in)
 {
     char err[600];
@@ -258,8 +275,12 @@ static int load_inputs(const eval_args *a, eval_inputs *in)
     } else {
         const char *paths[3] = {a->keys, a->values, a->queries};
         kvq_npy *arrs[3] = {&in->nk, &in->nv, &in->nq};
-        for (int i = 0; i < 3; i++)
-            if (kvq_npy_read(paths[i], arrs[i], err, sizeof err) != KVQ_OK) return kvq_tool_error("eval", "%s", err);
+        /* Headers first: the shapes are compared before any data is read. */
+        for (int i = 0; i < 3; i++) {
+            if (check_input_file(paths[i])) return -1;
+            if (kvq_npy_read_header(paths[i], arrs[i], err, sizeof err) != KVQ_OK)
+                return kvq_tool_error("eval", "%s", err);
+        }
         int L, HKV, T, D, L2, HKV2, T2, D2, L3, H, T3, D3;
         if (npy_dims(&in->nk, a->keys, &L, &HKV, &T, &D) || npy_dims(&in->nv, a->values, &L2, &HKV2, &T2, &D2) ||
             npy_dims(&in->nq, a->queries, &L3, &H, &T3, &D3))
@@ -276,6 +297,12 @@ static int load_inputs(const eval_args *a, eval_inputs *in)
         if (T < 2)
             return kvq_tool_error("eval", "%s: 1 token; at least 2 are needed (a prefill and a decode step)",
                                   a->keys);
+        for (int i = 0; i < 3; i++) {
+            kvq_npy h = *arrs[i];
+            if (kvq_npy_read(paths[i], arrs[i], err, sizeof err) != KVQ_OK) return kvq_tool_error("eval", "%s", err);
+            if (arrs[i]->ndim != h.ndim || memcmp(arrs[i]->shape, h.shape, sizeof h.shape) || arrs[i]->dtype != h.dtype)
+                return kvq_tool_error("eval", "%s changed while it was read", paths[i]);
+        }
         in->L = L, in->H = H, in->HKV = HKV, in->T = T, in->D = D;
         in->k = in->nk.data, in->v = in->nv.data, in->q = in->nq.data;
         /* Feed the engine the files' type when they agree, else float32, so nothing is rounded on the way in. */
