@@ -1,0 +1,40 @@
+# Fuzz targets (tests/fuzz/fuzz_*.c, docs/testing.md). Two ways to run them:
+#   - `make test`: each target linked with tests/fuzz/replay.c (a plain-C driver, built by $(CC) like every test)
+#     as $(BUILD)/tests/test_fuzz_<target>: replays tests/fuzz/corpus/<target>/ and mutates it for a few seconds;
+#   - `make fuzz FUZZ_TIME=60`: libFuzzer (clang -fsanitize=fuzzer,address,undefined) for FUZZ_TIME seconds per
+#     target, with the seed corpus and tests/fuzz/<target>.dict; new inputs go to build/fuzz/corpus/<target>/,
+#     crashes to build/fuzz/crash-<target>-*. clang is installed by tools/ensure-deps.sh --fuzz when missing.
+FUZZ_TARGETS := spec npy engine
+FUZZ_TIME ?= 60
+FUZZ_CC ?= clang
+FUZZ_CXX ?= clang++
+FUZZ_JOBS ?= 1
+
+$(BUILD)/tests/test_fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/fuzz/replay.o $(BUILD)/obj/tests/harness.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+TEST_BIN += $(patsubst %,$(BUILD)/tests/test_fuzz_%,$(FUZZ_TARGETS))
+
+# libFuzzer builds: libkvq again with clang, coverage instrumentation and the sanitizers, in build/fuzz/lib.
+FUZZ_DIR := build/fuzz
+FUZZ_FLAGS := -fsanitize=fuzzer-no-link
+.PHONY: fuzz fuzz-build
+fuzz-build:
+	@sh tools/ensure-deps.sh --fuzz
+	@$(MAKE) --no-print-directory BUILD=$(FUZZ_DIR)/lib CC=$(FUZZ_CC) SAN=1 CFLAGS="$(FUZZ_FLAGS)" $(FUZZ_DIR)/lib/libkvq.a
+	@for t in $(FUZZ_TARGETS); do \
+		$(FUZZ_CC) $(CFLAGS_BASE) -I$(FUZZ_DIR)/lib/gen $(filter-out -I$(BUILD)/gen,$(INCLUDES)) \
+			-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
+			-o $(FUZZ_DIR)/fuzz_$$t tests/fuzz/fuzz_$$t.c $(FUZZ_DIR)/lib/libkvq.a -lm -ldl -lpthread || exit 1; \
+	done
+fuzz: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+		mkdir -p $(FUZZ_DIR)/corpus/$$t; \
+		echo "== fuzz_$$t for $(FUZZ_TIME) s"; \
+		KVQ_SRCDIR=$(CURDIR) KVQ_CACHE_DIR=$(CURDIR)/$(FUZZ_DIR)/cache KVQ_EMU_CC=$(FUZZ_CC) KVQ_EMU_CXX=$(FUZZ_CXX) \
+		$(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_TIME) -jobs=$(FUZZ_JOBS) -workers=$(FUZZ_JOBS) \
+			-print_final_stats=1 -dict=tests/fuzz/$$t.dict -artifact_prefix=$(FUZZ_DIR)/crash-$$t- \
+			$(FUZZ_DIR)/corpus/$$t tests/fuzz/corpus/$$t 2>&1 | tee $(FUZZ_DIR)/fuzz_$$t.log | \
+			grep -E '^#[0-9]+ +(DONE|INITED)|^stat::|ERROR|SUMMARY|invariant' ; \
+		test -z "$$(ls $(FUZZ_DIR)/crash-$$t-* 2>/dev/null)" || { echo "fuzz_$$t: crash saved in $(FUZZ_DIR)"; exit 1; }; \
+	done
