@@ -94,7 +94,7 @@ static int read_all(FILE *fp, char **out, size_t *len)
 
 /* Opens a spec file for reading: non-blocking, so a FIFO or a device never blocks the open, and only when it is
  * a regular file no larger than the limit (include "/dev/zero" once read 64 MiB before refusing; a FIFO blocked
- * forever). 0: *fp open; > 0: errno; -2: too large; -3: not a regular file. */
+ * forever). 0: *fp open; > 0: errno; -2: too large; -3: not a regular file; -4: a directory. */
 static int open_spec(const char *path, FILE **fp, struct stat *st)
 {
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -102,6 +102,8 @@ static int open_spec(const char *path, FILE **fp, struct stat *st)
     int rc = 0;
     if (fstat(fd, st) != 0)
         rc = errno ? errno : EIO;
+    else if (S_ISDIR(st->st_mode))
+        rc = -4;
     else if (!S_ISREG(st->st_mode))
         rc = -3;
     else if ((unsigned long long)st->st_size > SPEC_FILE_MAX)
@@ -117,7 +119,8 @@ static int open_spec(const char *path, FILE **fp, struct stat *st)
 static const char *read_error(int rc)
 {
     if (rc == -2) return "file is larger than the 64 MiB limit";
-    if (rc == -3) return "not a regular file (a FIFO, a device or a directory)";
+    if (rc == -3) return "not a regular file (a FIFO or a device)";
+    if (rc == -4) return strerror(EISDIR);
     return strerror(rc);
 }
 
