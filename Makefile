@@ -56,9 +56,11 @@ $(LIB): $(LIB_OBJ)
 VERSION := $(shell sed -n 's/^\#define KVQ_VERSION "\(.*\)"/\1/p' runtime/include/kvq.h)
 SONAME := libkvq.so.$(firstword $(subst ., ,$(VERSION)))
 SOLIB := $(BUILD)/libkvq.so.$(VERSION)
-# Only the kvq_ names are exported (tools/libkvq.map).
+# Only the kvq_ names are exported (tools/libkvq.map). -Bsymbolic: the library's calls to its own kvq_ functions
+# bind inside it, so no other object in the process (the emulator's dlopened kernels define kvq_ names of
+# their own) can interpose them; without it the emu backend crashed from an installed libkvq.so.
 $(SOLIB): $(LIB) tools/libkvq.map
-	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=tools/libkvq.map -Wl,--no-undefined -o $@ \
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,-Bsymbolic -Wl,--version-script=tools/libkvq.map -Wl,--no-undefined -o $@ \
 		-Wl,--whole-archive $(LIB) -Wl,--no-whole-archive $(LDLIBS_ALL)
 	ln -sf libkvq.so.$(VERSION) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $(BUILD)/libkvq.so
@@ -87,6 +89,7 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(BUILD)/obj/tests/harne
 EXTRA_ALL :=
 -include tests/emu/module.mk
 -include compiler/cuda.mk
+-include tests/fuzz/module.mk
 
 .PHONY: all lib tools tests test demo bench-cpu clean emu-test install
 all: $(LIB) $(SOLIB) $(TOOLS) $(EXTRA_ALL)

@@ -110,6 +110,7 @@ ast_item *ast_include(ast_parser *p, ast_loc kw, const ast_tok *path, ast_loc pa
 void ast_items_add(ast_parser *p, ast_item *it)
 {
     if (!it) return;
+    if (it->kind == AST_ITEM_SCHEME && p->max_schemes > 0 && ++p->n_schemes >= p->max_schemes) p->stop = 1;
     if (p->items.tail)
         p->items.tail->next = it;
     else

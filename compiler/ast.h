@@ -99,6 +99,9 @@ typedef struct ast_parser {
     ast_ilist items;        /* the result */
     int nomem;              /* an allocation failed: the parse stops and reports KVQ_ERR_NOMEM */
     int stop;               /* a fatal lexical error (nesting too deep, too many errors): quietly stop */
+    int max_schemes;        /* > 0: stop after this many scheme items (spec.c: one past the spec's limit, so a
+                               huge file of schemes costs memory for that many, not for all of them) */
+    int n_schemes;
     /* lexer state used by the syntax-error messages */
     char prev_text[48];     /* the token before the last one read (the lookahead when an error is found) */
     ast_loc prev_loc;

@@ -2,9 +2,11 @@
  * schemes, and keep what survives (schemes, diagnostics, their strings) in a kvq_spec. The syntax trees and the
  * file texts are freed before returning. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "ast.h"
@@ -90,6 +92,38 @@ static int read_all(FILE *fp, char **out, size_t *len)
     return 0;
 }
 
+/* Opens a spec file for reading: non-blocking, so a FIFO or a device never blocks the open, and only when it is
+ * a regular file no larger than the limit (include "/dev/zero" once read 64 MiB before refusing; a FIFO blocked
+ * forever). 0: *fp open; > 0: errno; -2: too large; -3: not a regular file; -4: a directory. */
+static int open_spec(const char *path, FILE **fp, struct stat *st)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return errno ? errno : EIO;
+    int rc = 0;
+    if (fstat(fd, st) != 0)
+        rc = errno ? errno : EIO;
+    else if (S_ISDIR(st->st_mode))
+        rc = -4;
+    else if (!S_ISREG(st->st_mode))
+        rc = -3;
+    else if ((unsigned long long)st->st_size > SPEC_FILE_MAX)
+        rc = -2;
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        rc = errno ? errno : EIO;
+    if (rc == 0 && !(*fp = fdopen(fd, "rb"))) rc = errno ? errno : ENOMEM;
+    if (rc != 0) close(fd);
+    return rc;
+}
+
+/* The reason for a read_all / open_spec code. */
+static const char *read_error(int rc)
+{
+    if (rc == -2) return "file is larger than the 64 MiB limit";
+    if (rc == -3) return "not a regular file (a FIFO or a device)";
+    if (rc == -4) return strerror(EISDIR);
+    return strerror(rc);
+}
+
 static lfile *add_file(loader *L)
 {
     lfile *f;
@@ -168,13 +202,15 @@ static void include(loader *L, const lfile *from, const ast_item *it, int depth)
     memcpy(path, from->src.file, dir);
     strcpy(path + dir, name);
 
-    fp = fopen(path, "rb");
-    if (!fp) {
+    fp = NULL;
+    rc = open_spec(path, &fp, &st);
+    if (rc != 0) {
         ast_diag_add(dl, KVQ_DIAG_ERROR, &from->src, it->name_loc.line, it->name_loc.col,
-                     "cannot open included file '%s': %s", ast_diag_quote(q, sizeof q, path, 48), strerror(errno));
+                     "cannot %s included file '%s': %s", rc < 0 ? "read" : "open", ast_diag_quote(q, sizeof q, path, 48),
+                     read_error(rc));
         return;
     }
-    int have_id = fstat(fileno(fp), &st) == 0;
+    int have_id = 1;
     if (have_id) {
         for (int i = 0; i < L->n_files; i++) {
             const lfile *o = L->files[i];
@@ -203,8 +239,7 @@ static void include(loader *L, const lfile *from, const ast_item *it, int depth)
     }
     if (rc != 0) {
         ast_diag_add(dl, KVQ_DIAG_ERROR, &from->src, it->name_loc.line, it->name_loc.col,
-                     "cannot read included file '%s': %s", ast_diag_quote(q, sizeof q, path, 48),
-                     rc == -2 ? "file is too large" : strerror(rc));
+                     "cannot read included file '%s': %s", ast_diag_quote(q, sizeof q, path, 48), read_error(rc));
         f->has_id = 0;
         return;
     }
@@ -220,12 +255,15 @@ static void process(loader *L, lfile *f, int depth)
     p.arena = &L->ast;
     p.diags = &L->spec->diags;
     p.src = &f->src;
+    /* One scheme past the spec's limit is enough for add_decl to report "too many schemes". */
+    p.max_schemes = SEMA_SCHEMES_MAX + 1 - (L->n_decls < SEMA_SCHEMES_MAX ? L->n_decls : SEMA_SCHEMES_MAX);
     f->state = 1;
     if (ast_parse(&p) < 0 || p.nomem) {
         L->nomem = 1;
         return;
     }
-    for (const ast_item *it = p.items.head; it && !L->nomem && !L->spec->diags.stopped; it = it->next) {
+    for (const ast_item *it = p.items.head; it && !L->nomem && !L->spec->diags.stopped && L->n_decls <= SEMA_SCHEMES_MAX;
+         it = it->next) {
         if (it->kind == AST_ITEM_INCLUDE)
             include(L, f, it, depth);
         else
@@ -307,10 +345,11 @@ static kvq_status parse_root(const char *name, const char *text, size_t len, kvq
             root->string_root = 1;
             process(&L, root, 0);
         } else {
-            FILE *fp = fopen(name, "rb");
-            int rc = fp ? 0 : errno;
+            FILE *fp = NULL;
             struct stat st;
-            if (fp && fstat(fileno(fp), &st) == 0) {
+            int rc = open_spec(name, &fp, &st);
+            int open_failed = rc > 0; /* the message says "cannot open" only then, else "cannot read" */
+            if (rc == 0) {
                 root->has_id = 1;
                 root->dev = st.st_dev;
                 root->ino = st.st_ino;
@@ -322,8 +361,8 @@ static kvq_status parse_root(const char *name, const char *text, size_t len, kvq
             if (rc == -1) {
                 L.nomem = 1;
             } else if (rc != 0) {
-                ast_diag_add(&spec->diags, KVQ_DIAG_ERROR, &root->src, 0, 0, "cannot %s file: %s", fp ? "read" : "open",
-                             rc == -2 ? "file is too large" : strerror(rc));
+                ast_diag_add(&spec->diags, KVQ_DIAG_ERROR, &root->src, 0, 0, "cannot %s file: %s",
+                             open_failed ? "open" : "read", read_error(rc));
                 L.io_error = 1;
             } else {
                 root->src.text = root->owned;

@@ -2,6 +2,7 @@
  * Built only from the layout (layout.h) and the streaming rules, which the runtime uses to allocate, so the two
  * agree byte for byte (tests/unit/test_account_runtime.c checks it). Counts are allocated bytes: fp16 windows
  * and pools at their capacity, pages at theirs. */
+#include <stdint.h>
 #include <string.h>
 
 #include "kvq.h"
@@ -17,6 +18,34 @@ const char *kvq_segment_name(kvq_segment seg)
     return (unsigned)seg < KVQ_SEG_COUNT ? seg_names[seg] : "?";
 }
 
+/* Byte and token counts in checked 64-bit arithmetic: any step that would pass 2^63 - 1 sets `overflow`, and
+ * kvq_scheme_account then refuses the request instead of printing a wrapped number (issue 12: "device total 0"
+ * at the CLI's largest dims). */
+#define ACCT_MAX ((uint64_t)INT64_MAX)
+typedef struct {
+    int overflow;
+} acct_guard;
+
+static uint64_t cmul(acct_guard *g, uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (__builtin_mul_overflow(a, b, &r) || r > ACCT_MAX) {
+        g->overflow = 1;
+        return 0;
+    }
+    return r;
+}
+
+static uint64_t cadd(acct_guard *g, uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (__builtin_add_overflow(a, b, &r) || r > ACCT_MAX) {
+        g->overflow = 1;
+        return 0;
+    }
+    return r;
+}
+
 /* Bytes of one sequence's layer, split into what is per sequence and what ZipCache's accounting shares. */
 typedef struct {
     uint64_t bytes[KVQ_SEG_COUNT];
@@ -24,28 +53,35 @@ typedef struct {
     uint64_t shared_params; /* part of bytes[KVQ_SEG_PARAMS] that is per-channel metadata */
 } layer_acct;
 
-/* The pages of one flush class of `count` tokens of tensor `t`. */
-static void account_class(layer_acct *a, const kvq_tensor_cfg *t, int bits, int masked, int H, int D, int count,
-                          kvq_segment code_seg)
+/* `n` pages of capacity `cap` (all alike). */
+static void account_pages(acct_guard *g, layer_acct *a, const kvq_tensor_cfg *t, int bits, int masked, int H, int D,
+                          int cap, uint64_t n, kvq_segment code_seg)
 {
-    while (count > 0) {
-        /* Per-channel groups split a flush into pages of G tokens (the last may be short); per-token pages hold
-         * the whole flush. */
-        int cap = t->gran == KVQ_GRAN_CHANNEL ? kvq_channel_group_tokens(t, count) : count;
-        if (cap > count) cap = count;
-        kvq_page_format fmt;
-        kvq_page_layout lay;
-        kvq_page_format_init(&fmt, t, bits, masked, H, D, cap);
-        kvq_page_layout_compute(&fmt, &lay);
-        a->bytes[code_seg] += lay.codes_size;
-        a->tokens[code_seg] += (uint64_t)cap * (uint64_t)H;
-        a->bytes[KVQ_SEG_PARAMS] += lay.total - lay.codes_size;
-        a->shared_params += kvq_page_channel_param_bytes(&lay, &fmt);
-        count -= cap;
-    }
+    if (!n || cap <= 0) return;
+    kvq_page_format fmt;
+    kvq_page_layout lay;
+    kvq_page_format_init(&fmt, t, bits, masked, H, D, cap);
+    kvq_page_layout_compute(&fmt, &lay);
+    a->bytes[code_seg] = cadd(g, a->bytes[code_seg], cmul(g, n, lay.codes_size));
+    a->tokens[code_seg] = cadd(g, a->tokens[code_seg], cmul(g, n, (uint64_t)cap * (uint64_t)H));
+    a->bytes[KVQ_SEG_PARAMS] = cadd(g, a->bytes[KVQ_SEG_PARAMS], cmul(g, n, lay.total - lay.codes_size));
+    a->shared_params = cadd(g, a->shared_params, cmul(g, n, kvq_page_channel_param_bytes(&lay, &fmt)));
 }
 
-static void account_quant_layer(layer_acct *a, const kvq_quant_cfg *q, int H, int D, int T)
+/* The pages of one flush class of `count` tokens of tensor `t`, in closed form: per-channel groups split a flush
+ * into count / G full pages of G tokens and one short page of count % G; per-token pages hold the whole flush.
+ * (A loop over pages took 62 s at group 1, 4096 layers and a million tokens.) */
+static void account_class(acct_guard *g, layer_acct *a, const kvq_tensor_cfg *t, int bits, int masked, int H, int D,
+                          int count, kvq_segment code_seg)
+{
+    if (count <= 0) return;
+    int cap = t->gran == KVQ_GRAN_CHANNEL ? kvq_channel_group_tokens(t, count) : count;
+    if (cap > count) cap = count;
+    account_pages(g, a, t, bits, masked, H, D, cap, (uint64_t)(count / cap), code_seg);
+    account_pages(g, a, t, bits, masked, H, D, count % cap, 1, code_seg);
+}
+
+static void account_quant_layer(acct_guard *g, layer_acct *a, const kvq_quant_cfg *q, int H, int D, int T)
 {
     int S = T < q->sinks ? T : q->sinks;
     a->bytes[KVQ_SEG_SINK] += kvq_window_bytes(H, D, q->sinks);
@@ -64,10 +100,10 @@ static void account_quant_layer(layer_acct *a, const kvq_quant_cfg *q, int H, in
         int masked = which == 0 && q->outliers.keep > 0;
         if (q->saliency.metric != KVQ_SAL_NONE) {
             int high = kvq_saliency_high_count(&q->saliency, quantized);
-            account_class(a, t, q->saliency.high_bits, masked, H, D, high, KVQ_SEG_BODY_HIGH);
-            account_class(a, t, q->saliency.low_bits, masked, H, D, quantized - high, KVQ_SEG_BODY_LOW);
+            account_class(g, a, t, q->saliency.high_bits, masked, H, D, high, KVQ_SEG_BODY_HIGH);
+            account_class(g, a, t, q->saliency.low_bits, masked, H, D, quantized - high, KVQ_SEG_BODY_LOW);
         } else {
-            account_class(a, t, t->bits, masked, H, D, quantized, KVQ_SEG_BODY_HIGH);
+            account_class(g, a, t, t->bits, masked, H, D, quantized, KVQ_SEG_BODY_HIGH);
         }
         if (which == 0) pooled = quantized < q->outliers.keep ? quantized : q->outliers.keep;
     }
@@ -96,13 +132,19 @@ kvq_status kvq_scheme_account(const kvq_scheme *s, const kvq_dims *d, int batch,
                               const kvq_account_opts *opts, kvq_mem_stats *out)
 {
     if (!s || !d || !out) return KVQ_ERR_INVALID;
-    if (d->layers <= 0 || d->heads <= 0 || d->kv_heads <= 0 || d->head_dim <= 0 || batch <= 0 || seq < 0)
-        return KVQ_ERR_INVALID;
-    if (d->heads % d->kv_heads != 0 || d->head_dim % 32 != 0) return KVQ_ERR_SHAPE;
     memset(out, 0, sizeof *out);
+    if (batch <= 0 || seq < 0) return KVQ_ERR_INVALID;
+    kvq_status st = kvq_scheme_check_dims(s, d, NULL, 0);
+    if (st != KVQ_OK) return st;
     int share = opts && opts->share_channel_params_across_batch;
+    acct_guard g = {0};
+    kvq_mem_stats m;
+    memset(&m, 0, sizeof m);
 
-    for (int l = 0; l < d->layers; l++) {
+    /* Per layer: O(1) each (closed-form page counts). Within one layer every figure fits 64 bits: the dims are
+     * capped by kvq_scheme_check_dims (4096 kv heads, head_dim 256) and seq < 2^31, so a window or a page is
+     * below 2^53 bytes; products with the batch and the sums over layers are checked. */
+    for (int l = 0; l < d->layers && !g.overflow; l++) {
         const kvq_layer_cfg *cfg = kvq_scheme_layer(s, l);
         int sparse = cfg->mode == KVQ_MODE_SPARSE ||
                      (cfg->mode == KVQ_MODE_AUTO && opts && opts->auto_sparse && opts->auto_sparse[l]);
@@ -111,24 +153,26 @@ kvq_status kvq_scheme_account(const kvq_scheme *s, const kvq_dims *d, int batch,
         if (sparse)
             account_sparse_layer(&a, &cfg->sparse, d->kv_heads, d->head_dim, seq);
         else
-            account_quant_layer(&a, &cfg->quant, d->kv_heads, d->head_dim, seq);
+            account_quant_layer(&g, &a, &cfg->quant, d->kv_heads, d->head_dim, seq);
         for (int k = 0; k < KVQ_SEG_COUNT; k++) {
             uint64_t b = a.bytes[k];
             if (k == KVQ_SEG_PARAMS && share) {
                 /* Per-channel metadata once for the whole batch, as ZipCache Appendix A counts it. */
-                out->bytes[k] += (b - a.shared_params) * (uint64_t)batch + a.shared_params;
+                m.bytes[k] = cadd(&g, m.bytes[k], cadd(&g, cmul(&g, b - a.shared_params, (uint64_t)batch), a.shared_params));
             } else {
-                out->bytes[k] += b * (uint64_t)batch;
+                m.bytes[k] = cadd(&g, m.bytes[k], cmul(&g, b, (uint64_t)batch));
             }
-            out->tokens[k] += a.tokens[k] * (uint64_t)batch;
+            m.tokens[k] = cadd(&g, m.tokens[k], cmul(&g, a.tokens[k], (uint64_t)batch));
         }
     }
     for (int k = 0; k < KVQ_SEG_COUNT; k++)
-        if (k != KVQ_SEG_HOST) out->device_bytes += out->bytes[k];
-    uint64_t elems = (uint64_t)d->layers * (uint64_t)batch * (uint64_t)d->kv_heads * (uint64_t)seq *
-                     (uint64_t)d->head_dim * 2;
-    out->fp16_bytes = elems * 2;
-    out->effective_bits = elems ? (double)out->device_bytes * 8.0 / (double)elems : 0.0;
-    out->compression_ratio = out->device_bytes ? (double)out->fp16_bytes / (double)out->device_bytes : 0.0;
+        if (k != KVQ_SEG_HOST) m.device_bytes = cadd(&g, m.device_bytes, m.bytes[k]);
+    uint64_t elems = cmul(&g, cmul(&g, cmul(&g, (uint64_t)d->layers, (uint64_t)batch), (uint64_t)d->kv_heads),
+                          cmul(&g, (uint64_t)seq, (uint64_t)d->head_dim * 2));
+    m.fp16_bytes = cmul(&g, elems, 2);
+    if (g.overflow) return KVQ_ERR_INVALID; /* *out stays zeroed */
+    m.effective_bits = elems ? (double)m.device_bytes * 8.0 / (double)elems : 0.0;
+    m.compression_ratio = m.device_bytes ? (double)m.fp16_bytes / (double)m.device_bytes : 0.0;
+    *out = m;
     return KVQ_OK;
 }

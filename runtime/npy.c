@@ -25,6 +25,8 @@
 #define MAX_HEADER_LEN (1u << 20)
 /* Data moves through a buffer of this many bytes: a multiple of every item size. */
 #define CHUNK_BYTES 16384
+/* A stream's data buffer starts at this many values and doubles as data arrives (a multiple of the chunk). */
+#define STREAM_FIRST_VALUES ((size_t)1 << 18)
 
 static void set_err(char *err, size_t errsz, const char *path, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -347,8 +349,8 @@ static void decode(float *dst, const unsigned char *src, size_t n, kvq_dtype dt,
     }
 }
 
-/* Everything after fopen; the caller closes f. */
-static kvq_status read_stream(FILE *f, const char *path, kvq_npy *out, char *err, size_t errsz)
+/* Everything after fopen; the caller closes f. header_only: stop after the header's checks (out->data NULL). */
+static kvq_status read_stream(FILE *f, const char *path, kvq_npy *out, int header_only, char *err, size_t errsz)
 {
     /* The file's size, when it has one (a regular file), lets every length be checked before anything is
      * allocated; for a pipe the checks happen as the bytes arrive. */
@@ -472,15 +474,37 @@ static kvq_status read_stream(FILE *f, const char *path, kvq_npy *out, char *err
         return KVQ_ERR_FORMAT;
     }
 
-    float *data = kvq_malloc(count * sizeof(float));
+    if (header_only) {
+        out->dtype = dt;
+        out->ndim = h.ndim;
+        memcpy(out->shape, h.shape, sizeof h.shape);
+        out->count = count;
+        return KVQ_OK;
+    }
+    /* A file's size was checked against the header above, so its data is allocated at once. A stream (a pipe)
+     * has no size: its buffer grows as the data arrives (doubling from 1 MiB), so memory stays proportional to
+     * what was read, not to what the header claims (a 64 GiB claim on an empty pipe once allocated 64 GiB). */
+    size_t cap = sized ? count : (count < STREAM_FIRST_VALUES ? count : STREAM_FIRST_VALUES);
+    float *data = kvq_malloc((cap ? cap : 1) * sizeof(float));
     if (!data) {
-        set_err(err, errsz, path, "out of memory for %zu values", count);
+        set_err(err, errsz, path, "out of memory for %zu values", cap);
         return KVQ_ERR_NOMEM;
     }
     unsigned char buf[CHUNK_BYTES];
     size_t done = 0;
     while (done < count) {
         size_t n = count - done < CHUNK_BYTES / isz ? count - done : CHUNK_BYTES / isz;
+        if (done + n > cap) {
+            size_t grow = cap > count / 2 ? count : 2 * cap;
+            float *d2 = kvq_realloc(data, grow * sizeof(float));
+            if (!d2) {
+                kvq_free(data);
+                set_err(err, errsz, path, "out of memory for %zu values", grow);
+                return KVQ_ERR_NOMEM;
+            }
+            data = d2;
+            cap = grow;
+        }
         size_t b = read_full(f, buf, n * isz);
         if (b < n * isz) {
             kvq_free(data);
@@ -515,7 +539,7 @@ read_error:
     return KVQ_ERR_IO;
 }
 
-kvq_status kvq_npy_read(const char *path, kvq_npy *out, char *err, size_t errsz)
+static kvq_status read_path(const char *path, kvq_npy *out, int header_only, char *err, size_t errsz)
 {
     if (err && errsz) err[0] = '\0';
     if (out) memset(out, 0, sizeof *out);
@@ -528,9 +552,19 @@ kvq_status kvq_npy_read(const char *path, kvq_npy *out, char *err, size_t errsz)
         set_err(err, errsz, path, "cannot open: %s", strerror(errno));
         return KVQ_ERR_IO;
     }
-    kvq_status st = read_stream(f, path, out, err, errsz);
+    kvq_status st = read_stream(f, path, out, header_only, err, errsz);
     fclose(f); /* read-only: nothing to lose if closing fails */
     return st;
+}
+
+kvq_status kvq_npy_read(const char *path, kvq_npy *out, char *err, size_t errsz)
+{
+    return read_path(path, out, 0, err, errsz);
+}
+
+kvq_status kvq_npy_read_header(const char *path, kvq_npy *out, char *err, size_t errsz)
+{
+    return read_path(path, out, 1, err, errsz);
 }
 
 /* ---- writing ---------------------------------------------------------------------------------------------- */

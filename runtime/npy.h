@@ -36,6 +36,10 @@ const char *kvq_npy_dtype_name(kvq_dtype dtype);
  * err (errsz bytes, may be NULL/0) receives the message on failure. */
 kvq_status kvq_npy_read(const char *path, kvq_npy *out, char *err, size_t errsz);
 
+/* Reads and checks only the header (and, for a regular file, that its size matches the header): dtype, ndim,
+ * shape and count are set, data is NULL. For comparing shapes before any data is read. */
+kvq_status kvq_npy_read_header(const char *path, kvq_npy *out, char *err, size_t errsz);
+
 /* Writes data (count = product of shape floats, C order) as dtype, replacing the file. ndim may be 0 (a
  * scalar: one value). On failure the partly written file is removed. */
 kvq_status kvq_npy_write(const char *path, kvq_dtype dtype, const size_t *shape, int ndim, const float *data,

@@ -50,6 +50,9 @@ kvq_qparams kvq_qparams_fit(float min, float max, int bits, kvq_param_dtype scal
         return p;
     }
     p.scale = kvq_param_round_up((max - p.zero) / L, scale_dt);
+    /* An fp16 scale saturates at 65504 rather than becoming inf (quant.h): only 1-bit groups of inputs within
+     * fp16's range (the engine's policy) get here, and their error stays within the exact step's bound. */
+    if (scale_dt == KVQ_DT_FP16 && p.scale > KVQ_PARAM_F16_MAX) p.scale = KVQ_PARAM_F16_MAX;
     return p;
 }
 

@@ -7,7 +7,13 @@
  *   x'   = z + s * code                         (fp32, one multiply then one add: no fused multiply-add)
  * Rounding z down and s up keeps [min, max] inside the grid, so |x - x'| <= s/2 (up to fp32 rounding) even
  * though the stored parameters are fp16. A group with max == min and a representable min gets s = 0, codes 0,
- * and reconstructs exactly (no division by zero: the peers' kernels produce NaN there). */
+ * and reconstructs exactly (no division by zero: the peers' kernels produce NaN there).
+ *
+ * Saturation of an fp16 scale: with every input within fp16's range (|x| <= 65504, the engine refuses anything
+ * else), max - z <= 131008, so only L = 1 (1-bit) can give a step beyond fp16's 65504. There s is stored as
+ * 65504 (never inf: inf * 0 would dequantize to NaN), and codes are computed against the stored s, so
+ * x' is z or z + 65504. For R = max - z in (65504, 131008]: |x - x'| <= max(65504 / 2, R - 65504) <= R / 2, the
+ * bound of the exact step R / L: the saturated group is no less accurate than 1-bit promises. */
 #ifndef KVQ_QUANT_H
 #define KVQ_QUANT_H
 
@@ -15,6 +21,8 @@
 #include <stdint.h>
 
 #include "scheme.h"
+
+#define KVQ_PARAM_F16_MAX 65504.0f /* fp16's largest finite value: an fp16 scale saturates here */
 
 typedef struct {
     float scale, zero; /* exactly representable in their storage dtypes */

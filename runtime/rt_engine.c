@@ -93,35 +93,6 @@ static kvq_status create_error(char *errbuf, size_t size, kvq_status st, const c
     return st;
 }
 
-/* Shape checks a scheme needs from the engine's dims that sema could not make (a spec need not give dims). */
-static kvq_status check_scheme_dims(const kvq_scheme *s, const kvq_dims *d, char *msg, size_t size)
-{
-    const kvq_model_dims *m = &s->model;
-    if ((m->layers && m->layers != d->layers) || (m->heads && m->heads != d->heads) ||
-        (m->kv_heads && m->kv_heads != d->kv_heads) || (m->head_dim && m->head_dim != d->head_dim))
-        return create_error(msg, size, KVQ_ERR_SHAPE,
-                            "scheme '%s' is for layers %d heads %d kv_heads %d head_dim %d, the engine has %d %d %d %d",
-                            s->name, m->layers, m->heads, m->kv_heads, m->head_dim, d->layers, d->heads, d->kv_heads,
-                            d->head_dim);
-    for (int l = 0; l < d->layers; l++) {
-        const kvq_layer_cfg *c = kvq_scheme_layer(s, l);
-        if (c->mode != KVQ_MODE_SPARSE) {
-            for (int w = 0; w < 2; w++) {
-                const kvq_tensor_cfg *t = w ? &c->quant.value : &c->quant.key;
-                if (!kvq_bits_is_fp16(t->bits) && t->gran == KVQ_GRAN_TOKEN && t->group > 0 &&
-                    d->head_dim % t->group != 0)
-                    return create_error(msg, size, KVQ_ERR_SHAPE, "layer %d: %s group %d does not divide head_dim %d",
-                                        l, w ? "value" : "key", t->group, d->head_dim);
-            }
-        }
-        if (c->mode != KVQ_MODE_QUANT && !s->classify.enabled)
-            return create_error(msg, size, KVQ_ERR_INVALID,
-                                "layer %d: mode %s needs the scheme's classify block", l,
-                                c->mode == KVQ_MODE_SPARSE ? "sparse" : "auto");
-    }
-    return KVQ_OK;
-}
-
 kvq_status kvq_engine_create(const kvq_scheme *scheme, const kvq_engine_config *cfg, kvq_engine **out, char *errbuf,
                              size_t errbuf_size)
 {
@@ -131,16 +102,9 @@ kvq_status kvq_engine_create(const kvq_scheme *scheme, const kvq_engine_config *
     if (!scheme || !cfg)
         return create_error(errbuf, errbuf_size, KVQ_ERR_INVALID, "%s is NULL", scheme ? "cfg" : "scheme");
     const kvq_dims *d = &cfg->dims;
-    if (d->layers < 1 || d->heads < 1 || d->kv_heads < 1)
-        return create_error(errbuf, errbuf_size, KVQ_ERR_SHAPE,
-                            "dims must be positive (layers %d, heads %d, kv_heads %d)", d->layers, d->heads,
-                            d->kv_heads);
-    if (d->heads % d->kv_heads != 0)
-        return create_error(errbuf, errbuf_size, KVQ_ERR_SHAPE, "heads %d is not a multiple of kv_heads %d",
-                            d->heads, d->kv_heads);
-    if (d->head_dim != 64 && d->head_dim != 96 && d->head_dim != 128 && d->head_dim != 256)
-        return create_error(errbuf, errbuf_size, KVQ_ERR_SHAPE, "head_dim %d is not 64, 96, 128 or 256",
-                            d->head_dim);
+    /* The one check of a scheme against dims that kvqc report and kvq eval make too (scheme_dims.c). */
+    kvq_status st = kvq_scheme_check_dims(scheme, d, errbuf, errbuf_size);
+    if (st != KVQ_OK) return st;
     if (cfg->dtype != KVQ_F32 && cfg->dtype != KVQ_F16 && cfg->dtype != KVQ_BF16)
         return create_error(errbuf, errbuf_size, KVQ_ERR_INVALID, "unknown dtype %d", (int)cfg->dtype);
     if (!(cfg->softmax_scale >= 0.0f) || isinf(cfg->softmax_scale))
@@ -149,8 +113,6 @@ kvq_status kvq_engine_create(const kvq_scheme *scheme, const kvq_engine_config *
     if (cfg->threads < 0 || cfg->threads > 1024)
         return create_error(errbuf, errbuf_size, KVQ_ERR_INVALID, "threads %d is not in 0..1024 (0 = every core)",
                             cfg->threads);
-    kvq_status st = check_scheme_dims(scheme, d, errbuf, errbuf_size);
-    if (st != KVQ_OK) return st;
 
     const kvq_backend *be = find_backend(cfg->backend);
     if (!be)
@@ -357,6 +319,14 @@ kvq_status kvq_prefill(kvq_engine *e, int layer, const kvq_prefill_item *items, 
         bi[i].v = bufs[3 * i + 1] ? bufs[3 * i + 1] : it->v;
         bi[i].q = it->q ? (bufs[3 * i + 2] ? bufs[3 * i + 2] : it->q) : NULL;
     }
+    /* The input policy (rt_check.c): one bad element refuses the whole batch before anything is stored. */
+    int input_refused = 0;
+    for (int i = 0; i < n_items && st == KVQ_OK; i++) {
+        st = rt_check_kv(e, fn, i, layer, "k", bi[i].k, bi[i].n_tokens, 0);
+        if (st == KVQ_OK) st = rt_check_kv(e, fn, i, layer, "v", bi[i].v, bi[i].n_tokens, 0);
+        if (st == KVQ_OK && bi[i].q) st = rt_check_q(e, fn, i, layer, bi[i].q, bi[i].n_tokens, 0);
+        input_refused = st != KVQ_OK;
+    }
     int calibration_failed = 0;
     if (st == KVQ_OK && calibrate) {
         /* A layer left undecided is calibrated from its first prefill: the mean score of the batch's prompts. */
@@ -383,7 +353,7 @@ kvq_status kvq_prefill(kvq_engine *e, int layer, const kvq_prefill_item *items, 
                 e->layer_score[layer] = NAN;
             }
         }
-    } else if (!calibration_failed) {
+    } else if (!calibration_failed && !input_refused) {
         rt_error(e, st, "%s: out of memory", fn);
     }
     if (st == KVQ_OK) {
@@ -438,6 +408,18 @@ kvq_status kvq_decode(kvq_engine *e, int layer, const kvq_decode_item *items, in
         rt_to_f32(e->cfg.dtype, items[i].q, nq, b + 2 * nkv);
         bi[i] = (kvq_be_decode){items[i].seq->bseq, b, b + nkv, b + 2 * nkv, items[i].out};
     }
+    /* The input policy (rt_check.c): the new token is at position seq_length; nothing is stored on a refusal. */
+    for (int i = 0; i < n_items; i++) {
+        int pos = e->be->seq_length(items[i].seq->bseq, layer);
+        st = rt_check_kv(e, fn, i, layer, "k", bi[i].k, 1, pos);
+        if (st == KVQ_OK) st = rt_check_kv(e, fn, i, layer, "v", bi[i].v, 1, pos);
+        if (st == KVQ_OK) st = rt_check_q(e, fn, i, layer, bi[i].q, 1, pos);
+        if (st != KVQ_OK) {
+            kvq_free(bi);
+            kvq_free(buf);
+            return st;
+        }
+    }
     char msg[RT_ERRMSG_MAX] = "";
     st = e->be->decode(e->ctx, layer, bi, n_items, msg, sizeof msg);
     if (st != KVQ_OK) rt_error(e, st, "%s: layer %d: %s", fn, layer, msg[0] ? msg : kvq_status_str(st));
@@ -467,9 +449,18 @@ static void finish_stats(kvq_mem_stats *out, uint64_t elems)
     out->compression_ratio = out->device_bytes ? (double)out->fp16_bytes / (double)out->device_bytes : 0.0;
 }
 
+/* The statistics calls take a const handle (they change no state) but still keep their failure's message on
+ * it: errmsg is the engine's one mutable field, and every engine is allocated non-const, so writing it through
+ * a cast is well-defined. */
+static kvq_status stats_error(const kvq_engine *e, const char *msg)
+{
+    return rt_error((kvq_engine *)e, KVQ_ERR_INVALID, "%s", msg);
+}
+
 kvq_status kvq_engine_stats(const kvq_engine *e, kvq_mem_stats *out)
 {
-    if (!e || !out) return KVQ_ERR_INVALID;
+    if (!e) return KVQ_ERR_INVALID;
+    if (!out) return stats_error(e, "kvq_engine_stats: out is NULL");
     memset(out, 0, sizeof *out);
     uint64_t elems = 0;
     for (const kvq_seq *s = e->seqs; s; s = s->next) add_seq(e, s, out, &elems);
@@ -479,7 +470,9 @@ kvq_status kvq_engine_stats(const kvq_engine *e, kvq_mem_stats *out)
 
 kvq_status kvq_seq_stats(const kvq_engine *e, const kvq_seq *s, kvq_mem_stats *out)
 {
-    if (!e || !s || !out || s->engine != e) return KVQ_ERR_INVALID;
+    if (!e) return KVQ_ERR_INVALID;
+    if (!s || !out) return stats_error(e, !s ? "kvq_seq_stats: seq is NULL" : "kvq_seq_stats: out is NULL");
+    if (s->engine != e) return stats_error(e, "kvq_seq_stats: the sequence belongs to another engine");
     memset(out, 0, sizeof *out);
     uint64_t elems = 0;
     add_seq(e, s, out, &elems);
@@ -535,6 +528,14 @@ kvq_status kvq_calibrate_layer(kvq_engine *e, int layer, int n_tokens, const voi
     rt_to_f32(e->cfg.dtype, q, nq, fq);
     double score = 0;
     char msg[RT_ERRMSG_MAX] = "";
+    st = rt_check_kv(e, fn, 0, layer, "k", fk, n_tokens, 0);
+    if (st == KVQ_OK) st = rt_check_q(e, fn, 0, layer, fq, n_tokens, 0);
+    if (st != KVQ_OK) {
+        kvq_free(fk);
+        kvq_free(fq);
+        kvq_free(scratch);
+        return st;
+    }
     st = dense_preference(e, fq, fk, n_tokens, scratch, &score, msg, sizeof msg);
     kvq_free(fk);
     kvq_free(fq);

@@ -43,4 +43,11 @@ kvq_status rt_error(kvq_engine *e, kvq_status st, const char *fmt, ...) __attrib
 void rt_to_f32(kvq_dtype dt, const void *src, size_t n, float *dst);
 size_t rt_dtype_size(kvq_dtype dt);
 
+/* rt_check.c: the input policy of docs/runtime.md. K/V rows [kv_heads][n_tokens][head_dim] must be finite and
+ * within fp16's range, Q rows [heads][n_tokens][head_dim] finite with bounded logits; pos0 is the first token's
+ * position in the sequence. On a bad element: KVQ_ERR_INVALID with a message naming it. */
+kvq_status rt_check_kv(kvq_engine *e, const char *fn, int item, int layer, const char *tensor, const float *x,
+                       int n_tokens, int pos0);
+kvq_status rt_check_q(kvq_engine *e, const char *fn, int item, int layer, const float *q, int n_tokens, int pos0);
+
 #endif

@@ -45,6 +45,10 @@ kvq_status kvq_engine_write_layer_map(kvq_engine *e, const char *path, const cha
     if (strcmp(name, s->name) == 0)
         return rt_error(e, KVQ_ERR_INVALID, "%s: the map cannot have the name of the scheme it inherits ('%s')", fn,
                         name);
+    if (!s->classify.enabled)
+        return rt_error(e, KVQ_ERR_STATE,
+                        "%s: scheme '%s' has no classify block: calibration decides no layer, there is no map to write",
+                        fn, s->name);
     int L = e->cfg.dims.layers;
     for (int l = 0; l < L; l++)
         if (!e->layer_decided[l])

@@ -1,12 +1,26 @@
 #!/bin/sh
 # Makes sure the build tools kvq needs are present: installs them with apt-get when run as root on Debian,
 # otherwise names what is missing and how to get it.
+# `tools/ensure-deps.sh --fuzz` (used by `make fuzz` only): clang and its libFuzzer runtime as well.
 missing=""
 command -v flex >/dev/null 2>&1 || missing="$missing flex"
 command -v bison >/dev/null 2>&1 || missing="$missing bison"
 command -v cc >/dev/null 2>&1 || missing="$missing gcc"
 command -v make >/dev/null 2>&1 || missing="$missing make"
 command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"  # the install test (tests/sh)
+if [ "$1" = --fuzz ]; then
+    command -v clang >/dev/null 2>&1 || missing="$missing clang"
+    # libFuzzer: Debian ships it in libclang-rt-dev (clang's compiler-rt)
+    if command -v clang >/dev/null 2>&1; then
+        t=$(mktemp -d)
+        printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
+            >"$t/f.c"
+        clang -fsanitize=fuzzer "$t/f.c" -o "$t/f" >/dev/null 2>&1 || missing="$missing libclang-rt-dev"
+        rm -rf "$t"
+    else
+        missing="$missing libclang-rt-dev"
+    fi
+fi
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "kvq: installing missing build tools:$missing"

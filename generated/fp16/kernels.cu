@@ -694,12 +694,14 @@ KVQ_DEV float kvq_round_up(float x, int f32)
     return r < x ? kvq_f16_step(r, 1) : r;
 }
 
-/* kvq_qparams_fit: z = min rounded down, s = (max - z) / L rounded up; s = 0 for a constant group. */
+/* kvq_qparams_fit: z = min rounded down, s = (max - z) / L rounded up; s = 0 for a constant group; an fp16
+ * scale saturates at 65504 instead of becoming inf (1-bit groups wider than 65504, runtime/quant.h). */
 KVQ_DEV void kvq_fit(float mn, float mx, int bits, int s_f32, int z_f32, float *s, float *z)
 {
     float L = (float)((1u << bits) - 1u);
     *z = kvq_round_down(mn, z_f32);
     *s = mx <= *z ? 0.0f : kvq_round_up(__fdiv_rn(__fsub_rn(mx, *z), L), s_f32);
+    if (!s_f32 && *s > 65504.0f) *s = 65504.0f;
 }
 
 /* kvq_quant_code: clamp(rint((x - z) / s), 0, L) with a correctly rounded division; NaN -> 0. */

@@ -21,7 +21,10 @@ def draw(data, out):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    schemes = data["schemes"]
+    # An error kvq eval could not measure (NaN input, zero reference) is null: such a scheme is left out of the
+    # first panel and such a layer out of the second, never drawn as a made-up value.
+    unmeasured = [s["name"] for s in data["schemes"] if s["attn_rel_err"] is None]
+    schemes = [s for s in data["schemes"] if s["attn_rel_err"] is not None]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     pts = [(s["effective_bits"], max(s["attn_rel_err"], 1e-9)) for s in schemes]
     for s, (b, e) in zip(schemes, pts):
@@ -38,8 +41,8 @@ def draw(data, out):
     src = "synthetic" if data.get("synthetic") else ".npy inputs"
     ax.set_title("error vs bits: %d tokens (prefill %d), %s" % (data["tokens"], data["prefill"], src), fontsize=10)
     for s in schemes:
-        errs = [max(e, 1e-9) for e in s["attn_layer_rel_err"]]
-        ax2.plot(range(len(errs)), errs, marker="o", ms=3, label=s["name"])
+        layers = [(l, max(e, 1e-9)) for l, e in enumerate(s["attn_layer_rel_err"]) if e is not None]
+        ax2.plot([l for l, _ in layers], [e for _, e in layers], marker="o", ms=3, label=s["name"])
     from matplotlib.ticker import MaxNLocator
     ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.set_xlabel("layer")
@@ -49,8 +52,14 @@ def draw(data, out):
     ax2.set_title("per layer (%d layers, %d heads, %d kv heads, head_dim %d)" % (
         data["layers"], data["heads"], data["kv_heads"], data["head_dim"]), fontsize=10)
     ax2.legend(fontsize=8)
-    if any(s["attn_rel_err"] <= 0 or min(s["attn_layer_rel_err"] or [1]) <= 0 for s in schemes):
-        fig.text(0.01, 0.01, "an error of 0 (lossless) is drawn at 1e-9", fontsize=7, color="gray")
+    notes = []
+    if any(s["attn_rel_err"] <= 0 or min([e for e in s["attn_layer_rel_err"] if e is not None] or [1]) <= 0
+           for s in schemes):
+        notes.append("an error of 0 (lossless) is drawn at 1e-9")
+    if unmeasured:
+        notes.append("not measured (nan or undefined), not drawn: " + ", ".join(unmeasured))
+    if notes:
+        fig.text(0.01, 0.01, "; ".join(notes), fontsize=7, color="gray")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 

@@ -121,8 +121,18 @@ typedef struct {
     const unsigned char *auto_sparse;
 } kvq_account_opts;
 
+/* Bytes by segment in closed form (O(layers), whatever the length). KVQ_ERR_INVALID for a NULL argument, batch < 1,
+ * seq < 0, or a byte count that would pass 2^63 - 1; the errors of kvq_scheme_check_dims for dims the scheme
+ * cannot run at. */
 kvq_status kvq_scheme_account(const kvq_scheme *scheme, const kvq_dims *dims, int batch, int seq,
                               const kvq_account_opts *opts, kvq_mem_stats *out);
+
+/* Whether `scheme` can run at `dims`: the one check kvq_engine_create, kvq_scheme_account, `kvqc report` and
+ * `kvq eval` share. Layers, heads and kv_heads in 1..4096 (the language's caps), heads a multiple of kv_heads,
+ * head_dim 64, 96, 128 or 256, no contradiction with the scheme's model block, every per-token group dividing
+ * head_dim, critical_channels <= head_dim, sparse/auto layers only with a classify block. KVQ_ERR_SHAPE or
+ * KVQ_ERR_INVALID with the reason in msg (may be NULL). */
+kvq_status kvq_scheme_check_dims(const kvq_scheme *scheme, const kvq_dims *dims, char *msg, size_t msg_size);
 
 /* ==== RUNTIME API (engine, sequences, prefill/decode, statistics, calibration): below this line ==== */
 
@@ -186,7 +196,9 @@ typedef struct {
 } kvq_decode_item;
 kvq_status kvq_decode(kvq_engine *engine, int layer, const kvq_decode_item *items, int n_items);
 
-/* Memory of the cache as allocated now, over every live sequence (or one). */
+/* Memory of the cache as allocated now, over every live sequence (or one). A failure (NULL out or seq, a sequence
+ * of another engine) is KVQ_ERR_INVALID with its message on the engine, as for every other call: the handle is
+ * const because statistics change no state; the message is the one field they write. */
 kvq_status kvq_engine_stats(const kvq_engine *engine, kvq_mem_stats *out);
 kvq_status kvq_seq_stats(const kvq_engine *engine, const kvq_seq *seq, kvq_mem_stats *out);
 
@@ -204,7 +216,8 @@ kvq_status kvq_calibrate_layer(kvq_engine *engine, int layer, int n_tokens, cons
 typedef enum { KVQ_LAYER_QUANTIZED = 0, KVQ_LAYER_SPARSE = 1, KVQ_LAYER_UNDECIDED = 2 } kvq_layer_state;
 kvq_layer_state kvq_engine_layer_state(const kvq_engine *engine, int layer);
 /* Writes the decided per-layer map as a .kvq scheme `name` inheriting the engine's scheme (which must come from
- * a file: the output includes it). */
+ * a file: the output includes it). KVQ_ERR_STATE when the scheme has no classify block (no map to write) or a
+ * layer is undecided. */
 kvq_status kvq_engine_write_layer_map(kvq_engine *engine, const char *path, const char *name);
 
 

@@ -19,7 +19,10 @@ void ref_round_f16(float *dst, const float *src, size_t n)
 void ref_attend(const float *q, const float *K, const float *V, int n, int D, float scale, float *out, float *probs)
 {
     /* Two passes in double: logits and their max, then weights; no overflow, no ordering effects worth the
-     * name. An empty cache (never reached through the API: a decode holds at least its own token) gives 0. */
+     * name. The engine's input policy keeps every stored value finite and within fp16's range and bounds the
+     * query's logits (rt_check.c), so the max is finite and exp(s - max) never meets inf - inf; were it not, the
+     * output would be NaN, never a silent 0. An empty cache (never reached through the API: a decode holds at
+     * least its own token) gives 0. */
     double mx = -INFINITY;
     for (int t = 0; t < n; t++) {
         double s = 0;
@@ -41,8 +44,8 @@ void ref_attend(const float *q, const float *K, const float *V, int n, int D, fl
         const float *v = V + (size_t)t * (size_t)D;
         for (int c = 0; c < D; c++) acc[c] += w * (double)v[c];
     }
-    for (int c = 0; c < D; c++) out[c] = denom > 0 ? (float)(acc[c] / denom) : 0.0f;
-    if (!probs || !(denom > 0)) return;
+    for (int c = 0; c < D; c++) out[c] = n > 0 ? (float)(acc[c] / denom) : 0.0f;
+    if (!probs || n <= 0) return;
     /* ZipCache's probe rows decide classes, so the device must compute them bit for bit (docs/cuda.md,
      * "Determinism"): e^x by kvq_exp_det, the normaliser an order-independent integer sum (kvq_prob_fixed), which
      * kvq_zip_norm and kvq_zip_row reproduce in whatever order their threads take the tokens. */

@@ -3,6 +3,7 @@
  * output with exact attention over the unquantized cache (the inputs rounded to fp16, which is what the cache
  * stores). docs/eval.md is the user's guide. */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stddef.h>
@@ -257,6 +258,21 @@ static int npy_dims(const kvq_npy *a, const char *path, int *L, int *Hx, int *T,
     return 0;
 }
 
+/* An input must be a regular file: opened non-blocking, so a FIFO without a writer is refused at once instead of
+ * blocking the open forever. */
+static int check_input_file(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return kvq_tool_error("eval", "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    int bad = fstat(fd, &st) != 0 || !S_ISREG(st.st_mode);
+    close(fd);
+    if (bad)
+        return kvq_tool_error("eval", "%s: not a regular file (a FIFO, a device or a directory); kvq eval reads .npy files",
+                              path);
+    return 0;
+}
+
 static int load_inputs(const eval_args *a, eval_inputs *in)
 {
     char err[600];
@@ -272,8 +288,12 @@ static int load_inputs(const eval_args *a, eval_inputs *in)
     } else {
         const char *paths[3] = {a->keys, a->values, a->queries};
         kvq_npy *arrs[3] = {&in->nk, &in->nv, &in->nq};
-        for (int i = 0; i < 3; i++)
-            if (kvq_npy_read(paths[i], arrs[i], err, sizeof err) != KVQ_OK) return kvq_tool_error("eval", "%s", err);
+        /* Headers first: the shapes are compared before any data is read. */
+        for (int i = 0; i < 3; i++) {
+            if (check_input_file(paths[i])) return -1;
+            if (kvq_npy_read_header(paths[i], arrs[i], err, sizeof err) != KVQ_OK)
+                return kvq_tool_error("eval", "%s", err);
+        }
         int L, HKV, T, D, L2, HKV2, T2, D2, L3, H, T3, D3;
         if (npy_dims(&in->nk, a->keys, &L, &HKV, &T, &D) || npy_dims(&in->nv, a->values, &L2, &HKV2, &T2, &D2) ||
             npy_dims(&in->nq, a->queries, &L3, &H, &T3, &D3))
@@ -290,6 +310,12 @@ static int load_inputs(const eval_args *a, eval_inputs *in)
         if (T < 2)
             return kvq_tool_error("eval", "%s: 1 token; at least 2 are needed (a prefill and a decode step)",
                                   a->keys);
+        for (int i = 0; i < 3; i++) {
+            kvq_npy h = *arrs[i];
+            if (kvq_npy_read(paths[i], arrs[i], err, sizeof err) != KVQ_OK) return kvq_tool_error("eval", "%s", err);
+            if (arrs[i]->ndim != h.ndim || memcmp(arrs[i]->shape, h.shape, sizeof h.shape) || arrs[i]->dtype != h.dtype)
+                return kvq_tool_error("eval", "%s changed while it was read", paths[i]);
+        }
         in->L = L, in->H = H, in->HKV = HKV, in->T = T, in->D = D;
         in->k = in->nk.data, in->v = in->nv.data, in->q = in->nq.data;
         /* Feed the engine the files' type when they agree, else float32, so nothing is rounded on the way in. */
@@ -300,9 +326,10 @@ static int load_inputs(const eval_args *a, eval_inputs *in)
      * reconstruction errors are measured against them. Rounding here changes nothing the engine sees (it rounds
      * on arrival, and an fp16-rounded fp32 or bf16 value is still representable in its type). */
     size_t kvn = (size_t)in->L * in->HKV * in->T * in->D;
+    /* A value fp16 cannot hold is left as given: the engine refuses it and names it (docs/runtime.md). */
     for (size_t i = 0; i < kvn; i++) {
-        in->k[i] = kvq_f16_round(in->k[i]);
-        in->v[i] = kvq_f16_round(in->v[i]);
+        if (fabsf(in->k[i]) <= 65504.0f) in->k[i] = kvq_f16_round(in->k[i]);
+        if (fabsf(in->v[i]) <= 65504.0f) in->v[i] = kvq_f16_round(in->v[i]);
     }
     return 0;
 }
@@ -529,10 +556,34 @@ done:
     return rc;
 }
 
-static double rel(double num, double den) { return den > 0 ? sqrt(num / den) : 0.0; }
-
-static void print_table(const eval_args *a, const eval_inputs *in, eval_result *res, int n)
+/* Relative error sqrt(num / den). Not measured (issue 12): NaN when either sum is NaN or infinite, and undefined
+ * when the reference is zero (den == 0); the table then says so instead of printing a perfect 0. */
+typedef enum { REL_OK, REL_NAN, REL_UNDEFINED } rel_kind;
+static rel_kind rel_of(double num, double den, double *out)
 {
+    *out = NAN;
+    if (!isfinite(num) || !isfinite(den) || num < 0 || den < 0) return REL_NAN;
+    if (den == 0) return REL_UNDEFINED;
+    *out = sqrt(num / den);
+    return REL_OK;
+}
+
+/* One cell of an error row; counts the cells that were not measured. */
+static void print_rel(int w, double num, double den, int *unmeasured)
+{
+    double v;
+    rel_kind k = rel_of(num, den, &v);
+    if (k == REL_OK)
+        printf(" %*.6f", w, v);
+    else
+        printf(" %*s", w, k == REL_NAN ? "nan" : "undefined");
+    *unmeasured += k != REL_OK;
+}
+
+/* Prints the table; returns the number of error cells that were not measured (NaN or undefined). */
+static int print_table(const eval_args *a, const eval_inputs *in, eval_result *res, int n)
+{
+    int unmeasured = 0;
     int N = prefill_len(a, in), w = 14;
     for (int i = 0; i < n; i++) {
         int len = (int)strlen(kvq_scheme_name(res[i].scheme));
@@ -558,15 +609,27 @@ static void print_table(const eval_args *a, const eval_inputs *in, eval_result *
         }                                                                                                      \
         printf("\n");                                                                                          \
     } while (0)
-    ROW("attn rel err", rel(res[i].attn_num, res[i].attn_den));
+#define REL_ROW(title, num, den)                                                                               \
+    do {                                                                                                       \
+        printf("%-22s", title);                                                                                \
+        for (int i = 0; i < n; i++) {                                                                          \
+            if (res[i].ok)                                                                                     \
+                print_rel(w, (num), (den), &unmeasured);                                                       \
+            else                                                                                               \
+                printf(" %*s", w, "error");                                                                    \
+        }                                                                                                      \
+        printf("\n");                                                                                          \
+    } while (0)
+    REL_ROW("attn rel err", res[i].attn_num, res[i].attn_den);
     if (a->per_layer)
         for (int l = 0; l < in->L; l++) {
             char t[32];
             snprintf(t, sizeof t, "  layer %d", l);
-            ROW(t, rel(res[i].attn_layer_num[l], res[i].attn_layer_den[l]));
+            REL_ROW(t, res[i].attn_layer_num[l], res[i].attn_layer_den[l]);
         }
-    ROW("key rel err", rel(res[i].key_num, res[i].key_den));
-    ROW("value rel err", rel(res[i].val_num, res[i].val_den));
+    REL_ROW("key rel err", res[i].key_num, res[i].key_den);
+    REL_ROW("value rel err", res[i].val_num, res[i].val_den);
+#undef REL_ROW
     ROW("effective bits", res[i].mem.effective_bits);
     ROW("compression ratio", res[i].mem.compression_ratio);
     ROW("device KiB", (double)res[i].mem.device_bytes / 1024.0);
@@ -592,7 +655,14 @@ static void print_table(const eval_args *a, const eval_inputs *in, eval_result *
                 "bytes), so the effective bits mostly reflect the windows; measure at a length where they are a small "
                 "part (docs/eval.md uses --tokens 4096 --prefill 3584)\n",
                 in->T, names);
+    if (unmeasured)
+        fprintf(stderr,
+                "kvq eval: %d error figure%s could not be measured: 'nan' (a NaN or infinite sum) or 'undefined' "
+                "(the reference is zero, so a relative error has no meaning)\n",
+                unmeasured, unmeasured == 1 ? "" : "s");
+    return unmeasured;
 }
+
 
 /* A spec's model { } block gives the dims the scheme is meant for (kvqc report honours it too). Synthetic inputs
  * take every dim the command line leaves out from it; .npy inputs must agree with it. */
@@ -659,6 +729,16 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* A relative error as JSON: null when it was not measured (rel_of), never a made-up number. */
+static void json_rel(FILE *f, double num, double den)
+{
+    double v;
+    if (rel_of(num, den, &v) == REL_OK)
+        fprintf(f, "%.9g", v);
+    else
+        fprintf(f, "null");
+}
+
 static int plot_results(const eval_args *a, const eval_inputs *in, const eval_result *res, int n)
 {
     char json[4200], script[4200];
@@ -676,12 +756,18 @@ static int plot_results(const eval_args *a, const eval_inputs *in, const eval_re
         json_str(f, kvq_scheme_name(res[i].scheme));
         fprintf(f, ", \"file\": ");
         json_str(f, res[i].file);
-        fprintf(f, ", \"attn_rel_err\": %.9g, \"key_rel_err\": %.9g, \"value_rel_err\": %.9g, "
-                   "\"effective_bits\": %.9g, \"compression_ratio\": %.9g, \"attn_layer_rel_err\": [",
-                rel(res[i].attn_num, res[i].attn_den), rel(res[i].key_num, res[i].key_den),
-                rel(res[i].val_num, res[i].val_den), res[i].mem.effective_bits, res[i].mem.compression_ratio);
-        for (int l = 0; l < in->L; l++)
-            fprintf(f, "%s%.9g", l ? ", " : "", rel(res[i].attn_layer_num[l], res[i].attn_layer_den[l]));
+        fprintf(f, ", \"attn_rel_err\": ");
+        json_rel(f, res[i].attn_num, res[i].attn_den);
+        fprintf(f, ", \"key_rel_err\": ");
+        json_rel(f, res[i].key_num, res[i].key_den);
+        fprintf(f, ", \"value_rel_err\": ");
+        json_rel(f, res[i].val_num, res[i].val_den);
+        fprintf(f, ", \"effective_bits\": %.9g, \"compression_ratio\": %.9g, \"attn_layer_rel_err\": [",
+                res[i].mem.effective_bits, res[i].mem.compression_ratio);
+        for (int l = 0; l < in->L; l++) {
+            fprintf(f, "%s", l ? ", " : "");
+            json_rel(f, res[i].attn_layer_num[l], res[i].attn_layer_den[l]);
+        }
         fprintf(f, "]}");
     }
     fprintf(f, "\n]}\n");
@@ -735,11 +821,25 @@ static int list_schemes(const eval_args *a, kvq_spec **specs, eval_result *res, 
             (*n)++;
         }
     }
+    int defined = 0;
+    for (int f = 0; f < a->n_files; f++) defined += kvq_spec_scheme_count(specs[f]);
+    if (!defined) return kvq_tool_error("eval", "the given files define no scheme");
     for (int k = 0; k < a->n_schemes; k++) {
         int found = 0;
         for (int i = 0; i < *n; i++) found |= !strcmp(a->schemes[k], kvq_scheme_name(res[i].scheme));
         if (!found) return kvq_tool_error("eval", "no scheme '%s' in the given files", a->schemes[k]);
     }
+    return 0;
+}
+
+/* --out-dir is made before anything runs, so a missing parent or a file in the way is reported at once
+ * instead of after every scheme has run. */
+static int make_out_dir(const char *dir)
+{
+    struct stat st;
+    if (mkdir(dir, 0777) && errno != EEXIST) return kvq_tool_error("eval", "--out-dir %s: %s", dir, strerror(errno));
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode))
+        return kvq_tool_error("eval", "--out-dir %s: exists and is not a directory", dir);
     return 0;
 }
 
@@ -762,7 +862,8 @@ int kvq_eval_main(int argc, char **argv)
             rc = 1;
             goto out;
         }
-    if (list_schemes(&a, specs, res, &n) || (a.synthetic && model_dims_for_synth(&a, res, n))) {
+    if (list_schemes(&a, specs, res, &n) || (a.synthetic && model_dims_for_synth(&a, res, n)) ||
+        (a.out_dir && make_out_dir(a.out_dir))) {
         rc = 1;
         goto out;
     }
@@ -783,7 +884,7 @@ int kvq_eval_main(int argc, char **argv)
     }
     for (int i = 0; i < n; i++)
         if (run_scheme(&a, &in, &res[i])) rc = 1;
-    print_table(&a, &in, res, n);
+    if (print_table(&a, &in, res, n)) rc = 1;
     if (a.plot && plot_results(&a, &in, res, n)) rc = 1;
 out:
     free_inputs(&in);

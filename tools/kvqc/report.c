@@ -145,16 +145,10 @@ static int resolve_dims(const report_args *a, const kvq_scheme *s, kvq_dims *d)
                 s->name, missing);
         return -1;
     }
-    if (d->heads % d->kv_heads) {
-        fprintf(stderr, "kvqc report: heads (%d) must be a multiple of kv heads (%d)\n", d->heads, d->kv_heads);
-        return -1;
-    }
-    if (d->head_dim % 32) {
-        fprintf(stderr, "kvqc report: head_dim %d is not a multiple of 32\n", d->head_dim);
-        return -1;
-    }
-    if (d->layers > MAX_REPORT_LAYERS) {
-        fprintf(stderr, "kvqc report: at most %d layers\n", MAX_REPORT_LAYERS);
+    /* The engine's own check (kvq_scheme_check_dims): report accepts exactly the dims the engine runs. */
+    char msg[512];
+    if (kvq_scheme_check_dims(s, d, msg, sizeof msg) != KVQ_OK) {
+        fprintf(stderr, "kvqc report: scheme '%s': %s\n", s->name, msg);
         return -1;
     }
     return 0;
@@ -235,6 +229,11 @@ int kvqc_report_main(int argc, char **argv)
     kvq_spec *spec = tool_load_spec("kvqc report", a.file);
     if (!spec) return 1;
     int first = 0, last = kvq_spec_scheme_count(spec) - 1;
+    if (last < 0) {
+        fprintf(stderr, "kvqc report: %s defines no scheme\n", a.file);
+        kvq_spec_free(spec);
+        return 1;
+    }
     if (a.scheme) {
         const kvq_scheme *want = kvq_spec_scheme(spec, a.scheme);
         if (!want) {
@@ -258,7 +257,11 @@ int kvqc_report_main(int argc, char **argv)
         }
         kvq_status st = kvq_scheme_account(s, &d, a.batch, a.seq, &a.opts, &m);
         if (st != KVQ_OK) {
-            fprintf(stderr, "kvqc report: scheme '%s': %s\n", s->name, kvq_status_str(st));
+            /* dims were checked above: what is left is a size beyond 2^63 - 1 bytes */
+            fprintf(stderr, "kvqc report: scheme '%s': %s\n", s->name,
+                    st == KVQ_ERR_INVALID ? "the cache's size does not fit 63 bits (more than 2^63 - 1 bytes or "
+                                            "vectors); lower --batch, --seq or the dims"
+                                          : kvq_status_str(st));
             rc = 1;
             break;
         }
