@@ -74,6 +74,7 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(BUILD)/obj/tests/harne
 EXTRA_ALL :=
 -include tests/emu/module.mk
 -include compiler/cuda.mk
+-include runtime/cpu/cpu.mk
 
 .PHONY: all lib tools tests test demo clean emu-test
 all: $(LIB) $(TOOLS) $(EXTRA_ALL)

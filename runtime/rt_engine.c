@@ -187,6 +187,7 @@ kvq_status kvq_engine_create(const kvq_scheme *scheme, const kvq_engine_config *
     e->bee.dims = *d;
     e->bee.softmax_scale = cfg->softmax_scale > 0 ? cfg->softmax_scale : 1.0f / sqrtf((float)d->head_dim);
     e->bee.seed = cfg->seed;
+    e->bee.threads = cfg->threads;
     e->bee.layer_sparse = e->layer_sparse;
 
     st = be->supports(&e->bee, msg, sizeof msg);
