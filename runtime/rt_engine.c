@@ -19,10 +19,12 @@ typedef struct {
 } rt_registered;
 
 extern const kvq_backend kvq_backend_cuda, kvq_backend_emu; /* runtime/cuda/cu_backend.c */
+extern const kvq_backend kvq_backend_cpu;                    /* runtime/cpu/cpu_backend.c */
 static const rt_registered registry[] = {
     {KVQ_BACKEND_REFERENCE, &kvq_backend_reference},
     {KVQ_BACKEND_CUDA, &kvq_backend_cuda},
     {KVQ_BACKEND_EMU, &kvq_backend_emu},
+    {KVQ_BACKEND_CPU, &kvq_backend_cpu},
 };
 
 const char *kvq_backend_name(kvq_backend_kind kind)

@@ -7,6 +7,7 @@ LLVM_CONFIG ?= $(shell command -v llvm-config-19 2>/dev/null)
 CPU_SRC := $(wildcard runtime/cpu/*.c compiler/emit_llvm*.c)
 CPU_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CPU_SRC))
 $(LIB): $(CPU_OBJ)
+$(CPU_OBJ): CFLAGS += -Iruntime/ref
 ifneq ($(LLVM_CONFIG),)
 # Only the include path and the version macro: llvm-config's other cflags (-D__STDC_*) are C++ leftovers.
 LLVM_INC := -isystem $(shell $(LLVM_CONFIG) --includedir)

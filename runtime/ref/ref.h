@@ -137,12 +137,23 @@ typedef struct ref_layer {
 
 struct kvq_backend_ctx {
     kvq_be_engine e;
+    void *ext; /* a backend built on the reference's storage (the cpu backend) keeps its own state here */
 };
 
 struct kvq_backend_seq {
     int n_layers;
     ref_layer **layers; /* NULL until the layer's prefill */
 };
+
+/* ref_backend.c: the vtable's entries (backend.h) that a backend built on this storage (the cpu backend) shares. */
+kvq_status ref_seq_create(kvq_backend_ctx *ctx, kvq_backend_seq **out, char *msg, size_t msg_size);
+void ref_seq_free(kvq_backend_ctx *ctx, kvq_backend_seq *s);
+int ref_seq_length(const kvq_backend_seq *s, int layer);
+kvq_status ref_prefill(kvq_backend_ctx *ctx, int layer, const kvq_be_prefill *items, int n, char *msg,
+                       size_t msg_size);
+void ref_seq_account(const kvq_backend_ctx *ctx, const kvq_backend_seq *s, kvq_mem_stats *out);
+kvq_status ref_read_cache(kvq_backend_ctx *ctx, const kvq_backend_seq *s, int layer, float *k, float *v,
+                          int capacity, int *n_tokens, char *msg, size_t msg_size);
 
 /* What a decode step allocates before it mutates anything (kvq_backend.decode is all-or-nothing). */
 typedef struct {
