@@ -25,6 +25,7 @@
 
 #ifdef KVQ_HAVE_LLVM
 #include <llvm-c/Analysis.h>
+#include <llvm-c/BitWriter.h>
 #include <llvm-c/Core.h>
 #include <llvm-c/Error.h>
 #include <llvm-c/LLJIT.h>
@@ -35,6 +36,8 @@
 #include <pthread.h>
 
 #include "alloc.h"
+#include "emit_cuda.h" /* emit_cuda_sha256_hex: the one SHA-256 of the project */
+#include "jit_cache.h"
 
 /* ------------------------------------------------------------------------------------------ IR helpers -- */
 
@@ -526,10 +529,67 @@ static void build_module(E *e, const emit_llvm_kernel *ks, int n)
     }
 }
 
+/* The cache key: everything the object depends on (DESIGN §7). */
+static void cache_key(LLVMModuleRef m, char key[65])
+{
+    /* The IR as bitcode: the same module gives the same bytes, and writing it is ~10x faster than printing text
+     * (which formats every float constant). */
+    LLVMMemoryBufferRef bc = LLVMWriteBitcodeToMemoryBuffer(m);
+    char *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+    unsigned maj, min, patch;
+    LLVMGetVersion(&maj, &min, &patch);
+    size_t nbc = bc ? LLVMGetBufferSize(bc) : 0, n = nbc + strlen(cpu) + strlen(feat) + 128;
+    char *all = bc ? malloc(n) : NULL;
+    if (all) {
+        int len = snprintf(all, n, "%s\nLLVM %u.%u.%u\n%s\n%s\ndefault<O3>\n", EMIT_LLVM_KVQ_VERSION, maj, min, patch,
+                           cpu, feat);
+        memcpy(all + len, LLVMGetBufferStart(bc), nbc);
+        emit_cuda_sha256_hex(all, (size_t)len + nbc, key);
+    } else {
+        key[0] = 0; /* no key: no caching */
+    }
+    free(all);
+    if (bc) LLVMDisposeMemoryBuffer(bc);
+    LLVMDisposeMessage(cpu);
+    LLVMDisposeMessage(feat);
+}
+
+/* Optimises the module for the host and emits an object. */
+static kvq_status codegen(LLVMModuleRef m, LLVMMemoryBufferRef *obj, char *msg, size_t msg_size)
+{
+    LLVMTargetMachineRef tm = host_machine(msg, msg_size);
+    if (!tm) return KVQ_ERR_UNAVAILABLE;
+    kvq_status st = KVQ_OK;
+    char *triple = LLVMGetTargetMachineTriple(tm);
+    LLVMSetTarget(m, triple);
+    LLVMDisposeMessage(triple);
+    LLVMTargetDataRef dl = LLVMCreateTargetDataLayout(tm);
+    char *dls = LLVMCopyStringRepOfTargetData(dl);
+    LLVMSetDataLayout(m, dls);
+    LLVMDisposeMessage(dls);
+    LLVMDisposeTargetData(dl);
+    LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+    LLVMErrorRef err = LLVMRunPasses(m, "default<O3>", tm, po);
+    LLVMDisposePassBuilderOptions(po);
+    if (err) st = err_msg(err, "cpu kernels: optimisation", msg, msg_size);
+    if (st == KVQ_OK) {
+        char *em = NULL;
+        if (LLVMTargetMachineEmitToMemoryBuffer(tm, m, LLVMObjectFile, &em, obj)) {
+            snprintf(msg, msg_size, "cpu kernels: code generation: %.300s", em ? em : "?");
+            st = KVQ_ERR_INTERNAL;
+            *obj = NULL;
+        }
+        LLVMDisposeMessage(em);
+    }
+    LLVMDisposeTargetMachine(tm);
+    return st;
+}
+
 kvq_status emit_llvm_compile(const emit_llvm_kernel *ks, int n, int width, emit_llvm_jit **out,
-                             emit_llvm_tile_fn *fns, char *msg, size_t msg_size)
+                             emit_llvm_tile_fn *fns, int *from_cache, char *msg, size_t msg_size)
 {
     *out = NULL;
+    if (from_cache) *from_cache = 0;
     kvq_status st = emit_llvm_probe(msg, msg_size);
     if (st != KVQ_OK) return st;
     for (int i = 0; i < n; i++)
@@ -543,8 +603,7 @@ kvq_status emit_llvm_compile(const emit_llvm_kernel *ks, int n, int width, emit_
     module_init(&e, ctx, W);
     build_module(&e, ks, n);
     LLVMDisposeBuilder(e.b);
-    char *verr = NULL;
-    LLVMTargetMachineRef tm = NULL;
+    char *verr = NULL, key[65];
     LLVMMemoryBufferRef obj = NULL;
     if (LLVMVerifyModule(e.m, LLVMReturnStatusAction, &verr)) {
         snprintf(msg, msg_size, "cpu kernels: invalid IR: %.300s", verr ? verr : "?");
@@ -552,32 +611,21 @@ kvq_status emit_llvm_compile(const emit_llvm_kernel *ks, int n, int width, emit_
     }
     LLVMDisposeMessage(verr);
     if (st == KVQ_OK) {
-        tm = host_machine(msg, msg_size);
-        if (!tm) st = KVQ_ERR_UNAVAILABLE;
-    }
-    if (st == KVQ_OK) {
-        char *triple = LLVMGetTargetMachineTriple(tm);
-        LLVMSetTarget(e.m, triple);
-        LLVMDisposeMessage(triple);
-        LLVMTargetDataRef dl = LLVMCreateTargetDataLayout(tm);
-        char *dls = LLVMCopyStringRepOfTargetData(dl);
-        LLVMSetDataLayout(e.m, dls);
-        LLVMDisposeMessage(dls);
-        LLVMDisposeTargetData(dl);
-        LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
-        LLVMErrorRef err = LLVMRunPasses(e.m, "default<O3>", tm, po);
-        LLVMDisposePassBuilderOptions(po);
-        if (err) st = err_msg(err, "cpu kernels: optimisation", msg, msg_size);
-    }
-    if (st == KVQ_OK) {
-        char *em = NULL;
-        if (LLVMTargetMachineEmitToMemoryBuffer(tm, e.m, LLVMObjectFile, &em, &obj)) {
-            snprintf(msg, msg_size, "cpu kernels: code generation: %.300s", em ? em : "?");
-            st = KVQ_ERR_INTERNAL;
+        cache_key(e.m, key);
+        void *sec[1];
+        size_t sz[1];
+        if (key[0] && kvq_cache_get(key, "o", sec, sz, 1)) {
+            obj = LLVMCreateMemoryBufferWithMemoryRangeCopy(sec[0], sz[0], "kvq_cpu.o");
+            kvq_free(sec[0]);
+            if (from_cache) *from_cache = 1;
+        } else {
+            st = codegen(e.m, &obj, msg, msg_size);
+            if (st == KVQ_OK && key[0]) {
+                kvq_cache_section s = {LLVMGetBufferStart(obj), LLVMGetBufferSize(obj)};
+                kvq_cache_put(key, "o", &s, 1);
+            }
         }
-        LLVMDisposeMessage(em);
     }
-    if (tm) LLVMDisposeTargetMachine(tm);
     LLVMDisposeModule(e.m);
     LLVMContextDispose(ctx);
 
@@ -651,9 +699,10 @@ int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size)
     return 0;
 }
 kvq_status emit_llvm_compile(const emit_llvm_kernel *kernels, int n, int width, emit_llvm_jit **out,
-                             emit_llvm_tile_fn *fns, char *msg, size_t msg_size)
+                             emit_llvm_tile_fn *fns, int *from_cache, char *msg, size_t msg_size)
 {
     (void)kernels;
+    if (from_cache) *from_cache = 0;
     (void)n;
     (void)width;
     (void)fns;

@@ -18,6 +18,9 @@
 #include "kvq.h"
 #include "layout.h"
 
+/* The code generator's version: part of the JIT cache key (bump when the IR changes meaning). */
+#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-1"
+
 /* Tokens per tile: a multiple of every vector width the emitter uses (4, 8, 16). */
 #define EMIT_LLVM_TILE 64
 
@@ -65,9 +68,11 @@ int emit_llvm_host_width(int force);
 int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size);
 
 /* Builds, optimises and compiles n kernels into one object and loads it: fns[i] runs kernels[i]. width: as
- * emit_llvm_host_width's argument. */
+ * emit_llvm_host_width's argument. The object goes through the JIT cache (runtime/jit_cache.h) keyed by the
+ * SHA-256 of the IR, LLVM's version, the host CPU's name and features, the pass pipeline and
+ * EMIT_LLVM_KVQ_VERSION; *from_cache (may be NULL) says whether it was found there. */
 kvq_status emit_llvm_compile(const emit_llvm_kernel *kernels, int n, int width, emit_llvm_jit **out,
-                             emit_llvm_tile_fn *fns, char *msg, size_t msg_size);
+                             emit_llvm_tile_fn *fns, int *from_cache, char *msg, size_t msg_size);
 void emit_llvm_free(emit_llvm_jit *j);
 
 /* The textual IR of one kernel before optimisation (malloc'd; NULL when unavailable): for tests and docs. */

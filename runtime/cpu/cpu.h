@@ -35,6 +35,7 @@ typedef struct {
     kvq_plan plan;
     cpu_class cls[PLAN_MAX_CLASSES];
     emit_llvm_jit *jit;
+    int from_cache; /* the kernels' object came from the JIT cache */
     cpu_pool *pool;
 } cpu_state;
 

@@ -16,3 +16,10 @@ $(CPU_OBJ): CFLAGS += $(LLVM_INC) -DKVQ_HAVE_LLVM=1
 LDLIBS += $(shell $(LLVM_CONFIG) --ldflags) -Wl,-rpath,$(shell $(LLVM_CONFIG) --libdir) \
 	$(shell $(LLVM_CONFIG) --link-shared --libs)
 endif
+
+# bench/cpu: a private timing program (docs/cpu.md); the official benchmark is `kvq bench`.
+BENCH_CPU := $(BUILD)/bench/bench_cpu_decode
+$(BENCH_CPU): bench/cpu/bench_cpu_decode.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
+EXTRA_ALL += $(BENCH_CPU)

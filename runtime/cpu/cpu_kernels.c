@@ -92,7 +92,7 @@ kvq_status cpu_kernels_build(const kvq_be_engine *e, cpu_state *s, char *msg, si
                 ks[n].v = source(cc->vf, j);
             }
     }
-    st = emit_llvm_compile(ks, n, forced_width(), &s->jit, fns, msg, msg_size);
+    st = emit_llvm_compile(ks, n, forced_width(), &s->jit, fns, &s->from_cache, msg, msg_size);
     if (st == KVQ_OK) {
         n = 0;
         for (int c = 0; c < p->n_classes; c++) {
