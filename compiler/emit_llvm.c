@@ -317,7 +317,13 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMValueRef m1 = LLVMBuildAnd(b, LLVMBuildLShr(b, byte, sh, ""), LLVMConstInt(e->i8, 1, 0), "");
         masked = LLVMBuildICmp(b, LLVMIntNE, m1, LLVMConstInt(e->i8, 0, 0), "");
     }
-    LLVMValueRef dot[MAXG];
+    /* Each head's dot product in P interleaved partial sums (blocks b = c mod P), so that the FMA chains are
+     * short: an FMA's latency is ~4 cycles and two issue per cycle, so about 8 independent chains keep the
+     * units busy. */
+    int P = g >= 8 ? 1 : 8 / g;
+    if (P > 4) P = 4;
+    if (P > NB) P = NB;
+    LLVMValueRef part[MAXG][4];
     for (int bl = 0; bl < NB; bl++) {
         LLVMValueRef kv;
         if (fold) {
@@ -328,12 +334,16 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         } else {
             kv = row_f32(e, &k->k, D, a[A_K], a[A_KS], a[A_KZ], a[A_KF], t, bl * W);
         }
-        for (int j = 0; j < g; j++)
-            dot[j] = bl ? fma_sum(e, dot[j], qv[j][bl], kv) : fm(LLVMBuildFMul(b, qv[j][bl], kv, ""));
+        for (int j = 0; j < g; j++) {
+            LLVMValueRef *pc = &part[j][bl % P];
+            *pc = bl >= P ? fma_sum(e, *pc, qv[j][bl], kv) : fm(LLVMBuildFMul(b, qv[j][bl], kv, ""));
+        }
     }
     LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
     for (int j = 0; j < g; j++) {
-        LLVMValueRef s = hsum(e, dot[j]);
+        for (int w = P; w > 1; w = (w + 1) / 2) /* a tree over the partial sums */
+            for (int c = 0; c + (w + 1) / 2 < w; c++) part[j][c] = fm(LLVMBuildFAdd(b, part[j][c], part[j][c + (w + 1) / 2], ""));
+        LLVMValueRef s = hsum(e, part[j][0]);
         if (fold) s = fm(LLVMBuildFAdd(b, s, qz[j], ""));
         if (masked) s = LLVMBuildSelect(b, masked, cf(e, -__builtin_inf()), s, "");
         LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, t64, ci64(e, (long)j * N), ""), ci64(e, 4), "");
@@ -381,35 +391,46 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         }
     }
 
-    /* V phase: per block of W channels, a token loop with the g accumulators in registers. */
-    for (int bl = 0; bl < NB; bl++) {
+    /* V phase: per group of blocks of W channels, a token loop with the group's g x nb accumulators in registers
+     * (at most 16: enough independent FMA chains, and room for the row and the weights in 32 registers). */
+    int nb = 16 / g;
+    if (nb < 1) nb = 1;
+    if (nb > NB) nb = NB;
+    for (int b0 = 0; b0 < NB; b0 += nb) {
+        int b1 = b0 + nb < NB ? b0 + nb : NB, m = b1 - b0;
         LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
         LLVMBasicBlockRef vloop = LLVMAppendBasicBlockInContext(e->c, e->fn, "vloop");
         LLVMBasicBlockRef vend = LLVMAppendBasicBlockInContext(e->c, e->fn, "vend");
-        LLVMValueRef acc0[MAXG];
-        for (int j = 0; j < g; j++) acc0[j] = load(e, e->vf, gepc(e, a[A_ACC], ((long)j * D + (long)bl * W) * 4), 4);
+        LLVMValueRef acc0[MAXG * 16], acc[MAXG * 16], acc1[MAXG * 16];
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < m; i++)
+                acc0[j * m + i] = load(e, e->vf, gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4);
         LLVMBuildBr(b, vloop);
         LLVMPositionBuilderAtEnd(b, vloop);
         LLVMValueRef tv = LLVMBuildPhi(b, e->i32, "t");
-        LLVMValueRef acc[MAXG], acc1[MAXG];
-        for (int j = 0; j < g; j++) acc[j] = LLVMBuildPhi(b, e->vf, "");
-        LLVMValueRef vv = row_f32(e, &k->v, D, a[A_V], a[A_VS], a[A_VZ], a[A_VF], tv, bl * W);
+        for (int x = 0; x < g * m; x++) acc[x] = LLVMBuildPhi(b, e->vf, "");
         LLVMValueRef tv64 = LLVMBuildZExt(b, tv, e->i64, "");
+        LLVMValueRef pw[MAXG];
         for (int j = 0; j < g; j++) {
             LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, tv64, ci64(e, (long)j * N), ""), ci64(e, 4), "");
-            LLVMValueRef p = splat(e, load(e, e->f32, gep(e, a[A_P], off), 4));
-            acc1[j] = fma_sum(e, acc[j], p, vv);
+            pw[j] = splat(e, load(e, e->f32, gep(e, a[A_P], off), 4));
+        }
+        for (int i = 0; i < m; i++) {
+            LLVMValueRef vv = row_f32(e, &k->v, D, a[A_V], a[A_VS], a[A_VZ], a[A_VF], tv, (b0 + i) * W);
+            for (int j = 0; j < g; j++) acc1[j * m + i] = fma_sum(e, acc[j * m + i], pw[j], vv);
         }
         LLVMValueRef tv1 = LLVMBuildAdd(b, tv, ci32(e, 1), "");
         LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, tv1, n, ""), vloop, vend);
         LLVMAddIncoming(tv, &zero_i, &pre, 1);
         LLVMAddIncoming(tv, &tv1, &vloop, 1);
-        for (int j = 0; j < g; j++) {
-            LLVMAddIncoming(acc[j], &acc0[j], &pre, 1);
-            LLVMAddIncoming(acc[j], &acc1[j], &vloop, 1);
+        for (int x = 0; x < g * m; x++) {
+            LLVMAddIncoming(acc[x], &acc0[x], &pre, 1);
+            LLVMAddIncoming(acc[x], &acc1[x], &vloop, 1);
         }
         LLVMPositionBuilderAtEnd(b, vend);
-        for (int j = 0; j < g; j++) store(e, acc1[j], gepc(e, a[A_ACC], ((long)j * D + (long)bl * W) * 4), 4);
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < m; i++)
+                store(e, acc1[j * m + i], gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4);
     }
     LLVMBuildRetVoid(b);
 }
