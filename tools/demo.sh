@@ -33,6 +33,17 @@ echo "== kvq eval: the papers' schemes on structured synthetic K/V/Q (reference 
     --synthetic --layers 2 --heads 8 --kv-heads 2 --head-dim 128 --tokens 768 --prefill 640 --seed 7 || failed=1
 
 echo
+echo "== the cpu backend (LLVM-compiled kernels) next to the reference: KIVI-2 decode, 8 kv heads, head_dim 128,"
+echo "   4096 tokens, one thread (build/bench/bench_cpu_decode; docs/cpu.md)"
+bench="$build/bench/bench_cpu_decode"
+if [ -x "$bench" ] && "$bench" specs/kivi2.kvq 4096 1 1 9 cpu >"$build/demo-cpu.log" 2>&1; then
+    cat "$build/demo-cpu.log"
+    "$bench" specs/kivi2.kvq 4096 1 1 3 reference || failed=1
+else
+    echo "the cpu backend did not run here: $(tail -n 1 "$build/demo-cpu.log" 2>/dev/null)"
+fi
+
+echo
 out="$build/demo-generated"
 echo "== kvqc build specs/kivi2.kvq --arch sm_80,sm_90 -o $out"
 if "$kvqc" build specs/kivi2.kvq --arch sm_80,sm_90 -o "$out" >"$build/demo-build.log" 2>&1; then
