@@ -396,12 +396,21 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     int nb = 16 / g;
     if (nb < 1) nb = 1;
     if (nb > NB) nb = NB;
+    /* Per-token values in groups of whole vectors fold their scale into the weight and their zero point into a
+     * scalar sum (DESIGN §6): sum_t p_t (z_t + s_t code_t) = sum_t (p_t s_t) code_t + sum_t p_t z_t, one FMA per
+     * head and vector instead of a dequantization plus an FMA. */
+    const kvq_page_format *vf = &k->v.fmt;
+    int vfold = !k->v.fp16 && vf->gran == KVQ_GRAN_TOKEN && !vf->hidden && !vf->channel_separable &&
+                vf->group % W == 0 && g == 1; /* with more heads the per-group scalars cost more than they save */
+    int G = vfold ? vf->group : 0, ngr = vfold ? D / G : 0;
     for (int b0 = 0; b0 < NB; b0 += nb) {
         int b1 = b0 + nb < NB ? b0 + nb : NB, m = b1 - b0;
+        int g0 = vfold ? b0 * W / G : 0, g1 = vfold ? ((b1 * W) - 1) / G + 1 : 0, mg = g1 - g0;
         LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
         LLVMBasicBlockRef vloop = LLVMAppendBasicBlockInContext(e->c, e->fn, "vloop");
         LLVMBasicBlockRef vend = LLVMAppendBasicBlockInContext(e->c, e->fn, "vend");
         LLVMValueRef acc0[MAXG * 16], acc[MAXG * 16], acc1[MAXG * 16];
+        LLVMValueRef zacc[8 * 16], zacc1[8 * 16]; /* [j][group] sum_t p_t z_t (vfold) */
         for (int j = 0; j < g; j++)
             for (int i = 0; i < m; i++)
                 acc0[j * m + i] = load(e, e->vf, gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4);
@@ -409,28 +418,52 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMPositionBuilderAtEnd(b, vloop);
         LLVMValueRef tv = LLVMBuildPhi(b, e->i32, "t");
         for (int x = 0; x < g * m; x++) acc[x] = LLVMBuildPhi(b, e->vf, "");
+        for (int x = 0; x < g * mg; x++) zacc[x] = LLVMBuildPhi(b, e->f32, "");
         LLVMValueRef tv64 = LLVMBuildZExt(b, tv, e->i64, "");
-        LLVMValueRef pw[MAXG];
+        LLVMValueRef pw[MAXG], ps[8 * 16];
         for (int j = 0; j < g; j++) {
             LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, tv64, ci64(e, (long)j * N), ""), ci64(e, 4), "");
-            pw[j] = splat(e, load(e, e->f32, gep(e, a[A_P], off), 4));
+            LLVMValueRef pj = load(e, e->f32, gep(e, a[A_P], off), 4);
+            pw[j] = splat(e, pj);
+            for (int q = 0; q < mg; q++) {
+                LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, tv64, ci64(e, ngr), ""), ci64(e, g0 + q), "");
+                LLVMValueRef sc = param_scalar(e, a[A_VS], idx, vf->scale_bytes);
+                LLVMValueRef zp = param_scalar(e, a[A_VZ], idx, vf->zero_bytes);
+                ps[j * mg + q] = splat(e, LLVMBuildFMul(b, pj, sc, ""));
+                zacc1[j * mg + q] = fma_sum(e, zacc[j * mg + q], pj, zp);
+            }
         }
         for (int i = 0; i < m; i++) {
-            LLVMValueRef vv = row_f32(e, &k->v, D, a[A_V], a[A_VS], a[A_VZ], a[A_VF], tv, (b0 + i) * W);
-            for (int j = 0; j < g; j++) acc1[j * m + i] = fma_sum(e, acc[j * m + i], pw[j], vv);
+            if (vfold) {
+                LLVMValueRef row = gep(e, a[A_V], LLVMBuildMul(b, tv64, ci64(e, (long)kvq_code_bytes(D, vf->bits)), ""));
+                LLVMValueRef code = codes_f32(e, vf, row, (b0 + i) * W);
+                int q = (b0 + i) * W / G - g0;
+                for (int j = 0; j < g; j++) acc1[j * m + i] = fma_sum(e, acc[j * m + i], ps[j * mg + q], code);
+            } else {
+                LLVMValueRef vv = row_f32(e, &k->v, D, a[A_V], a[A_VS], a[A_VZ], a[A_VF], tv, (b0 + i) * W);
+                for (int j = 0; j < g; j++) acc1[j * m + i] = fma_sum(e, acc[j * m + i], pw[j], vv);
+            }
         }
         LLVMValueRef tv1 = LLVMBuildAdd(b, tv, ci32(e, 1), "");
         LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, tv1, n, ""), vloop, vend);
         LLVMAddIncoming(tv, &zero_i, &pre, 1);
         LLVMAddIncoming(tv, &tv1, &vloop, 1);
+        LLVMValueRef fzero = cf(e, 0.0);
         for (int x = 0; x < g * m; x++) {
             LLVMAddIncoming(acc[x], &acc0[x], &pre, 1);
             LLVMAddIncoming(acc[x], &acc1[x], &vloop, 1);
         }
+        for (int x = 0; x < g * mg; x++) {
+            LLVMAddIncoming(zacc[x], &fzero, &pre, 1);
+            LLVMAddIncoming(zacc[x], &zacc1[x], &vloop, 1);
+        }
         LLVMPositionBuilderAtEnd(b, vend);
         for (int j = 0; j < g; j++)
-            for (int i = 0; i < m; i++)
-                store(e, acc1[j * m + i], gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4);
+            for (int i = 0; i < m; i++) {
+                LLVMValueRef v = acc1[j * m + i];
+                if (vfold) v = fm(LLVMBuildFAdd(b, v, splat(e, zacc1[j * mg + (b0 + i) * W / G - g0]), ""));
+                store(e, v, gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4);
+            }
     }
     LLVMBuildRetVoid(b);
 }
