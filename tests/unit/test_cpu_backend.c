@@ -424,6 +424,37 @@ static void test_cache(void)
     th_end();
 }
 
+/* The IR is a function of the kernel description only (the JIT cache relies on it) and sized to the width. */
+static void test_ir(void)
+{
+    if (unavailable[0]) {
+        printf("SKIP cpu: IR text: %s\n", unavailable);
+        return;
+    }
+    th_begin("cpu: emitted IR is deterministic, uses the requested vector width, flags only the sums");
+    emit_llvm_kernel k;
+    memset(&k, 0, sizeof k);
+    k.head_dim = 128;
+    k.gqa = 4;
+    kvq_tensor_cfg kc = {2, KVQ_GRAN_CHANNEL, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+    kvq_tensor_cfg vc = {2, KVQ_GRAN_TOKEN, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+    kvq_page_format_init(&k.k.fmt, &kc, 2, 0, 8, 128, 32);
+    kvq_page_format_init(&k.v.fmt, &vc, 2, 0, 8, 128, 64);
+    char *a = emit_llvm_ir_text(&k, 8), *b = emit_llvm_ir_text(&k, 8), *c = emit_llvm_ir_text(&k, 16);
+    TH_CHECK(a && b && c, "no IR");
+    if (a && b && c) {
+        TH_CHECK(!strcmp(a, b), "two emissions of one kernel differ");
+        TH_CHECK(strstr(a, "<8 x float>") && !strstr(a, "<16 x float>"), "width 8 emits other vectors");
+        TH_CHECK(strstr(c, "<16 x float>") != NULL, "width 16 emits no <16 x float>");
+        /* The dequantization z + s * code keeps IEEE semantics: no flagged fadd/fmul feeds from a uitofp alone. */
+        TH_CHECK(strstr(a, "fadd reassoc contract") != NULL, "the sums are not flagged");
+        TH_CHECK(strstr(a, "fmul fast") == NULL && strstr(a, "nnan") == NULL && strstr(a, "ninf") == NULL,
+                 "flags beyond reassoc/contract");
+    }
+    free(a), free(b), free(c);
+    th_end();
+}
+
 int main(void)
 {
     shape s = {1, 1, 1, 64, 1, 1};
@@ -442,6 +473,7 @@ int main(void)
     test_unsupported();
     test_widths();
     test_cache();
+    test_ir();
     test_alloc_failures("specs/kivi2.kvq");
     test_alloc_failures("specs/ott.kvq");
     return th_summary();
