@@ -123,6 +123,42 @@ static LLVMValueRef hsum(E *e, LLVMValueRef v)
     return fm(call_intrinsic(e, "llvm.vector.reduce.fadd", e->vf, args, 2));
 }
 
+/* (a, b) -> evens(a ++ b) + odds(a ++ b): lanes [0, W/2) hold a's lanes summed in pairs, [W/2, W) b's. */
+static LLVMValueRef pair_fold(E *e, LLVMValueRef a, LLVMValueRef b)
+{
+    LLVMValueRef ev[16], od[16];
+    for (int i = 0; i < e->W; i++) {
+        ev[i] = ci32(e, 2 * i);
+        od[i] = ci32(e, 2 * i + 1);
+    }
+    LLVMValueRef x = LLVMBuildShuffleVector(e->b, a, b, LLVMConstVector(ev, (unsigned)e->W), "");
+    LLVMValueRef y = LLVMBuildShuffleVector(e->b, a, b, LLVMConstVector(od, (unsigned)e->W), "");
+    return fm(LLVMBuildFAdd(e->b, x, y, ""));
+}
+
+/* The lane sums of g vectors at once (the g heads' dot products of one token): pairs fold into one vector whose
+ * segment j (W/g2 lanes) holds head j's partial sums, then the segments fold within themselves; about half the
+ * shuffles of g separate reductions. g2 = g rounded up to a power of two (padding with zeros); beyond W heads
+ * the reductions are separate. */
+static void hsum_many(E *e, LLVMValueRef *v, int g, LLVMValueRef *out)
+{
+    int g2 = 1;
+    while (g2 < g) g2 *= 2;
+    if (g2 == 1 || g2 > e->W) {
+        for (int j = 0; j < g; j++) out[j] = hsum(e, v[j]);
+        return;
+    }
+    LLVMValueRef cur[64];
+    for (int j = 0; j < g2; j++) cur[j] = j < g ? v[j] : vfc(e, 0.0);
+    for (int n = g2; n > 1; n /= 2)
+        for (int j = 0; j < n / 2; j++) cur[j] = pair_fold(e, cur[2 * j], cur[2 * j + 1]);
+    /* Segment j: lanes [j*S, (j+1)*S), S = W / g2; fold each segment onto its first lane... */
+    LLVMValueRef x = cur[0];
+    for (int S = e->W / g2; S > 1; S /= 2) x = pair_fold(e, x, x);
+    /* ...after which head j's sum is lane j. */
+    for (int j = 0; j < g; j++) out[j] = LLVMBuildExtractElement(e->b, x, ci32(e, j), "");
+}
+
 static LLVMValueRef fmax_sel(E *e, LLVMValueRef a, LLVMValueRef b)
 {
     return LLVMBuildSelect(e->b, LLVMBuildFCmp(e->b, LLVMRealOGT, a, b, ""), a, b, "");
@@ -340,10 +376,15 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         }
     }
     LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
+    LLVMValueRef dots[MAXG], sums[MAXG];
     for (int j = 0; j < g; j++) {
         for (int w = P; w > 1; w = (w + 1) / 2) /* a tree over the partial sums */
             for (int c = 0; c + (w + 1) / 2 < w; c++) part[j][c] = fm(LLVMBuildFAdd(b, part[j][c], part[j][c + (w + 1) / 2], ""));
-        LLVMValueRef s = hsum(e, part[j][0]);
+        dots[j] = part[j][0];
+    }
+    hsum_many(e, dots, g, sums);
+    for (int j = 0; j < g; j++) {
+        LLVMValueRef s = sums[j];
         if (fold) s = fm(LLVMBuildFAdd(b, s, qz[j], ""));
         if (masked) s = LLVMBuildSelect(b, masked, cf(e, -__builtin_inf()), s, "");
         LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, t64, ci64(e, (long)j * N), ""), ci64(e, 4), "");
