@@ -47,8 +47,8 @@ static kvq_status make_engine(const kvq_scheme *sch, kvq_backend_kind be, const 
 /* One run of a scheme on both backends in lockstep. Returns 0 when a check failed. */
 static int compare_run(const char *name, const kvq_scheme *sch, const shape *s)
 {
-    /* Two layers (TailorKV's calibration may decide them differently); OTT's pool is off in layers 0..1. */
-    const int layers = sch->n_ranges > 0 ? 3 : 2, H = KVH * s->gqa, D = s->D, B = s->batch;
+    /* OTT's pool is off in layers 0..1; TailorKV's calibration may decide two layers differently. */
+    const int layers = sch->n_ranges > 0 ? 3 : sch->classify.enabled ? 2 : 1, H = KVH * s->gqa, D = s->D, B = s->batch;
     char err[512];
     kvq_engine *er = NULL, *ec = NULL;
     kvq_status sr = make_engine(sch, KVQ_BACKEND_REFERENCE, s, layers, &er, err, sizeof err);
