@@ -90,6 +90,7 @@ EXTRA_ALL :=
 -include tests/emu/module.mk
 -include compiler/cuda.mk
 -include tests/fuzz/module.mk
+-include runtime/cpu/cpu.mk
 
 .PHONY: all lib tools tests test demo bench-cpu clean emu-test install
 all: $(LIB) $(SOLIB) $(TOOLS) $(EXTRA_ALL)
@@ -123,7 +124,7 @@ install: $(LIB) $(SOLIB) $(TOOLS)
 	cp -R generated $(DEST)/share/kvq/
 	cp -R specs $(DEST)/share/kvq/
 	mkdir -p $(DEST)/share/kvq/python/kvq && cp python/kvq/plot.py $(DEST)/share/kvq/python/kvq/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' tools/kvq.pc.in > $(DEST)/lib/pkgconfig/kvq.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@LLVM_LIBS@|$(LLVM_LDLIBS)|' tools/kvq.pc.in > $(DEST)/lib/pkgconfig/kvq.pc
 
 demo: all
 	@sh tools/demo.sh $(BUILD)

@@ -34,6 +34,7 @@ typedef struct {
     kvq_dims dims;
     float softmax_scale;
     uint64_t seed;
+    int threads;                 /* kvq_engine_config.threads: 0 = the machine's online cores */
     unsigned char *layer_sparse; /* [dims.layers] */
 } kvq_be_engine;
 

@@ -19,10 +19,12 @@ typedef struct {
 } rt_registered;
 
 extern const kvq_backend kvq_backend_cuda, kvq_backend_emu; /* runtime/cuda/cu_backend.c */
+extern const kvq_backend kvq_backend_cpu;                    /* runtime/cpu/cpu_backend.c */
 static const rt_registered registry[] = {
     {KVQ_BACKEND_REFERENCE, &kvq_backend_reference},
     {KVQ_BACKEND_CUDA, &kvq_backend_cuda},
     {KVQ_BACKEND_EMU, &kvq_backend_emu},
+    {KVQ_BACKEND_CPU, &kvq_backend_cpu},
 };
 
 const char *kvq_backend_name(kvq_backend_kind kind)
@@ -149,6 +151,7 @@ kvq_status kvq_engine_create(const kvq_scheme *scheme, const kvq_engine_config *
     e->bee.dims = *d;
     e->bee.softmax_scale = cfg->softmax_scale > 0 ? cfg->softmax_scale : 1.0f / sqrtf((float)d->head_dim);
     e->bee.seed = cfg->seed;
+    e->bee.threads = cfg->threads;
     e->bee.layer_sparse = e->layer_sparse;
 
     st = be->supports(&e->bee, msg, sizeof msg);

@@ -21,6 +21,17 @@ if [ "$1" = --fuzz ]; then
         missing="$missing libclang-rt-dev"
     fi
 fi
+# LLVM 19 (the cpu backend's code generator) is optional: installed when we can, never required.
+llvm=""
+command -v llvm-config-19 >/dev/null 2>&1 || llvm="llvm-19-dev"
+if [ -n "$llvm" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "kvq: installing $llvm (the cpu backend's code generator)"
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get update -qq && apt-get install -y -qq $llvm >/dev/null; } ||
+        echo "kvq: apt-get install $llvm failed; the cpu backend will be unavailable" >&2
+elif [ -n "$llvm" ]; then
+    echo "kvq: llvm-config-19 not found: the cpu backend will be unavailable (on Debian: sudo apt-get install llvm-19-dev)" >&2
+fi
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "kvq: installing missing build tools:$missing"

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "jit_cache.h"
 #include "kvq.h"
 
 /* ---- NVRTC (cu_nvrtc.c) ---- */
@@ -48,22 +49,20 @@ kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu
  * registers, ... N bytes smem") into per-kernel figures. Returns the count, or -1 on allocation failure. */
 int cu_parse_resources(const char *log, cu_kernel_res **out);
 
-/* ---- on-disk cache (cu_cache.c) ---- */
-
-/* $KVQ_CACHE_DIR or ~/.cache/kvq, created if missing; "" when neither can be used (caching off). */
-const char *cu_cache_dir(void);
-/* Entries are a header (magic, payload size, SHA-256 of the payload) and a payload of sections. A missing,
- * truncated or corrupt entry is a miss (the corrupt file is removed); writes go to a temporary file renamed into
- * place, so a reader never sees half an entry. */
-typedef struct {
-    const void *data;
-    size_t size;
-} cu_section;
-/* Returns 1 and fills up to n sections (allocated copies; free with kvq_free) on a hit, 0 on a miss. */
-int cu_cache_get(const char *key, const char *ext, void **sections, size_t *sizes, int n);
-/* Best effort: 0 written, -1 not (the cache is an optimisation). */
-int cu_cache_put(const char *key, const char *ext, const cu_section *sections, int n);
-/* Path of an entry, for diagnostics. */
-void cu_cache_path(const char *key, const char *ext, char *out, size_t size);
+/* ---- on-disk cache: runtime/jit_cache.h, shared with the cpu backend; the names the cuda side uses ---- */
+typedef kvq_cache_section cu_section;
+static inline const char *cu_cache_dir(void) { return kvq_cache_dir(); }
+static inline int cu_cache_get(const char *key, const char *ext, void **sections, size_t *sizes, int n)
+{
+    return kvq_cache_get(key, ext, sections, sizes, n);
+}
+static inline int cu_cache_put(const char *key, const char *ext, const cu_section *sections, int n)
+{
+    return kvq_cache_put(key, ext, sections, n);
+}
+static inline void cu_cache_path(const char *key, const char *ext, char *out, size_t size)
+{
+    kvq_cache_path(key, ext, out, size);
+}
 
 #endif

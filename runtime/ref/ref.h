@@ -137,12 +137,23 @@ typedef struct ref_layer {
 
 struct kvq_backend_ctx {
     kvq_be_engine e;
+    void *ext; /* a backend built on the reference's storage (the cpu backend) keeps its own state here */
 };
 
 struct kvq_backend_seq {
     int n_layers;
     ref_layer **layers; /* NULL until the layer's prefill */
 };
+
+/* ref_backend.c: the vtable's entries (backend.h) that a backend built on this storage (the cpu backend) shares. */
+kvq_status ref_seq_create(kvq_backend_ctx *ctx, kvq_backend_seq **out, char *msg, size_t msg_size);
+void ref_seq_free(kvq_backend_ctx *ctx, kvq_backend_seq *s);
+int ref_seq_length(const kvq_backend_seq *s, int layer);
+kvq_status ref_prefill(kvq_backend_ctx *ctx, int layer, const kvq_be_prefill *items, int n, char *msg,
+                       size_t msg_size);
+void ref_seq_account(const kvq_backend_ctx *ctx, const kvq_backend_seq *s, kvq_mem_stats *out);
+kvq_status ref_read_cache(kvq_backend_ctx *ctx, const kvq_backend_seq *s, int layer, float *k, float *v,
+                          int capacity, int *n_tokens, char *msg, size_t msg_size);
 
 /* What a decode step allocates before it mutates anything (kvq_backend.decode is all-or-nothing). */
 typedef struct {
@@ -155,6 +166,31 @@ typedef struct {
 void ref_reserve_free(ref_reserve *r);
 
 /* ref_quant_layer.c */
+/* What a decode step moves (plan_step in ref_quant_layer.c). */
+typedef struct {
+    int to_sink;
+    int flush[2];  /* tokens leaving the window of K / V this step (0: none) */
+    int direct[2]; /* the token skips the window (capacity 0): a flush of itself */
+} ref_step_plan;
+
+/* One decode step in three phases, so that a faster backend can replace the attention in the middle and keep
+ * the storage: begin (fp16 rounding, sinks, windows, and KIVI/OTT flushes: Alg. 1 quantizes before attending),
+ * attention over L->length tokens, end (ZipCache Alg. 3: record the probe row, then compress every W).
+ * ref_qlayer_step is the three in a row with ref_qlayer_attend_all. */
+typedef struct {
+    ref_step_plan plan;
+    const float *xnew[2]; /* the new token's fp16-rounded K and V [H][D] (in the reserve's arena) */
+    int pos;
+    int saliency; /* step_end has work: ZipCache decode */
+    int probe;    /* the query is a ZipCache probe: step_end needs its probability rows [Hq][length] */
+} ref_qstep;
+
+kvq_status ref_qlayer_step_begin(ref_qlayer *L, ref_reserve *r, const float *k, const float *v, ref_qstep *s);
+kvq_status ref_qlayer_step_end(ref_qlayer *L, ref_reserve *r, ref_qstep *s, const float *probs);
+/* Attention of every query head over the cache: materialise each kv head, attend with its group's query heads.
+ * probs [Hq][length] when the caller needs the rows (ZipCache probes), else NULL. Scratch from `a`:
+ * ref_attend_scratch_bytes(length, D). */
+kvq_status ref_qlayer_attend_all(const ref_qlayer *L, const float *q, float *out, float *probs, ref_arena *a);
 kvq_status ref_qlayer_prefill(ref_layer *L, const kvq_be_engine *e, int layer, const kvq_quant_cfg *cfg,
                               const kvq_be_prefill *it, char *msg, size_t msg_size);
 kvq_status ref_qlayer_reserve(ref_qlayer *L, ref_reserve *r);

@@ -64,7 +64,7 @@ static void layer_free(ref_layer *L)
     kvq_free(L);
 }
 
-static kvq_status ref_seq_create(kvq_backend_ctx *ctx, kvq_backend_seq **out, char *msg, size_t msg_size)
+kvq_status ref_seq_create(kvq_backend_ctx *ctx, kvq_backend_seq **out, char *msg, size_t msg_size)
 {
     (void)msg;
     (void)msg_size;
@@ -80,7 +80,7 @@ static kvq_status ref_seq_create(kvq_backend_ctx *ctx, kvq_backend_seq **out, ch
     return KVQ_OK;
 }
 
-static void ref_seq_free(kvq_backend_ctx *ctx, kvq_backend_seq *s)
+void ref_seq_free(kvq_backend_ctx *ctx, kvq_backend_seq *s)
 {
     (void)ctx;
     if (!s) return;
@@ -91,13 +91,13 @@ static void ref_seq_free(kvq_backend_ctx *ctx, kvq_backend_seq *s)
 
 static int layer_length(const ref_layer *L) { return !L ? 0 : L->sparse ? L->s.length : L->q.length; }
 
-static int ref_seq_length(const kvq_backend_seq *s, int layer)
+int ref_seq_length(const kvq_backend_seq *s, int layer)
 {
     if (!s || layer < 0 || layer >= s->n_layers) return 0;
     return layer_length(s->layers[layer]);
 }
 
-static kvq_status ref_prefill(kvq_backend_ctx *ctx, int layer, const kvq_be_prefill *items, int n, char *msg,
+kvq_status ref_prefill(kvq_backend_ctx *ctx, int layer, const kvq_be_prefill *items, int n, char *msg,
                               size_t msg_size)
 {
     const kvq_be_engine *e = &ctx->e;
@@ -175,7 +175,7 @@ static kvq_status ref_decode(kvq_backend_ctx *ctx, int layer, const kvq_be_decod
     return st;
 }
 
-static void ref_seq_account(const kvq_backend_ctx *ctx, const kvq_backend_seq *s, kvq_mem_stats *out)
+void ref_seq_account(const kvq_backend_ctx *ctx, const kvq_backend_seq *s, kvq_mem_stats *out)
 {
     (void)ctx;
     for (int l = 0; l < s->n_layers; l++) {
@@ -188,7 +188,7 @@ static void ref_seq_account(const kvq_backend_ctx *ctx, const kvq_backend_seq *s
     }
 }
 
-static kvq_status ref_read_cache(kvq_backend_ctx *ctx, const kvq_backend_seq *s, int layer, float *k, float *v,
+kvq_status ref_read_cache(kvq_backend_ctx *ctx, const kvq_backend_seq *s, int layer, float *k, float *v,
                                  int capacity, int *n_tokens, char *msg, size_t msg_size)
 {
     const ref_layer *L = s->layers[layer];

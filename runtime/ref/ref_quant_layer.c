@@ -280,11 +280,7 @@ kvq_status ref_qlayer_prefill(ref_layer *RL, const kvq_be_engine *e, int layer, 
 
 /* ----------------------------------------------------------------------------------------------- decode -- */
 
-typedef struct {
-    int to_sink;
-    int flush[2];  /* tokens leaving the window of K / V this step (0: none) */
-    int direct[2]; /* the token skips the window (capacity 0): a flush of itself */
-} step_plan;
+typedef ref_step_plan step_plan;
 
 static void plan_step(const ref_qlayer *L, step_plan *p)
 {
@@ -371,7 +367,7 @@ static int take_oldest(ref_win *w, int B, float *x)
 
 /* Attention of every query head over the cache (L->length tokens): materialise each kv head, attend with its
  * group's query heads. probs [Hq][len] when the caller needs the rows (ZipCache probes), else NULL. */
-static kvq_status attend_all(const ref_qlayer *L, const float *q, float *out, float *probs, ref_arena *a)
+kvq_status ref_qlayer_attend_all(const ref_qlayer *L, const float *q, float *out, float *probs, ref_arena *a)
 {
     int len = L->length, D = L->D, g = L->Hq / L->H;
     float *K = ref_arena_take(a, (size_t)len * (size_t)D * sizeof(float));
@@ -450,46 +446,67 @@ static kvq_status do_flushes(ref_qlayer *L, const step_plan *p, const float *xne
     return st;
 }
 
-kvq_status ref_qlayer_step(ref_qlayer *L, ref_reserve *r, const float *k, const float *v, const float *q, float *out)
+kvq_status ref_qlayer_step_begin(ref_qlayer *L, ref_reserve *r, const float *k, const float *v, ref_qstep *s)
 {
-    step_plan p;
-    plan_step(L, &p);
+    step_plan *p = &s->plan;
+    plan_step(L, p);
     int H = L->H, D = L->D, pos = L->length;
     float *kr = ref_arena_take(&r->arena, (size_t)H * (size_t)D * sizeof(float));
     float *vr = ref_arena_take(&r->arena, (size_t)H * (size_t)D * sizeof(float));
     ref_round_f16(kr, k, (size_t)H * (size_t)D);
     ref_round_f16(vr, v, (size_t)H * (size_t)D);
-    const float *xnew[2] = {kr, vr};
-    kvq_status st;
+    s->xnew[0] = kr;
+    s->xnew[1] = vr;
+    s->pos = pos;
+    s->saliency = 0;
+    s->probe = 0;
 
-    if (p.to_sink) {
+    if (p->to_sink) {
         ref_win_push(&L->sink[0], kr, (size_t)D, pos);
         ref_win_push(&L->sink[1], vr, (size_t)D, pos);
         L->length++;
         /* ZipCache: the first decode cycle starts with the first token after the sinks. */
         if (L->length == L->cfg->sinks && saliency_on(L) && L->rule[0].capacity > 0) ref_saliency_new_cycle(L);
-        return attend_all(L, q, out, NULL, &r->arena);
+        return KVQ_OK;
     }
     for (int w = 0; w < 2; w++)
-        if (!p.direct[w]) ref_win_push(&L->win[w], xnew[w], (size_t)D, pos);
+        if (!p->direct[w]) ref_win_push(&L->win[w], s->xnew[w], (size_t)D, pos);
 
     if (saliency_on(L) && L->rule[0].capacity > 0) {
-        /* ZipCache Alg. 3: attend (recording the probe row), then compress every W. */
+        /* ZipCache Alg. 3: attend (recording the probe row), then compress every W: both in step_end. */
         L->length++;
-        float *probs = ref_arena_take(&r->arena, (size_t)L->Hq * (size_t)L->length * sizeof(float));
-        st = attend_all(L, q, out, probs, &r->arena);
-        if (st != KVQ_OK) return st;
-        ref_saliency_record(L, pos, probs, L->length);
-        if (p.flush[0]) {
-            st = do_flushes(L, &p, xnew, pos, r);
-            ref_saliency_new_cycle(L);
-        }
-        return st;
+        s->saliency = 1;
+        s->probe = L->n_rows < L->n_probes && L->probe_pos[L->n_rows] == pos;
+        return KVQ_OK;
     }
     /* KIVI Alg. 1 / OTT: quantize what leaves the window, then attend. */
-    st = do_flushes(L, &p, xnew, pos, r);
+    kvq_status st = do_flushes(L, p, s->xnew, pos, r);
     L->length++;
-    return st != KVQ_OK ? st : attend_all(L, q, out, NULL, &r->arena);
+    return st;
+}
+
+kvq_status ref_qlayer_step_end(ref_qlayer *L, ref_reserve *r, ref_qstep *s, const float *probs)
+{
+    if (!s->saliency) return KVQ_OK;
+    ref_saliency_record(L, s->pos, probs, L->length); /* reads probs only when the step is a probe */
+    kvq_status st = KVQ_OK;
+    if (s->plan.flush[0]) {
+        st = do_flushes(L, &s->plan, s->xnew, s->pos, r);
+        ref_saliency_new_cycle(L);
+    }
+    return st;
+}
+
+kvq_status ref_qlayer_step(ref_qlayer *L, ref_reserve *r, const float *k, const float *v, const float *q, float *out)
+{
+    ref_qstep s;
+    kvq_status st = ref_qlayer_step_begin(L, r, k, v, &s);
+    if (st != KVQ_OK) return st;
+    float *probs = NULL;
+    if (s.saliency) probs = ref_arena_take(&r->arena, (size_t)L->Hq * (size_t)L->length * sizeof(float));
+    st = ref_qlayer_attend_all(L, q, out, probs, &r->arena);
+    if (st != KVQ_OK) return st;
+    return ref_qlayer_step_end(L, r, &s, probs);
 }
 
 /* ------------------------------------------------------------------------------------------- accounting -- */

@@ -1,4 +1,5 @@
-/* The JIT cache on disk (DESIGN §7): see cu.h. */
+/* The JIT cache on disk (DESIGN §7), shared by the cuda backend (NVRTC cubins) and the cpu backend (LLVM
+ * objects): see jit_cache.h. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -8,7 +9,7 @@
 #include <unistd.h>
 
 #include "alloc.h"
-#include "cu.h"
+#include "jit_cache.h"
 #include "emit_cuda.h"
 
 #define CACHE_MAGIC "KVQCACH1"
@@ -29,7 +30,7 @@ static int make_dirs(char *path)
     return mkdir(path, 0755) == 0 || errno == EEXIST ? 0 : -1;
 }
 
-const char *cu_cache_dir(void)
+const char *kvq_cache_dir(void)
 {
     /* Re-read each time the environment may have changed (tests point it elsewhere). */
     const char *env = getenv("KVQ_CACHE_DIR");
@@ -48,9 +49,9 @@ const char *cu_cache_dir(void)
     return cache_dir;
 }
 
-void cu_cache_path(const char *key, const char *ext, char *out, size_t size)
+void kvq_cache_path(const char *key, const char *ext, char *out, size_t size)
 {
-    snprintf(out, size, "%s/%s.%s", cu_cache_dir(), key, ext);
+    snprintf(out, size, "%s/%s.%s", kvq_cache_dir(), key, ext);
 }
 
 static void put_u64(unsigned char *p, uint64_t v)
@@ -64,12 +65,12 @@ static uint64_t get_u64(const unsigned char *p)
     return v;
 }
 
-int cu_cache_get(const char *key, const char *ext, void **sections, size_t *sizes, int n)
+int kvq_cache_get(const char *key, const char *ext, void **sections, size_t *sizes, int n)
 {
     for (int i = 0; i < n; i++) sections[i] = NULL, sizes[i] = 0;
-    if (!cu_cache_dir()[0]) return 0;
+    if (!kvq_cache_dir()[0]) return 0;
     char path[4200];
-    cu_cache_path(key, ext, path, sizeof path);
+    kvq_cache_path(key, ext, path, sizeof path);
     FILE *f = fopen(path, "rb");
     if (!f) return 0;
     unsigned char hdr[8 + 8 + 32];
@@ -122,9 +123,9 @@ int cu_cache_get(const char *key, const char *ext, void **sections, size_t *size
     return ok;
 }
 
-int cu_cache_put(const char *key, const char *ext, const cu_section *sec, int n)
+int kvq_cache_put(const char *key, const char *ext, const kvq_cache_section *sec, int n)
 {
-    if (!cu_cache_dir()[0]) return -1;
+    if (!kvq_cache_dir()[0]) return -1;
     size_t size = 0;
     for (int i = 0; i < n; i++) size += 8 + sec[i].size;
     unsigned char *buf = kvq_malloc(size ? size : 1);
@@ -141,7 +142,7 @@ int cu_cache_put(const char *key, const char *ext, const cu_section *sec, int n)
     put_u64(hdr + 8, size);
     emit_cuda_sha256(buf, size, hdr + 16);
     char path[4200], tmp[4300];
-    cu_cache_path(key, ext, path, sizeof path);
+    kvq_cache_path(key, ext, path, sizeof path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     int rc = -1;
     FILE *f = fopen(tmp, "wb");

@@ -1,0 +1,815 @@
+/* LLVM IR for the cpu backend's decode tiles (emit_llvm.h, docs/cpu.md). One function per (K source, V source)
+ * pair, everything known at emission time unrolled or folded: head_dim, GQA ratio g, the vector width W, bits,
+ * group sizes, parameter dtypes, the mask. The kernel's three phases:
+ *
+ *   K: for each token t of the tile, the codes of K row t are unpacked once into D/W vectors and serve all g
+ *      query heads. Per-channel keys fold their scale and zero into the query once per tile (DESIGN §6):
+ *        q . k = sum_c q_c (z_c + s_c code_c) = sum_c q_c z_c + sum_c (q_c s_c) code_c,
+ *      so the token loop multiplies codes by q' = q (.) s. Other formats dequantize the row (z + s * code, the
+ *      reference's two roundings) and take the dot product.
+ *   softmax: once per tile and query head: the tile's max, e^(s - m') over the tile in vectors, one rescale of
+ *      l and acc by e^(m - m').
+ *   V: for each block of W channels, a loop over the tile's tokens: the block of V row t is dequantized once
+ *      (z + s * code, the per-token parameters broadcast) and accumulated into the g heads' accumulators, kept in
+ *      registers across the loop.
+ *
+ * Fast-math flags (reassociation and contraction) are set only on the dot products, the probability sums and
+ * the P.V accumulation: sums whose order the reference does not fix either (its double sum is the oracle; fp32
+ * reassociation over D <= 256 terms stays within ~1e-6 relative). The dequantization (z + s * code) and the
+ * exponential keep IEEE semantics. */
+#include "emit_llvm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef KVQ_HAVE_LLVM
+#include <llvm-c/Analysis.h>
+#include <llvm-c/BitWriter.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/Error.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <pthread.h>
+
+#include "alloc.h"
+#include "emit_cuda.h" /* emit_cuda_sha256_hex: the one SHA-256 of the project */
+#include "jit_cache.h"
+
+/* ------------------------------------------------------------------------------------------ IR helpers -- */
+
+typedef struct {
+    LLVMContextRef c;
+    LLVMModuleRef m;
+    LLVMBuilderRef b;
+    LLVMTypeRef f32, f16, i1, i8, i32, i64, ptr, vf, vi, args_ty;
+    int W;
+    LLVMValueRef fn;
+} E;
+
+enum { A_Q, A_ACC, A_ML, A_P, A_K, A_KS, A_KZ, A_KF, A_KMASK, A_V, A_VS, A_VZ, A_VF, A_N, A_KMBIT, A_COUNT };
+
+static LLVMValueRef ci32(E *e, long v) { return LLVMConstInt(e->i32, (unsigned long long)v, 1); }
+static LLVMValueRef ci64(E *e, long v) { return LLVMConstInt(e->i64, (unsigned long long)v, 1); }
+static LLVMValueRef cf(E *e, double v) { return LLVMConstReal(e->f32, v); }
+
+static LLVMValueRef splat_const(LLVMValueRef s, int W)
+{
+    LLVMValueRef el[16];
+    for (int i = 0; i < W; i++) el[i] = s;
+    return LLVMConstVector(el, (unsigned)W);
+}
+static LLVMValueRef vfc(E *e, double v) { return splat_const(cf(e, v), e->W); }
+static LLVMValueRef vic(E *e, long v) { return splat_const(ci32(e, v), e->W); }
+
+/* A scalar broadcast to every lane. */
+static LLVMValueRef splat(E *e, LLVMValueRef s)
+{
+    LLVMTypeRef vt = LLVMVectorType(LLVMTypeOf(s), (unsigned)e->W);
+    LLVMValueRef v = LLVMBuildInsertElement(e->b, LLVMGetPoison(vt), s, ci32(e, 0), "");
+    LLVMValueRef zeros[16];
+    for (int i = 0; i < e->W; i++) zeros[i] = ci32(e, 0);
+    return LLVMBuildShuffleVector(e->b, v, LLVMGetPoison(vt), LLVMConstVector(zeros, (unsigned)e->W), "");
+}
+
+/* base + off bytes (off an i64 value). */
+static LLVMValueRef gep(E *e, LLVMValueRef base, LLVMValueRef off)
+{
+    return LLVMBuildGEP2(e->b, e->i8, base, &off, 1, "");
+}
+static LLVMValueRef gepc(E *e, LLVMValueRef base, long off) { return off ? gep(e, base, ci64(e, off)) : base; }
+
+static LLVMValueRef load(E *e, LLVMTypeRef ty, LLVMValueRef p, unsigned align)
+{
+    LLVMValueRef v = LLVMBuildLoad2(e->b, ty, p, "");
+    LLVMSetAlignment(v, align);
+    return v;
+}
+static void store(E *e, LLVMValueRef v, LLVMValueRef p, unsigned align)
+{
+    LLVMValueRef s = LLVMBuildStore(e->b, v, p);
+    LLVMSetAlignment(s, align);
+}
+
+static const LLVMFastMathFlags FM_SUM = LLVMFastMathAllowReassoc | LLVMFastMathAllowContract;
+
+static LLVMValueRef fm(LLVMValueRef v)
+{
+    LLVMSetFastMathFlags(v, FM_SUM);
+    return v;
+}
+/* acc + a * b with contraction allowed (an FMA): only in sums whose order is free. */
+static LLVMValueRef fma_sum(E *e, LLVMValueRef acc, LLVMValueRef a, LLVMValueRef b)
+{
+    return fm(LLVMBuildFAdd(e->b, acc, fm(LLVMBuildFMul(e->b, a, b, "")), ""));
+}
+
+static LLVMValueRef call_intrinsic(E *e, const char *name, LLVMTypeRef overload, LLVMValueRef *args, unsigned n)
+{
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    LLVMTypeRef tys[1] = {overload};
+    LLVMValueRef f = LLVMGetIntrinsicDeclaration(e->m, id, tys, 1);
+    LLVMTypeRef ft = LLVMIntrinsicGetType(e->c, id, tys, 1);
+    return LLVMBuildCall2(e->b, ft, f, args, n, "");
+}
+
+/* Sum of a vector's lanes (reassociation allowed: the lanes are terms of one dot product). */
+static LLVMValueRef hsum(E *e, LLVMValueRef v)
+{
+    LLVMValueRef args[2] = {cf(e, -0.0), v};
+    return fm(call_intrinsic(e, "llvm.vector.reduce.fadd", e->vf, args, 2));
+}
+
+/* (a, b) -> evens(a ++ b) + odds(a ++ b): lanes [0, W/2) hold a's lanes summed in pairs, [W/2, W) b's. */
+static LLVMValueRef pair_fold(E *e, LLVMValueRef a, LLVMValueRef b)
+{
+    LLVMValueRef ev[16], od[16];
+    for (int i = 0; i < e->W; i++) {
+        ev[i] = ci32(e, 2 * i);
+        od[i] = ci32(e, 2 * i + 1);
+    }
+    LLVMValueRef x = LLVMBuildShuffleVector(e->b, a, b, LLVMConstVector(ev, (unsigned)e->W), "");
+    LLVMValueRef y = LLVMBuildShuffleVector(e->b, a, b, LLVMConstVector(od, (unsigned)e->W), "");
+    return fm(LLVMBuildFAdd(e->b, x, y, ""));
+}
+
+/* The lane sums of g vectors at once (the g heads' dot products of one token): pairs fold into one vector whose
+ * segment j (W/g2 lanes) holds head j's partial sums, then the segments fold within themselves; about half the
+ * shuffles of g separate reductions. g2 = g rounded up to a power of two (padding with zeros); beyond W heads
+ * the reductions are separate. */
+static void hsum_many(E *e, LLVMValueRef *v, int g, LLVMValueRef *out)
+{
+    int g2 = 1;
+    while (g2 < g) g2 *= 2;
+    if (g2 == 1 || g2 > e->W) {
+        for (int j = 0; j < g; j++) out[j] = hsum(e, v[j]);
+        return;
+    }
+    LLVMValueRef cur[64];
+    for (int j = 0; j < g2; j++) cur[j] = j < g ? v[j] : vfc(e, 0.0);
+    for (int n = g2; n > 1; n /= 2)
+        for (int j = 0; j < n / 2; j++) cur[j] = pair_fold(e, cur[2 * j], cur[2 * j + 1]);
+    /* Segment j: lanes [j*S, (j+1)*S), S = W / g2; fold each segment onto its first lane... */
+    LLVMValueRef x = cur[0];
+    for (int S = e->W / g2; S > 1; S /= 2) x = pair_fold(e, x, x);
+    /* ...after which head j's sum is lane j. */
+    for (int j = 0; j < g; j++) out[j] = LLVMBuildExtractElement(e->b, x, ci32(e, j), "");
+}
+
+static LLVMValueRef fmax_sel(E *e, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildSelect(e->b, LLVMBuildFCmp(e->b, LLVMRealOGT, a, b, ""), a, b, "");
+}
+
+/* e^x for x <= 0, lanes below -87.3 (and -inf) give 0: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and
+ * Cephes expf's degree-6 polynomial (relative error ~1e-7), scaled by 2^n built in the exponent bits. */
+static LLVMValueRef vexp(E *e, LLVMValueRef x)
+{
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef under = LLVMBuildFCmp(b, LLVMRealOLT, x, vfc(e, -87.3f), "");
+    LLVMValueRef xc = LLVMBuildSelect(b, under, vfc(e, -87.0), x, "");
+    LLVMValueRef args[1] = {LLVMBuildFMul(b, xc, vfc(e, 1.44269504088896341), "")};
+    LLVMValueRef n = call_intrinsic(e, "llvm.rint", e->vf, args, 1);
+    LLVMValueRef r = LLVMBuildFSub(b, xc, LLVMBuildFMul(b, n, vfc(e, 0.693359375), ""), "");
+    r = LLVMBuildFSub(b, r, LLVMBuildFMul(b, n, vfc(e, -2.12194440e-4), ""), "");
+    static const double c[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
+                               4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
+    LLVMValueRef p = vfc(e, c[0]);
+    for (int i = 1; i < 6; i++) p = LLVMBuildFAdd(b, LLVMBuildFMul(b, p, r, ""), vfc(e, c[i]), "");
+    p = LLVMBuildFMul(b, p, LLVMBuildFMul(b, r, r, ""), "");
+    p = LLVMBuildFAdd(b, LLVMBuildFAdd(b, p, r, ""), vfc(e, 1.0), "");
+    LLVMValueRef ni = LLVMBuildFPToSI(b, n, e->vi, "");
+    LLVMValueRef pw = LLVMBuildShl(b, LLVMBuildAdd(b, ni, vic(e, 127), ""), vic(e, 23), "");
+    LLVMValueRef res = LLVMBuildFMul(b, p, LLVMBuildBitCast(b, pw, e->vf, ""), "");
+    return LLVMBuildSelect(b, under, vfc(e, 0.0), res, "");
+}
+
+static LLVMValueRef field(E *e, LLVMValueRef args, int i)
+{
+    LLVMValueRef p = LLVMBuildStructGEP2(e->b, e->args_ty, args, (unsigned)i, "");
+    return load(e, i >= A_N ? e->i32 : e->ptr, p, i >= A_N ? 4 : 8);
+}
+
+/* ------------------------------------------------------------------------------------ unpack/dequantize -- */
+
+/* Lanes c0..c0+W-1 of a b-bit plane (b in 1, 2, 4, 8) of the row at `row`: layout.h's order, channel c at bits
+ * [(c*b) % 32, +b) of 32-bit word (c*b)/32. The words covering the lanes are loaded once and spread. */
+static LLVMValueRef unpack_plane(E *e, LLVMValueRef row, int b, int c0)
+{
+    int W = e->W, first = (c0 * b) / 32, last = ((c0 + W - 1) * b) / 32, nw = last - first + 1;
+    LLVMValueRef words;
+    LLVMValueRef wp = gepc(e, row, (long)first * 4);
+    LLVMValueRef idx[16], sh[16];
+    for (int i = 0; i < W; i++) {
+        idx[i] = ci32(e, ((c0 + i) * b) / 32 - first);
+        sh[i] = ci32(e, ((c0 + i) * b) % 32);
+    }
+    if (nw == 1) {
+        words = splat(e, load(e, e->i32, wp, 1));
+    } else {
+        LLVMTypeRef wt = LLVMVectorType(e->i32, (unsigned)nw);
+        LLVMValueRef w = load(e, wt, wp, 1);
+        words = LLVMBuildShuffleVector(e->b, w, LLVMGetPoison(wt), LLVMConstVector(idx, (unsigned)W), "");
+    }
+    LLVMValueRef v = LLVMBuildLShr(e->b, words, LLVMConstVector(sh, (unsigned)W), "");
+    return LLVMBuildAnd(e->b, v, vic(e, (1L << b) - 1), "");
+}
+
+/* Codes of lanes c0.. of the row at `row` as floats. */
+static LLVMValueRef codes_f32(E *e, const kvq_page_format *f, LLVMValueRef row, int c0)
+{
+    LLVMValueRef v;
+    if (f->bits == 3) {
+        /* Two planes: the low two bits (D/4 bytes), then the high bit (D/8 bytes). */
+        LLVMValueRef lo = unpack_plane(e, row, 2, c0);
+        LLVMValueRef hi = unpack_plane(e, gepc(e, row, f->head_dim / 4), 1, c0);
+        v = LLVMBuildOr(e->b, lo, LLVMBuildShl(e->b, hi, vic(e, 2), ""), "");
+    } else {
+        v = unpack_plane(e, row, f->bits, c0);
+    }
+    return LLVMBuildUIToFP(e->b, v, e->vf, "");
+}
+
+/* A parameter stored in `bytes` (2: fp16, 4: fp32) as fp32: element `idx` (an i64) of the section at sec. */
+static LLVMValueRef param_scalar(E *e, LLVMValueRef sec, LLVMValueRef idx, int bytes)
+{
+    LLVMValueRef p = gep(e, sec, LLVMBuildMul(e->b, idx, ci64(e, bytes), ""));
+    if (bytes == 4) return load(e, e->f32, p, 1);
+    return LLVMBuildFPExt(e->b, load(e, e->f16, p, 1), e->f32, "");
+}
+/* Lanes c0.. of a per-channel section [D]. */
+static LLVMValueRef param_vec(E *e, LLVMValueRef sec, int c0, int bytes)
+{
+    LLVMValueRef p = gepc(e, sec, (long)c0 * bytes);
+    if (bytes == 4) return load(e, e->vf, p, 4);
+    return LLVMBuildFPExt(e->b, load(e, LLVMVectorType(e->f16, (unsigned)e->W), p, 2), e->vf, "");
+}
+
+/* Per-token parameters of token t for lanes c0..: one group per lane set (broadcast), or per lane when a group
+ * is narrower than the vector. */
+static LLVMValueRef token_param(E *e, const kvq_page_format *f, LLVMValueRef sec, LLVMValueRef t64, int c0,
+                                int bytes)
+{
+    if (f->hidden) return splat(e, param_scalar(e, sec, t64, bytes));
+    int G = f->group, ng = f->head_dim / G;
+    LLVMValueRef base = LLVMBuildMul(e->b, t64, ci64(e, ng), "");
+    if (c0 / G == (c0 + e->W - 1) / G)
+        return splat(e, param_scalar(e, sec, LLVMBuildAdd(e->b, base, ci64(e, c0 / G), ""), bytes));
+    LLVMValueRef v = LLVMGetPoison(e->vf), s = NULL;
+    for (int i = 0; i < e->W; i++) {
+        if (i == 0 || (c0 + i) / G != (c0 + i - 1) / G)
+            s = param_scalar(e, sec, LLVMBuildAdd(e->b, base, ci64(e, (c0 + i) / G), ""), bytes);
+        v = LLVMBuildInsertElement(e->b, v, s, ci32(e, i), "");
+    }
+    return v;
+}
+
+/* Lanes c0.. of row t (i32) of a source, dequantized to fp32 exactly as ref_page_read does: z + s * code in two
+ * roundings, times the channel factor when channel-separable. */
+static LLVMValueRef row_f32(E *e, const emit_llvm_src *src, int D, LLVMValueRef base, LLVMValueRef s_sec,
+                            LLVMValueRef z_sec, LLVMValueRef f_sec, LLVMValueRef t, int c0)
+{
+    LLVMValueRef t64 = LLVMBuildZExt(e->b, t, e->i64, "");
+    if (src->fp16) {
+        LLVMValueRef p = gep(e, base, LLVMBuildAdd(e->b, LLVMBuildMul(e->b, t64, ci64(e, (long)D * 2), ""),
+                                                     ci64(e, (long)c0 * 2), ""));
+        return LLVMBuildFPExt(e->b, load(e, LLVMVectorType(e->f16, (unsigned)e->W), p, 2), e->vf, "");
+    }
+    const kvq_page_format *f = &src->fmt;
+    LLVMValueRef row = gep(e, base, LLVMBuildMul(e->b, t64, ci64(e, (long)kvq_code_bytes(D, f->bits)), ""));
+    LLVMValueRef code = codes_f32(e, f, row, c0), s, z;
+    if (f->gran == KVQ_GRAN_CHANNEL) {
+        s = param_vec(e, s_sec, c0, f->scale_bytes);
+        z = param_vec(e, z_sec, c0, f->zero_bytes);
+    } else {
+        s = token_param(e, f, s_sec, t64, c0, f->scale_bytes);
+        z = token_param(e, f, z_sec, t64, c0, f->zero_bytes);
+    }
+    LLVMValueRef x = LLVMBuildFAdd(e->b, z, LLVMBuildFMul(e->b, s, code, ""), "");
+    if (f->channel_separable) x = LLVMBuildFMul(e->b, x, param_vec(e, f_sec, c0, f->scale_bytes), "");
+    return x;
+}
+
+static int src_fold(const emit_llvm_src *s) { return !s->fp16 && s->fmt.gran == KVQ_GRAN_CHANNEL; }
+
+/* ------------------------------------------------------------------------------------------- the kernel -- */
+
+#define MAXG 64
+#define MAXB 64 /* D / W blocks: 256 / 4 */
+
+static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
+{
+    int D = k->head_dim, g = k->gqa, W = e->W, NB = D / W, N = EMIT_LLVM_TILE;
+    LLVMBuilderRef b = e->b;
+    LLVMTypeRef params[1] = {e->ptr};
+    LLVMTypeRef fty = LLVMFunctionType(LLVMVoidTypeInContext(e->c), params, 1, 0);
+    e->fn = LLVMAddFunction(e->m, name, fty);
+    LLVMValueRef args = LLVMGetParam(e->fn, 0);
+    unsigned noalias = LLVMGetEnumAttributeKindForName("noalias", 7);
+    LLVMAddAttributeAtIndex(e->fn, 1, LLVMCreateEnumAttribute(e->c, noalias, 0));
+
+    LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(e->c, e->fn, "entry");
+    LLVMBasicBlockRef kloop = LLVMAppendBasicBlockInContext(e->c, e->fn, "kloop");
+    LLVMBasicBlockRef soft = LLVMAppendBasicBlockInContext(e->c, e->fn, "softmax");
+    LLVMPositionBuilderAtEnd(b, entry);
+    LLVMValueRef a[A_COUNT];
+    for (int i = 0; i < A_COUNT; i++) a[i] = field(e, args, i);
+    LLVMValueRef n = a[A_N];
+
+    /* q (and its fold with per-channel scales and zeros) once per tile. */
+    LLVMValueRef qv[MAXG][MAXB];
+    LLVMValueRef qz[MAXG];
+    int fold = src_fold(&k->k);
+    for (int j = 0; j < g; j++) {
+        LLVMValueRef zsum = NULL;
+        for (int bl = 0; bl < NB; bl++) {
+            LLVMValueRef q = load(e, e->vf, gepc(e, a[A_Q], ((long)j * D + (long)bl * W) * 4), 4);
+            if (fold) {
+                LLVMValueRef s = param_vec(e, a[A_KS], bl * W, k->k.fmt.scale_bytes);
+                LLVMValueRef z = param_vec(e, a[A_KZ], bl * W, k->k.fmt.zero_bytes);
+                zsum = zsum ? fma_sum(e, zsum, q, z) : fm(LLVMBuildFMul(b, q, z, ""));
+                q = LLVMBuildFMul(b, q, s, "");
+            }
+            qv[j][bl] = q;
+        }
+        qz[j] = fold ? hsum(e, zsum) : NULL;
+    }
+    LLVMBuildBr(b, kloop);
+
+    /* K phase: logits of every token for all g heads, the tile's running max. */
+    LLVMPositionBuilderAtEnd(b, kloop);
+    LLVMValueRef t = LLVMBuildPhi(b, e->i32, "t");
+    LLVMValueRef mx[MAXG], mx_next[MAXG];
+    for (int j = 0; j < g; j++) mx[j] = LLVMBuildPhi(b, e->f32, "");
+    LLVMValueRef masked = NULL;
+    if (!k->k.fp16 && k->k.fmt.masked) {
+        LLVMValueRef bit = LLVMBuildAdd(b, a[A_KMBIT], t, "");
+        LLVMValueRef byte = load(e, e->i8, gep(e, a[A_KMASK], LLVMBuildZExt(b, LLVMBuildLShr(b, bit, ci32(e, 3), ""),
+                                                                             e->i64, "")), 1);
+        LLVMValueRef sh = LLVMBuildTrunc(b, LLVMBuildAnd(b, bit, ci32(e, 7), ""), e->i8, "");
+        LLVMValueRef m1 = LLVMBuildAnd(b, LLVMBuildLShr(b, byte, sh, ""), LLVMConstInt(e->i8, 1, 0), "");
+        masked = LLVMBuildICmp(b, LLVMIntNE, m1, LLVMConstInt(e->i8, 0, 0), "");
+    }
+    /* Each head's dot product in P interleaved partial sums (blocks b = c mod P), so that the FMA chains are
+     * short: an FMA's latency is ~4 cycles and two issue per cycle, so about 8 independent chains keep the
+     * units busy. */
+    int P = g >= 8 ? 1 : 8 / g;
+    if (P > 4) P = 4;
+    if (P > NB) P = NB;
+    LLVMValueRef part[MAXG][4];
+    for (int bl = 0; bl < NB; bl++) {
+        LLVMValueRef kv;
+        if (fold) {
+            LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
+            LLVMValueRef row =
+                gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
+            kv = codes_f32(e, &k->k.fmt, row, bl * W);
+        } else {
+            kv = row_f32(e, &k->k, D, a[A_K], a[A_KS], a[A_KZ], a[A_KF], t, bl * W);
+        }
+        for (int j = 0; j < g; j++) {
+            LLVMValueRef *pc = &part[j][bl % P];
+            *pc = bl >= P ? fma_sum(e, *pc, qv[j][bl], kv) : fm(LLVMBuildFMul(b, qv[j][bl], kv, ""));
+        }
+    }
+    LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
+    LLVMValueRef dots[MAXG], sums[MAXG];
+    for (int j = 0; j < g; j++) {
+        for (int w = P; w > 1; w = (w + 1) / 2) /* a tree over the partial sums */
+            for (int c = 0; c + (w + 1) / 2 < w; c++) part[j][c] = fm(LLVMBuildFAdd(b, part[j][c], part[j][c + (w + 1) / 2], ""));
+        dots[j] = part[j][0];
+    }
+    hsum_many(e, dots, g, sums);
+    for (int j = 0; j < g; j++) {
+        LLVMValueRef s = sums[j];
+        if (fold) s = fm(LLVMBuildFAdd(b, s, qz[j], ""));
+        if (masked) s = LLVMBuildSelect(b, masked, cf(e, -__builtin_inf()), s, "");
+        LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, t64, ci64(e, (long)j * N), ""), ci64(e, 4), "");
+        store(e, s, gep(e, a[A_P], off), 4);
+        mx_next[j] = fmax_sel(e, mx[j], s);
+    }
+    LLVMValueRef t1 = LLVMBuildAdd(b, t, ci32(e, 1), "");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t1, n, ""), kloop, soft);
+    LLVMValueRef zero_i = ci32(e, 0);
+    LLVMAddIncoming(t, &zero_i, &entry, 1);
+    LLVMAddIncoming(t, &t1, &kloop, 1);
+    for (int j = 0; j < g; j++) {
+        LLVMValueRef ninf = cf(e, -__builtin_inf());
+        LLVMAddIncoming(mx[j], &ninf, &entry, 1);
+        LLVMAddIncoming(mx[j], &mx_next[j], &kloop, 1);
+    }
+
+    /* Softmax: once per tile and head. Lanes past n are not tokens: p = 0. */
+    LLVMPositionBuilderAtEnd(b, soft);
+    LLVMValueRef iota[16];
+    for (int i = 0; i < W; i++) iota[i] = ci32(e, i);
+    LLVMValueRef iota_v = LLVMConstVector(iota, (unsigned)W), n_v = splat(e, n);
+    for (int j = 0; j < g; j++) {
+        LLVMValueRef mlp = gepc(e, a[A_ML], (long)j * 8);
+        LLVMValueRef m_old = load(e, e->f32, mlp, 4), l_old = load(e, e->f32, gepc(e, mlp, 4), 4);
+        LLVMValueRef m_new = fmax_sel(e, m_old, mx_next[j]); /* the max after the last token */
+        LLVMValueRef mn_v = splat(e, m_new);
+        LLVMValueRef alpha_v = vexp(e, LLVMBuildFSub(b, splat(e, m_old), mn_v, ""));
+        LLVMValueRef sum = NULL;
+        for (int bl = 0; bl < N / W; bl++) {
+            LLVMValueRef pp = gepc(e, a[A_P], ((long)j * N + (long)bl * W) * 4);
+            LLVMValueRef x = load(e, e->vf, pp, 4);
+            LLVMValueRef valid = LLVMBuildICmp(b, LLVMIntSLT, LLVMBuildAdd(b, iota_v, vic(e, (long)bl * W), ""), n_v, "");
+            LLVMValueRef pv = LLVMBuildSelect(b, valid, vexp(e, LLVMBuildFSub(b, x, mn_v, "")), vfc(e, 0.0), "");
+            store(e, pv, pp, 4);
+            sum = sum ? fm(LLVMBuildFAdd(b, sum, pv, "")) : pv;
+        }
+        LLVMValueRef alpha = LLVMBuildExtractElement(b, alpha_v, ci32(e, 0), "");
+        LLVMValueRef l_new = fm(LLVMBuildFAdd(b, LLVMBuildFMul(b, l_old, alpha, ""), hsum(e, sum), ""));
+        store(e, m_new, mlp, 4);
+        store(e, l_new, gepc(e, mlp, 4), 4);
+        for (int bl = 0; bl < NB; bl++) {
+            LLVMValueRef ap = gepc(e, a[A_ACC], ((long)j * D + (long)bl * W) * 4);
+            store(e, LLVMBuildFMul(b, load(e, e->vf, ap, 4), alpha_v, ""), ap, 4);
+        }
+    }
+
+    /* V phase: per group of blocks of W channels, a token loop with the group's g x nb accumulators in registers
+     * (at most 16: enough independent FMA chains, and room for the row and the weights in 32 registers). */
+    int nb = 16 / g;
+    if (nb < 1) nb = 1;
+    if (nb > NB) nb = NB;
+    /* Per-token values in groups of whole vectors fold their scale into the weight and their zero point into a
+     * scalar sum (DESIGN §6): sum_t p_t (z_t + s_t code_t) = sum_t (p_t s_t) code_t + sum_t p_t z_t, one FMA per
+     * head and vector instead of a dequantization plus an FMA. */
+    const kvq_page_format *vf = &k->v.fmt;
+    int vfold = !k->v.fp16 && vf->gran == KVQ_GRAN_TOKEN && !vf->hidden && !vf->channel_separable &&
+                vf->group % W == 0 && g == 1; /* with more heads the per-group scalars cost more than they save */
+    int G = vfold ? vf->group : 0, ngr = vfold ? D / G : 0;
+    for (int b0 = 0; b0 < NB; b0 += nb) {
+        int b1 = b0 + nb < NB ? b0 + nb : NB, m = b1 - b0;
+        int g0 = vfold ? b0 * W / G : 0, g1 = vfold ? ((b1 * W) - 1) / G + 1 : 0, mg = g1 - g0;
+        LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
+        LLVMBasicBlockRef vloop = LLVMAppendBasicBlockInContext(e->c, e->fn, "vloop");
+        LLVMBasicBlockRef vend = LLVMAppendBasicBlockInContext(e->c, e->fn, "vend");
+        LLVMValueRef acc0[MAXG * 16], acc[MAXG * 16], acc1[MAXG * 16];
+        LLVMValueRef zacc[8 * 16], zacc1[8 * 16]; /* [j][group] sum_t p_t z_t (vfold) */
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < m; i++)
+                acc0[j * m + i] = load(e, e->vf, gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4);
+        LLVMBuildBr(b, vloop);
+        LLVMPositionBuilderAtEnd(b, vloop);
+        LLVMValueRef tv = LLVMBuildPhi(b, e->i32, "t");
+        for (int x = 0; x < g * m; x++) acc[x] = LLVMBuildPhi(b, e->vf, "");
+        for (int x = 0; x < g * mg; x++) zacc[x] = LLVMBuildPhi(b, e->f32, "");
+        LLVMValueRef tv64 = LLVMBuildZExt(b, tv, e->i64, "");
+        LLVMValueRef pw[MAXG], ps[8 * 16];
+        for (int j = 0; j < g; j++) {
+            LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, tv64, ci64(e, (long)j * N), ""), ci64(e, 4), "");
+            LLVMValueRef pj = load(e, e->f32, gep(e, a[A_P], off), 4);
+            pw[j] = splat(e, pj);
+            for (int q = 0; q < mg; q++) {
+                LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, tv64, ci64(e, ngr), ""), ci64(e, g0 + q), "");
+                LLVMValueRef sc = param_scalar(e, a[A_VS], idx, vf->scale_bytes);
+                LLVMValueRef zp = param_scalar(e, a[A_VZ], idx, vf->zero_bytes);
+                ps[j * mg + q] = splat(e, LLVMBuildFMul(b, pj, sc, ""));
+                zacc1[j * mg + q] = fma_sum(e, zacc[j * mg + q], pj, zp);
+            }
+        }
+        for (int i = 0; i < m; i++) {
+            if (vfold) {
+                LLVMValueRef row = gep(e, a[A_V], LLVMBuildMul(b, tv64, ci64(e, (long)kvq_code_bytes(D, vf->bits)), ""));
+                LLVMValueRef code = codes_f32(e, vf, row, (b0 + i) * W);
+                int q = (b0 + i) * W / G - g0;
+                for (int j = 0; j < g; j++) acc1[j * m + i] = fma_sum(e, acc[j * m + i], ps[j * mg + q], code);
+            } else {
+                LLVMValueRef vv = row_f32(e, &k->v, D, a[A_V], a[A_VS], a[A_VZ], a[A_VF], tv, (b0 + i) * W);
+                for (int j = 0; j < g; j++) acc1[j * m + i] = fma_sum(e, acc[j * m + i], pw[j], vv);
+            }
+        }
+        LLVMValueRef tv1 = LLVMBuildAdd(b, tv, ci32(e, 1), "");
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, tv1, n, ""), vloop, vend);
+        LLVMAddIncoming(tv, &zero_i, &pre, 1);
+        LLVMAddIncoming(tv, &tv1, &vloop, 1);
+        LLVMValueRef fzero = cf(e, 0.0);
+        for (int x = 0; x < g * m; x++) {
+            LLVMAddIncoming(acc[x], &acc0[x], &pre, 1);
+            LLVMAddIncoming(acc[x], &acc1[x], &vloop, 1);
+        }
+        for (int x = 0; x < g * mg; x++) {
+            LLVMAddIncoming(zacc[x], &fzero, &pre, 1);
+            LLVMAddIncoming(zacc[x], &zacc1[x], &vloop, 1);
+        }
+        LLVMPositionBuilderAtEnd(b, vend);
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < m; i++) {
+                LLVMValueRef v = acc1[j * m + i];
+                if (vfold) v = fm(LLVMBuildFAdd(b, v, splat(e, zacc1[j * mg + (b0 + i) * W / G - g0]), ""));
+                store(e, v, gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4);
+            }
+    }
+    LLVMBuildRetVoid(b);
+}
+
+/* ------------------------------------------------------------------------------------- module and JIT -- */
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static int init_failed;
+static void init_llvm(void)
+{
+    init_failed = LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter();
+}
+
+kvq_status emit_llvm_probe(char *msg, size_t msg_size)
+{
+    pthread_once(&init_once, init_llvm);
+    if (init_failed) {
+        snprintf(msg, msg_size, "LLVM has no native target for this host");
+        return KVQ_ERR_UNAVAILABLE;
+    }
+    return KVQ_OK;
+}
+
+int emit_llvm_host_width(int force)
+{
+    if (force == 4 || force == 8 || force == 16) return force;
+    char *f = LLVMGetHostCPUFeatures();
+    int w = f && strstr(f, "+avx512f") ? 16 : f && strstr(f, "+avx2") ? 8 : 4;
+    LLVMDisposeMessage(f);
+    return w;
+}
+
+struct emit_llvm_jit {
+    LLVMOrcLLJITRef jit;
+};
+
+static void module_init(E *e, LLVMContextRef ctx, int width)
+{
+    memset(e, 0, sizeof *e);
+    e->c = ctx;
+    e->m = LLVMModuleCreateWithNameInContext("kvq_cpu", ctx);
+    e->b = LLVMCreateBuilderInContext(ctx);
+    e->f32 = LLVMFloatTypeInContext(ctx);
+    e->f16 = LLVMHalfTypeInContext(ctx);
+    e->i1 = LLVMInt1TypeInContext(ctx);
+    e->i8 = LLVMInt8TypeInContext(ctx);
+    e->i32 = LLVMInt32TypeInContext(ctx);
+    e->i64 = LLVMInt64TypeInContext(ctx);
+    e->ptr = LLVMPointerTypeInContext(ctx, 0);
+    e->W = width;
+    e->vf = LLVMVectorType(e->f32, (unsigned)width);
+    e->vi = LLVMVectorType(e->i32, (unsigned)width);
+    LLVMTypeRef fields[A_COUNT];
+    for (int i = 0; i < A_COUNT; i++) fields[i] = i >= A_N ? e->i32 : e->ptr;
+    e->args_ty = LLVMStructTypeInContext(ctx, fields, A_COUNT, 0);
+}
+
+static kvq_status err_msg(LLVMErrorRef err, const char *what, char *msg, size_t msg_size)
+{
+    char *m = LLVMGetErrorMessage(err);
+    snprintf(msg, msg_size, "%s: %s", what, m);
+    LLVMDisposeErrorMessage(m);
+    return KVQ_ERR_INTERNAL;
+}
+
+static LLVMTargetMachineRef host_machine(char *msg, size_t msg_size)
+{
+    char *triple = LLVMGetDefaultTargetTriple(), *err = NULL;
+    LLVMTargetRef target;
+    LLVMTargetMachineRef tm = NULL;
+    if (LLVMGetTargetFromTriple(triple, &target, &err)) {
+        snprintf(msg, msg_size, "LLVM target %s: %s", triple, err ? err : "?");
+        LLVMDisposeMessage(err);
+    } else {
+        char *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+        tm = LLVMCreateTargetMachine(target, triple, cpu, feat, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
+                                     LLVMCodeModelJITDefault);
+        LLVMDisposeMessage(cpu);
+        LLVMDisposeMessage(feat);
+        if (!tm) snprintf(msg, msg_size, "LLVM could not create a target machine for %s", triple);
+    }
+    LLVMDisposeMessage(triple);
+    return tm;
+}
+
+int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size)
+{
+    if (k->head_dim % 32 || k->head_dim > 256 || k->gqa < 1 || k->gqa > MAXG) {
+        snprintf(msg, msg_size, "cpu kernels: head_dim %d / GQA %d out of range (multiple of 32 up to 256; 1..%d)",
+                 k->head_dim, k->gqa, MAXG);
+        return 0;
+    }
+    const emit_llvm_src *s[2] = {&k->k, &k->v};
+    for (int i = 0; i < 2; i++) {
+        if (s[i]->fp16) continue;
+        int bits = s[i]->fmt.bits;
+        if (bits != 1 && bits != 2 && bits != 3 && bits != 4 && bits != 8) {
+            snprintf(msg, msg_size, "cpu kernels: %d-bit %s codes", bits, i ? "value" : "key");
+            return 0;
+        }
+        if (s[i]->fmt.gran == KVQ_GRAN_TOKEN && !s[i]->fmt.hidden &&
+            (s[i]->fmt.group <= 0 || k->head_dim % s[i]->fmt.group)) {
+            snprintf(msg, msg_size, "cpu kernels: per-token group %d does not divide head_dim %d", s[i]->fmt.group,
+                     k->head_dim);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void build_module(E *e, const emit_llvm_kernel *ks, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "kvq_tile_%d", i);
+        build_kernel(e, &ks[i], name);
+    }
+}
+
+/* The cache key: everything the object depends on (DESIGN §7). */
+static void cache_key(LLVMModuleRef m, char key[65])
+{
+    /* The IR as bitcode: the same module gives the same bytes, and writing it is ~10x faster than printing text
+     * (which formats every float constant). */
+    LLVMMemoryBufferRef bc = LLVMWriteBitcodeToMemoryBuffer(m);
+    char *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+    unsigned maj, min, patch;
+    LLVMGetVersion(&maj, &min, &patch);
+    size_t nbc = bc ? LLVMGetBufferSize(bc) : 0, n = nbc + strlen(cpu) + strlen(feat) + 128;
+    char *all = bc ? malloc(n) : NULL;
+    if (all) {
+        int len = snprintf(all, n, "%s\nLLVM %u.%u.%u\n%s\n%s\ndefault<O3>\n", EMIT_LLVM_KVQ_VERSION, maj, min, patch,
+                           cpu, feat);
+        memcpy(all + len, LLVMGetBufferStart(bc), nbc);
+        emit_cuda_sha256_hex(all, (size_t)len + nbc, key);
+    } else {
+        key[0] = 0; /* no key: no caching */
+    }
+    free(all);
+    if (bc) LLVMDisposeMemoryBuffer(bc);
+    LLVMDisposeMessage(cpu);
+    LLVMDisposeMessage(feat);
+}
+
+/* Optimises the module for the host and emits an object. */
+static kvq_status codegen(LLVMModuleRef m, LLVMMemoryBufferRef *obj, char *msg, size_t msg_size)
+{
+    LLVMTargetMachineRef tm = host_machine(msg, msg_size);
+    if (!tm) return KVQ_ERR_UNAVAILABLE;
+    kvq_status st = KVQ_OK;
+    char *triple = LLVMGetTargetMachineTriple(tm);
+    LLVMSetTarget(m, triple);
+    LLVMDisposeMessage(triple);
+    LLVMTargetDataRef dl = LLVMCreateTargetDataLayout(tm);
+    char *dls = LLVMCopyStringRepOfTargetData(dl);
+    LLVMSetDataLayout(m, dls);
+    LLVMDisposeMessage(dls);
+    LLVMDisposeTargetData(dl);
+    LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+    LLVMErrorRef err = LLVMRunPasses(m, "default<O3>", tm, po);
+    LLVMDisposePassBuilderOptions(po);
+    if (err) st = err_msg(err, "cpu kernels: optimisation", msg, msg_size);
+    if (st == KVQ_OK) {
+        char *em = NULL;
+        if (LLVMTargetMachineEmitToMemoryBuffer(tm, m, LLVMObjectFile, &em, obj)) {
+            snprintf(msg, msg_size, "cpu kernels: code generation: %.300s", em ? em : "?");
+            st = KVQ_ERR_INTERNAL;
+            *obj = NULL;
+        }
+        LLVMDisposeMessage(em);
+    }
+    LLVMDisposeTargetMachine(tm);
+    return st;
+}
+
+kvq_status emit_llvm_compile(const emit_llvm_kernel *ks, int n, int width, emit_llvm_jit **out,
+                             emit_llvm_tile_fn *fns, int *from_cache, char *msg, size_t msg_size)
+{
+    *out = NULL;
+    if (from_cache) *from_cache = 0;
+    kvq_status st = emit_llvm_probe(msg, msg_size);
+    if (st != KVQ_OK) return st;
+    for (int i = 0; i < n; i++)
+        if (!emit_llvm_supported(&ks[i], msg, msg_size)) return KVQ_ERR_UNSUPPORTED;
+    emit_llvm_jit *j = kvq_calloc(1, sizeof *j);
+    if (!j) return KVQ_ERR_NOMEM;
+    int W = emit_llvm_host_width(width);
+
+    LLVMContextRef ctx = LLVMContextCreate();
+    E e;
+    module_init(&e, ctx, W);
+    build_module(&e, ks, n);
+    LLVMDisposeBuilder(e.b);
+    char *verr = NULL, key[65];
+    LLVMMemoryBufferRef obj = NULL;
+    if (LLVMVerifyModule(e.m, LLVMReturnStatusAction, &verr)) {
+        snprintf(msg, msg_size, "cpu kernels: invalid IR: %.300s", verr ? verr : "?");
+        st = KVQ_ERR_INTERNAL;
+    }
+    LLVMDisposeMessage(verr);
+    if (st == KVQ_OK) {
+        cache_key(e.m, key);
+        void *sec[1];
+        size_t sz[1];
+        if (key[0] && kvq_cache_get(key, "o", sec, sz, 1)) {
+            obj = LLVMCreateMemoryBufferWithMemoryRangeCopy(sec[0], sz[0], "kvq_cpu.o");
+            kvq_free(sec[0]);
+            if (from_cache) *from_cache = 1;
+        } else {
+            st = codegen(e.m, &obj, msg, msg_size);
+            if (st == KVQ_OK && key[0]) {
+                kvq_cache_section s = {LLVMGetBufferStart(obj), LLVMGetBufferSize(obj)};
+                kvq_cache_put(key, "o", &s, 1);
+            }
+        }
+    }
+    LLVMDisposeModule(e.m);
+    LLVMContextDispose(ctx);
+
+    if (st == KVQ_OK) {
+        LLVMErrorRef err = LLVMOrcCreateLLJIT(&j->jit, LLVMOrcCreateLLJITBuilder());
+        if (err) {
+            j->jit = NULL;
+            st = err_msg(err, "cpu kernels: LLJIT", msg, msg_size);
+        }
+    }
+    if (st == KVQ_OK) {
+        LLVMErrorRef err = LLVMOrcLLJITAddObjectFile(j->jit, LLVMOrcLLJITGetMainJITDylib(j->jit), obj);
+        obj = NULL; /* owned by the JIT now, even on failure */
+        if (err) st = err_msg(err, "cpu kernels: loading the object", msg, msg_size);
+    }
+    for (int i = 0; i < n && st == KVQ_OK; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "kvq_tile_%d", i);
+        LLVMOrcExecutorAddress addr = 0;
+        LLVMErrorRef err = LLVMOrcLLJITLookup(j->jit, &addr, name);
+        if (err) st = err_msg(err, "cpu kernels: lookup", msg, msg_size);
+        else fns[i] = (emit_llvm_tile_fn)(uintptr_t)addr;
+    }
+    if (obj) LLVMDisposeMemoryBuffer(obj);
+    if (st != KVQ_OK) {
+        emit_llvm_free(j);
+        return st;
+    }
+    *out = j;
+    return KVQ_OK;
+}
+
+void emit_llvm_free(emit_llvm_jit *j)
+{
+    if (!j) return;
+    if (j->jit) {
+        LLVMErrorRef err = LLVMOrcDisposeLLJIT(j->jit);
+        if (err) LLVMConsumeError(err);
+    }
+    kvq_free(j);
+}
+
+char *emit_llvm_ir_text(const emit_llvm_kernel *k, int width)
+{
+    char msg[256];
+    if (emit_llvm_probe(msg, sizeof msg) != KVQ_OK || !emit_llvm_supported(k, msg, sizeof msg)) return NULL;
+    LLVMContextRef ctx = LLVMContextCreate();
+    E e;
+    module_init(&e, ctx, emit_llvm_host_width(width));
+    build_module(&e, k, 1);
+    LLVMDisposeBuilder(e.b);
+    char *s = LLVMPrintModuleToString(e.m), *copy = s ? strdup(s) : NULL;
+    LLVMDisposeMessage(s);
+    LLVMDisposeModule(e.m);
+    LLVMContextDispose(ctx);
+    return copy;
+}
+
+#else /* built without LLVM */
+
+kvq_status emit_llvm_probe(char *msg, size_t msg_size)
+{
+    snprintf(msg, msg_size, "built without LLVM (install llvm-19-dev and rebuild)");
+    return KVQ_ERR_UNAVAILABLE;
+}
+int emit_llvm_host_width(int force) { return force ? force : 4; }
+int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size)
+{
+    (void)k;
+    emit_llvm_probe(msg, msg_size);
+    return 0;
+}
+kvq_status emit_llvm_compile(const emit_llvm_kernel *kernels, int n, int width, emit_llvm_jit **out,
+                             emit_llvm_tile_fn *fns, int *from_cache, char *msg, size_t msg_size)
+{
+    (void)kernels;
+    if (from_cache) *from_cache = 0;
+    (void)n;
+    (void)width;
+    (void)fns;
+    *out = NULL;
+    return emit_llvm_probe(msg, msg_size);
+}
+void emit_llvm_free(emit_llvm_jit *j) { (void)j; }
+char *emit_llvm_ir_text(const emit_llvm_kernel *k, int width)
+{
+    (void)k;
+    (void)width;
+    return NULL;
+}
+
+#endif

@@ -1,0 +1,81 @@
+/* The cpu backend's code generator (DESIGN §6, docs/cpu.md): decode tile kernels built as LLVM IR with the C
+ * API, every constant baked in (head_dim, GQA ratio, tile size, bits, groups, parameter dtypes, masks), optimised
+ * with default<O3> for the host TargetMachine, compiled to an object and run through ORC LLJIT.
+ *
+ * A tile is up to `tile` tokens of one kv head whose K rows come from one source and whose V rows come from one
+ * source (fp16 rows, or slots of one quantized page), K row i and V row i being the same token. A tile kernel
+ * updates the online-softmax state of the kv head's g query heads over the tile:
+ *   logits s_jt = q_j . k_t (q pre-multiplied by the softmax scale; masked slots get p = 0),
+ *   m' = max(m, max_t s_jt), p_jt = e^(s_jt - m'), l' = l e^(m - m') + sum_t p_jt,
+ *   acc_j' = acc_j e^(m - m') + sum_t p_jt v_t.
+ * The (K kind, V kind) pair is fixed per kernel: the runtime dispatches once per tile, never per token. */
+#ifndef KVQ_EMIT_LLVM_H
+#define KVQ_EMIT_LLVM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq.h"
+#include "layout.h"
+
+/* The code generator's version: part of the JIT cache key (bump when the IR changes meaning). */
+#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-3"
+
+/* Tokens per tile: a multiple of every vector width the emitter uses (4, 8, 16). */
+#define EMIT_LLVM_TILE 64
+
+/* Where a tile's K or V rows come from. */
+typedef struct {
+    int fp16;            /* rows of fp16 values: windows, sinks, pools, bits-16 pages */
+    kvq_page_format fmt; /* otherwise: the quantized page's format (capacity ignored) */
+} emit_llvm_src;
+
+typedef struct {
+    int head_dim, gqa; /* channels; query heads per kv head */
+    emit_llvm_src k, v;
+} emit_llvm_kernel;
+
+/* What a tile kernel reads and updates. The layout is part of the generated code's ABI (emit_llvm.c builds the
+ * same struct type); every pointer is to bytes as stored (layout.h), little-endian.
+ *   k, v:     fp16 rows: the tile's first row [n][D]; pages: the codes of the tile's first slot of this kv head
+ *             (rows kvq_code_bytes apart).
+ *   ks, kz:   per channel: this kv head's [D] scale / zero; per token: the tile's first slot's [n_groups] entries
+ *             of this kv head (hidden: scale[slot]); kf: channel factors of this kv head [D] (channel-separable).
+ *   kmask:    masked pages: this kv head's mask row; kmbit: the tile's first slot (bit index in that row). */
+typedef struct {
+    const float *q; /* [g][D], times the softmax scale */
+    float *acc;     /* [g][D] */
+    float *ml;      /* [g][2]: running max m (start at -FLT_MAX), running sum l (start at 0) */
+    float *p;       /* [g][EMIT_LLVM_TILE] scratch */
+    const uint8_t *k, *ks, *kz, *kf, *kmask;
+    const uint8_t *v, *vs, *vz, *vf;
+    int32_t n;      /* tokens in the tile, 1..EMIT_LLVM_TILE */
+    int32_t kmbit;
+} emit_llvm_tile_args;
+
+typedef void (*emit_llvm_tile_fn)(const emit_llvm_tile_args *a);
+
+typedef struct emit_llvm_jit emit_llvm_jit;
+
+/* KVQ_OK if this libkvq was built with LLVM and the host target initialises, else KVQ_ERR_UNAVAILABLE. */
+kvq_status emit_llvm_probe(char *msg, size_t msg_size);
+
+/* Lanes of the vectors the emitter uses on this host: 16 with AVX-512F, 8 with AVX2, else 4. `force` (4, 8 or
+ * 16) overrides it (tests run the narrower paths on an AVX-512 host); 0 = the host's. */
+int emit_llvm_host_width(int force);
+
+/* 1 if the emitter can build a kernel for this pair (bits 1, 2, 3, 4, 8, 16; head_dim a multiple of 32). */
+int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size);
+
+/* Builds, optimises and compiles n kernels into one object and loads it: fns[i] runs kernels[i]. width: as
+ * emit_llvm_host_width's argument. The object goes through the JIT cache (runtime/jit_cache.h) keyed by the
+ * SHA-256 of the IR, LLVM's version, the host CPU's name and features, the pass pipeline and
+ * EMIT_LLVM_KVQ_VERSION; *from_cache (may be NULL) says whether it was found there. */
+kvq_status emit_llvm_compile(const emit_llvm_kernel *kernels, int n, int width, emit_llvm_jit **out,
+                             emit_llvm_tile_fn *fns, int *from_cache, char *msg, size_t msg_size);
+void emit_llvm_free(emit_llvm_jit *j);
+
+/* The textual IR of one kernel before optimisation (malloc'd; NULL when unavailable): for tests and docs. */
+char *emit_llvm_ir_text(const emit_llvm_kernel *k, int width);
+
+#endif

@@ -1,0 +1,94 @@
+/* The cpu backend's internals (docs/cpu.md). Storage, streaming rules, policies, prefill, accounting and
+ * read_cache are the reference backend's (runtime/ref): the same pages by construction. What the cpu backend
+ * replaces is the attention of a decode step: LLVM-compiled tile kernels (compiler/emit_llvm.h) over the
+ * (sequence, kv head, KV chunk) tasks of a batch, run by a thread pool and merged by (o, lse). */
+#ifndef KVQ_CPU_H
+#define KVQ_CPU_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "emit_llvm.h"
+#include "plan.h"
+#include "ref.h"
+
+/* ---- thread pool (cpu_pool.c): persistent workers; the calling thread works too ---- */
+typedef struct cpu_pool cpu_pool;
+typedef void (*cpu_task_fn)(void *arg, int task);
+
+/* threads: 0 = the machine's online cores; 1 = no worker threads. */
+kvq_status cpu_pool_create(int threads, cpu_pool **out);
+void cpu_pool_free(cpu_pool *p);
+int cpu_pool_threads(const cpu_pool *p);
+/* Runs fn(arg, i) for every i in [0, n) and returns when all have finished. */
+void cpu_pool_run(cpu_pool *p, cpu_task_fn fn, void *arg, int n);
+
+/* ---- kernels of one layer class: every (K source, V source) pair its pages can present ---- */
+#define CPU_MAX_SRC 3 /* fp16 rows, the high class's page format, the low class's */
+typedef struct {
+    int n_k, n_v;                     /* sources: [0] = fp16 rows, then page formats */
+    kvq_page_format kf[CPU_MAX_SRC], vf[CPU_MAX_SRC];
+    emit_llvm_tile_fn fn[CPU_MAX_SRC][CPU_MAX_SRC];
+} cpu_class;
+
+typedef struct {
+    kvq_plan plan;
+    cpu_class cls[PLAN_MAX_CLASSES];
+    emit_llvm_jit *jit;
+    int from_cache; /* the kernels' object came from the JIT cache */
+    cpu_pool *pool;
+} cpu_state;
+
+/* cpu_kernels.c: builds the plan of the engine and compiles every class's kernels. */
+kvq_status cpu_kernels_build(const kvq_be_engine *e, cpu_state *s, char *msg, size_t msg_size);
+/* The source index of a page of format f among a class's K (which 0) or V (1) sources; -1 if not planned. */
+int cpu_class_source(const cpu_class *c, int which, const kvq_page_format *f);
+
+/* ---- cpu_attend.c: attention of quantize-mode layers over the reference's storage ---- */
+
+/* A run of slots of one source (an fp16 window or a page) of one kv head. */
+typedef struct {
+    const ref_page *pg;    /* NULL: fp16 rows */
+    const uint16_t *rows;  /* fp16 rows: slot 0's row (pools: the K rows) */
+    const uint16_t *vrows; /* pools: the V rows */
+    const int *pos;        /* positions of the span's slots */
+    int n, src;            /* slots; source index in the class */
+    int slot0;             /* first slot inside the page */
+} cpu_span;
+
+/* Per (sequence, kv head) of a decode step. */
+typedef struct {
+    cpu_span *ks, *vs, *pools; /* K spans in storage order, V spans sorted by first position, pool spans */
+    int nk, nv, npool;
+    int total;                 /* K slots over the K spans */
+    int *vmap;                 /* [2][length]: V span and slot of each position (saliency layers), else NULL */
+    int broken;                /* the storage broke an invariant */
+} cpu_head;
+
+/* What one sequence's attention needs, sized before the step mutates anything (all-or-nothing decode). */
+typedef struct {
+    const ref_qlayer *L;
+    const cpu_class *cls;
+    const float *q;   /* [Hq][D] */
+    float *out;       /* [Hq][D] */
+    float *qs;        /* [Hq][D] q times the softmax scale */
+    int chunks;       /* KV chunks per kv head */
+    cpu_head *heads;  /* [H] */
+    float *state;     /* [H][chunks][g * (D + 2 + EMIT_LLVM_TILE)] */
+    int span_cap, use_vmap;
+    atomic_int bad;   /* a K slot whose V was not found (an invariant broken); set by any chunk's task */
+} cpu_item;
+
+/* Before the step: fixes the item's chunks and span capacity for layer L after a step that adds at most
+ * new_pages pages (a batch of n_items on `threads`), and returns the bytes cpu_item_init will take. */
+size_t cpu_item_size(cpu_item *it, const ref_qlayer *L, int new_pages, int threads, int n_items);
+/* After step_begin: carves the item's buffers from `a` (sized by cpu_item_size) and scales the query. */
+void cpu_item_init(cpu_item *it, const ref_qlayer *L, const cpu_class *cls, ref_arena *a);
+/* Task phases over a batch: spans of (item, head), tiles of (item, head, chunk), the merge of (item, head). */
+void cpu_item_spans(cpu_item *it, int h);
+void cpu_item_tiles(cpu_item *it, int h, int chunk);
+void cpu_item_merge(cpu_item *it, int h);
+/* 0 if the storage broke an invariant (a token without its value, or not once). */
+int cpu_item_ok(const cpu_item *it);
+
+#endif

@@ -1,0 +1,26 @@
+# The cpu backend (docs/cpu.md): runtime/cpu/*.c and the LLVM IR emitter compiler/emit_llvm*.c, built against
+# LLVM 19's C API when llvm-config-19 is present (tools/ensure-deps.sh installs llvm-19-dev as root on Debian).
+# Without it those files still compile, with KVQ_HAVE_LLVM undefined, and the backend's probe says it is
+# unavailable and why. Included from the top-level Makefile.
+
+LLVM_CONFIG ?= $(shell command -v llvm-config-19 2>/dev/null)
+CPU_SRC := $(wildcard runtime/cpu/*.c compiler/emit_llvm*.c)
+CPU_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CPU_SRC))
+$(LIB): $(CPU_OBJ)
+$(CPU_OBJ): CFLAGS += -Iruntime/ref
+ifneq ($(LLVM_CONFIG),)
+# Only the include path and the version macro: llvm-config's other cflags (-D__STDC_*) are C++ leftovers.
+LLVM_INC := -isystem $(shell $(LLVM_CONFIG) --includedir)
+$(CPU_OBJ): CFLAGS += $(LLVM_INC) -DKVQ_HAVE_LLVM=1
+# One shared library (libLLVM-19.so): the static component list would add ~100 MB to every test program.
+LLVM_LDLIBS := $(shell $(LLVM_CONFIG) --ldflags) -Wl,-rpath,$(shell $(LLVM_CONFIG) --libdir) \
+	$(shell $(LLVM_CONFIG) --link-shared --libs)
+LDLIBS += $(LLVM_LDLIBS)
+endif
+
+# bench/cpu: a private timing program (docs/cpu.md); the official benchmark is `kvq bench`.
+BENCH_CPU := $(BUILD)/bench/bench_cpu_decode
+$(BENCH_CPU): bench/cpu/bench_cpu_decode.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
+EXTRA_ALL += $(BENCH_CPU)

@@ -1,0 +1,340 @@
+/* Attention of a quantize-mode layer's decode step on the cpu backend, over the reference's storage.
+ *
+ * Per (sequence, kv head): the K storage as spans in storage order (sinks, pages, window: every slot, masked ones
+ * included) and the V storage as spans sorted by position; each token is in exactly one K slot and one V slot
+ * (OTT's pooled tokens too: their K slot is masked, their V slot holds the group mean that p = 0 ignores), and
+ * pooled tokens also sit in the pools, whose K and V rows are side by side.
+ * Per (sequence, kv head, KV chunk): a range of K slots cut into tiles, a tile being up to EMIT_LLVM_TILE slots
+ * of one K span whose tokens lie at consecutive slots of one V span (K row i and V row i the same token); each
+ * tile runs the compiled kernel of its (K source, V source) pair on the chunk's online-softmax state.
+ * Per (sequence, kv head): the chunks' states merge by (m, l): o = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
+ * Attention does not depend on the order of tokens (DESIGN §4), so tiles can follow storage order. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+
+#define TILE EMIT_LLVM_TILE
+
+static int saliency_on(const ref_qlayer *L) { return L->cfg->saliency.metric != KVQ_SAL_NONE; }
+
+/* KV chunks per kv head: enough tasks for the pool (about 4 per thread over the batch), chunks of at least
+ * 1024 tokens (a chunk's fixed cost, state and merge, is ~ one tile). */
+static int chunk_count(int len, int H, int threads, int n_items)
+{
+    int want = (4 * threads + n_items * H - 1) / (n_items * H);
+    int most = (len + 1023) / 1024;
+    int c = want < most ? want : most;
+    if (c > 64) c = 64;
+    return c > 0 ? c : 1;
+}
+
+static size_t state_floats(const ref_qlayer *L)
+{
+    int g = L->Hq / L->H;
+    return (size_t)g * ((size_t)L->D + 2 + TILE);
+}
+
+static int span_cap(const ref_qlayer *L, int new_pages)
+{
+    return L->pages[0].n + L->pages[1].n + new_pages + 4;
+}
+
+size_t cpu_item_size(cpu_item *it, const ref_qlayer *L, int new_pages, int threads, int n_items)
+{
+    int H = L->H, len = L->length + 1, C = chunk_count(len, H, threads, n_items), cap = span_cap(L, new_pages);
+    it->chunks = C;
+    it->span_cap = cap;
+    it->use_vmap = saliency_on(L);
+    size_t n = ref_arena_need((size_t)H * sizeof(cpu_head)) +
+               (size_t)H * (2 * ref_arena_need((size_t)cap * sizeof(cpu_span)) + ref_arena_need(2 * sizeof(cpu_span))) +
+               ref_arena_need((size_t)L->Hq * (size_t)L->D * sizeof(float)) +
+               ref_arena_need((size_t)H * (size_t)C * state_floats(L) * sizeof(float));
+    if (saliency_on(L)) n += (size_t)H * ref_arena_need(2 * (size_t)len * sizeof(int));
+    return n;
+}
+
+void cpu_item_init(cpu_item *it, const ref_qlayer *L, const cpu_class *cls, ref_arena *a)
+{
+    int H = L->H;
+    it->L = L;
+    it->cls = cls;
+    /* L->length already counts the new token (step_begin ran): cpu_item_size took length + 1. */
+    atomic_init(&it->bad, 0);
+    it->heads = ref_arena_take(a, (size_t)H * sizeof(cpu_head));
+    for (int h = 0; h < H; h++) {
+        cpu_head *hd = &it->heads[h];
+        memset(hd, 0, sizeof *hd);
+        hd->ks = ref_arena_take(a, (size_t)it->span_cap * sizeof(cpu_span));
+        hd->vs = ref_arena_take(a, (size_t)it->span_cap * sizeof(cpu_span));
+        hd->pools = ref_arena_take(a, 2 * sizeof(cpu_span));
+        if (it->use_vmap) hd->vmap = ref_arena_take(a, 2 * (size_t)L->length * sizeof(int));
+    }
+    it->qs = ref_arena_take(a, (size_t)L->Hq * (size_t)L->D * sizeof(float));
+    it->state = ref_arena_take(a, (size_t)H * (size_t)it->chunks * state_floats(L) * sizeof(float));
+    size_t nq = (size_t)L->Hq * (size_t)L->D;
+    for (size_t i = 0; i < nq; i++) it->qs[i] = it->q[i] * L->scale;
+}
+
+/* ------------------------------------------------------------------------------------------------ spans -- */
+
+static void add_win(cpu_span *list, int *n, const ref_win *w, int h)
+{
+    if (!w->count) return;
+    cpu_span *s = &list[(*n)++];
+    memset(s, 0, sizeof *s);
+    s->rows = w->data + (size_t)h * (size_t)w->cap * (size_t)w->D;
+    s->pos = w->pos;
+    s->n = w->count;
+}
+
+static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu_class *cls, int which)
+{
+    if (!pg->count) return 1;
+    cpu_span *s = &list[(*n)++];
+    memset(s, 0, sizeof *s);
+    int cap = pg->fmt.capacity;
+    s->pos = pg->pos + (size_t)h * (size_t)cap;
+    s->n = pg->count;
+    if (kvq_bits_is_fp16(pg->fmt.bits)) {
+        /* fp16 pages are fp16 rows: the same kernels as windows. */
+        s->rows = (const uint16_t *)(pg->mem + pg->lay.codes) + (size_t)h * (size_t)cap * (size_t)pg->fmt.head_dim;
+        return 1;
+    }
+    s->pg = pg;
+    s->src = cpu_class_source(cls, which, &pg->fmt);
+    return s->src > 0;
+}
+
+static void sort_by_first(cpu_span *v, int n)
+{
+    for (int i = 1; i < n; i++) {
+        cpu_span x = v[i];
+        int j = i - 1;
+        while (j >= 0 && v[j].pos[0] > x.pos[0]) {
+            v[j + 1] = v[j];
+            j--;
+        }
+        v[j + 1] = x;
+    }
+}
+
+void cpu_item_spans(cpu_item *it, int h)
+{
+    const ref_qlayer *L = it->L;
+    cpu_head *hd = &it->heads[h];
+    int ok = 1, len = L->length;
+    hd->nk = hd->nv = hd->npool = 0;
+    add_win(hd->ks, &hd->nk, &L->sink[0], h);
+    for (int j = 0; j < L->pages[0].n; j++) ok &= add_page(hd->ks, &hd->nk, L->pages[0].v[j], h, it->cls, 0);
+    add_win(hd->ks, &hd->nk, &L->win[0], h);
+    add_win(hd->vs, &hd->nv, &L->sink[1], h);
+    for (int j = 0; j < L->pages[1].n; j++) ok &= add_page(hd->vs, &hd->nv, L->pages[1].v[j], h, it->cls, 1);
+    add_win(hd->vs, &hd->nv, &L->win[1], h);
+    sort_by_first(hd->vs, hd->nv);
+    const ref_pool *pools[2] = {&L->pool, &L->spill};
+    for (int i = 0; i < 2; i++) {
+        const ref_pool *P = pools[i];
+        if (!P->cap || !P->count[h]) continue;
+        cpu_span *s = &hd->pools[hd->npool++];
+        memset(s, 0, sizeof *s);
+        s->rows = P->k + (size_t)h * (size_t)P->cap * (size_t)P->D;
+        s->vrows = P->v + (size_t)h * (size_t)P->cap * (size_t)P->D;
+        s->pos = P->pos + (size_t)h * (size_t)P->cap;
+        s->n = P->count[h];
+    }
+    int nk = 0, nv = 0;
+    for (int i = 0; i < hd->nk; i++) nk += hd->ks[i].n;
+    for (int i = 0; i < hd->nv; i++) nv += hd->vs[i].n;
+    hd->total = nk;
+    /* Every token has one K slot and one V slot (masked K slots included). */
+    ok &= nk == len && nv == len;
+    if (ok && hd->vmap) {
+        int *span = hd->vmap, *slot = hd->vmap + len;
+        for (int p = 0; p < len; p++) span[p] = -1;
+        for (int i = 0; i < hd->nv && ok; i++)
+            for (int s = 0; s < hd->vs[i].n; s++) {
+                int p = hd->vs[i].pos[s];
+                if (p < 0 || p >= len || span[p] >= 0) {
+                    ok = 0;
+                    break;
+                }
+                span[p] = i;
+                slot[p] = s;
+            }
+    }
+    hd->broken = !ok;
+}
+
+/* The V span and slot of position p: the map, or a binary search over the spans (consecutive positions). */
+static int find_v(const cpu_head *hd, int p, int len, int *slot)
+{
+    if (hd->vmap) {
+        if (p < 0 || p >= len || hd->vmap[p] < 0) return -1;
+        *slot = hd->vmap[len + p];
+        return hd->vmap[p];
+    }
+    int lo = 0, hi = hd->nv - 1, at = -1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (hd->vs[mid].pos[0] <= p) {
+            at = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    if (at >= 0) {
+        const cpu_span *s = &hd->vs[at];
+        int off = p - s->pos[0];
+        if (off < s->n && s->pos[off] == p) {
+            *slot = off;
+            return at;
+        }
+    }
+    /* Not consecutive after all: search every span (positions ascend within a span). */
+    for (int i = 0; i < hd->nv; i++) {
+        const cpu_span *s = &hd->vs[i];
+        int a = 0, b = s->n - 1;
+        while (a <= b) {
+            int m = (a + b) / 2;
+            if (s->pos[m] == p) {
+                *slot = m;
+                return i;
+            }
+            if (s->pos[m] < p) a = m + 1;
+            else b = m - 1;
+        }
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------------------------------------ tiles -- */
+
+/* The kernel arguments of slot `slot` of span s for kv head h: rows, codes, parameters, mask (emit_llvm.h). */
+static void source_args(const cpu_span *s, int h, int slot, int D, const uint8_t **x, const uint8_t **sc,
+                        const uint8_t **z, const uint8_t **f, const uint8_t **mask, int32_t *mbit)
+{
+    if (!s->pg) {
+        *x = (const uint8_t *)(s->rows + (size_t)slot * (size_t)D);
+        return;
+    }
+    const ref_page *pg = s->pg;
+    const kvq_page_format *fm = &pg->fmt;
+    const kvq_page_layout *lay = &pg->lay;
+    size_t cap = (size_t)fm->capacity, sl = (size_t)(s->slot0 + slot), hh = (size_t)h;
+    *x = pg->mem + lay->codes + (hh * cap + sl) * lay->code_bytes_per_token;
+    size_t pidx;
+    if (fm->gran == KVQ_GRAN_CHANNEL)
+        pidx = hh * (size_t)D;
+    else if (fm->hidden)
+        pidx = sl;
+    else
+        pidx = (hh * cap + sl) * (size_t)lay->n_groups;
+    *sc = pg->mem + lay->scale + pidx * (size_t)fm->scale_bytes;
+    *z = pg->mem + lay->zero + pidx * (size_t)fm->zero_bytes;
+    if (fm->channel_separable) *f = pg->mem + lay->factor + hh * (size_t)D * (size_t)fm->scale_bytes;
+    if (fm->masked) {
+        *mask = pg->mem + lay->mask + hh * ((cap + 7) / 8);
+        *mbit = (int32_t)sl;
+    }
+}
+
+void cpu_item_tiles(cpu_item *it, int h, int chunk)
+{
+    const ref_qlayer *L = it->L;
+    const cpu_head *hd = &it->heads[h];
+    int D = L->D, g = L->Hq / L->H, C = it->chunks, len = L->length;
+    float *st = it->state + ((size_t)h * (size_t)C + (size_t)chunk) * state_floats(L);
+    emit_llvm_tile_args a;
+    memset(&a, 0, sizeof a);
+    a.q = it->qs + (size_t)h * (size_t)g * (size_t)D;
+    a.acc = st;
+    a.ml = st + (size_t)g * (size_t)D;
+    a.p = a.ml + 2 * g;
+    memset(a.acc, 0, (size_t)g * (size_t)D * sizeof(float));
+    for (int j = 0; j < g; j++) {
+        a.ml[2 * j] = -FLT_MAX;
+        a.ml[2 * j + 1] = 0.0f;
+    }
+    if (hd->broken) return;
+    if (chunk == 0)
+        for (int i = 0; i < hd->npool; i++) {
+            const cpu_span *s = &hd->pools[i];
+            for (int t = 0; t < s->n; t += TILE) {
+                a.n = s->n - t < TILE ? s->n - t : TILE;
+                a.k = (const uint8_t *)(s->rows + (size_t)t * (size_t)D);
+                a.v = (const uint8_t *)(s->vrows + (size_t)t * (size_t)D);
+                it->cls->fn[0][0](&a);
+            }
+        }
+    long lo = (long)hd->total * chunk / C, hi = (long)hd->total * (chunk + 1) / C, base = 0;
+    for (int si = 0; si < hd->nk && base < hi; base += hd->ks[si].n, si++) {
+        const cpu_span *ks = &hd->ks[si];
+        if (base + ks->n <= lo) continue;
+        int i = (int)(lo > base ? lo - base : 0), end = (int)(hi - base < ks->n ? hi - base : ks->n);
+        while (i < end) {
+            int p = ks->pos[i], off = 0, vi = find_v(hd, p, len, &off);
+            if (vi < 0) {
+                atomic_store(&it->bad, 1);
+                return;
+            }
+            const cpu_span *vs = &hd->vs[vi];
+            int n = end - i;
+            if (n > TILE) n = TILE;
+            if (n > vs->n - off) n = vs->n - off;
+            /* Both spans ascend strictly: equal ends at distance n - 1 mean the same consecutive tokens. */
+            if (ks->pos[i + n - 1] != p + n - 1 || vs->pos[off + n - 1] != p + n - 1) {
+                int m = 1;
+                while (m < n && ks->pos[i + m] == vs->pos[off + m]) m++;
+                n = m;
+            }
+            a.n = n;
+            a.ks = a.kz = a.kf = a.kmask = NULL;
+            a.vs = a.vz = a.vf = NULL;
+            a.kmbit = 0;
+            const uint8_t *unused_mask = NULL;
+            int32_t unused_bit = 0;
+            source_args(ks, h, i, D, &a.k, &a.ks, &a.kz, &a.kf, &a.kmask, &a.kmbit);
+            source_args(vs, h, off, D, &a.v, &a.vs, &a.vz, &a.vf, &unused_mask, &unused_bit);
+            it->cls->fn[ks->src][vs->src](&a);
+            i += n;
+        }
+    }
+}
+
+void cpu_item_merge(cpu_item *it, int h)
+{
+    const ref_qlayer *L = it->L;
+    int D = L->D, g = L->Hq / L->H, C = it->chunks;
+    size_t sf = state_floats(L);
+    for (int j = 0; j < g; j++) {
+        float *out = it->out + (size_t)(h * g + j) * (size_t)D;
+        float M = -FLT_MAX;
+        for (int c = 0; c < C; c++) {
+            const float *ml = it->state + ((size_t)h * (size_t)C + (size_t)c) * sf + (size_t)g * (size_t)D;
+            if (ml[2 * j] > M) M = ml[2 * j];
+        }
+        double l = 0, w[64];
+        for (int c = 0; c < C; c++) {
+            const float *ml = it->state + ((size_t)h * (size_t)C + (size_t)c) * sf + (size_t)g * (size_t)D;
+            w[c] = exp((double)ml[2 * j] - (double)M);
+            l += w[c] * (double)ml[2 * j + 1];
+        }
+        for (int d = 0; d < D; d++) {
+            double o = 0;
+            for (int c = 0; c < C; c++)
+                o += w[c] * (double)it->state[((size_t)h * (size_t)C + (size_t)c) * sf + (size_t)j * (size_t)D + (size_t)d];
+            out[d] = l > 0 ? (float)(o / l) : 0.0f;
+        }
+    }
+}
+
+int cpu_item_ok(const cpu_item *it)
+{
+    if (atomic_load(&it->bad)) return 0;
+    for (int h = 0; h < it->L->H; h++)
+        if (it->heads[h].broken) return 0;
+    return 1;
+}

@@ -1,0 +1,25 @@
+/* The JIT cache on disk (DESIGN §7): compiled kernels keyed by a hash of everything that determines them, shared
+ * by the cuda backend (NVRTC cubins, runtime/cuda/cu_nvrtc.c) and the cpu backend (LLVM objects,
+ * compiler/emit_llvm.c). */
+#ifndef KVQ_JIT_CACHE_H
+#define KVQ_JIT_CACHE_H
+
+#include <stddef.h>
+
+/* $KVQ_CACHE_DIR or ~/.cache/kvq, created if missing; "" when neither can be used (caching off). */
+const char *kvq_cache_dir(void);
+/* Entries are a header (magic, payload size, SHA-256 of the payload) and a payload of sections. A missing,
+ * truncated or corrupt entry is a miss (the corrupt file is removed); writes go to a temporary file renamed into
+ * place, so a reader never sees half an entry. */
+typedef struct {
+    const void *data;
+    size_t size;
+} kvq_cache_section;
+/* Returns 1 and fills up to n sections (allocated copies; free with kvq_free) on a hit, 0 on a miss. */
+int kvq_cache_get(const char *key, const char *ext, void **sections, size_t *sizes, int n);
+/* Best effort: 0 written, -1 not (the cache is an optimisation). */
+int kvq_cache_put(const char *key, const char *ext, const kvq_cache_section *sections, int n);
+/* Path of an entry, for diagnostics. */
+void kvq_cache_path(const char *key, const char *ext, char *out, size_t size);
+
+#endif

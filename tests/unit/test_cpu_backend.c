@@ -1,0 +1,480 @@
+/* The cpu backend against the reference through the public API (kvq.h): every spec of specs/ and specs/compare/
+ * on awkward shapes (lengths 1, 17, 97, 1000; batch 1, 3, 17 of different lengths; GQA 1, 4, 8; head_dim 64,
+ * 96, 128, 256; threads 1 and 2), decode outputs within 1e-3 relative of the reference's at every step,
+ * read_cache bit-identical and stats identical at the end; a scheme it cannot run refused with
+ * KVQ_ERR_UNSUPPORTED and a reason; allocation failures through create, prefill and decode. Without LLVM the
+ * backend is unavailable and every case prints SKIP. */
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <unistd.h>
+
+#include "alloc.h"
+#include "emit_llvm.h"
+#include "test_engine_util.h"
+
+#define KVH 2
+
+typedef struct {
+    int len, batch, gqa, D, threads, steps;
+} shape;
+
+/* A sample of the cross product: every value of every axis appears, each spec runs three rows. */
+static const shape shapes[] = {
+    {1, 1, 1, 64, 1, 12},     {17, 3, 4, 96, 2, 12},   {97, 1, 8, 128, 1, 110}, {1000, 1, 4, 256, 2, 12},
+    {17, 17, 1, 128, 2, 12},  {97, 3, 4, 64, 2, 110},  {1000, 1, 8, 96, 1, 12}, {1, 3, 8, 256, 1, 12},
+    {97, 3, 1, 256, 2, 110},  {1000, 3, 1, 128, 2, 12}, {17, 1, 4, 128, 1, 12}, {1, 17, 4, 96, 2, 12},
+};
+#define N_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
+
+static char unavailable[256];
+
+static kvq_status make_engine(const kvq_scheme *sch, kvq_backend_kind be, const shape *s, int layers, kvq_engine **e,
+                              char *err, size_t err_size)
+{
+    kvq_engine_config cfg;
+    kvq_engine_config_init(&cfg);
+    cfg.backend = be;
+    cfg.dims = (kvq_dims){layers, KVH * s->gqa, KVH, s->D};
+    cfg.dtype = KVQ_F32;
+    cfg.threads = s->threads;
+    cfg.seed = 7;
+    return kvq_engine_create(sch, &cfg, e, err, err_size);
+}
+
+/* One run of a scheme on both backends in lockstep. Returns 0 when a check failed. */
+static int compare_run(const char *name, const kvq_scheme *sch, const shape *s)
+{
+    /* OTT's pool is off in layers 0..1; TailorKV's calibration may decide two layers differently. */
+    const int layers = sch->n_ranges > 0 ? 3 : sch->classify.enabled ? 2 : 1, H = KVH * s->gqa, D = s->D, B = s->batch;
+    char err[512];
+    kvq_engine *er = NULL, *ec = NULL;
+    kvq_status sr = make_engine(sch, KVQ_BACKEND_REFERENCE, s, layers, &er, err, sizeof err);
+    kvq_status sc = make_engine(sch, KVQ_BACKEND_CPU, s, layers, &ec, err, sizeof err);
+    int ok = 1;
+    char where[200];
+    snprintf(where, sizeof where, "%s len %d batch %d gqa %d head_dim %d threads %d", name, s->len, B, s->gqa, D,
+             s->threads);
+#define CASE_CHECK(cond, fmt, ...)                                                                                 \
+    do {                                                                                                       \
+        if (!(cond)) {                                                                                         \
+            TH_CHECK(0, "%s: " fmt, where, __VA_ARGS__);                                                            \
+            ok = 0;                                                                                            \
+        }                                                                                                      \
+    } while (0)
+    if (sr != KVQ_OK) {
+        /* A shape the scheme does not fit (a value group wider than head_dim): both refuse it alike. */
+        TH_CHECK(sc == sr, "%s head_dim %d: reference %s, cpu %s", name, D, kvq_status_str(sr), kvq_status_str(sc));
+        kvq_engine_free(ec);
+        return sc == sr;
+    }
+    TH_CHECK(sc == KVQ_OK, "%s head_dim %d gqa %d: cpu engine: %s: %s", name, D, s->gqa, kvq_status_str(sc), err);
+    if (sc != KVQ_OK) {
+        kvq_engine_free(er);
+        return 0;
+    }
+    int maxlen = s->len + s->steps;
+    size_t kvn = (size_t)KVH * (size_t)s->len * (size_t)D, qn = (size_t)H * (size_t)s->len * (size_t)D;
+    float *k = malloc(kvn * sizeof *k), *v = malloc(kvn * sizeof *v), *q = malloc(qn * sizeof *q);
+    float *dk = malloc((size_t)B * KVH * (size_t)D * sizeof *dk), *dv = malloc((size_t)B * KVH * (size_t)D * sizeof *dv);
+    float *dq = malloc((size_t)B * (size_t)H * (size_t)D * sizeof *dq);
+    float *outr = malloc((size_t)B * (size_t)H * (size_t)D * sizeof *outr);
+    float *outc = malloc((size_t)B * (size_t)H * (size_t)D * sizeof *outc);
+    size_t cn = (size_t)KVH * (size_t)maxlen * (size_t)D;
+    float *ck[2] = {malloc(cn * sizeof(float)), malloc(cn * sizeof(float))};
+    float *cv[2] = {malloc(cn * sizeof(float)), malloc(cn * sizeof(float))};
+    kvq_seq **seq[2] = {calloc((size_t)B, sizeof(kvq_seq *)), calloc((size_t)B, sizeof(kvq_seq *))};
+    kvq_engine *eng[2] = {er, ec};
+    int *lens = malloc((size_t)B * sizeof *lens);
+    for (int b = 0; b < B; b++) lens[b] = s->len - (b * 7) % s->len; /* different lengths, the first s->len */
+    for (int w = 0; w < 2; w++)
+        for (int b = 0; b < B; b++) CASE_CHECK(kvq_seq_create(eng[w], &seq[w][b]) == KVQ_OK, "%s", "seq_create");
+    for (int l = 0; l < layers && ok; l++)
+        for (int b = 0; b < B && ok; b++) {
+            /* Each item its own prompt (the synthetic data's queries lean on the keys' outlier channels). */
+            tu_fill(k, kvn, 1.5f);
+            tu_fill(v, kvn, 1.0f);
+            tu_fill(q, qn, 3.0f);
+            for (int w = 0; w < 2; w++) {
+                kvq_prefill_item it = {seq[w][b], lens[b], k, v, q};
+                /* Every prompt is laid out for s->len tokens; a shorter item reads its first lens[b] (C order
+                 * [heads][n][D] is a prefix only for one head, so give it the full-length layout's rows). */
+                float *kk = malloc((size_t)KVH * (size_t)lens[b] * (size_t)D * sizeof(float));
+                float *vv = malloc((size_t)KVH * (size_t)lens[b] * (size_t)D * sizeof(float));
+                float *qq = malloc((size_t)H * (size_t)lens[b] * (size_t)D * sizeof(float));
+                for (int h = 0; h < KVH; h++) {
+                    memcpy(kk + (size_t)h * lens[b] * D, k + (size_t)h * s->len * D, (size_t)lens[b] * D * sizeof(float));
+                    memcpy(vv + (size_t)h * lens[b] * D, v + (size_t)h * s->len * D, (size_t)lens[b] * D * sizeof(float));
+                }
+                for (int h = 0; h < H; h++)
+                    memcpy(qq + (size_t)h * lens[b] * D, q + (size_t)h * s->len * D, (size_t)lens[b] * D * sizeof(float));
+                it.k = kk, it.v = vv, it.q = qq;
+                kvq_status st = kvq_prefill(eng[w], l, &it, 1);
+                CASE_CHECK(st == KVQ_OK, "%s prefill layer %d: %s", w ? "cpu" : "ref",
+                           l, kvq_engine_errmsg(eng[w]));
+                free(kk), free(vv), free(qq);
+            }
+        }
+    kvq_decode_item *items = malloc((size_t)B * sizeof *items);
+    double worst = 0;
+    for (int step = 0; step < s->steps && ok; step++)
+        for (int l = 0; l < layers && ok; l++) {
+            tu_fill(dk, (size_t)B * KVH * (size_t)D, 1.5f);
+            tu_fill(dv, (size_t)B * KVH * (size_t)D, 1.0f);
+            tu_fill(dq, (size_t)B * (size_t)H * (size_t)D, 3.0f);
+            for (int w = 0; w < 2 && ok; w++) {
+                for (int b = 0; b < B; b++)
+                    items[b] = (kvq_decode_item){seq[w][b], dk + (size_t)b * KVH * D, dv + (size_t)b * KVH * D,
+                                                 dq + (size_t)b * H * D, (w ? outc : outr) + (size_t)b * H * D};
+                kvq_status st = kvq_decode(eng[w], l, items, B);
+                CASE_CHECK(st == KVQ_OK, "%s decode step %d layer %d: %s",
+                           w ? "cpu" : "ref", step, l, kvq_engine_errmsg(eng[w]));
+            }
+            for (int b = 0; b < B && ok; b++)
+                for (int h = 0; h < H && ok; h++) {
+                    const float *r = outr + ((size_t)b * H + h) * D, *c = outc + ((size_t)b * H + h) * D;
+                    double mx = 0, d = tu_max_abs_diff(r, c, (size_t)D);
+                    for (int i = 0; i < D; i++) mx = fabs(r[i]) > mx ? fabs(r[i]) : mx;
+                    double rel = d / (mx > 1e-6 ? mx : 1e-6);
+                    if (rel > worst) worst = rel;
+                    CASE_CHECK(rel <= 1e-3, "step %d layer %d item %d head %d: relative error %.3g (|ref| %.3g)", step, l, b, h, rel, mx);
+                }
+        }
+    for (int l = 0; l < layers && ok; l++)
+        for (int b = 0; b < B && ok; b++) {
+            int n[2] = {0, 0};
+            for (int w = 0; w < 2; w++) {
+                memset(ck[w], 0, cn * sizeof(float));
+                memset(cv[w], 0, cn * sizeof(float));
+                kvq_status st = kvq_seq_read_cache(eng[w], seq[w][b], l, ck[w], cv[w], maxlen, &n[w]);
+                CASE_CHECK(st == KVQ_OK, "read_cache: %s%s", "",
+                           kvq_engine_errmsg(eng[w]));
+            }
+            CASE_CHECK(n[0] == n[1] && !memcmp(ck[0], ck[1], cn * sizeof(float)) && !memcmp(cv[0], cv[1], cn * sizeof(float)),
+                       "read_cache layer %d item %d differs (lengths %d, %d)", l, b, n[0], n[1]);
+        }
+    kvq_mem_stats ms[2];
+    memset(ms, 0, sizeof ms);
+    if (ok) {
+        CASE_CHECK(kvq_engine_stats(er, &ms[0]) == KVQ_OK && kvq_engine_stats(ec, &ms[1]) == KVQ_OK, "%s", "stats");
+        CASE_CHECK(!memcmp(&ms[0], &ms[1], sizeof ms[0]), "%s", "stats differ");
+    }
+    if (getenv("KVQ_TEST_VERBOSE"))
+        printf("  %-22s len %4d batch %2d gqa %d D %3d threads %d: worst relative error %.2e\n", name, s->len, B,
+               s->gqa, D, s->threads, worst);
+    kvq_engine_free(er);
+    kvq_engine_free(ec);
+    free(k), free(v), free(q), free(dk), free(dv), free(dq), free(outr), free(outc), free(items), free(lens);
+    for (int w = 0; w < 2; w++) free(ck[w]), free(cv[w]), free(seq[w]);
+    return ok;
+#undef CASE_CHECK
+}
+
+static const char *spec_files[] = {"specs/fp16.kvq",     "specs/kivi2.kvq",     "specs/kivi2-r32.kvq",
+                                   "specs/kivi4.kvq",    "specs/ott.kvq",       "specs/zipcache.kvq",
+                                   "specs/tailorkv1.kvq", "specs/tailorkv2.kvq", "specs/compare/kivi2-g128.kvq",
+                                   "specs/compare/ott-baseline.kvq", "specs/compare/zipcache-accumulated.kvq"};
+#define N_SPECS ((int)(sizeof spec_files / sizeof spec_files[0]))
+
+/* Every spec of specs/ and specs/compare/ is in the list above (a new spec must join it). */
+static void test_list_complete(void)
+{
+    th_begin("cpu: the spec list covers specs/ and specs/compare/");
+    const char *dirs[] = {"specs", "specs/compare"};
+    for (int d = 0; d < 2; d++) {
+        DIR *dir = opendir(th_path(dirs[d]));
+        TH_CHECK(dir, "cannot open %s", dirs[d]);
+        struct dirent *de;
+        while (dir && (de = readdir(dir))) {
+            size_t n = strlen(de->d_name);
+            if (n < 5 || strcmp(de->d_name + n - 4, ".kvq")) continue;
+            char rel[300];
+            snprintf(rel, sizeof rel, "%s/%s", dirs[d], de->d_name);
+            int found = 0;
+            for (int i = 0; i < N_SPECS; i++) found |= !strcmp(spec_files[i], rel);
+            TH_CHECK(found, "%s is not tested on the cpu backend", rel);
+        }
+        if (dir) closedir(dir);
+    }
+    th_end();
+}
+
+static void test_specs(void)
+{
+    for (int i = 0; i < N_SPECS; i++) {
+        if (unavailable[0]) {
+            printf("SKIP cpu vs reference: %s: %s\n", spec_files[i], unavailable);
+            continue;
+        }
+        th_begin("cpu vs reference: %s (3 shapes, outputs 1e-3, read_cache and stats identical)", spec_files[i]);
+        kvq_spec *sp = tu_spec_file(spec_files[i]);
+        int ns = sp ? kvq_spec_scheme_count(sp) : 0;
+        const kvq_scheme *sch = ns ? kvq_spec_scheme_at(sp, ns - 1) : NULL; /* the file's own (last) scheme */
+        for (int j = 0; j < 3 && sch; j++) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            compare_run(spec_files[i], sch, &shapes[(i * 3 + j) % N_SHAPES]);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            if (getenv("KVQ_TEST_VERBOSE"))
+                printf("    %.2f s\n", (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+        }
+        kvq_spec_free(sp);
+        th_end();
+    }
+}
+
+static void test_unsupported(void)
+{
+    if (unavailable[0]) {
+        printf("SKIP cpu: a scheme it cannot run: %s\n", unavailable);
+        return;
+    }
+    th_begin("cpu: a scheme beyond the plan (17 layer classes) is refused with KVQ_ERR_UNSUPPORTED and the reason");
+    char text[4096];
+    int n = snprintf(text, sizeof text, "scheme many { key { bits 2; per channel; group 32; } value { bits 2; per token; "
+                                        "group 32; } residual 32;");
+    for (int l = 0; l < 17; l++) n += snprintf(text + n, sizeof text - (size_t)n, " layers %d..%d { residual %d; }", l, l, 32 * (l + 1));
+    snprintf(text + n, sizeof text - (size_t)n, " }");
+    kvq_spec *sp = tu_spec_text(text);
+    const kvq_scheme *sch = sp ? kvq_spec_scheme(sp, "many") : NULL;
+    shape s = {1, 1, 1, 64, 1, 1};
+    kvq_engine *e = NULL;
+    char err[512] = "";
+    kvq_status st = sch ? make_engine(sch, KVQ_BACKEND_REFERENCE, &s, 17, &e, err, sizeof err) : KVQ_ERR_INVALID;
+    TH_CHECK(st == KVQ_OK, "the reference runs it: %s", err);
+    kvq_engine_free(e);
+    e = NULL;
+    st = sch ? make_engine(sch, KVQ_BACKEND_CPU, &s, 17, &e, err, sizeof err) : KVQ_ERR_INVALID;
+    TH_CHECK(st == KVQ_ERR_UNSUPPORTED && !e, "cpu: %s (%s)", kvq_status_str(st), err);
+    TH_CHECK(strstr(err, "layer configurations") != NULL, "the reason is given: '%s'", err);
+    kvq_engine_free(e);
+    kvq_spec_free(sp);
+    th_end();
+}
+
+/* create + prefill + decode of a KIVI-2 and an OTT batch; the outputs of the last step. */
+static kvq_status scenario(const kvq_scheme *sch, float *out_last)
+{
+    shape s = {170, 2, 2, 128, 2, 3}; /* OTT's prefill quantizes 128 of them (G = 128, R = 32) */
+    int H = KVH * s.gqa, D = s.D;
+    kvq_engine *e = NULL;
+    char err[256];
+    kvq_status st = make_engine(sch, KVQ_BACKEND_CPU, &s, 3, &e, err, sizeof err);
+    kvq_seq *sq[2] = {NULL, NULL};
+    float *buf = malloc((size_t)(2 * KVH + H) * (size_t)s.len * (size_t)D * sizeof(float));
+    uint64_t rng = tu_rng;
+    for (int b = 0; b < 2 && st == KVQ_OK; b++) st = kvq_seq_create(e, &sq[b]);
+    for (int l = 0; l < 3 && st == KVQ_OK; l++)
+        for (int b = 0; b < 2 && st == KVQ_OK; b++) {
+            int n = s.len - 9 * b;
+            tu_fill(buf, (size_t)(2 * KVH + H) * (size_t)n * (size_t)D, 1.0f);
+            kvq_prefill_item it = {sq[b], n, buf, buf + (size_t)KVH * n * D, buf + (size_t)2 * KVH * n * D};
+            st = kvq_prefill(e, l, &it, 1);
+        }
+    for (int step = 0; step < s.steps && st == KVQ_OK; step++)
+        for (int l = 0; l < 3 && st == KVQ_OK; l++) {
+            tu_fill(buf, (size_t)2 * (size_t)(2 * KVH + H) * (size_t)D, 1.0f);
+            kvq_decode_item it[2];
+            for (int b = 0; b < 2; b++) {
+                float *x = buf + (size_t)b * (2 * KVH + H) * D;
+                it[b] = (kvq_decode_item){sq[b], x, x + KVH * D, x + 2 * KVH * D, out_last + (size_t)b * H * D};
+            }
+            st = kvq_decode(e, l, it, 2);
+        }
+    tu_rng = rng;
+    free(buf);
+    kvq_engine_free(e);
+    return st;
+}
+
+static void test_alloc_failures(const char *file)
+{
+    if (unavailable[0]) {
+        printf("SKIP cpu: allocation failures (%s): %s\n", file, unavailable);
+        return;
+    }
+    th_begin("cpu: allocation failure n = 1, 2, ... through create/prefill/decode: %s", file);
+    kvq_spec *sp = tu_spec_file(file);
+    int ns = sp ? kvq_spec_scheme_count(sp) : 0;
+    const kvq_scheme *sch = ns ? kvq_spec_scheme_at(sp, ns - 1) : NULL;
+    float want[2 * KVH * 2 * 128], got[2 * KVH * 2 * 128];
+    TH_CHECK(sch && scenario(sch, want) == KVQ_OK, "the scenario fails without injection");
+    int completed = 0;
+    long n;
+    /* Every allocation fails in turn. */
+    for (n = 1; n < 20000 && sch && !th_failed(); n++) {
+        kvq_alloc_fail_after(n);
+        kvq_status st = scenario(sch, got);
+        long injected = kvq_alloc_failures();
+        kvq_alloc_fail_after(0);
+        if (injected == 0) {
+            TH_CHECK(st == KVQ_OK, "n=%ld: no failure injected but %s", n, kvq_status_str(st));
+            TH_CHECK(!memcmp(got, want, sizeof got), "n=%ld: the completed run differs", n);
+            completed = 1;
+            break;
+        }
+        TH_CHECK(st == KVQ_ERR_NOMEM, "n=%ld: an allocation failure gave %s", n, kvq_status_str(st));
+    }
+    TH_CHECK(completed, "no run completed (n up to %ld)", n);
+    kvq_spec_free(sp);
+    th_end();
+}
+
+/* The narrower vector paths (AVX2's 8 lanes, 4 lanes) on this host: KVQ_CPU_VECTOR_WIDTH. */
+static void test_widths(void)
+{
+    static const char *files[] = {"specs/kivi2.kvq", "specs/zipcache.kvq", "specs/ott.kvq"};
+    static const shape sh[] = {{97, 2, 4, 128, 2, 110}, {40, 1, 1, 128, 1, 12}, {200, 1, 4, 128, 2, 12}};
+    for (int w = 4; w <= 8; w += 4) {
+        if (unavailable[0]) {
+            printf("SKIP cpu: %d-lane vectors: %s\n", w, unavailable);
+            continue;
+        }
+        th_begin("cpu: %d-lane vectors (KVQ_CPU_VECTOR_WIDTH) vs reference: kivi2, zipcache, ott", w);
+        char val[8];
+        snprintf(val, sizeof val, "%d", w);
+        setenv("KVQ_CPU_VECTOR_WIDTH", val, 1);
+        for (int i = 0; i < 3; i++) {
+            kvq_spec *sp = tu_spec_file(files[i]);
+            const kvq_scheme *sch = sp ? kvq_spec_scheme_at(sp, kvq_spec_scheme_count(sp) - 1) : NULL;
+            if (sch) compare_run(files[i], sch, &sh[i]);
+            kvq_spec_free(sp);
+        }
+        unsetenv("KVQ_CPU_VECTOR_WIDTH");
+        th_end();
+    }
+}
+
+/* The JIT cache: a miss compiles and writes the object, a hit loads it, a corrupt entry is a miss. */
+static void test_cache(void)
+{
+    if (unavailable[0]) {
+        printf("SKIP cpu: JIT cache: %s\n", unavailable);
+        return;
+    }
+    th_begin("cpu: JIT cache: miss, hit, corrupt entry (a miss again), kernels equal");
+    char dir[] = "/tmp/kvq-cpu-cache-XXXXXX";
+    const char *old = getenv("KVQ_CACHE_DIR");
+    char *saved = old ? strdup(old) : NULL;
+    TH_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    setenv("KVQ_CACHE_DIR", dir, 1);
+    emit_llvm_kernel k;
+    memset(&k, 0, sizeof k);
+    k.head_dim = 64;
+    k.gqa = 2;
+    k.k.fp16 = 1;
+    k.v.fp16 = 1;
+    int hit[3];
+    float res[3][2 * 64];
+    for (int r = 0; r < 3; r++) {
+        emit_llvm_jit *j = NULL;
+        emit_llvm_tile_fn fn = NULL;
+        char msg[256];
+        kvq_status st = emit_llvm_compile(&k, 1, 0, &j, &fn, &hit[r], msg, sizeof msg);
+        TH_CHECK(st == KVQ_OK, "compile %d: %s", r, msg);
+        if (st == KVQ_OK) {
+            uint16_t K[3 * 64], V[3 * 64];
+            float q[2 * 64], ml[4] = {-3e38f, 0, -3e38f, 0}, p[2 * EMIT_LLVM_TILE];
+            for (int i = 0; i < 3 * 64; i++) K[i] = kvq_f16_from_f32(0.01f * (float)(i % 17)), V[i] = kvq_f16_from_f32(0.02f * (float)(i % 5));
+            for (int i = 0; i < 2 * 64; i++) q[i] = 0.1f * (float)(i % 7);
+            memset(res[r], 0, sizeof res[r]);
+            emit_llvm_tile_args a = {q, res[r], ml, p, (const uint8_t *)K, NULL, NULL, NULL, NULL, (const uint8_t *)V,
+                                     NULL, NULL, NULL, 3, 0};
+            fn(&a);
+        }
+        emit_llvm_free(j);
+        if (r == 1) {
+            /* Corrupt every entry: flip a byte in the middle. */
+            DIR *d = opendir(dir);
+            struct dirent *de;
+            while (d && (de = readdir(d))) {
+                if (de->d_name[0] == '.') continue;
+                char path[512];
+                snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+                FILE *f = fopen(path, "r+b");
+                if (f) {
+                    fseek(f, 100, SEEK_SET);
+                    int c = fgetc(f);
+                    fseek(f, 100, SEEK_SET);
+                    fputc(c ^ 0xff, f);
+                    fclose(f);
+                }
+            }
+            if (d) closedir(d);
+        }
+    }
+    TH_CHECK(hit[0] == 0 && hit[1] == 1 && hit[2] == 0, "cache hits %d %d %d, expected 0 1 0", hit[0], hit[1], hit[2]);
+    TH_CHECK(!memcmp(res[0], res[1], sizeof res[0]) && !memcmp(res[0], res[2], sizeof res[0]),
+             "the cached kernel computes something else");
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        unlink(path);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+    if (saved) setenv("KVQ_CACHE_DIR", saved, 1);
+    else unsetenv("KVQ_CACHE_DIR");
+    free(saved);
+    th_end();
+}
+
+/* The IR is a function of the kernel description only (the JIT cache relies on it) and sized to the width. */
+static void test_ir(void)
+{
+    if (unavailable[0]) {
+        printf("SKIP cpu: IR text: %s\n", unavailable);
+        return;
+    }
+    th_begin("cpu: emitted IR is deterministic, uses the requested vector width, flags only the sums");
+    emit_llvm_kernel k;
+    memset(&k, 0, sizeof k);
+    k.head_dim = 128;
+    k.gqa = 4;
+    kvq_tensor_cfg kc = {2, KVQ_GRAN_CHANNEL, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+    kvq_tensor_cfg vc = {2, KVQ_GRAN_TOKEN, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+    kvq_page_format_init(&k.k.fmt, &kc, 2, 0, 8, 128, 32);
+    kvq_page_format_init(&k.v.fmt, &vc, 2, 0, 8, 128, 64);
+    char *a = emit_llvm_ir_text(&k, 8), *b = emit_llvm_ir_text(&k, 8), *c = emit_llvm_ir_text(&k, 16);
+    TH_CHECK(a && b && c, "no IR");
+    if (a && b && c) {
+        TH_CHECK(!strcmp(a, b), "two emissions of one kernel differ");
+        TH_CHECK(strstr(a, "<8 x float>") && !strstr(a, "<16 x float>"), "width 8 emits other vectors");
+        TH_CHECK(strstr(c, "<16 x float>") != NULL, "width 16 emits no <16 x float>");
+        /* The dequantization z + s * code keeps IEEE semantics: no flagged fadd/fmul feeds from a uitofp alone. */
+        TH_CHECK(strstr(a, "fadd reassoc contract") != NULL, "the sums are not flagged");
+        TH_CHECK(strstr(a, "fmul fast") == NULL && strstr(a, "nnan") == NULL && strstr(a, "ninf") == NULL,
+                 "flags beyond reassoc/contract");
+    }
+    free(a), free(b), free(c);
+    th_end();
+}
+
+int main(void)
+{
+    shape s = {1, 1, 1, 64, 1, 1};
+    kvq_spec *sp = tu_spec_file("specs/kivi2.kvq");
+    kvq_engine *e = NULL;
+    kvq_status st = sp ? make_engine(kvq_spec_scheme(sp, NULL), KVQ_BACKEND_CPU, &s, 1, &e, unavailable,
+                                     sizeof unavailable)
+                       : KVQ_ERR_INVALID;
+    if (st == KVQ_OK) unavailable[0] = '\0';
+    else if (st != KVQ_ERR_UNAVAILABLE) printf("FAIL cpu: engine on kivi2: %s: %s\n", kvq_status_str(st), unavailable);
+    kvq_engine_free(e);
+    kvq_spec_free(sp);
+    if (st != KVQ_OK && st != KVQ_ERR_UNAVAILABLE) return 1;
+    test_list_complete();
+    test_specs();
+    test_unsupported();
+    test_widths();
+    test_cache();
+    test_ir();
+    test_alloc_failures("specs/kivi2.kvq");
+    test_alloc_failures("specs/ott.kvq");
+    return th_summary();
+}
