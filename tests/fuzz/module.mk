@@ -30,7 +30,7 @@ fuzz-build:
 	@for t in $(FUZZ_TARGETS); do \
 		$(FUZZ_CC) $(CFLAGS_BASE) -I$(FUZZ_DIR)/lib/gen $(filter-out -I$(BUILD)/gen,$(INCLUDES)) \
 			-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
-			-o $(FUZZ_DIR)/fuzz_$$t tests/fuzz/fuzz_$$t.c $(FUZZ_DIR)/lib/libkvq.a -lm -ldl -lpthread || exit 1; \
+			-o $(FUZZ_DIR)/fuzz_$$t tests/fuzz/fuzz_$$t.c $(FUZZ_DIR)/lib/libkvq.a -lm -ldl -lpthread $(LLVM_LDLIBS) || exit 1; \
 	done
 fuzz: fuzz-build
 	@for t in $(FUZZ_TARGETS); do \
