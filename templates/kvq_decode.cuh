@@ -43,6 +43,9 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
         }
     } else {
         long long first = f.hidden ? slot : ((long long)h * cap + slot) * o.n_groups;
+        /* n x groups / threads iterations (4 for KIVI's values): not unrolled, the prologue of an unrolled
+         * loop costs more than it saves at these counts */
+#pragma unroll 1
         for (int j = tid; j < n * o.n_groups; j += KVQ_THREADS) {
             sb->s[j] = kvq_ld_par(b + o.scale, first + j, f.sbytes);
             sb->z[j] = kvq_ld_par(b + o.zero, first + j, f.zbytes);
