@@ -80,8 +80,11 @@ typedef struct {
 
 /* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
 KVQ_DEV int kvq_k_runs(kvq_fmt f) { return f.bits < 16 && f.gran != 0 && (f.hidden || f.group % KVQ_VEC == 0); }
-/* The query dotted with the codes is folded (q'_c = q_c s_c per channel, or q_c f_c channel-separable). */
-KVQ_DEV int kvq_k_folds(kvq_fmt f) { return f.bits < 16 && (f.gran == 0 || f.sep); }
+/* Codes that are pre-shifted (kvq_unpack8_ps): the operand they multiply raw, the folded query, carries 2^-k. */
+KVQ_DEV int kvq_k_preshift(kvq_fmt f) { return kvq_preshift_ok(f.bits) && (f.gran == 0 || kvq_k_runs(f)); }
+/* The query dotted with the codes is folded (q'_c = q_c s_c per channel, or q_c f_c channel-separable, times
+ * 2^-k(c) for pre-shifted codes). */
+KVQ_DEV int kvq_k_folds(kvq_fmt f) { return f.bits < 16 && (f.gran == 0 || f.sep || kvq_k_preshift(f)); }
 
 /* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
  * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[8][GQA] = eight partial
@@ -92,7 +95,11 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, flo
     const int G = KVQ_GQA, D = KVQ_D;
     if (f.bits >= 16) return;
     if (kvq_k_folds(f))
-        for (int i = tid; i < D * G; i += KVQ_THREADS) qk[i] = qs[i] * (f.gran == 0 ? kb->s[i / G] : kb->f[i / G]);
+        for (int i = tid; i < D * G; i += KVQ_THREADS) {
+            const int c = i / G;
+            const float x = f.gran == 0 ? qs[i] * kb->s[c] : f.sep ? qs[i] * kb->f[c] : qs[i];
+            qk[i] = kvq_k_preshift(f) ? x * kvq_preshift_inv(f.bits, c) : x; /* exact: a power of two */
+        }
     if (f.gran == 0) {
         for (int i = tid; i < 8 * G; i += KVQ_THREADS) {
             const int h = i % G, part = i / G;
@@ -158,6 +165,8 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
             float cv[KVQ_VEC];
             if (f.bits >= 16)
                 kvq_unpack8_half(row + 2 * c0, cv);
+            else if (kvq_k_preshift(f))
+                kvq_unpack8_ps(row, c0, f.bits, cv);
             else
                 kvq_unpack8(row, c0, f.bits, D, cv);
             if (f.bits < 16 && f.gran != 0 && !runs) {
