@@ -36,7 +36,10 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
     kvq_stage_bytes(sb->rows, b + o.codes + ((long long)h * cap + slot) * o.cbpt, n * o.cbpt, tid, KVQ_THREADS);
     if (f.bits >= 16) return;
+    /* loops of one iteration a thread at head_dim <= the block's threads: not unrolled (an unrolled copy would
+     * only add a prologue) */
     if (f.gran == 0) {
+#pragma unroll 1
         for (int c = tid; c < KVQ_D; c += KVQ_THREADS) {
             sb->s[c] = kvq_ld_par(b + o.scale, (long long)h * KVQ_D + c, f.sbytes);
             sb->z[c] = kvq_ld_par(b + o.zero, (long long)h * KVQ_D + c, f.zbytes);
@@ -52,9 +55,11 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
         }
     }
     if (f.sep)
+#pragma unroll 1
         for (int c = tid; c < KVQ_D; c += KVQ_THREADS)
             sb->f[c] = kvq_ld_par(b + o.factor, (long long)h * KVQ_D + c, f.sbytes);
     if (f.masked)
+#pragma unroll 1
         for (int t = tid; t < n; t += KVQ_THREADS)
             sb->mask[t] = (b[o.mask + (long long)h * o.mask_stride + ((slot + t) >> 3)] >> ((slot + t) & 7)) & 1;
 }
