@@ -56,6 +56,38 @@ KVQ_DEV void kvq_unpack8(const unsigned char *row, int c0, int bits, int D, floa
     }
 }
 
+/* Pre-shifted unpacking of 1, 2 and 4-bit codes: the lop3 masks the field where it already sits (mask << k)
+ * instead of shifting the word for every code, so code v of a run of 8 becomes c 2^k(v) exactly (c 2^k < 2^15,
+ * inside the 23 mantissa bits of the magic float) for at most one shift a run. The caller scales the operand
+ * it multiplies by 2^-k(v) once per tile (exact: a power of two), so every product, and every fma that takes
+ * it, is bit-identical to the unshifted one. k(v) = bits v, except for 4-bit codes, whose upper four sit in
+ * the word's upper half and are shifted down together: k = 4 (v mod 4). */
+KVQ_DEV int kvq_preshift_ok(int bits) { return bits == 1 || bits == 2 || bits == 4; }
+KVQ_DEV int kvq_preshift_k(int bits, int v) { return bits == 4 ? 4 * (v & 3) : bits * v; }
+/* 2^-k(c mod 8) for the channel c, or 1 when the width is not pre-shifted */
+KVQ_DEV float kvq_preshift_inv(int bits, int c)
+{
+    return kvq_preshift_ok(bits) ? __uint_as_float((unsigned)(127 - kvq_preshift_k(bits, c & 7)) << 23) : 1.0f;
+}
+
+KVQ_DEV void kvq_unpack8_ps(const unsigned char *row, int c0, int bits, float *cv)
+{
+    const unsigned *w = (const unsigned *)row;
+    const unsigned m = (1u << bits) - 1u;
+    if (bits == 4) {
+        const unsigned lo = w[c0 >> 3], hi = lo >> 16;
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+            cv[v] = kvq_magic_to_f(kvq_lop3(v < 4 ? lo : hi, m << kvq_preshift_k(4, v), KVQ_MAGIC, KVQ_LOP_AND_OR));
+    } else {
+        const int bit = c0 * bits;
+        const unsigned x = w[bit >> 5] >> (bit & 31);
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+            cv[v] = kvq_magic_to_f(kvq_lop3(x, m << kvq_preshift_k(bits, v), KVQ_MAGIC, KVQ_LOP_AND_OR));
+    }
+}
+
 /* 8 fp16 values from a 16-byte aligned shared address. */
 KVQ_DEV void kvq_unpack8_half(const unsigned char *p, float *cv)
 {

@@ -731,9 +731,18 @@ KVQ_DEV float kvq_factor(float absmax, int f32)
 KVQ_DEV void kvq_stage_bytes(unsigned char *dst, const unsigned char *src, int bytes, int tid, int nthreads)
 {
     kvq_u64 a = (kvq_u64)src;
+#ifdef KVQ_MEASURE_KINDS
+    /* kvqc build's issue count: the body's page tiles start 16-byte aligned (the page's codes are at its
+     * 16-byte aligned start, a tile's first slot is a multiple of the tile, and tile x row bytes is a multiple of
+     * 16), so only this path runs for them; the count must not take the unaligned ones */
+    a = 0;
+#endif
     if ((a & 15) == 0) {
         int n16 = bytes >> 4;
+        /* a few iterations a tile (2 for a 128-token tile of 2-bit codes at head_dim 128): not unrolled */
+#pragma unroll 1
         for (int i = tid; i < n16; i += nthreads) kvq_cp_async16(dst + 16 * i, src + 16 * i);
+#pragma unroll 1
         for (int i = (n16 << 2) + tid; i < (bytes >> 2); i += nthreads) kvq_cp_async4(dst + 4 * i, src + 4 * i);
     } else if ((a & 7) == 0) {
         int n8 = bytes >> 3;
@@ -804,6 +813,38 @@ KVQ_DEV void kvq_unpack8(const unsigned char *row, int c0, int bits, int D, floa
     }
 }
 
+/* Pre-shifted unpacking of 1, 2 and 4-bit codes: the lop3 masks the field where it already sits (mask << k)
+ * instead of shifting the word for every code, so code v of a run of 8 becomes c 2^k(v) exactly (c 2^k < 2^15,
+ * inside the 23 mantissa bits of the magic float) for at most one shift a run. The caller scales the operand
+ * it multiplies by 2^-k(v) once per tile (exact: a power of two), so every product, and every fma that takes
+ * it, is bit-identical to the unshifted one. k(v) = bits v, except for 4-bit codes, whose upper four sit in
+ * the word's upper half and are shifted down together: k = 4 (v mod 4). */
+KVQ_DEV int kvq_preshift_ok(int bits) { return bits == 1 || bits == 2 || bits == 4; }
+KVQ_DEV int kvq_preshift_k(int bits, int v) { return bits == 4 ? 4 * (v & 3) : bits * v; }
+/* 2^-k(c mod 8) for the channel c, or 1 when the width is not pre-shifted */
+KVQ_DEV float kvq_preshift_inv(int bits, int c)
+{
+    return kvq_preshift_ok(bits) ? __uint_as_float((unsigned)(127 - kvq_preshift_k(bits, c & 7)) << 23) : 1.0f;
+}
+
+KVQ_DEV void kvq_unpack8_ps(const unsigned char *row, int c0, int bits, float *cv)
+{
+    const unsigned *w = (const unsigned *)row;
+    const unsigned m = (1u << bits) - 1u;
+    if (bits == 4) {
+        const unsigned lo = w[c0 >> 3], hi = lo >> 16;
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+            cv[v] = kvq_magic_to_f(kvq_lop3(v < 4 ? lo : hi, m << kvq_preshift_k(4, v), KVQ_MAGIC, KVQ_LOP_AND_OR));
+    } else {
+        const int bit = c0 * bits;
+        const unsigned x = w[bit >> 5] >> (bit & 31);
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+            cv[v] = kvq_magic_to_f(kvq_lop3(x, m << kvq_preshift_k(bits, v), KVQ_MAGIC, KVQ_LOP_AND_OR));
+    }
+}
+
 /* 8 fp16 values from a 16-byte aligned shared address. */
 KVQ_DEV void kvq_unpack8_half(const unsigned char *p, float *cv)
 {
@@ -854,22 +895,30 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
     kvq_stage_bytes(sb->rows, b + o.codes + ((long long)h * cap + slot) * o.cbpt, n * o.cbpt, tid, KVQ_THREADS);
     if (f.bits >= 16) return;
+    /* loops of one iteration a thread at head_dim <= the block's threads: not unrolled (an unrolled copy would
+     * only add a prologue) */
     if (f.gran == 0) {
+#pragma unroll 1
         for (int c = tid; c < KVQ_D; c += KVQ_THREADS) {
             sb->s[c] = kvq_ld_par(b + o.scale, (long long)h * KVQ_D + c, f.sbytes);
             sb->z[c] = kvq_ld_par(b + o.zero, (long long)h * KVQ_D + c, f.zbytes);
         }
     } else {
         long long first = f.hidden ? slot : ((long long)h * cap + slot) * o.n_groups;
+        /* n x groups / threads iterations (4 for KIVI's values): not unrolled, the prologue of an unrolled
+         * loop costs more than it saves at these counts */
+#pragma unroll 1
         for (int j = tid; j < n * o.n_groups; j += KVQ_THREADS) {
             sb->s[j] = kvq_ld_par(b + o.scale, first + j, f.sbytes);
             sb->z[j] = kvq_ld_par(b + o.zero, first + j, f.zbytes);
         }
     }
     if (f.sep)
+#pragma unroll 1
         for (int c = tid; c < KVQ_D; c += KVQ_THREADS)
             sb->f[c] = kvq_ld_par(b + o.factor, (long long)h * KVQ_D + c, f.sbytes);
     if (f.masked)
+#pragma unroll 1
         for (int t = tid; t < n; t += KVQ_THREADS)
             sb->mask[t] = (b[o.mask + (long long)h * o.mask_stride + ((slot + t) >> 3)] >> ((slot + t) & 7)) & 1;
 }
@@ -895,8 +944,11 @@ typedef struct {
 
 /* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
 KVQ_DEV int kvq_k_runs(kvq_fmt f) { return f.bits < 16 && f.gran != 0 && (f.hidden || f.group % KVQ_VEC == 0); }
-/* The query dotted with the codes is folded (q'_c = q_c s_c per channel, or q_c f_c channel-separable). */
-KVQ_DEV int kvq_k_folds(kvq_fmt f) { return f.bits < 16 && (f.gran == 0 || f.sep); }
+/* Codes that are pre-shifted (kvq_unpack8_ps): the operand they multiply raw, the folded query, carries 2^-k. */
+KVQ_DEV int kvq_k_preshift(kvq_fmt f) { return kvq_preshift_ok(f.bits) && (f.gran == 0 || kvq_k_runs(f)); }
+/* The query dotted with the codes is folded (q'_c = q_c s_c per channel, or q_c f_c channel-separable, times
+ * 2^-k(c) for pre-shifted codes). */
+KVQ_DEV int kvq_k_folds(kvq_fmt f) { return f.bits < 16 && (f.gran == 0 || f.sep || kvq_k_preshift(f)); }
 
 /* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
  * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[8][GQA] = eight partial
@@ -907,7 +959,11 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, flo
     const int G = KVQ_GQA, D = KVQ_D;
     if (f.bits >= 16) return;
     if (kvq_k_folds(f))
-        for (int i = tid; i < D * G; i += KVQ_THREADS) qk[i] = qs[i] * (f.gran == 0 ? kb->s[i / G] : kb->f[i / G]);
+        for (int i = tid; i < D * G; i += KVQ_THREADS) {
+            const int c = i / G;
+            const float x = f.gran == 0 ? qs[i] * kb->s[c] : f.sep ? qs[i] * kb->f[c] : qs[i];
+            qk[i] = kvq_k_preshift(f) ? x * kvq_preshift_inv(f.bits, c) : x; /* exact: a power of two */
+        }
     if (f.gran == 0) {
         for (int i = tid; i < 8 * G; i += KVQ_THREADS) {
             const int h = i % G, part = i / G;
@@ -973,6 +1029,8 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
             float cv[KVQ_VEC];
             if (f.bits >= 16)
                 kvq_unpack8_half(row + 2 * c0, cv);
+            else if (kvq_k_preshift(f))
+                kvq_unpack8_ps(row, c0, f.bits, cv);
             else
                 kvq_unpack8(row, c0, f.bits, D, cv);
             if (f.bits < 16 && f.gran != 0 && !runs) {
@@ -1028,66 +1086,101 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
     const int G = KVQ_GQA, D = KVQ_D;
     const int cbpt = kvq_fmt_cbpt(f.bits, D);
     const int quant = f.bits < 16, runs = quant && f.gran != 0 && (f.hidden || f.group % KVQ_VEC == 0);
+    /* pre-shifted codes (kvq_unpack8_ps) where the operand they multiply is a per-channel register: the value
+     * scales (per channel), the factors (separable), or else o itself, kept scaled by 2^k(v) for the tile's
+     * token loop (two multiplications of o by powers of two, exact) */
+    const int psh = quant && kvq_preshift_ok(f.bits) && (f.gran == 0 || runs);
+    const int oscale = psh && runs && !f.sep;
     float vs[KVQ_VEC], vz[KVQ_VEC], vf[KVQ_VEC], oz[KVQ_HPT];
 #pragma unroll
     for (int v = 0; v < KVQ_VEC; v++) {
+        const float inv = psh ? kvq_preshift_inv(f.bits, v) : 1.0f; /* c0 is a multiple of 8 */
         vs[v] = 1.0f, vz[v] = 0.0f, vf[v] = 1.0f;
-        if (quant && f.gran == 0) vs[v] = vb->s[c0 + v], vz[v] = vb->z[c0 + v];
+        if (quant && f.gran == 0) vs[v] = vb->s[c0 + v] * inv, vz[v] = vb->z[c0 + v];
         if (quant && f.sep) vf[v] = vb->f[c0 + v];
+        if (quant && f.sep && runs && psh) vf[v] *= inv;
     }
+    if (oscale)
+#pragma unroll
+        for (int i = 0; i < KVQ_HPT; i++)
+#pragma unroll
+            for (int v = 0; v < KVQ_VEC; v++) o[i][v] *= 1.0f / kvq_preshift_inv(f.bits, v);
 #pragma unroll
     for (int i = 0; i < KVQ_HPT; i++) oz[i] = 0.0f;
-#pragma unroll 2
-    for (int t = tz; t < n; t += KVQ_TZ) {
-        KVQ_MARK(3);
-        float p[KVQ_HPT], cv[KVQ_VEC];
-        if (KVQ_HPT == 4) {
-            float4 x = *(const float4 *)(ps + t * G + hl0);
-            p[0] = x.x, p[1] = x.y, p[2] = x.z, p[3] = x.w;
-        } else {
+    /* two tokens an iteration, the second with weight 0 past the end (0 c + o is o: codes are finite), so that
+     * no remainder copy of the body follows the loop; pointers advance by the step (addressing is otherwise a
+     * sixth of the loop) */
+    const int ngv = runs ? (f.hidden ? 1 : D / f.group) : 0, gv = runs && !f.hidden ? c0 / f.group : 0;
+    const unsigned char *rp = vb->rows + tz * cbpt;
+    const float *pp = ps + tz * G + hl0, *sp = vb->s + tz * ngv + gv, *zp = vb->z + tz * ngv + gv;
+#pragma unroll 1
+    for (int t2 = tz; t2 < n; t2 += 2 * KVQ_TZ) {
 #pragma unroll
-            for (int i = 0; i < KVQ_HPT; i++) p[i] = ps[t * G + hl0 + i];
-        }
-        if (f.bits >= 16)
-            kvq_unpack8_half(vb->rows + t * cbpt + 2 * c0, cv);
-        else
-            kvq_unpack8(vb->rows + t * cbpt, c0, f.bits, D, cv);
-        if (!quant || f.gran == 0) {
-            if (quant)
+        for (int u = 0; u < 2; u++) {
+            KVQ_MARK(3); /* twice an iteration: kvqc build counts the loop's tokens by its markers */
+            const int live = u == 0 || t2 + KVQ_TZ < n, du = live ? u * KVQ_TZ : 0;
+            const int t = t2 + du;
+            const unsigned char *row = rp + du * cbpt;
+            float p[KVQ_HPT], cv[KVQ_VEC];
+            if (KVQ_HPT == 4) {
+                float4 x = *(const float4 *)(pp + du * G);
+                p[0] = x.x, p[1] = x.y, p[2] = x.z, p[3] = x.w;
+            } else {
 #pragma unroll
-                for (int v = 0; v < KVQ_VEC; v++) cv[v] = fmaf(vs[v], cv[v], vz[v]);
-#pragma unroll
-            for (int i = 0; i < KVQ_HPT; i++)
-#pragma unroll
-                for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(p[i], cv[v], o[i][v]);
-        } else if (runs) {
-            const int ng = f.hidden ? 1 : D / f.group, g = f.hidden ? 0 : c0 / f.group;
-            const float s = vb->s[t * ng + g], z = vb->z[t * ng + g];
-#pragma unroll
-            for (int i = 0; i < KVQ_HPT; i++) {
-                const float w = p[i] * s;
-                oz[i] = fmaf(p[i], z, oz[i]);
-#pragma unroll
-                for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(f.sep ? w * vf[v] : w, cv[v], o[i][v]);
+                for (int i = 0; i < KVQ_HPT; i++) p[i] = pp[du * G + i];
             }
-        } else {
-            const int ng = D / f.group;
+            if (!live)
 #pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) {
-                const int g = (c0 + v) / f.group;
-                cv[v] = fmaf(vb->s[t * ng + g], cv[v], vb->z[t * ng + g]) * vf[v];
+                for (int i = 0; i < KVQ_HPT; i++) p[i] = 0.0f;
+            if (f.bits >= 16)
+                kvq_unpack8_half(row + 2 * c0, cv);
+            else if (psh)
+                kvq_unpack8_ps(row, c0, f.bits, cv);
+            else
+                kvq_unpack8(row, c0, f.bits, D, cv);
+            if (!quant || f.gran == 0) {
+                if (quant)
+#pragma unroll
+                    for (int v = 0; v < KVQ_VEC; v++) cv[v] = fmaf(vs[v], cv[v], vz[v]);
+#pragma unroll
+                for (int i = 0; i < KVQ_HPT; i++)
+#pragma unroll
+                    for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(p[i], cv[v], o[i][v]);
+            } else if (runs) {
+                const float s = sp[du * ngv], z = zp[du * ngv];
+#pragma unroll
+                for (int i = 0; i < KVQ_HPT; i++) {
+                    const float w = p[i] * s;
+                    oz[i] = fmaf(p[i], z, oz[i]);
+#pragma unroll
+                    for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(f.sep ? w * vf[v] : w, cv[v], o[i][v]);
+                }
+            } else {
+                const int ng = D / f.group;
+#pragma unroll
+                for (int v = 0; v < KVQ_VEC; v++) {
+                    const int g = (c0 + v) / f.group;
+                    cv[v] = fmaf(vb->s[t * ng + g], cv[v], vb->z[t * ng + g]) * vf[v];
+                }
+#pragma unroll
+                for (int i = 0; i < KVQ_HPT; i++)
+#pragma unroll
+                    for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(p[i], cv[v], o[i][v]);
             }
-#pragma unroll
-            for (int i = 0; i < KVQ_HPT; i++)
-#pragma unroll
-                for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(p[i], cv[v], o[i][v]);
         }
+        rp += 2 * KVQ_TZ * cbpt, pp += 2 * KVQ_TZ * G, sp += 2 * KVQ_TZ * ngv, zp += 2 * KVQ_TZ * ngv;
     }
+    if (oscale)
+#pragma unroll
+        for (int i = 0; i < KVQ_HPT; i++)
+#pragma unroll
+            for (int v = 0; v < KVQ_VEC; v++) o[i][v] *= kvq_preshift_inv(f.bits, v);
     if (runs) /* per-token value zeros: sum_t p_t z_t, times the channel factors when separable */
 #pragma unroll
         for (int i = 0; i < KVQ_HPT; i++)
 #pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) o[i][v] = fmaf(oz[i], vf[v], o[i][v]);
+            for (int v = 0; v < KVQ_VEC; v++)
+                o[i][v] = fmaf(oz[i], psh && f.sep ? vf[v] / kvq_preshift_inv(f.bits, v) : vf[v], o[i][v]);
 }
 
 KVQ_DEV kvq_fmt kvq_fmt_f16(void)

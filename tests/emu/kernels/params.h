@@ -86,4 +86,11 @@ struct bench_params {
     unsigned *out;
 };
 
+/* unpack.cu: rows of 128 codes of `bits` bits (16 words a row whatever the width), 8 outputs per run */
+struct unpack_params {
+    const unsigned *rows;
+    float *plain, *shifted, *inv; /* kvq_unpack8, kvq_unpack8_ps, kvq_preshift_inv */
+    int n_rows, bits;
+};
+
 #endif
