@@ -7,11 +7,11 @@ LLVM_CONFIG ?= $(shell command -v llvm-config-19 2>/dev/null)
 CPU_SRC := $(wildcard runtime/cpu/*.c compiler/emit_llvm*.c)
 CPU_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CPU_SRC))
 $(LIB): $(CPU_OBJ)
-$(CPU_OBJ): CFLAGS += -Iruntime/ref
+$(CPU_OBJ): override CFLAGS += -Iruntime/ref
 ifneq ($(LLVM_CONFIG),)
 # Only the include path and the version macro: llvm-config's other cflags (-D__STDC_*) are C++ leftovers.
 LLVM_INC := -isystem $(shell $(LLVM_CONFIG) --includedir)
-$(CPU_OBJ): CFLAGS += $(LLVM_INC) -DKVQ_HAVE_LLVM=1
+$(CPU_OBJ): override CFLAGS += $(LLVM_INC) -DKVQ_HAVE_LLVM=1
 # One shared library (libLLVM-19.so): the static component list would add ~100 MB to every test program.
 LLVM_LDLIBS := $(shell $(LLVM_CONFIG) --ldflags) -Wl,-rpath,$(shell $(LLVM_CONFIG) --libdir) \
 	$(shell $(LLVM_CONFIG) --link-shared --libs)
