@@ -240,6 +240,20 @@ static LLVMValueRef param_scalar(E *e, LLVMValueRef sec, LLVMValueRef idx, int b
     if (bytes == 4) return load(e, e->f32, p, 1);
     return LLVMBuildFPExt(e->b, load(e, e->f16, p, 1), e->f32, "");
 }
+/* n consecutive entries idx.. of a parameter section as a vector of n floats. */
+static LLVMValueRef param_group_vec(E *e, LLVMValueRef sec, LLVMValueRef idx, int n, int bytes)
+{
+    LLVMValueRef p = gep(e, sec, LLVMBuildMul(e->b, idx, ci64(e, bytes), ""));
+    if (bytes == 4) return load(e, LLVMVectorType(e->f32, (unsigned)n), p, 1);
+    return LLVMBuildFPExt(e->b, load(e, LLVMVectorType(e->f16, (unsigned)n), p, 1), LLVMVectorType(e->f32, (unsigned)n), "");
+}
+/* A scalar in every lane of an n-lane vector. */
+static LLVMValueRef splat_n(E *e, LLVMValueRef s, int n)
+{
+    LLVMTypeRef vt = LLVMVectorType(LLVMTypeOf(s), (unsigned)n);
+    LLVMValueRef v = LLVMBuildInsertElement(e->b, LLVMGetUndef(vt), s, ci32(e, 0), "");
+    return LLVMBuildShuffleVector(e->b, v, LLVMGetUndef(vt), LLVMConstNull(LLVMVectorType(e->i32, (unsigned)n)), "");
+}
 /* Lanes c0.. of a per-channel section [D]. */
 static LLVMValueRef param_vec(E *e, LLVMValueRef sec, int c0, int bytes)
 {
@@ -459,14 +473,30 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMPositionBuilderAtEnd(b, vloop);
         LLVMValueRef tv = LLVMBuildPhi(b, e->i32, "t");
         for (int x = 0; x < g * m; x++) acc[x] = LLVMBuildPhi(b, e->vf, "");
-        for (int x = 0; x < g * mg; x++) zacc[x] = LLVMBuildPhi(b, e->f32, "");
+        /* More than one group per block range: the token's mg scales and zeros as one vector each (a load and a
+         * conversion instead of mg scalar ones), sum_t p_t z_t as one vector accumulator (g == 1 here). */
+        int gvec = vfold && mg > 1;
+        LLVMTypeRef gty = LLVMVectorType(e->f32, (unsigned)(mg > 1 ? mg : 1));
+        LLVMValueRef zaccv = NULL, zaccv1 = NULL;
+        if (gvec) zaccv = LLVMBuildPhi(b, gty, "");
+        else
+            for (int x = 0; x < g * mg; x++) zacc[x] = LLVMBuildPhi(b, e->f32, "");
         LLVMValueRef tv64 = LLVMBuildZExt(b, tv, e->i64, "");
         LLVMValueRef pw[MAXG], ps[8 * 16];
         for (int j = 0; j < g; j++) {
             LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, tv64, ci64(e, (long)j * N), ""), ci64(e, 4), "");
             LLVMValueRef pj = load(e, e->f32, gep(e, a[A_P], off), 4);
             pw[j] = splat(e, pj);
-            for (int q = 0; q < mg; q++) {
+            if (gvec) {
+                LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, tv64, ci64(e, ngr), ""), ci64(e, g0), "");
+                LLVMValueRef sv = param_group_vec(e, a[A_VS], idx, mg, vf->scale_bytes);
+                LLVMValueRef zv = param_group_vec(e, a[A_VZ], idx, mg, vf->zero_bytes);
+                LLVMValueRef pg = splat_n(e, pj, mg);
+                LLVMValueRef psv = LLVMBuildFMul(b, pg, sv, "");
+                zaccv1 = fma_sum(e, zaccv, pg, zv);
+                for (int q = 0; q < mg; q++) ps[q] = splat(e, LLVMBuildExtractElement(b, psv, ci32(e, q), ""));
+            }
+            for (int q = 0; q < mg && !gvec; q++) {
                 LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, tv64, ci64(e, ngr), ""), ci64(e, g0 + q), "");
                 LLVMValueRef sc = param_scalar(e, a[A_VS], idx, vf->scale_bytes);
                 LLVMValueRef zp = param_scalar(e, a[A_VZ], idx, vf->zero_bytes);
@@ -494,11 +524,19 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
             LLVMAddIncoming(acc[x], &acc0[x], &pre, 1);
             LLVMAddIncoming(acc[x], &acc1[x], &vloop, 1);
         }
-        for (int x = 0; x < g * mg; x++) {
-            LLVMAddIncoming(zacc[x], &fzero, &pre, 1);
-            LLVMAddIncoming(zacc[x], &zacc1[x], &vloop, 1);
+        if (gvec) {
+            LLVMValueRef vzero = LLVMConstNull(gty);
+            LLVMAddIncoming(zaccv, &vzero, &pre, 1);
+            LLVMAddIncoming(zaccv, &zaccv1, &vloop, 1);
+        } else {
+            for (int x = 0; x < g * mg; x++) {
+                LLVMAddIncoming(zacc[x], &fzero, &pre, 1);
+                LLVMAddIncoming(zacc[x], &zacc1[x], &vloop, 1);
+            }
         }
         LLVMPositionBuilderAtEnd(b, vend);
+        if (gvec)
+            for (int q = 0; q < mg; q++) zacc1[q] = LLVMBuildExtractElement(b, zaccv1, ci32(e, q), "");
         for (int j = 0; j < g; j++)
             for (int i = 0; i < m; i++) {
                 LLVMValueRef v = acc1[j * m + i];

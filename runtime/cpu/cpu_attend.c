@@ -241,6 +241,101 @@ static void source_args(const cpu_span *s, int h, int slot, int D, const uint8_t
     }
 }
 
+/* Prefetches [p, p + n) into the cache (DRAM latency: a tile's codes are a few short runs in separate pages,
+ * too short for the hardware prefetcher to ramp up, so the next tile's runs are requested while this one runs). */
+static void prefetch_bytes(const uint8_t *p, size_t n)
+{
+    if (!p || !n) return;
+    for (size_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 3);
+    __builtin_prefetch(p + n - 1, 0, 3);
+}
+
+/* The bytes a tile of n slots reads from span s, given its source_args pointers. */
+static void prefetch_source(const cpu_span *s, int n, int D, const uint8_t *x, const uint8_t *sc,
+                            const uint8_t *z, const uint8_t *f)
+{
+    if (!s->pg) {
+        prefetch_bytes(x, (size_t)n * (size_t)D * 2);
+        return;
+    }
+    const kvq_page_format *fm = &s->pg->fmt;
+    const kvq_page_layout *lay = &s->pg->lay;
+    prefetch_bytes(x, (size_t)n * lay->code_bytes_per_token);
+    size_t np = fm->gran == KVQ_GRAN_CHANNEL ? (size_t)D : fm->hidden ? (size_t)n : (size_t)n * (size_t)lay->n_groups;
+    prefetch_bytes(sc, np * (size_t)fm->scale_bytes);
+    prefetch_bytes(z, np * (size_t)fm->zero_bytes);
+    if (fm->channel_separable) prefetch_bytes(f, (size_t)D * (size_t)fm->scale_bytes);
+}
+
+/* One tile ready to run: its kernel and arguments, and its spans for the prefetch. */
+typedef struct {
+    emit_llvm_tile_fn fn;
+    emit_llvm_tile_args a;
+} tile_job;
+
+/* Walks the K slots [lo, hi) of a kv head's spans as tiles. */
+typedef struct {
+    const cpu_head *hd;
+    int si, i, end, len, h, D;
+    long base, lo, hi;
+} tile_iter;
+
+static void iter_seek(tile_iter *t)
+{
+    while (t->si < t->hd->nk && t->base < t->hi) {
+        const cpu_span *ks = &t->hd->ks[t->si];
+        if (t->base + ks->n > t->lo) {
+            if (t->end < 0) {
+                t->i = (int)(t->lo > t->base ? t->lo - t->base : 0);
+                t->end = (int)(t->hi - t->base < ks->n ? t->hi - t->base : ks->n);
+            }
+            if (t->i < t->end) return;
+        }
+        t->base += ks->n;
+        t->si++;
+        t->end = -1;
+    }
+    t->si = t->hd->nk;
+}
+
+/* The next tile into *j (its fixed arguments already set); 0 when done, -1 if a K slot has no V slot. */
+static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j, int prefetch)
+{
+    iter_seek(t);
+    if (t->si >= t->hd->nk) return 0;
+    const cpu_head *hd = t->hd;
+    const cpu_span *ks = &hd->ks[t->si];
+    int i = t->i, end = t->end;
+    int p = ks->pos[i], off = 0, vi = find_v(hd, p, t->len, &off);
+    if (vi < 0) return -1;
+    const cpu_span *vs = &hd->vs[vi];
+    int n = end - i;
+    if (n > TILE) n = TILE;
+    if (n > vs->n - off) n = vs->n - off;
+    /* Both spans ascend strictly: equal ends at distance n - 1 mean the same consecutive tokens. */
+    if (ks->pos[i + n - 1] != p + n - 1 || vs->pos[off + n - 1] != p + n - 1) {
+        int m = 1;
+        while (m < n && ks->pos[i + m] == vs->pos[off + m]) m++;
+        n = m;
+    }
+    emit_llvm_tile_args *a = &j->a;
+    a->n = n;
+    a->ks = a->kz = a->kf = a->kmask = NULL;
+    a->vs = a->vz = a->vf = NULL;
+    a->kmbit = 0;
+    const uint8_t *unused_mask = NULL;
+    int32_t unused_bit = 0;
+    source_args(ks, t->h, i, t->D, &a->k, &a->ks, &a->kz, &a->kf, &a->kmask, &a->kmbit);
+    source_args(vs, t->h, off, t->D, &a->v, &a->vs, &a->vz, &a->vf, &unused_mask, &unused_bit);
+    if (prefetch) {
+        prefetch_source(ks, n, t->D, a->k, a->ks, a->kz, a->kf);
+        prefetch_source(vs, n, t->D, a->v, a->vs, a->vz, a->vf);
+    }
+    j->fn = cls->fn[ks->src][vs->src];
+    t->i = i + n;
+    return 1;
+}
+
 void cpu_item_tiles(cpu_item *it, int h, int chunk)
 {
     const ref_qlayer *L = it->L;
@@ -269,39 +364,18 @@ void cpu_item_tiles(cpu_item *it, int h, int chunk)
                 it->cls->fn[0][0](&a);
             }
         }
-    long lo = (long)hd->total * chunk / C, hi = (long)hd->total * (chunk + 1) / C, base = 0;
-    for (int si = 0; si < hd->nk && base < hi; base += hd->ks[si].n, si++) {
-        const cpu_span *ks = &hd->ks[si];
-        if (base + ks->n <= lo) continue;
-        int i = (int)(lo > base ? lo - base : 0), end = (int)(hi - base < ks->n ? hi - base : ks->n);
-        while (i < end) {
-            int p = ks->pos[i], off = 0, vi = find_v(hd, p, len, &off);
-            if (vi < 0) {
-                atomic_store(&it->bad, 1);
-                return;
-            }
-            const cpu_span *vs = &hd->vs[vi];
-            int n = end - i;
-            if (n > TILE) n = TILE;
-            if (n > vs->n - off) n = vs->n - off;
-            /* Both spans ascend strictly: equal ends at distance n - 1 mean the same consecutive tokens. */
-            if (ks->pos[i + n - 1] != p + n - 1 || vs->pos[off + n - 1] != p + n - 1) {
-                int m = 1;
-                while (m < n && ks->pos[i + m] == vs->pos[off + m]) m++;
-                n = m;
-            }
-            a.n = n;
-            a.ks = a.kz = a.kf = a.kmask = NULL;
-            a.vs = a.vz = a.vf = NULL;
-            a.kmbit = 0;
-            const uint8_t *unused_mask = NULL;
-            int32_t unused_bit = 0;
-            source_args(ks, h, i, D, &a.k, &a.ks, &a.kz, &a.kf, &a.kmask, &a.kmbit);
-            source_args(vs, h, off, D, &a.v, &a.vs, &a.vz, &a.vf, &unused_mask, &unused_bit);
-            it->cls->fn[ks->src][vs->src](&a);
-            i += n;
-        }
+    tile_iter t = {hd, 0, 0, -1, len, h, D, 0, (long)hd->total * chunk / C, (long)hd->total * (chunk + 1) / C};
+    /* Two tiles in flight: the next one's bytes are prefetched while the current one runs. */
+    tile_job job[2];
+    job[0].a = job[1].a = a;
+    int cur = 0, r = iter_next(&t, it->cls, &job[0], 1);
+    while (r > 0) {
+        int nr = iter_next(&t, it->cls, &job[cur ^ 1], 1);
+        job[cur].fn(&job[cur].a);
+        cur ^= 1;
+        r = nr;
     }
+    if (r < 0) atomic_store(&it->bad, 1);
 }
 
 void cpu_item_merge(cpu_item *it, int h)
