@@ -104,6 +104,32 @@ static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu
     }
     s->pg = pg;
     s->src = cpu_class_source(cls, which, &pg->fmt);
+    const kvq_page_format *fm = &pg->fmt;
+    const kvq_page_layout *lay = &pg->lay;
+    size_t hh = (size_t)h, D = (size_t)fm->head_dim, c = (size_t)cap, p0, step;
+    s->xb = lay->code_bytes_per_token;
+    s->x = pg->mem + lay->codes + hh * c * s->xb;
+    if (fm->gran == KVQ_GRAN_CHANNEL) {
+        p0 = hh * D;
+        step = 0;
+        s->sfix = D * (size_t)fm->scale_bytes;
+        s->zfix = D * (size_t)fm->zero_bytes;
+    } else if (fm->hidden) {
+        p0 = 0;
+        step = 1;
+    } else {
+        p0 = hh * c * (size_t)lay->n_groups;
+        step = (size_t)lay->n_groups;
+    }
+    s->sc = pg->mem + lay->scale + p0 * (size_t)fm->scale_bytes;
+    s->z = pg->mem + lay->zero + p0 * (size_t)fm->zero_bytes;
+    s->sb = step * (size_t)fm->scale_bytes;
+    s->zb = step * (size_t)fm->zero_bytes;
+    if (fm->channel_separable) {
+        s->f = pg->mem + lay->factor + hh * D * (size_t)fm->scale_bytes;
+        s->fb = D * (size_t)fm->scale_bytes;
+    }
+    if (fm->masked) s->mask = pg->mem + lay->mask + hh * ((c + 7) / 8);
     return s->src > 0;
 }
 
@@ -212,32 +238,23 @@ static int find_v(const cpu_head *hd, int p, int len, int *slot)
 
 /* ------------------------------------------------------------------------------------------------ tiles -- */
 
-/* The kernel arguments of slot `slot` of span s for kv head h: rows, codes, parameters, mask (emit_llvm.h). */
-static void source_args(const cpu_span *s, int h, int slot, int D, const uint8_t **x, const uint8_t **sc,
+/* The kernel arguments of slot `slot` of span s: rows, codes, parameters, mask (emit_llvm.h; the span holds
+ * this kv head's bases, add_page). */
+static void source_args(const cpu_span *s, int slot, int D, const uint8_t **x, const uint8_t **sc,
                         const uint8_t **z, const uint8_t **f, const uint8_t **mask, int32_t *mbit)
 {
     if (!s->pg) {
         *x = (const uint8_t *)(s->rows + (size_t)slot * (size_t)D);
         return;
     }
-    const ref_page *pg = s->pg;
-    const kvq_page_format *fm = &pg->fmt;
-    const kvq_page_layout *lay = &pg->lay;
-    size_t cap = (size_t)fm->capacity, sl = (size_t)(s->slot0 + slot), hh = (size_t)h;
-    *x = pg->mem + lay->codes + (hh * cap + sl) * lay->code_bytes_per_token;
-    size_t pidx;
-    if (fm->gran == KVQ_GRAN_CHANNEL)
-        pidx = hh * (size_t)D;
-    else if (fm->hidden)
-        pidx = sl;
-    else
-        pidx = (hh * cap + sl) * (size_t)lay->n_groups;
-    *sc = pg->mem + lay->scale + pidx * (size_t)fm->scale_bytes;
-    *z = pg->mem + lay->zero + pidx * (size_t)fm->zero_bytes;
-    if (fm->channel_separable) *f = pg->mem + lay->factor + hh * (size_t)D * (size_t)fm->scale_bytes;
-    if (fm->masked) {
-        *mask = pg->mem + lay->mask + hh * ((cap + 7) / 8);
-        *mbit = (int32_t)sl;
+    size_t sl = (size_t)slot;
+    *x = s->x + sl * s->xb;
+    *sc = s->sc + sl * s->sb;
+    *z = s->z + sl * s->zb;
+    *f = s->f;
+    if (s->mask) {
+        *mask = s->mask;
+        *mbit = (int32_t)slot;
     }
 }
 
@@ -258,13 +275,11 @@ static void prefetch_source(const cpu_span *s, int n, int D, const uint8_t *x, c
         prefetch_bytes(x, (size_t)n * (size_t)D * 2);
         return;
     }
-    const kvq_page_format *fm = &s->pg->fmt;
-    const kvq_page_layout *lay = &s->pg->lay;
-    prefetch_bytes(x, (size_t)n * lay->code_bytes_per_token);
-    size_t np = fm->gran == KVQ_GRAN_CHANNEL ? (size_t)D : fm->hidden ? (size_t)n : (size_t)n * (size_t)lay->n_groups;
-    prefetch_bytes(sc, np * (size_t)fm->scale_bytes);
-    prefetch_bytes(z, np * (size_t)fm->zero_bytes);
-    if (fm->channel_separable) prefetch_bytes(f, (size_t)D * (size_t)fm->scale_bytes);
+    size_t nn = (size_t)n;
+    prefetch_bytes(x, nn * s->xb);
+    prefetch_bytes(sc, s->sb ? nn * s->sb : s->sfix);
+    prefetch_bytes(z, s->zb ? nn * s->zb : s->zfix);
+    prefetch_bytes(f, s->fb);
 }
 
 /* One tile ready to run: its kernel and arguments, and its spans for the prefetch. */
@@ -276,7 +291,7 @@ typedef struct {
 /* Walks the K slots [lo, hi) of a kv head's spans as tiles. */
 typedef struct {
     const cpu_head *hd;
-    int si, i, end, len, h, D;
+    int si, i, end, len, D;
     long base, lo, hi;
 } tile_iter;
 
@@ -325,8 +340,8 @@ static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j, int prefet
     a->kmbit = 0;
     const uint8_t *unused_mask = NULL;
     int32_t unused_bit = 0;
-    source_args(ks, t->h, i, t->D, &a->k, &a->ks, &a->kz, &a->kf, &a->kmask, &a->kmbit);
-    source_args(vs, t->h, off, t->D, &a->v, &a->vs, &a->vz, &a->vf, &unused_mask, &unused_bit);
+    source_args(ks, i, t->D, &a->k, &a->ks, &a->kz, &a->kf, &a->kmask, &a->kmbit);
+    source_args(vs, off, t->D, &a->v, &a->vs, &a->vz, &a->vf, &unused_mask, &unused_bit);
     if (prefetch) {
         prefetch_source(ks, n, t->D, a->k, a->ks, a->kz, a->kf);
         prefetch_source(vs, n, t->D, a->v, a->vs, a->vz, a->vf);
@@ -364,7 +379,7 @@ void cpu_item_tiles(cpu_item *it, int h, int chunk)
                 it->cls->fn[0][0](&a);
             }
         }
-    tile_iter t = {hd, 0, 0, -1, len, h, D, 0, (long)hd->total * chunk / C, (long)hd->total * (chunk + 1) / C};
+    tile_iter t = {hd, 0, 0, -1, len, D, 0, (long)hd->total * chunk / C, (long)hd->total * (chunk + 1) / C};
     /* Two tiles in flight: the next one's bytes are prefetched while the current one runs. */
     tile_job job[2];
     job[0].a = job[1].a = a;
