@@ -87,6 +87,7 @@ static void add_win(cpu_span *list, int *n, const ref_win *w, int h)
     s->rows = w->data + (size_t)h * (size_t)w->cap * (size_t)w->D;
     s->pos = w->pos;
     s->n = w->count;
+    s->first = s->pos[0];
 }
 
 static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu_class *cls, int which)
@@ -97,6 +98,7 @@ static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu
     int cap = pg->fmt.capacity;
     s->pos = pg->pos + (size_t)h * (size_t)cap;
     s->n = pg->count;
+    s->first = s->pos[0];
     if (kvq_bits_is_fp16(pg->fmt.bits)) {
         /* fp16 pages are fp16 rows: the same kernels as windows. */
         s->rows = (const uint16_t *)(pg->mem + pg->lay.codes) + (size_t)h * (size_t)cap * (size_t)pg->fmt.head_dim;
@@ -138,7 +140,7 @@ static void sort_by_first(cpu_span *v, int n)
     for (int i = 1; i < n; i++) {
         cpu_span x = v[i];
         int j = i - 1;
-        while (j >= 0 && v[j].pos[0] > x.pos[0]) {
+        while (j >= 0 && v[j].first > x.first) {
             v[j + 1] = v[j];
             j--;
         }
@@ -169,6 +171,7 @@ void cpu_item_spans(cpu_item *it, int h)
         s->vrows = P->v + (size_t)h * (size_t)P->cap * (size_t)P->D;
         s->pos = P->pos + (size_t)h * (size_t)P->cap;
         s->n = P->count[h];
+        s->first = s->pos[0];
     }
     int nk = 0, nv = 0;
     for (int i = 0; i < hd->nk; i++) nk += hd->ks[i].n;
@@ -193,18 +196,28 @@ void cpu_item_spans(cpu_item *it, int h)
     hd->broken = !ok;
 }
 
-/* The V span and slot of position p: the map, or a binary search over the spans (consecutive positions). */
-static int find_v(const cpu_head *hd, int p, int len, int *slot)
+/* The V span and slot of position p: the map, or a search over the spans (consecutive positions): first the
+ * span `hint` (the previous tile's) and the one after it, as K and V storage mostly ascend together, then a
+ * binary search. */
+static int find_v(const cpu_head *hd, int p, int len, int hint, int *slot)
 {
     if (hd->vmap) {
         if (p < 0 || p >= len || hd->vmap[p] < 0) return -1;
         *slot = hd->vmap[len + p];
         return hd->vmap[p];
     }
+    for (int c = hint; c >= 0 && c < hd->nv && c <= hint + 1; c++) {
+        const cpu_span *s = &hd->vs[c];
+        int off = p - s->first;
+        if (off >= 0 && off < s->n && s->pos[off] == p) {
+            *slot = off;
+            return c;
+        }
+    }
     int lo = 0, hi = hd->nv - 1, at = -1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
-        if (hd->vs[mid].pos[0] <= p) {
+        if (hd->vs[mid].first <= p) {
             at = mid;
             lo = mid + 1;
         } else {
@@ -213,7 +226,7 @@ static int find_v(const cpu_head *hd, int p, int len, int *slot)
     }
     if (at >= 0) {
         const cpu_span *s = &hd->vs[at];
-        int off = p - s->pos[0];
+        int off = p - s->first;
         if (off < s->n && s->pos[off] == p) {
             *slot = off;
             return at;
@@ -292,6 +305,7 @@ typedef struct {
 typedef struct {
     const cpu_head *hd;
     int si, i, end, len, D;
+    int vhint; /* the previous tile's V span */
     long base, lo, hi;
 } tile_iter;
 
@@ -321,8 +335,9 @@ static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j, int prefet
     const cpu_head *hd = t->hd;
     const cpu_span *ks = &hd->ks[t->si];
     int i = t->i, end = t->end;
-    int p = ks->pos[i], off = 0, vi = find_v(hd, p, t->len, &off);
+    int p = ks->pos[i], off = 0, vi = find_v(hd, p, t->len, t->vhint, &off);
     if (vi < 0) return -1;
+    t->vhint = vi;
     const cpu_span *vs = &hd->vs[vi];
     int n = end - i;
     if (n > TILE) n = TILE;
@@ -379,7 +394,7 @@ void cpu_item_tiles(cpu_item *it, int h, int chunk)
                 it->cls->fn[0][0](&a);
             }
         }
-    tile_iter t = {hd, 0, 0, -1, len, D, 0, (long)hd->total * chunk / C, (long)hd->total * (chunk + 1) / C};
+    tile_iter t = {hd, 0, 0, -1, len, D, 0, 0, (long)hd->total * chunk / C, (long)hd->total * (chunk + 1) / C};
     /* Two tiles in flight: the next one's bytes are prefetched while the current one runs. */
     tile_job job[2];
     job[0].a = job[1].a = a;
