@@ -155,10 +155,17 @@ void cpu_item_spans(cpu_item *it, int h)
     int ok = 1, len = L->length;
     hd->nk = hd->nv = hd->npool = 0;
     add_win(hd->ks, &hd->nk, &L->sink[0], h);
-    for (int j = 0; j < L->pages[0].n; j++) ok &= add_page(hd->ks, &hd->nk, L->pages[0].v[j], h, it->cls, 0);
+    /* The page headers are separate allocations, thousands at long contexts: request a few ahead. */
+    for (int j = 0; j < L->pages[0].n; j++) {
+        if (j + 4 < L->pages[0].n) __builtin_prefetch(L->pages[0].v[j + 4], 0, 3);
+        ok &= add_page(hd->ks, &hd->nk, L->pages[0].v[j], h, it->cls, 0);
+    }
     add_win(hd->ks, &hd->nk, &L->win[0], h);
     add_win(hd->vs, &hd->nv, &L->sink[1], h);
-    for (int j = 0; j < L->pages[1].n; j++) ok &= add_page(hd->vs, &hd->nv, L->pages[1].v[j], h, it->cls, 1);
+    for (int j = 0; j < L->pages[1].n; j++) {
+        if (j + 4 < L->pages[1].n) __builtin_prefetch(L->pages[1].v[j + 4], 0, 3);
+        ok &= add_page(hd->vs, &hd->nv, L->pages[1].v[j], h, it->cls, 1);
+    }
     add_win(hd->vs, &hd->nv, &L->win[1], h);
     sort_by_first(hd->vs, hd->nv);
     const ref_pool *pools[2] = {&L->pool, &L->spill};
