@@ -279,28 +279,32 @@ static void source_args(const cpu_span *s, int slot, int D, const uint8_t **x, c
 }
 
 /* Prefetches [p, p + n) into the cache (DRAM latency: a tile's codes are a few short runs in separate pages,
- * too short for the hardware prefetcher to ramp up, so the next tile's runs are requested while this one runs). */
-static void prefetch_bytes(const uint8_t *p, size_t n)
-{
-    if (!p || !n) return;
-    for (size_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 3);
-    __builtin_prefetch(p + n - 1, 0, 3);
-}
+ * too short for the hardware prefetcher to ramp up, so the next tiles' runs are requested while this one runs).
+ * A macro, not a function: GCC 12 finds a void function whose only effect is __builtin_prefetch "const" and
+ * deletes its calls. */
+#define PREFETCH_BYTES(p, n)                                                                                    \
+    do {                                                                                                        \
+        const uint8_t *pf_p = (p);                                                                              \
+        size_t pf_n = (n);                                                                                      \
+        if (pf_p && pf_n) {                                                                                     \
+            for (size_t pf_o = 0; pf_o < pf_n; pf_o += 64) __builtin_prefetch(pf_p + pf_o, 0, 3);              \
+            __builtin_prefetch(pf_p + pf_n - 1, 0, 3);                                                          \
+        }                                                                                                       \
+    } while (0)
 
 /* The bytes a tile of n slots reads from span s, given its source_args pointers. */
-static void prefetch_source(const cpu_span *s, int n, int D, const uint8_t *x, const uint8_t *sc,
-                            const uint8_t *z, const uint8_t *f)
-{
-    if (!s->pg) {
-        prefetch_bytes(x, (size_t)n * (size_t)D * 2);
-        return;
-    }
-    size_t nn = (size_t)n;
-    prefetch_bytes(x, nn * s->xb);
-    prefetch_bytes(sc, s->sb ? nn * s->sb : s->sfix);
-    prefetch_bytes(z, s->zb ? nn * s->zb : s->zfix);
-    prefetch_bytes(f, s->fb);
-}
+#define PREFETCH_SOURCE(s, n, D, x, sc, z, f)                                                                   \
+    do {                                                                                                        \
+        size_t pf_nn = (size_t)(n);                                                                             \
+        if (!(s)->pg) {                                                                                         \
+            PREFETCH_BYTES(x, pf_nn * (size_t)(D) * 2);                                                         \
+        } else {                                                                                                \
+            PREFETCH_BYTES(x, pf_nn * (s)->xb);                                                                 \
+            PREFETCH_BYTES(sc, (s)->sb ? pf_nn * (s)->sb : (s)->sfix);                                          \
+            PREFETCH_BYTES(z, (s)->zb ? pf_nn * (s)->zb : (s)->zfix);                                           \
+            PREFETCH_BYTES(f, (s)->fb);                                                                         \
+        }                                                                                                       \
+    } while (0)
 
 /* One tile ready to run: its kernel and arguments, and its spans for the prefetch. */
 typedef struct {
@@ -365,8 +369,8 @@ static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j, int prefet
     source_args(ks, i, t->D, &a->k, &a->ks, &a->kz, &a->kf, &a->kmask, &a->kmbit);
     source_args(vs, off, t->D, &a->v, &a->vs, &a->vz, &a->vf, &unused_mask, &unused_bit);
     if (prefetch) {
-        prefetch_source(ks, n, t->D, a->k, a->ks, a->kz, a->kf);
-        prefetch_source(vs, n, t->D, a->v, a->vs, a->vz, a->vf);
+        PREFETCH_SOURCE(ks, n, t->D, a->k, a->ks, a->kz, a->kf);
+        PREFETCH_SOURCE(vs, n, t->D, a->v, a->vs, a->vz, a->vf);
     }
     j->fn = cls->fn[ks->src][vs->src];
     t->i = i + n;
@@ -402,15 +406,18 @@ void cpu_item_tiles(cpu_item *it, int h, int chunk)
             }
         }
     tile_iter t = {hd, 0, 0, -1, len, D, 0, 0, (long)hd->total * chunk / C, (long)hd->total * (chunk + 1) / C};
-    /* Two tiles in flight: the next one's bytes are prefetched while the current one runs. */
-    tile_job job[2];
-    job[0].a = job[1].a = a;
-    int cur = 0, r = iter_next(&t, it->cls, &job[0], 1);
-    while (r > 0) {
-        int nr = iter_next(&t, it->cls, &job[cur ^ 1], 1);
-        job[cur].fn(&job[cur].a);
-        cur ^= 1;
-        r = nr;
+    /* Tiles run PF behind the iterator: the bytes of the tiles PF - 1 and PF ahead are requested while this one
+     * runs (a DRAM access plus, pages being separate allocations, a page walk). */
+    enum { PF = 2 };
+    tile_job job[PF + 1];
+    int r = 1, have = 0, head = 0;
+    for (int k = 0; k <= PF; k++) job[k].a = a;
+    while (have < PF && (r = iter_next(&t, it->cls, &job[(head + have) % (PF + 1)], 1)) > 0) have++;
+    while (have > 0) {
+        if (r > 0 && (r = iter_next(&t, it->cls, &job[(head + have) % (PF + 1)], 1)) > 0) have++;
+        job[head].fn(&job[head].a);
+        head = (head + 1) % (PF + 1);
+        have--;
     }
     if (r < 0) atomic_store(&it->bad, 1);
 }
