@@ -428,13 +428,33 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMValueRef mn_v = splat(e, m_new);
         LLVMValueRef alpha_v = vexp(e, LLVMBuildFSub(b, splat(e, m_old), mn_v, ""));
         LLVMValueRef sum = NULL;
+        /* Only the blocks that hold tokens (a tile cut by a 32-token K page fills half of 64 lanes): block bl > 0
+         * runs when bl W < n. */
         for (int bl = 0; bl < N / W; bl++) {
+            LLVMBasicBlockRef before = LLVMGetInsertBlock(b), doit = NULL, after = NULL;
+            if (bl > 0) {
+                doit = LLVMAppendBasicBlockInContext(e->c, e->fn, "sblk");
+                after = LLVMAppendBasicBlockInContext(e->c, e->fn, "snext");
+                LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, ci32(e, (long)bl * W), n, ""), doit, after);
+                LLVMPositionBuilderAtEnd(b, doit);
+            }
             LLVMValueRef pp = gepc(e, a[A_P], ((long)j * N + (long)bl * W) * 4);
             LLVMValueRef x = load(e, e->vf, pp, 4);
             LLVMValueRef valid = LLVMBuildICmp(b, LLVMIntSLT, LLVMBuildAdd(b, iota_v, vic(e, (long)bl * W), ""), n_v, "");
             LLVMValueRef pv = LLVMBuildSelect(b, valid, vexp(e, LLVMBuildFSub(b, x, mn_v, "")), vfc(e, 0.0), "");
             store(e, pv, pp, 4);
-            sum = sum ? fm(LLVMBuildFAdd(b, sum, pv, "")) : pv;
+            LLVMValueRef sum1 = sum ? fm(LLVMBuildFAdd(b, sum, pv, "")) : pv;
+            if (bl > 0) {
+                LLVMBasicBlockRef done = LLVMGetInsertBlock(b);
+                LLVMBuildBr(b, after);
+                LLVMPositionBuilderAtEnd(b, after);
+                LLVMValueRef ph = LLVMBuildPhi(b, e->vf, "");
+                LLVMValueRef ins[2] = {sum, sum1};
+                LLVMBasicBlockRef from[2] = {before, done};
+                LLVMAddIncoming(ph, ins, from, 2);
+                sum1 = ph;
+            }
+            sum = sum1;
         }
         LLVMValueRef alpha = LLVMBuildExtractElement(b, alpha_v, ci32(e, 0), "");
         LLVMValueRef l_new = fm(LLVMBuildFAdd(b, LLVMBuildFMul(b, l_old, alpha, ""), hsum(e, sum), ""));
