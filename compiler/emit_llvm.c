@@ -421,6 +421,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     LLVMValueRef iota[16];
     for (int i = 0; i < W; i++) iota[i] = ci32(e, i);
     LLVMValueRef iota_v = LLVMConstVector(iota, (unsigned)W), n_v = splat(e, n);
+    LLVMValueRef alpha_h[MAXG];
     for (int j = 0; j < g; j++) {
         LLVMValueRef mlp = gepc(e, a[A_ML], (long)j * 8);
         LLVMValueRef m_old = load(e, e->f32, mlp, 4), l_old = load(e, e->f32, gepc(e, mlp, 4), 4);
@@ -460,10 +461,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMValueRef l_new = fm(LLVMBuildFAdd(b, LLVMBuildFMul(b, l_old, alpha, ""), hsum(e, sum), ""));
         store(e, m_new, mlp, 4);
         store(e, l_new, gepc(e, mlp, 4), 4);
-        for (int bl = 0; bl < NB; bl++) {
-            LLVMValueRef ap = gepc(e, a[A_ACC], ((long)j * D + (long)bl * W) * 4);
-            store(e, LLVMBuildFMul(b, load(e, e->vf, ap, 4), alpha_v, ""), ap, 4);
-        }
+        alpha_h[j] = alpha_v; /* acc's rescale happens where the V phase loads it */
     }
 
     /* V phase: per group of blocks of W channels, a token loop with the group's g x nb accumulators in registers
@@ -488,7 +486,8 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMValueRef zacc[8 * 16], zacc1[8 * 16]; /* [j][group] sum_t p_t z_t (vfold) */
         for (int j = 0; j < g; j++)
             for (int i = 0; i < m; i++)
-                acc0[j * m + i] = load(e, e->vf, gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4);
+                acc0[j * m + i] = LLVMBuildFMul(
+                    b, load(e, e->vf, gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4), alpha_h[j], "");
         LLVMBuildBr(b, vloop);
         LLVMPositionBuilderAtEnd(b, vloop);
         LLVMValueRef tv = LLVMBuildPhi(b, e->i32, "t");
