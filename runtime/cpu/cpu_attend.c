@@ -338,8 +338,9 @@ static void iter_seek(tile_iter *t)
     t->si = t->hd->nk;
 }
 
-/* The next tile into *j (its fixed arguments already set); 0 when done, -1 if a K slot has no V slot. */
-static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j, int prefetch)
+/* The next tile into *j (its fixed arguments already set), its bytes requested; 0 when done, -1 if a K slot has
+ * no V slot. */
+static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j)
 {
     iter_seek(t);
     if (t->si >= t->hd->nk) return 0;
@@ -368,10 +369,8 @@ static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j, int prefet
     int32_t unused_bit = 0;
     source_args(ks, i, t->D, &a->k, &a->ks, &a->kz, &a->kf, &a->kmask, &a->kmbit);
     source_args(vs, off, t->D, &a->v, &a->vs, &a->vz, &a->vf, &unused_mask, &unused_bit);
-    if (prefetch) {
-        PREFETCH_SOURCE(ks, n, a->k, a->ks, a->kz, a->kf);
-        PREFETCH_SOURCE(vs, n, a->v, a->vs, a->vz, a->vf);
-    }
+    PREFETCH_SOURCE(ks, n, a->k, a->ks, a->kz, a->kf);
+    PREFETCH_SOURCE(vs, n, a->v, a->vs, a->vz, a->vf);
     j->fn = cls->fn[ks->src][vs->src];
     t->i = i + n;
     return 1;
@@ -412,9 +411,9 @@ void cpu_item_tiles(cpu_item *it, int h, int chunk)
     tile_job job[PF + 1];
     int r = 1, have = 0, head = 0;
     for (int k = 0; k <= PF; k++) job[k].a = a;
-    while (have < PF && (r = iter_next(&t, it->cls, &job[(head + have) % (PF + 1)], 1)) > 0) have++;
+    while (have < PF && (r = iter_next(&t, it->cls, &job[(head + have) % (PF + 1)])) > 0) have++;
     while (have > 0) {
-        if (r > 0 && (r = iter_next(&t, it->cls, &job[(head + have) % (PF + 1)], 1)) > 0) have++;
+        if (r > 0 && (r = iter_next(&t, it->cls, &job[(head + have) % (PF + 1)])) > 0) have++;
         job[head].fn(&job[head].a);
         head = (head + 1) % (PF + 1);
         have--;
