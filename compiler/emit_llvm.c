@@ -240,6 +240,20 @@ static LLVMValueRef param_scalar(E *e, LLVMValueRef sec, LLVMValueRef idx, int b
     if (bytes == 4) return load(e, e->f32, p, 1);
     return LLVMBuildFPExt(e->b, load(e, e->f16, p, 1), e->f32, "");
 }
+/* n consecutive entries idx.. of a parameter section as a vector of n floats. */
+static LLVMValueRef param_group_vec(E *e, LLVMValueRef sec, LLVMValueRef idx, int n, int bytes)
+{
+    LLVMValueRef p = gep(e, sec, LLVMBuildMul(e->b, idx, ci64(e, bytes), ""));
+    if (bytes == 4) return load(e, LLVMVectorType(e->f32, (unsigned)n), p, 1);
+    return LLVMBuildFPExt(e->b, load(e, LLVMVectorType(e->f16, (unsigned)n), p, 1), LLVMVectorType(e->f32, (unsigned)n), "");
+}
+/* A scalar in every lane of an n-lane vector. */
+static LLVMValueRef splat_n(E *e, LLVMValueRef s, int n)
+{
+    LLVMTypeRef vt = LLVMVectorType(LLVMTypeOf(s), (unsigned)n);
+    LLVMValueRef v = LLVMBuildInsertElement(e->b, LLVMGetUndef(vt), s, ci32(e, 0), "");
+    return LLVMBuildShuffleVector(e->b, v, LLVMGetUndef(vt), LLVMConstNull(LLVMVectorType(e->i32, (unsigned)n)), "");
+}
 /* Lanes c0.. of a per-channel section [D]. */
 static LLVMValueRef param_vec(E *e, LLVMValueRef sec, int c0, int bytes)
 {
@@ -407,6 +421,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     LLVMValueRef iota[16];
     for (int i = 0; i < W; i++) iota[i] = ci32(e, i);
     LLVMValueRef iota_v = LLVMConstVector(iota, (unsigned)W), n_v = splat(e, n);
+    LLVMValueRef alpha_h[MAXG];
     for (int j = 0; j < g; j++) {
         LLVMValueRef mlp = gepc(e, a[A_ML], (long)j * 8);
         LLVMValueRef m_old = load(e, e->f32, mlp, 4), l_old = load(e, e->f32, gepc(e, mlp, 4), 4);
@@ -414,22 +429,39 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMValueRef mn_v = splat(e, m_new);
         LLVMValueRef alpha_v = vexp(e, LLVMBuildFSub(b, splat(e, m_old), mn_v, ""));
         LLVMValueRef sum = NULL;
+        /* Only the blocks that hold tokens (a tile cut by a 32-token K page fills half of 64 lanes): block bl > 0
+         * runs when bl W < n. */
         for (int bl = 0; bl < N / W; bl++) {
+            LLVMBasicBlockRef before = LLVMGetInsertBlock(b), doit = NULL, after = NULL;
+            if (bl > 0) {
+                doit = LLVMAppendBasicBlockInContext(e->c, e->fn, "sblk");
+                after = LLVMAppendBasicBlockInContext(e->c, e->fn, "snext");
+                LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, ci32(e, (long)bl * W), n, ""), doit, after);
+                LLVMPositionBuilderAtEnd(b, doit);
+            }
             LLVMValueRef pp = gepc(e, a[A_P], ((long)j * N + (long)bl * W) * 4);
             LLVMValueRef x = load(e, e->vf, pp, 4);
             LLVMValueRef valid = LLVMBuildICmp(b, LLVMIntSLT, LLVMBuildAdd(b, iota_v, vic(e, (long)bl * W), ""), n_v, "");
             LLVMValueRef pv = LLVMBuildSelect(b, valid, vexp(e, LLVMBuildFSub(b, x, mn_v, "")), vfc(e, 0.0), "");
             store(e, pv, pp, 4);
-            sum = sum ? fm(LLVMBuildFAdd(b, sum, pv, "")) : pv;
+            LLVMValueRef sum1 = sum ? fm(LLVMBuildFAdd(b, sum, pv, "")) : pv;
+            if (bl > 0) {
+                LLVMBasicBlockRef done = LLVMGetInsertBlock(b);
+                LLVMBuildBr(b, after);
+                LLVMPositionBuilderAtEnd(b, after);
+                LLVMValueRef ph = LLVMBuildPhi(b, e->vf, "");
+                LLVMValueRef ins[2] = {sum, sum1};
+                LLVMBasicBlockRef from[2] = {before, done};
+                LLVMAddIncoming(ph, ins, from, 2);
+                sum1 = ph;
+            }
+            sum = sum1;
         }
         LLVMValueRef alpha = LLVMBuildExtractElement(b, alpha_v, ci32(e, 0), "");
         LLVMValueRef l_new = fm(LLVMBuildFAdd(b, LLVMBuildFMul(b, l_old, alpha, ""), hsum(e, sum), ""));
         store(e, m_new, mlp, 4);
         store(e, l_new, gepc(e, mlp, 4), 4);
-        for (int bl = 0; bl < NB; bl++) {
-            LLVMValueRef ap = gepc(e, a[A_ACC], ((long)j * D + (long)bl * W) * 4);
-            store(e, LLVMBuildFMul(b, load(e, e->vf, ap, 4), alpha_v, ""), ap, 4);
-        }
+        alpha_h[j] = alpha_v; /* acc's rescale happens where the V phase loads it */
     }
 
     /* V phase: per group of blocks of W channels, a token loop with the group's g x nb accumulators in registers
@@ -454,19 +486,36 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMValueRef zacc[8 * 16], zacc1[8 * 16]; /* [j][group] sum_t p_t z_t (vfold) */
         for (int j = 0; j < g; j++)
             for (int i = 0; i < m; i++)
-                acc0[j * m + i] = load(e, e->vf, gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4);
+                acc0[j * m + i] = LLVMBuildFMul(
+                    b, load(e, e->vf, gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4), alpha_h[j], "");
         LLVMBuildBr(b, vloop);
         LLVMPositionBuilderAtEnd(b, vloop);
         LLVMValueRef tv = LLVMBuildPhi(b, e->i32, "t");
         for (int x = 0; x < g * m; x++) acc[x] = LLVMBuildPhi(b, e->vf, "");
-        for (int x = 0; x < g * mg; x++) zacc[x] = LLVMBuildPhi(b, e->f32, "");
+        /* More than one group per block range: the token's mg scales and zeros as one vector each (a load and a
+         * conversion instead of mg scalar ones), sum_t p_t z_t as one vector accumulator (g == 1 here). */
+        int gvec = vfold && mg > 1;
+        LLVMTypeRef gty = LLVMVectorType(e->f32, (unsigned)(mg > 1 ? mg : 1));
+        LLVMValueRef zaccv = NULL, zaccv1 = NULL;
+        if (gvec) zaccv = LLVMBuildPhi(b, gty, "");
+        else
+            for (int x = 0; x < g * mg; x++) zacc[x] = LLVMBuildPhi(b, e->f32, "");
         LLVMValueRef tv64 = LLVMBuildZExt(b, tv, e->i64, "");
         LLVMValueRef pw[MAXG], ps[8 * 16];
         for (int j = 0; j < g; j++) {
             LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, tv64, ci64(e, (long)j * N), ""), ci64(e, 4), "");
             LLVMValueRef pj = load(e, e->f32, gep(e, a[A_P], off), 4);
             pw[j] = splat(e, pj);
-            for (int q = 0; q < mg; q++) {
+            if (gvec) {
+                LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, tv64, ci64(e, ngr), ""), ci64(e, g0), "");
+                LLVMValueRef sv = param_group_vec(e, a[A_VS], idx, mg, vf->scale_bytes);
+                LLVMValueRef zv = param_group_vec(e, a[A_VZ], idx, mg, vf->zero_bytes);
+                LLVMValueRef pg = splat_n(e, pj, mg);
+                LLVMValueRef psv = LLVMBuildFMul(b, pg, sv, "");
+                zaccv1 = fma_sum(e, zaccv, pg, zv);
+                for (int q = 0; q < mg; q++) ps[q] = splat(e, LLVMBuildExtractElement(b, psv, ci32(e, q), ""));
+            }
+            for (int q = 0; q < mg && !gvec; q++) {
                 LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, tv64, ci64(e, ngr), ""), ci64(e, g0 + q), "");
                 LLVMValueRef sc = param_scalar(e, a[A_VS], idx, vf->scale_bytes);
                 LLVMValueRef zp = param_scalar(e, a[A_VZ], idx, vf->zero_bytes);
@@ -494,11 +543,19 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
             LLVMAddIncoming(acc[x], &acc0[x], &pre, 1);
             LLVMAddIncoming(acc[x], &acc1[x], &vloop, 1);
         }
-        for (int x = 0; x < g * mg; x++) {
-            LLVMAddIncoming(zacc[x], &fzero, &pre, 1);
-            LLVMAddIncoming(zacc[x], &zacc1[x], &vloop, 1);
+        if (gvec) {
+            LLVMValueRef vzero = LLVMConstNull(gty);
+            LLVMAddIncoming(zaccv, &vzero, &pre, 1);
+            LLVMAddIncoming(zaccv, &zaccv1, &vloop, 1);
+        } else {
+            for (int x = 0; x < g * mg; x++) {
+                LLVMAddIncoming(zacc[x], &fzero, &pre, 1);
+                LLVMAddIncoming(zacc[x], &zacc1[x], &vloop, 1);
+            }
         }
         LLVMPositionBuilderAtEnd(b, vend);
+        if (gvec)
+            for (int q = 0; q < mg; q++) zacc1[q] = LLVMBuildExtractElement(b, zaccv1, ci32(e, q), "");
         for (int j = 0; j < g; j++)
             for (int i = 0; i < m; i++) {
                 LLVMValueRef v = acc1[j * m + i];

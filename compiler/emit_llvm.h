@@ -19,7 +19,7 @@
 #include "layout.h"
 
 /* The code generator's version: part of the JIT cache key (bump when the IR changes meaning). */
-#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-3"
+#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-6"
 
 /* Tokens per tile: a multiple of every vector width the emitter uses (4, 8, 16). */
 #define EMIT_LLVM_TILE 64

@@ -53,7 +53,12 @@ typedef struct {
     const uint16_t *vrows; /* pools: the V rows */
     const int *pos;        /* positions of the span's slots */
     int n, src;            /* slots; source index in the class */
-    int slot0;             /* first slot inside the page */
+    int first;             /* pos[0]: the V search reads the spans, not the pages' position arrays */
+    /* Pages, for this kv head, resolved once per step so that the tile loop never reads the page's header:
+     * slot 0's codes and parameters, the channel factors, the mask row; bytes per slot (codes, scale, zero: 0 for
+     * a per-channel section) and the per-channel sections' bytes (prefetch). */
+    const uint8_t *x, *sc, *z, *f, *mask;
+    size_t xb, sb, zb, sfix, zfix, fb;
 } cpu_span;
 
 /* Per (sequence, kv head) of a decode step. */

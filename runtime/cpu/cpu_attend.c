@@ -87,6 +87,7 @@ static void add_win(cpu_span *list, int *n, const ref_win *w, int h)
     s->rows = w->data + (size_t)h * (size_t)w->cap * (size_t)w->D;
     s->pos = w->pos;
     s->n = w->count;
+    s->first = s->pos[0];
 }
 
 static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu_class *cls, int which)
@@ -97,6 +98,7 @@ static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu
     int cap = pg->fmt.capacity;
     s->pos = pg->pos + (size_t)h * (size_t)cap;
     s->n = pg->count;
+    s->first = s->pos[0];
     if (kvq_bits_is_fp16(pg->fmt.bits)) {
         /* fp16 pages are fp16 rows: the same kernels as windows. */
         s->rows = (const uint16_t *)(pg->mem + pg->lay.codes) + (size_t)h * (size_t)cap * (size_t)pg->fmt.head_dim;
@@ -104,6 +106,32 @@ static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu
     }
     s->pg = pg;
     s->src = cpu_class_source(cls, which, &pg->fmt);
+    const kvq_page_format *fm = &pg->fmt;
+    const kvq_page_layout *lay = &pg->lay;
+    size_t hh = (size_t)h, D = (size_t)fm->head_dim, c = (size_t)cap, p0, step;
+    s->xb = lay->code_bytes_per_token;
+    s->x = pg->mem + lay->codes + hh * c * s->xb;
+    if (fm->gran == KVQ_GRAN_CHANNEL) {
+        p0 = hh * D;
+        step = 0;
+        s->sfix = D * (size_t)fm->scale_bytes;
+        s->zfix = D * (size_t)fm->zero_bytes;
+    } else if (fm->hidden) {
+        p0 = 0;
+        step = 1;
+    } else {
+        p0 = hh * c * (size_t)lay->n_groups;
+        step = (size_t)lay->n_groups;
+    }
+    s->sc = pg->mem + lay->scale + p0 * (size_t)fm->scale_bytes;
+    s->z = pg->mem + lay->zero + p0 * (size_t)fm->zero_bytes;
+    s->sb = step * (size_t)fm->scale_bytes;
+    s->zb = step * (size_t)fm->zero_bytes;
+    if (fm->channel_separable) {
+        s->f = pg->mem + lay->factor + hh * D * (size_t)fm->scale_bytes;
+        s->fb = D * (size_t)fm->scale_bytes;
+    }
+    if (fm->masked) s->mask = pg->mem + lay->mask + hh * ((c + 7) / 8);
     return s->src > 0;
 }
 
@@ -112,7 +140,7 @@ static void sort_by_first(cpu_span *v, int n)
     for (int i = 1; i < n; i++) {
         cpu_span x = v[i];
         int j = i - 1;
-        while (j >= 0 && v[j].pos[0] > x.pos[0]) {
+        while (j >= 0 && v[j].first > x.first) {
             v[j + 1] = v[j];
             j--;
         }
@@ -127,10 +155,17 @@ void cpu_item_spans(cpu_item *it, int h)
     int ok = 1, len = L->length;
     hd->nk = hd->nv = hd->npool = 0;
     add_win(hd->ks, &hd->nk, &L->sink[0], h);
-    for (int j = 0; j < L->pages[0].n; j++) ok &= add_page(hd->ks, &hd->nk, L->pages[0].v[j], h, it->cls, 0);
+    /* The page headers are separate allocations, thousands at long contexts: request a few ahead. */
+    for (int j = 0; j < L->pages[0].n; j++) {
+        if (j + 4 < L->pages[0].n) __builtin_prefetch(L->pages[0].v[j + 4], 0, 3);
+        ok &= add_page(hd->ks, &hd->nk, L->pages[0].v[j], h, it->cls, 0);
+    }
     add_win(hd->ks, &hd->nk, &L->win[0], h);
     add_win(hd->vs, &hd->nv, &L->sink[1], h);
-    for (int j = 0; j < L->pages[1].n; j++) ok &= add_page(hd->vs, &hd->nv, L->pages[1].v[j], h, it->cls, 1);
+    for (int j = 0; j < L->pages[1].n; j++) {
+        if (j + 4 < L->pages[1].n) __builtin_prefetch(L->pages[1].v[j + 4], 0, 3);
+        ok &= add_page(hd->vs, &hd->nv, L->pages[1].v[j], h, it->cls, 1);
+    }
     add_win(hd->vs, &hd->nv, &L->win[1], h);
     sort_by_first(hd->vs, hd->nv);
     const ref_pool *pools[2] = {&L->pool, &L->spill};
@@ -143,6 +178,7 @@ void cpu_item_spans(cpu_item *it, int h)
         s->vrows = P->v + (size_t)h * (size_t)P->cap * (size_t)P->D;
         s->pos = P->pos + (size_t)h * (size_t)P->cap;
         s->n = P->count[h];
+        s->first = s->pos[0];
     }
     int nk = 0, nv = 0;
     for (int i = 0; i < hd->nk; i++) nk += hd->ks[i].n;
@@ -167,18 +203,28 @@ void cpu_item_spans(cpu_item *it, int h)
     hd->broken = !ok;
 }
 
-/* The V span and slot of position p: the map, or a binary search over the spans (consecutive positions). */
-static int find_v(const cpu_head *hd, int p, int len, int *slot)
+/* The V span and slot of position p: the map, or a search over the spans (consecutive positions): first the
+ * span `hint` (the previous tile's) and the one after it, as K and V storage mostly ascend together, then a
+ * binary search. */
+static int find_v(const cpu_head *hd, int p, int len, int hint, int *slot)
 {
     if (hd->vmap) {
         if (p < 0 || p >= len || hd->vmap[p] < 0) return -1;
         *slot = hd->vmap[len + p];
         return hd->vmap[p];
     }
+    for (int c = hint; c >= 0 && c < hd->nv && c <= hint + 1; c++) {
+        const cpu_span *s = &hd->vs[c];
+        int off = p - s->first;
+        if (off >= 0 && off < s->n && s->pos[off] == p) {
+            *slot = off;
+            return c;
+        }
+    }
     int lo = 0, hi = hd->nv - 1, at = -1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
-        if (hd->vs[mid].pos[0] <= p) {
+        if (hd->vs[mid].first <= p) {
             at = mid;
             lo = mid + 1;
         } else {
@@ -187,7 +233,7 @@ static int find_v(const cpu_head *hd, int p, int len, int *slot)
     }
     if (at >= 0) {
         const cpu_span *s = &hd->vs[at];
-        int off = p - s->pos[0];
+        int off = p - s->first;
         if (off < s->n && s->pos[off] == p) {
             *slot = off;
             return at;
@@ -212,33 +258,122 @@ static int find_v(const cpu_head *hd, int p, int len, int *slot)
 
 /* ------------------------------------------------------------------------------------------------ tiles -- */
 
-/* The kernel arguments of slot `slot` of span s for kv head h: rows, codes, parameters, mask (emit_llvm.h). */
-static void source_args(const cpu_span *s, int h, int slot, int D, const uint8_t **x, const uint8_t **sc,
+/* The kernel arguments of slot `slot` of span s: rows, codes, parameters, mask (emit_llvm.h; the span holds
+ * this kv head's bases, add_page). */
+static void source_args(const cpu_span *s, int slot, int D, const uint8_t **x, const uint8_t **sc,
                         const uint8_t **z, const uint8_t **f, const uint8_t **mask, int32_t *mbit)
 {
     if (!s->pg) {
         *x = (const uint8_t *)(s->rows + (size_t)slot * (size_t)D);
         return;
     }
-    const ref_page *pg = s->pg;
-    const kvq_page_format *fm = &pg->fmt;
-    const kvq_page_layout *lay = &pg->lay;
-    size_t cap = (size_t)fm->capacity, sl = (size_t)(s->slot0 + slot), hh = (size_t)h;
-    *x = pg->mem + lay->codes + (hh * cap + sl) * lay->code_bytes_per_token;
-    size_t pidx;
-    if (fm->gran == KVQ_GRAN_CHANNEL)
-        pidx = hh * (size_t)D;
-    else if (fm->hidden)
-        pidx = sl;
-    else
-        pidx = (hh * cap + sl) * (size_t)lay->n_groups;
-    *sc = pg->mem + lay->scale + pidx * (size_t)fm->scale_bytes;
-    *z = pg->mem + lay->zero + pidx * (size_t)fm->zero_bytes;
-    if (fm->channel_separable) *f = pg->mem + lay->factor + hh * (size_t)D * (size_t)fm->scale_bytes;
-    if (fm->masked) {
-        *mask = pg->mem + lay->mask + hh * ((cap + 7) / 8);
-        *mbit = (int32_t)sl;
+    size_t sl = (size_t)slot;
+    *x = s->x + sl * s->xb;
+    *sc = s->sc + sl * s->sb;
+    *z = s->z + sl * s->zb;
+    *f = s->f;
+    if (s->mask) {
+        *mask = s->mask;
+        *mbit = (int32_t)slot;
     }
+}
+
+/* Prefetches [p, p + n) into the cache (DRAM latency: a tile's codes are a few short runs in separate pages,
+ * too short for the hardware prefetcher to ramp up, so the next tiles' runs are requested while this one runs).
+ * A macro, not a function: GCC 12 finds a void function whose only effect is __builtin_prefetch "const" and
+ * deletes its calls. */
+#define PREFETCH_BYTES(p, n)                                                                                    \
+    do {                                                                                                        \
+        const uint8_t *pf_p = (p);                                                                              \
+        size_t pf_n = (n);                                                                                      \
+        if (pf_p && pf_n) {                                                                                     \
+            for (size_t pf_o = 0; pf_o < pf_n; pf_o += 64) __builtin_prefetch(pf_p + pf_o, 0, 3);              \
+            __builtin_prefetch(pf_p + pf_n - 1, 0, 3);                                                          \
+        }                                                                                                       \
+    } while (0)
+
+/* The bytes a tile of n slots reads from span s, given its source_args pointers; quantized pages only: fp16
+ * rows are long contiguous runs that the hardware prefetcher follows (prefetching 2 x 64 rows of 2 x 256 bytes
+ * ahead overflowed the L1 and cost fp16 ~25 %). */
+#define PREFETCH_SOURCE(s, n, x, sc, z, f)                                                                   \
+    do {                                                                                                        \
+        size_t pf_nn = (size_t)(n);                                                                             \
+        if ((s)->pg) {                                                                                          \
+            PREFETCH_BYTES(x, pf_nn * (s)->xb);                                                                 \
+            PREFETCH_BYTES(sc, (s)->sb ? pf_nn * (s)->sb : (s)->sfix);                                          \
+            PREFETCH_BYTES(z, (s)->zb ? pf_nn * (s)->zb : (s)->zfix);                                           \
+            PREFETCH_BYTES(f, (s)->fb);                                                                         \
+        }                                                                                                       \
+    } while (0)
+
+/* One tile ready to run: its kernel and arguments, and its spans for the prefetch. */
+typedef struct {
+    emit_llvm_tile_fn fn;
+    emit_llvm_tile_args a;
+} tile_job;
+
+/* Walks the K slots [lo, hi) of a kv head's spans as tiles. */
+typedef struct {
+    const cpu_head *hd;
+    int si, i, end, len, D;
+    int vhint; /* the previous tile's V span */
+    long base, lo, hi;
+} tile_iter;
+
+static void iter_seek(tile_iter *t)
+{
+    while (t->si < t->hd->nk && t->base < t->hi) {
+        const cpu_span *ks = &t->hd->ks[t->si];
+        if (t->base + ks->n > t->lo) {
+            if (t->end < 0) {
+                t->i = (int)(t->lo > t->base ? t->lo - t->base : 0);
+                t->end = (int)(t->hi - t->base < ks->n ? t->hi - t->base : ks->n);
+            }
+            if (t->i < t->end) return;
+        }
+        t->base += ks->n;
+        t->si++;
+        t->end = -1;
+    }
+    t->si = t->hd->nk;
+}
+
+/* The next tile into *j (its fixed arguments already set), its bytes requested; 0 when done, -1 if a K slot has
+ * no V slot. */
+static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j)
+{
+    iter_seek(t);
+    if (t->si >= t->hd->nk) return 0;
+    const cpu_head *hd = t->hd;
+    const cpu_span *ks = &hd->ks[t->si];
+    int i = t->i, end = t->end;
+    int p = ks->pos[i], off = 0, vi = find_v(hd, p, t->len, t->vhint, &off);
+    if (vi < 0) return -1;
+    t->vhint = vi;
+    const cpu_span *vs = &hd->vs[vi];
+    int n = end - i;
+    if (n > TILE) n = TILE;
+    if (n > vs->n - off) n = vs->n - off;
+    /* Both spans ascend strictly: equal ends at distance n - 1 mean the same consecutive tokens. */
+    if (ks->pos[i + n - 1] != p + n - 1 || vs->pos[off + n - 1] != p + n - 1) {
+        int m = 1;
+        while (m < n && ks->pos[i + m] == vs->pos[off + m]) m++;
+        n = m;
+    }
+    emit_llvm_tile_args *a = &j->a;
+    a->n = n;
+    a->ks = a->kz = a->kf = a->kmask = NULL;
+    a->vs = a->vz = a->vf = NULL;
+    a->kmbit = 0;
+    const uint8_t *unused_mask = NULL;
+    int32_t unused_bit = 0;
+    source_args(ks, i, t->D, &a->k, &a->ks, &a->kz, &a->kf, &a->kmask, &a->kmbit);
+    source_args(vs, off, t->D, &a->v, &a->vs, &a->vz, &a->vf, &unused_mask, &unused_bit);
+    PREFETCH_SOURCE(ks, n, a->k, a->ks, a->kz, a->kf);
+    PREFETCH_SOURCE(vs, n, a->v, a->vs, a->vz, a->vf);
+    j->fn = cls->fn[ks->src][vs->src];
+    t->i = i + n;
+    return 1;
 }
 
 void cpu_item_tiles(cpu_item *it, int h, int chunk)
@@ -269,39 +404,21 @@ void cpu_item_tiles(cpu_item *it, int h, int chunk)
                 it->cls->fn[0][0](&a);
             }
         }
-    long lo = (long)hd->total * chunk / C, hi = (long)hd->total * (chunk + 1) / C, base = 0;
-    for (int si = 0; si < hd->nk && base < hi; base += hd->ks[si].n, si++) {
-        const cpu_span *ks = &hd->ks[si];
-        if (base + ks->n <= lo) continue;
-        int i = (int)(lo > base ? lo - base : 0), end = (int)(hi - base < ks->n ? hi - base : ks->n);
-        while (i < end) {
-            int p = ks->pos[i], off = 0, vi = find_v(hd, p, len, &off);
-            if (vi < 0) {
-                atomic_store(&it->bad, 1);
-                return;
-            }
-            const cpu_span *vs = &hd->vs[vi];
-            int n = end - i;
-            if (n > TILE) n = TILE;
-            if (n > vs->n - off) n = vs->n - off;
-            /* Both spans ascend strictly: equal ends at distance n - 1 mean the same consecutive tokens. */
-            if (ks->pos[i + n - 1] != p + n - 1 || vs->pos[off + n - 1] != p + n - 1) {
-                int m = 1;
-                while (m < n && ks->pos[i + m] == vs->pos[off + m]) m++;
-                n = m;
-            }
-            a.n = n;
-            a.ks = a.kz = a.kf = a.kmask = NULL;
-            a.vs = a.vz = a.vf = NULL;
-            a.kmbit = 0;
-            const uint8_t *unused_mask = NULL;
-            int32_t unused_bit = 0;
-            source_args(ks, h, i, D, &a.k, &a.ks, &a.kz, &a.kf, &a.kmask, &a.kmbit);
-            source_args(vs, h, off, D, &a.v, &a.vs, &a.vz, &a.vf, &unused_mask, &unused_bit);
-            it->cls->fn[ks->src][vs->src](&a);
-            i += n;
-        }
+    tile_iter t = {hd, 0, 0, -1, len, D, 0, 0, (long)hd->total * chunk / C, (long)hd->total * (chunk + 1) / C};
+    /* Tiles run PF behind the iterator: the bytes of the tiles PF - 1 and PF ahead are requested while this one
+     * runs (a DRAM access plus, pages being separate allocations, a page walk). */
+    enum { PF = 2 };
+    tile_job job[PF + 1];
+    int r = 1, have = 0, head = 0;
+    for (int k = 0; k <= PF; k++) job[k].a = a;
+    while (have < PF && (r = iter_next(&t, it->cls, &job[(head + have) % (PF + 1)])) > 0) have++;
+    while (have > 0) {
+        if (r > 0 && (r = iter_next(&t, it->cls, &job[(head + have) % (PF + 1)])) > 0) have++;
+        job[head].fn(&job[head].a);
+        head = (head + 1) % (PF + 1);
+        have--;
     }
+    if (r < 0) atomic_store(&it->bad, 1);
 }
 
 void cpu_item_merge(cpu_item *it, int h)
