@@ -16,67 +16,20 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "tool_run.h"
 #include "kvq.h"
 
 static char tool[PATH_MAX + 8], dir[] = "/tmp/kvq_test_bench_XXXXXX";
 
-typedef struct {
-    int status; /* exit status, or -signal when killed */
-    char *out, *err;
-} run_result;
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    size_t cap = 1 << 16, n = 0;
-    char *buf = calloc(1, cap);
-    if (f && buf) {
-        n = fread(buf, 1, cap - 1, f);
-        buf[n] = '\0';
-    }
-    if (f) fclose(f);
-    return buf;
-}
-
+typedef th_run_result run_result;
 /* Runs the tool with args (NULL-terminated) from the source directory, capturing stdout and stderr. */
 static run_result run(const char *const *args)
 {
-    char outp[PATH_MAX], errp[PATH_MAX];
-    snprintf(outp, sizeof outp, "%s/stdout", dir);
-    snprintf(errp, sizeof errp, "%s/stderr", dir);
-    const char *argv[64];
-    int n = 0;
-    argv[n++] = tool;
-    for (int i = 0; args[i] && n < 63; i++) argv[n++] = args[i];
-    argv[n] = NULL;
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644), e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0 || chdir(th_srcdir()) != 0) _exit(127);
-        execv(tool, (char *const *)argv);
-        _exit(127);
-    }
-    run_result r = {-1000, NULL, NULL};
-    int st;
-    if (pid > 0 && waitpid(pid, &st, 0) == pid) r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-    r.out = slurp(outp);
-    r.err = slurp(errp);
-    return r;
+    return th_run(tool, dir, args, 0);
 }
+static void run_free(run_result *r) { th_run_free(r); }
 
-static void run_free(run_result *r)
-{
-    free(r->out);
-    free(r->err);
-}
-
-static void check_clean(const run_result *r)
-{
-    TH_CHECK(r->status >= 0 && r->status <= 2, "exit status %d (a crash, a leak or a sanitizer report); stderr:\n%s",
-             r->status, r->err);
-    TH_CHECK(!strstr(r->err, "Sanitizer") && !strstr(r->err, "runtime error"), "sanitizer report:\n%s", r->err);
-}
+static void check_clean(const run_result *r) { th_run_check_clean(r); }
 
 /* The number after "key": in the JSON object that starts at obj (up to its closing brace); NAN when missing. */
 static double field(const char *obj, const char *key)

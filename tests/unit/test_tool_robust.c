@@ -22,76 +22,18 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "tool_run.h"
 #include "npy.h"
 
 static char kvq_bin[PATH_MAX + 8], kvqc_bin[PATH_MAX + 8], dir[] = "/tmp/kvq_test_robust_XXXXXX";
 
-typedef struct {
-    int status; /* exit status, or -signal when killed */
-    char *out, *err;
-    double seconds;
-    long max_rss_kb; /* the child's peak resident memory */
-} run_result;
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    size_t cap = 1 << 16, n = 0;
-    char *buf = calloc(1, cap);
-    if (f && buf) {
-        n = fread(buf, 1, cap - 1, f);
-        buf[n] = '\0';
-    }
-    if (f) fclose(f);
-    return buf;
-}
-
-static double now(void)
-{
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    return (double)tv.tv_sec + tv.tv_usec * 1e-6;
-}
-
-/* Runs tool with args (NULL-terminated) from the source directory, capturing stdout and stderr. */
+typedef th_run_result run_result;
+/* Runs tool with args from the source directory; a tool that blocks is killed after 60 s (the case fails). */
 static run_result run(const char *tool, const char *const *args)
 {
-    char outp[PATH_MAX], errp[PATH_MAX];
-    snprintf(outp, sizeof outp, "%s/stdout", dir);
-    snprintf(errp, sizeof errp, "%s/stderr", dir);
-    const char *argv[64];
-    int n = 0;
-    argv[n++] = tool;
-    for (int i = 0; args[i] && n < 63; i++) argv[n++] = args[i];
-    argv[n] = NULL;
-    fflush(stdout);
-    double t0 = now();
-    pid_t pid = fork();
-    if (pid == 0) {
-        int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644), e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0 || chdir(th_srcdir()) != 0) _exit(127);
-        alarm(60); /* a tool that blocks is killed by SIGALRM: the case fails instead of hanging */
-        execv(tool, (char *const *)argv);
-        _exit(127);
-    }
-    run_result r = {-1000, NULL, NULL, 0, 0};
-    int st;
-    struct rusage ru;
-    if (pid > 0 && wait4(pid, &st, 0, &ru) == pid) {
-        r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-        r.max_rss_kb = ru.ru_maxrss;
-    }
-    r.seconds = now() - t0;
-    r.out = slurp(outp);
-    r.err = slurp(errp);
-    return r;
+    return th_run(tool, dir, args, 60);
 }
-
-static void run_free(run_result *r)
-{
-    free(r->out);
-    free(r->err);
-}
+static void run_free(run_result *r) { th_run_free(r); }
 
 /* A failing run: status 1 or 2, no sanitizer report, every needle in stderr. */
 static void check_fails(const run_result *r, const char *const *needles)
