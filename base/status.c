@@ -1,4 +1,7 @@
-#include "kvq.h"
+#include "status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
 
 const char *kvq_status_str(kvq_status s)
 {
@@ -16,4 +19,15 @@ const char *kvq_status_str(kvq_status s)
     case KVQ_ERR_INTERNAL: return "internal error";
     }
     return "unknown status";
+}
+
+kvq_status kvq_status_msg(char *buf, size_t size, kvq_status st, const char *fmt, ...)
+{
+    if (buf && size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, size, fmt, ap);
+        va_end(ap);
+    }
+    return st;
 }

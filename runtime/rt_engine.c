@@ -11,6 +11,7 @@
 #include "layout.h"
 #include "policy.h"
 #include "rt_internal.h"
+#include "status.h"
 
 /* ---- backend registry: a backend built into libkvq adds one line here ---- */
 typedef struct {
@@ -82,51 +83,38 @@ void kvq_engine_config_init(kvq_engine_config *cfg)
     cfg->dtype = KVQ_F16;
 }
 
-static kvq_status create_error(char *errbuf, size_t size, kvq_status st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static kvq_status create_error(char *errbuf, size_t size, kvq_status st, const char *fmt, ...)
-{
-    if (errbuf && size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(errbuf, size, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
-
 kvq_status kvq_engine_create(const kvq_scheme *scheme, const kvq_engine_config *cfg, kvq_engine **out, char *errbuf,
                              size_t errbuf_size)
 {
     if (errbuf && errbuf_size) errbuf[0] = '\0';
-    if (!out) return create_error(errbuf, errbuf_size, KVQ_ERR_INVALID, "out is NULL");
+    if (!out) return kvq_status_msg(errbuf, errbuf_size, KVQ_ERR_INVALID, "out is NULL");
     *out = NULL;
     if (!scheme || !cfg)
-        return create_error(errbuf, errbuf_size, KVQ_ERR_INVALID, "%s is NULL", scheme ? "cfg" : "scheme");
+        return kvq_status_msg(errbuf, errbuf_size, KVQ_ERR_INVALID, "%s is NULL", scheme ? "cfg" : "scheme");
     const kvq_dims *d = &cfg->dims;
     /* The one check of a scheme against dims that kvqc report and kvq eval make too (scheme_dims.c). */
     kvq_status st = kvq_scheme_check_dims(scheme, d, errbuf, errbuf_size);
     if (st != KVQ_OK) return st;
     if (cfg->dtype != KVQ_F32 && cfg->dtype != KVQ_F16 && cfg->dtype != KVQ_BF16)
-        return create_error(errbuf, errbuf_size, KVQ_ERR_INVALID, "unknown dtype %d", (int)cfg->dtype);
+        return kvq_status_msg(errbuf, errbuf_size, KVQ_ERR_INVALID, "unknown dtype %d", (int)cfg->dtype);
     if (!(cfg->softmax_scale >= 0.0f) || isinf(cfg->softmax_scale))
-        return create_error(errbuf, errbuf_size, KVQ_ERR_INVALID, "softmax_scale %g is not a finite value >= 0",
+        return kvq_status_msg(errbuf, errbuf_size, KVQ_ERR_INVALID, "softmax_scale %g is not a finite value >= 0",
                             (double)cfg->softmax_scale);
     if (cfg->threads < 0 || cfg->threads > 1024)
-        return create_error(errbuf, errbuf_size, KVQ_ERR_INVALID, "threads %d is not in 0..1024 (0 = every core)",
+        return kvq_status_msg(errbuf, errbuf_size, KVQ_ERR_INVALID, "threads %d is not in 0..1024 (0 = every core)",
                             cfg->threads);
 
     const kvq_backend *be = find_backend(cfg->backend);
     if (!be)
-        return create_error(errbuf, errbuf_size, KVQ_ERR_UNSUPPORTED,
+        return kvq_status_msg(errbuf, errbuf_size, KVQ_ERR_UNSUPPORTED,
                             "the %s backend is not built into this libkvq", kvq_backend_name(cfg->backend));
     char msg[RT_ERRMSG_MAX] = "";
     st = be->probe(msg, sizeof msg);
     if (st != KVQ_OK)
-        return create_error(errbuf, errbuf_size, st, "the %s backend cannot run here: %s", be->name, msg);
+        return kvq_status_msg(errbuf, errbuf_size, st, "the %s backend cannot run here: %s", be->name, msg);
 
     kvq_engine *e = kvq_calloc(1, sizeof *e);
-    if (!e) return create_error(errbuf, errbuf_size, KVQ_ERR_NOMEM, "out of memory");
+    if (!e) return kvq_status_msg(errbuf, errbuf_size, KVQ_ERR_NOMEM, "out of memory");
     size_t L = (size_t)d->layers;
     e->layer_sparse = kvq_calloc(L, 1);
     e->layer_auto = kvq_calloc(L, 1);
@@ -135,7 +123,7 @@ kvq_status kvq_engine_create(const kvq_scheme *scheme, const kvq_engine_config *
     e->layer_score = kvq_malloc(L * sizeof *e->layer_score);
     if (!e->layer_sparse || !e->layer_auto || !e->layer_decided || !e->layer_used || !e->layer_score) {
         kvq_engine_free(e);
-        return create_error(errbuf, errbuf_size, KVQ_ERR_NOMEM, "out of memory");
+        return kvq_status_msg(errbuf, errbuf_size, KVQ_ERR_NOMEM, "out of memory");
     }
     e->scheme = scheme;
     e->cfg = *cfg;
@@ -158,7 +146,7 @@ kvq_status kvq_engine_create(const kvq_scheme *scheme, const kvq_engine_config *
     if (st == KVQ_OK) st = be->prepare(&e->bee, &e->ctx, msg, sizeof msg);
     if (st != KVQ_OK) {
         if (st == KVQ_ERR_NOMEM && !msg[0]) snprintf(msg, sizeof msg, "out of memory");
-        create_error(errbuf, errbuf_size, st, "%s backend: %s", be->name, msg);
+        kvq_status_msg(errbuf, errbuf_size, st, "%s backend: %s", be->name, msg);
         kvq_engine_free(e);
         return st;
     }

@@ -33,6 +33,20 @@ static double now(void)
     return (double)tv.tv_sec + tv.tv_usec * 1e-6;
 }
 
+int th_tool_path(const char *name, char *out, size_t size)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return -1;
+    self[n] = '\0';
+    for (int i = 0; i < 2; i++) { /* .../BUILD/tests/test_x -> .../BUILD */
+        char *slash = strrchr(self, '/');
+        if (slash) *slash = '\0';
+    }
+    snprintf(out, size, "%s/%s", self, name);
+    return access(out, X_OK) == 0 ? 0 : -1;
+}
+
 th_run_result th_run(const char *tool, const char *scratch, const char *const *args, unsigned timeout_s)
 {
     char outp[PATH_MAX], errp[PATH_MAX];

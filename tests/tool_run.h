@@ -3,6 +3,8 @@
 #ifndef KVQ_TEST_TOOL_RUN_H
 #define KVQ_TEST_TOOL_RUN_H
 
+#include <stddef.h>
+
 typedef struct {
     int status;      /* exit status, or -signal when killed (-1000: it could not be started) */
     char *out, *err; /* what it printed (first 64 KiB of each) */
@@ -12,6 +14,9 @@ typedef struct {
 
 /* Runs `tool` with args (NULL-terminated) in th_srcdir(); `scratch` holds the captured output. A tool still
  * running after `timeout_s` seconds is killed by SIGALRM (the case fails instead of hanging); 0 = no limit. */
+/* The tool `name` built next to the running test (BUILD/tests/test_x -> BUILD/name) into out; 0 when it is an
+ * executable, -1 when not. */
+int th_tool_path(const char *name, char *out, size_t size);
 th_run_result th_run(const char *tool, const char *scratch, const char *const *args, unsigned timeout_s);
 void th_run_free(th_run_result *r);
 /* No sanitizer report, no crash: the tool ended by exit() with a status of its own (0, 1 or 2). */

@@ -20,17 +20,7 @@
 #include "harness.h"
 #include "npy.h"
 #include "kvq.h"
-
-static kvq_spec *spec_of(const char *text)
-{
-    kvq_spec *s = NULL;
-    if (kvq_spec_parse_string("<test>", text, strlen(text), &s) != KVQ_OK) {
-        TH_CHECK(0, "spec does not parse: %s", text);
-        kvq_spec_free(s);
-        return NULL;
-    }
-    return s;
-}
+#include "test_engine_util.h"
 
 static double seconds(void)
 {
@@ -45,7 +35,7 @@ static const char kivi[] = "scheme k { key { bits 2; per channel; group 32; } va
 static void test_engine_caps(void)
 {
     th_begin("bounds: kvq_engine_create refuses layers, heads, kv_heads beyond 4096 at once (issue 12 case 8)");
-    kvq_spec *sp = spec_of(kivi);
+    kvq_spec *sp = tu_spec_text(kivi);
     if (sp) {
         const kvq_scheme *sch = kvq_spec_scheme(sp, NULL);
         struct {
@@ -118,7 +108,7 @@ static void test_one_validation(void)
 static void test_account_bounds(void)
 {
     th_begin("bounds: kvq_scheme_account refuses sizes beyond 2^63 - 1 and zeroes *out (case 6)");
-    kvq_spec *sp = spec_of("scheme pt { key { bits 2; per token; group 32; } value { bits 2; per token; group 32; } "
+    kvq_spec *sp = tu_spec_text("scheme pt { key { bits 2; per token; group 32; } value { bits 2; per token; group 32; } "
                            "residual 0; }\n");
     if (sp) {
         const kvq_scheme *sch = kvq_spec_scheme(sp, NULL);
@@ -142,7 +132,7 @@ static void test_account_bounds(void)
     th_end();
 
     th_begin("bounds: kvq_scheme_account at group 1, 4096 layers, a million tokens in closed form (case 5)");
-    sp = spec_of("scheme g1 { key { bits 2; per channel; group 1; } value { bits 2; per token; group 32; } "
+    sp = tu_spec_text("scheme g1 { key { bits 2; per channel; group 1; } value { bits 2; per token; group 32; } "
                  "residual 0; }\n");
     if (sp) {
         const kvq_scheme *sch = kvq_spec_scheme(sp, NULL);
@@ -165,7 +155,7 @@ static void test_account_bounds(void)
 static void test_handle_messages(void)
 {
     th_begin("bounds: stats failures keep a message; write_layer_map without classify is KVQ_ERR_STATE (case 9)");
-    kvq_spec *sp = spec_of(kivi);
+    kvq_spec *sp = tu_spec_text(kivi);
     if (sp) {
         const kvq_scheme *sch = kvq_spec_scheme(sp, NULL);
         kvq_engine_config cfg;

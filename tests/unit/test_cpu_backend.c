@@ -135,11 +135,9 @@ static int compare_run(const char *name, const kvq_scheme *sch, const shape *s)
             for (int b = 0; b < B && ok; b++)
                 for (int h = 0; h < H && ok; h++) {
                     const float *r = outr + ((size_t)b * H + h) * D, *c = outc + ((size_t)b * H + h) * D;
-                    double mx = 0, d = tu_max_abs_diff(r, c, (size_t)D);
-                    for (int i = 0; i < D; i++) mx = fabs(r[i]) > mx ? fabs(r[i]) : mx;
-                    double rel = d / (mx > 1e-6 ? mx : 1e-6);
-                    if (rel > worst) worst = rel;
-                    CASE_CHECK(rel <= 1e-3, "step %d layer %d item %d head %d: relative error %.3g (|ref| %.3g)", step, l, b, h, rel, mx);
+                    double rel = tu_rel_err(c, r, (size_t)D, 1e-6);
+                    if (!(rel <= worst)) worst = rel;
+                    CASE_CHECK(rel <= 1e-3, "step %d layer %d item %d head %d: relative error %.3g", step, l, b, h, rel);
                 }
         }
     for (int l = 0; l < layers && ok; l++)

@@ -18,6 +18,7 @@
 #include "harness.h"
 #include "kvq.h"
 #include "synth.h"
+#include "test_engine_util.h"
 
 typedef struct {
     const char *file, *scheme;
@@ -108,14 +109,8 @@ static kvq_engine *make_engine(const kvq_scheme *s, kvq_backend_kind kind, int h
 static void compare_out(const float *a, const float *b, int heads, const char *what, int layer, int step)
 {
     for (int h = 0; h < heads; h++) {
-        double err = 0, mag = 0;
-        for (int i = 0; i < D; i++) {
-            double d = fabs((double)a[h * D + i] - b[h * D + i]);
-            if (!(d <= err)) err = d;
-            if (fabs(b[h * D + i]) > mag) mag = fabs(b[h * D + i]);
-        }
-        TH_CHECK(err <= 1e-3 * (mag > 1e-3 ? mag : 1e-3), "%s layer %d step %d head %d: error %.3g, magnitude %.3g",
-                 what, layer, step, h, err, mag);
+        double rel = tu_rel_err(a + (size_t)h * D, b + (size_t)h * D, (size_t)D, 1e-3);
+        TH_CHECK(rel <= 1e-3, "%s layer %d step %d head %d: error %.3g of the magnitude", what, layer, step, h, rel);
     }
 }
 

@@ -22,6 +22,7 @@
 #include "kvq_params.cuh"
 #include "plan.h"
 #include "scheme.h"
+#include "test_engine_util.h"
 
 /* ---- helpers: engines from inline specs, data, comparisons ---- */
 
@@ -53,14 +54,8 @@ static int close_out(const float *a, const float *b, int heads, int D, double *w
 {
     int ok = 1;
     for (int h = 0; h < heads; h++) {
-        double err = 0, mag = 0;
-        for (int i = 0; i < D; i++) {
-            double d = fabs((double)a[h * D + i] - b[h * D + i]);
-            if (!(d <= err)) err = d;
-            if (fabs(b[h * D + i]) > mag) mag = fabs(b[h * D + i]);
-        }
-        double rel = err / (mag > 1e-3 ? mag : 1e-3);
-        if (rel > *worst) *worst = rel;
+        double rel = tu_rel_err(a + (size_t)h * D, b + (size_t)h * D, (size_t)D, 1e-3);
+        if (!(rel <= *worst)) *worst = rel;
         ok &= rel <= 1e-3;
     }
     return ok;

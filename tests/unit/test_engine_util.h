@@ -110,6 +110,20 @@ static inline double tu_max_abs_diff(const float *a, const float *b, size_t n)
     return m;
 }
 
+/* How far `out` is from the reference `ref` (n values, one head's output): max |out - ref| over max |ref|, the
+ * magnitude floored at `floor` so a near-zero output is not judged relatively. Backends are checked against the
+ * reference with this at 1e-3 (NaN when a value is NaN). */
+static inline double tu_rel_err(const float *out, const float *ref, size_t n, double floor)
+{
+    double err = 0, mag = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)out[i] - ref[i]);
+        if (!(d <= err)) err = d; /* NaN propagates */
+        if (fabs(ref[i]) > mag) mag = fabs(ref[i]);
+    }
+    return err / (mag > floor ? mag : floor);
+}
+
 static inline void tu_to_f16(const float *x, size_t n, uint16_t *out)
 {
     for (size_t i = 0; i < n; i++) out[i] = kvq_f16_from_f32(x[i]);

@@ -468,18 +468,9 @@ static void remove_tree(const char *path)
 
 int main(void)
 {
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     th_begin("eval: the kvq tool is built next to the tests");
-    if (n > 0) {
-        self[n] = '\0';
-        for (int i = 0; i < 2; i++) {
-            char *slash = strrchr(self, '/');
-            if (slash) *slash = '\0';
-        }
-        snprintf(tool, sizeof tool, "%s/kvq", self);
-    }
-    TH_CHECK(n > 0 && access(tool, X_OK) == 0, "no executable %s (make builds it with the tests)", tool);
+    int found = th_tool_path("kvq", tool, sizeof tool);
+    TH_CHECK(found == 0, "no executable %s (make builds it with the tests)", tool);
     TH_CHECK(mkdtemp(dir) != NULL, "mkdtemp failed");
     int ready = th_end();
     if (!ready) return th_summary();

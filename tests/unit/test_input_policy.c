@@ -15,6 +15,7 @@
 #include "half.h"
 #include "harness.h"
 #include "kvq.h"
+#include "test_engine_util.h"
 
 enum { L = 2, H = 4, HKV = 2, D = 64, N = 40 };
 
@@ -40,17 +41,6 @@ static float uni(void)
 {
     rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
     return (float)((double)(rng >> 11) / 4503599627370496.0 - 1.0);
-}
-
-static kvq_spec *spec_of(const char *text)
-{
-    kvq_spec *s = NULL;
-    if (kvq_spec_parse_string("<test>", text, strlen(text), &s) != KVQ_OK) {
-        TH_CHECK(0, "spec does not parse: %s", text);
-        kvq_spec_free(s);
-        return NULL;
-    }
-    return s;
 }
 
 /* An engine on backend b, or NULL with *skip set when the backend cannot run here. */
@@ -125,7 +115,7 @@ static void prefill_refused(kvq_engine *e, kvq_dtype dt, int which, size_t at, f
 
 static void test_prefill_refusals(void)
 {
-    kvq_spec *sp = spec_of(kivi_text);
+    kvq_spec *sp = tu_spec_text(kivi_text);
     if (!sp) return;
     const kvq_scheme *sch = kvq_spec_scheme(sp, NULL);
     for (int bi = 0; bi < N_BACKENDS; bi++) {
@@ -175,7 +165,7 @@ static void test_prefill_refusals(void)
 /* A batch of two where only the second item is bad: refused whole, the first sequence unchanged too. */
 static void test_batch_all_or_nothing(void)
 {
-    kvq_spec *sp = spec_of(kivi_text);
+    kvq_spec *sp = tu_spec_text(kivi_text);
     if (!sp) return;
     const kvq_scheme *sch = kvq_spec_scheme(sp, NULL);
     for (int bi = 0; bi < N_BACKENDS; bi++) {
@@ -233,7 +223,7 @@ static void test_batch_all_or_nothing(void)
 
 static void test_calibration_refusal(void)
 {
-    kvq_spec *sp = spec_of(tailor_text);
+    kvq_spec *sp = tu_spec_text(tailor_text);
     if (!sp) return;
     const kvq_scheme *sch = kvq_spec_scheme(sp, NULL);
     th_begin("policy: calibration refuses NaN keys and infinite queries (reference)");
@@ -324,7 +314,7 @@ static void compare_backends(const kvq_scheme *sch, const char *what)
 
 static void test_one_bit_wide_groups(void)
 {
-    kvq_spec *sp = spec_of(one_bit_text);
+    kvq_spec *sp = tu_spec_text(one_bit_text);
     if (!sp) return;
     const kvq_scheme *sch = kvq_spec_scheme(sp, NULL);
     th_begin("policy: 1-bit fp16-scale groups wider than 65504 (uniform +-34000): finite, within (max - z) / 2, "
@@ -364,7 +354,7 @@ static void test_one_bit_wide_groups(void)
 
 static void test_large_logits(void)
 {
-    kvq_spec *sp = spec_of(kivi_text);
+    kvq_spec *sp = tu_spec_text(kivi_text);
     if (!sp) return;
     const kvq_scheme *sch = kvq_spec_scheme(sp, NULL);
     th_begin("policy: queries of 1e20 and keys near 65504 (logits ~1e26): finite outputs, backends agree");

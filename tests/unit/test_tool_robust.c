@@ -320,19 +320,10 @@ static void test_files(void)
 
 int main(void)
 {
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     th_begin("robust: the kvq and kvqc tools are built next to the tests");
-    if (n > 0) {
-        self[n] = '\0';
-        for (int i = 0; i < 2; i++) {
-            char *slash = strrchr(self, '/');
-            if (slash) *slash = '\0';
-        }
-        snprintf(kvq_bin, sizeof kvq_bin, "%s/kvq", self);
-        snprintf(kvqc_bin, sizeof kvqc_bin, "%s/kvqc", self);
-    }
-    TH_CHECK(n > 0 && access(kvq_bin, X_OK) == 0 && access(kvqc_bin, X_OK) == 0, "no executable %s / %s", kvq_bin,
+    int found = th_tool_path("kvq", kvq_bin, sizeof kvq_bin);
+    found |= th_tool_path("kvqc", kvqc_bin, sizeof kvqc_bin);
+    TH_CHECK(found == 0, "no executable %s / %s", kvq_bin,
              kvqc_bin);
     TH_CHECK(mkdtemp(dir) != NULL, "mkdtemp failed");
     if (!th_end()) return th_summary();

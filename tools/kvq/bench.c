@@ -72,20 +72,13 @@ typedef struct {
     uint64_t rng;
 } bench_data;
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static double start_time;
 
 /* Progress goes to stderr once a run has lasted a couple of seconds (short runs stay quiet), never with -q. */
 static void progress(const bench_args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void progress(const bench_args *a, const char *fmt, ...)
 {
-    if (a->quiet || now_s() - start_time < 2.0) return;
+    if (a->quiet || kvq_tool_now() - start_time < 2.0) return;
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "kvq bench: ");
@@ -362,7 +355,7 @@ static void run_one(const bench_args *a, bench_data *data, kvq_membw *mb, bench_
     if (kvq_engine_stats(e, &st) != KVQ_OK) goto engine_error;
     r->cache_bytes = st.device_bytes;
     progress(a, "%s, %d tokens: %d warm-up and %d timed decode steps", name, T, a->warmup, a->steps);
-    double bytes = 0, last = now_s();
+    double bytes = 0, last = kvq_tool_now();
     for (int s = 0; s < a->warmup + a->steps; s++) {
         if (s == a->warmup) {
             /* The bandwidth this row is compared with, measured now: on a shared machine it moves with what the
@@ -381,10 +374,10 @@ static void run_one(const bench_args *a, bench_data *data, kvq_membw *mb, bench_
                                        sv + set * step_kv + (size_t)b * HKV * D,
                                        sq + set * step_q + (size_t)b * H * D, out + (size_t)b * H * D};
         if (!a->warm) kvq_membw_evict(mb);
-        double t0 = now_s();
+        double t0 = kvq_tool_now();
         for (int l = 0; l < L; l++)
             if (kvq_decode(e, l, dit, B) != KVQ_OK) goto engine_error;
-        double t1 = now_s();
+        double t1 = kvq_tool_now();
         if (s < a->warmup) continue;
         ms[s - a->warmup] = 1e3 * (t1 - t0);
         /* What this step read: the cache as it attended, the new token appended (docs/bench.md). */
@@ -537,7 +530,7 @@ int kvq_bench_main(int argc, char **argv)
         usage();
         return r < 0 ? 2 : 0;
     }
-    start_time = now_s();
+    start_time = kvq_tool_now();
     kvq_spec *specs[MAX_FILES] = {0}, *builtin = NULL;
     static bench_scheme list[MAX_LIST][2 * MAX_SCHEMES]; /* per --heads value */
     int n_list[MAX_LIST] = {0};

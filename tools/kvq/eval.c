@@ -418,16 +418,9 @@ typedef struct {
     double start, last;
 } progress;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void progress_show(progress *p, const char *phase, int layer, int step, int steps)
 {
-    double t = now_s();
+    double t = kvq_tool_now();
     if (p->quiet || t - p->last < (p->tty ? 0.25 : 10.0)) return;
     p->last = t;
     p->shown = 1;
@@ -457,7 +450,7 @@ static int run_scheme(const eval_args *a, const eval_inputs *in, eval_result *r)
     kvq_engine *eng = NULL;
     kvq_seq *seq = NULL;
     int rc = -1;
-    double t0 = now_s();
+    double t0 = kvq_tool_now();
     progress pr = {kvq_scheme_name(r->scheme), a->quiet, isatty(2), 0, t0, t0};
     size_t esz = in->dtype == KVQ_F32 ? 4 : 2;
     size_t kvn = (size_t)HKV * T * D, qn = (size_t)H * T * D;
@@ -715,20 +708,6 @@ static int model_dims_match_inputs(const eval_result *res, int n, const eval_inp
 }
 
 /* --plot: the results as JSON beside the picture, drawn by python/kvq/plot.py (matplotlib). */
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            fprintf(f, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            fprintf(f, "\\u%04x", (unsigned char)*s);
-        else
-            fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
 /* A relative error as JSON: null when it was not measured (rel_of), never a made-up number. */
 static void json_rel(FILE *f, double num, double den)
 {
@@ -753,9 +732,9 @@ static int plot_results(const eval_args *a, const eval_inputs *in, const eval_re
         if (!res[i].ok) continue;
         fprintf(f, "%s\n  {\"name\": ", first ? "" : ",");
         first = 0;
-        json_str(f, kvq_scheme_name(res[i].scheme));
+        kvq_tool_json_string(f, kvq_scheme_name(res[i].scheme));
         fprintf(f, ", \"file\": ");
-        json_str(f, res[i].file);
+        kvq_tool_json_string(f, res[i].file);
         fprintf(f, ", \"attn_rel_err\": ");
         json_rel(f, res[i].attn_num, res[i].attn_den);
         fprintf(f, ", \"key_rel_err\": ");

@@ -26,7 +26,8 @@ int kvq_tool_int_list(const char *cmd, const char *opt, const char *s, int lo, i
 /* s as a JSON string literal, quotes included. */
 void kvq_tool_json_string(FILE *f, const char *s);
 
-/* ---- membw.c: the machine and its read bandwidth (docs/bench.md) ---- */
+/* ---- membw.c: the machine, its read bandwidth (docs/bench.md) and the clock every timing reads ---- */
+double kvq_tool_now(void); /* monotonic seconds */
 typedef struct {
     char model[128];     /* /proc/cpuinfo's model name, or "unknown CPU" */
     int cpus, usable;    /* online CPUs; those this process may run on */

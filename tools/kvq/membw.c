@@ -123,7 +123,7 @@ static uint64_t sum_bytes(const void *p, size_t n)
     return a0[0] + a0[1];
 }
 
-static double now_s(void)
+double kvq_tool_now(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -164,13 +164,13 @@ static void *reader_main(void *arg)
     reader *r = arg;
     if (r->pin) kvq_pin_to_cpu(r->index);
     uint64_t s = 0;
-    r->t0 = now_s();
+    r->t0 = kvq_tool_now();
     for (size_t done = 0; done < r->bytes; done += r->slice) {
         s += sum_bytes(r->buf, r->slice);
         /* The buffer "may have changed": the compiler must not reuse the last sum for a repeated slice. */
         __asm__ volatile("" ::: "memory");
     }
-    r->t1 = now_s();
+    r->t1 = kvq_tool_now();
     kvq_membw_sink += s;
     return NULL;
 }
