@@ -49,20 +49,4 @@ kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu
  * registers, ... N bytes smem") into per-kernel figures. Returns the count, or -1 on allocation failure. */
 int cu_parse_resources(const char *log, cu_kernel_res **out);
 
-/* ---- on-disk cache: runtime/jit_cache.h, shared with the cpu backend; the names the cuda side uses ---- */
-typedef kvq_cache_section cu_section;
-static inline const char *cu_cache_dir(void) { return kvq_cache_dir(); }
-static inline int cu_cache_get(const char *key, const char *ext, void **sections, size_t *sizes, int n)
-{
-    return kvq_cache_get(key, ext, sections, sizes, n);
-}
-static inline int cu_cache_put(const char *key, const char *ext, const cu_section *sections, int n)
-{
-    return kvq_cache_put(key, ext, sections, n);
-}
-static inline void cu_cache_path(const char *key, const char *ext, char *out, size_t size)
-{
-    kvq_cache_path(key, ext, out, size);
-}
-
 #endif

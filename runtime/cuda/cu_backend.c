@@ -194,13 +194,18 @@ static kvq_status prepare_kind(cu_dev_kind kind, const kvq_be_engine *e, kvq_bac
     if (st == KVQ_OK) st = cu_dev_load(c->dev, src, kvq_scheme_name(e->scheme), &c->mod, msg, n);
     kvq_free(src);
     if (st == KVQ_OK) st = cu_dev_check_params(c->dev, c->mod, msg, n);
-    /* A decode kernel past the default 48 KiB of dynamic shared memory opts in once, at load (not per launch). */
-    for (int k = 0; st == KVQ_OK && k < c->plan->n_classes; k++)
-        if (c->plan->cls[k].smem > 48 * 1024) {
-            char kname[32];
-            snprintf(kname, sizeof kname, "kvq_decode_c%d", k);
+    /* Once, at load, per decode class: the opt-in past the default 48 KiB of dynamic shared memory (not per
+     * launch), and the occupancy that sizes split-KV (not per step). */
+    for (int k = 0; st == KVQ_OK && k < c->plan->n_classes; k++) {
+        char kname[32];
+        snprintf(kname, sizeof kname, "kvq_decode_c%d", k);
+        if (c->plan->cls[k].smem > 48 * 1024)
             st = cu_dev_func_max_dyn_smem(c->dev, c->mod, kname, (unsigned)c->plan->cls[k].smem, msg, n);
-        }
+        if (st == KVQ_OK)
+            c->decode_blocks_per_sm[k] =
+                cu_dev_occupancy(c->dev, c->mod, kname, c->plan->threads, (size_t)c->plan->cls[k].smem);
+    }
+    c->sm_count = cu_dev_sm_count(c->dev) > 0 ? cu_dev_sm_count(c->dev) : 1;
     if (st != KVQ_OK) {
         if (st == KVQ_ERR_NOMEM) snprintf(msg, n, "out of memory");
         ctx_free(c);
@@ -306,11 +311,8 @@ static kvq_status cu_prefill(kvq_backend_ctx *c, int layer, const kvq_be_prefill
 #define KVQ_CHUNK_MIN_TOKENS 256
 static int choose_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_tiles)
 {
-    char kname[32];
-    snprintf(kname, sizeof kname, "kvq_decode_c%d", cls);
-    int occ = cu_dev_occupancy(c->dev, c->mod, kname, c->plan->threads, (size_t)c->plan->cls[cls].smem);
-    int sms = cu_dev_sm_count(c->dev) > 0 ? cu_dev_sm_count(c->dev) : 1;
-    long want = (long)(occ > 0 ? occ : 1) * sms, blocks = (long)c->H * n_items;
+    int occ = c->decode_blocks_per_sm[cls];
+    long want = (long)(occ > 0 ? occ : 1) * c->sm_count, blocks = (long)c->H * n_items;
     long chunks = blocks >= want ? 1 : (want + blocks - 1) / blocks;
     int tile = c->plan->cls[cls].tile, floor_tiles = (KVQ_CHUNK_MIN_TOKENS + tile - 1) / tile;
     if (chunks > max_tiles) chunks = max_tiles;

@@ -136,6 +136,10 @@ struct kvq_backend_ctx {
     size_t pol_bytes; /* policy kernels' inputs, outputs and work */
     kvq_tile *htiles;
     int htiles_cap;
+    /* Fixed at load: decode blocks of each class one SM holds (the occupancy API) and the SM count, which size
+     * every step's split-KV without a driver call. */
+    int decode_blocks_per_sm[PLAN_MAX_CLASSES];
+    int sm_count;
 };
 
 /* cu_backend.c */

@@ -297,7 +297,7 @@ static kvq_status emu_load(cu_dev *d, const char *src, const char *scheme, cu_mo
     *out = NULL;
     if (no_context(d, "cuModuleLoadData", msg, n)) return KVQ_ERR_INTERNAL;
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", cu_cache_dir());
+    snprintf(dir, sizeof dir, "%s", kvq_cache_dir());
     int tmpdir = 0;
     if (!dir[0]) {
         snprintf(dir, sizeof dir, "/tmp/kvq-emu-XXXXXX");

@@ -201,7 +201,7 @@ kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu
     if (use_cache) {
         void *sec[3];
         size_t sz[3];
-        if (cu_cache_get(key, "cubin", sec, sz, 3)) {
+        if (kvq_cache_get(key, "cubin", sec, sz, 3)) {
             out->cubin = sec[0], out->cubin_size = sz[0];
             out->ptx = sec[1], out->ptx_size = sz[1];
             out->log = sec[2];
@@ -237,10 +237,10 @@ kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu
     if (r != 0) {
         char *text = failure_text(src, opts, N_OPTS, log);
         char path[4200] = "";
-        if (text && cu_cache_dir()[0]) {
+        if (text && kvq_cache_dir()[0]) {
             char fkey[80];
             snprintf(fkey, sizeof fkey, "failed-%s", key);
-            cu_cache_path(fkey, "txt", path, sizeof path);
+            kvq_cache_path(fkey, "txt", path, sizeof path);
             FILE *f = fopen(path, "w");
             if (!f || fputs(text, f) < 0) path[0] = 0;
             if (f) fclose(f);
@@ -297,8 +297,8 @@ kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu
         return st;
     }
     if (use_cache) {
-        cu_section sec[3] = {{out->cubin, out->cubin_size}, {out->ptx, out->ptx_size}, {out->log, strlen(out->log)}};
-        cu_cache_put(key, "cubin", sec, 3);
+        kvq_cache_section sec[3] = {{out->cubin, out->cubin_size}, {out->ptx, out->ptx_size}, {out->log, strlen(out->log)}};
+        kvq_cache_put(key, "cubin", sec, 3);
     }
     return KVQ_OK;
 }

@@ -192,7 +192,7 @@ static void test_cache(void)
     TH_CHECK(a.cubin_size == b.cubin_size && memcmp(a.cubin, b.cubin, a.cubin_size) == 0, "cached cubin differs");
     cu_compiled_free(&b);
     /* find the entry: the newest *.cubin in the cache dir holding our kernel name */
-    const char *dir = cu_cache_dir();
+    const char *dir = kvq_cache_dir();
     DIR *d = opendir(dir);
     struct dirent *e;
     char path[4200] = "";
@@ -271,7 +271,7 @@ int main(void)
         printf("skipped: %s\n", why);
         return th_summary();
     }
-    printf("NVRTC %s, cache %s\n", cu_nvrtc_version(), cu_cache_dir());
+    printf("NVRTC %s, cache %s\n", cu_nvrtc_version(), kvq_cache_dir());
     add_spec_jobs(th_path("specs"));
     add_spec_jobs(th_path("specs/paper"));
     warm_cache_in_children();
