@@ -68,15 +68,14 @@ static void account_pages(acct_guard *g, layer_acct *a, const kvq_tensor_cfg *t,
     a->shared_params = cadd(g, a->shared_params, cmul(g, n, kvq_page_channel_param_bytes(&lay, &fmt)));
 }
 
-/* The pages of one flush class of `count` tokens of tensor `t`, in closed form: per-channel groups split a flush
- * into count / G full pages of G tokens and one short page of count % G; per-token pages hold the whole flush.
- * (A loop over pages took 62 s at group 1, 4096 layers and a million tokens.) */
+/* The pages of one flush class of `count` tokens of tensor `t`, in closed form from kvq_flush_page_tokens (the
+ * rule the backends' page writes follow): count / c pages of c tokens and one of count % c. (A loop over pages
+ * took 62 s at group 1, 4096 layers and a million tokens.) */
 static void account_class(acct_guard *g, layer_acct *a, const kvq_tensor_cfg *t, int bits, int masked, int H, int D,
                           int count, kvq_segment code_seg)
 {
     if (count <= 0) return;
-    int cap = t->gran == KVQ_GRAN_CHANNEL ? kvq_channel_group_tokens(t, count) : count;
-    if (cap > count) cap = count;
+    int cap = kvq_flush_page_tokens(t, count);
     account_pages(g, a, t, bits, masked, H, D, cap, (uint64_t)(count / cap), code_seg);
     account_pages(g, a, t, bits, masked, H, D, count % cap, 1, code_seg);
 }

@@ -134,3 +134,9 @@ int kvq_saliency_high_count(const kvq_saliency_cfg *s, int n)
 }
 
 int kvq_channel_group_tokens(const kvq_tensor_cfg *t, int n) { return t->group > 0 ? t->group : n; }
+
+int kvq_flush_page_tokens(const kvq_tensor_cfg *t, int remaining)
+{
+    int cap = t->gran == KVQ_GRAN_CHANNEL ? kvq_channel_group_tokens(t, remaining) : remaining;
+    return cap < remaining ? cap : remaining;
+}

@@ -135,8 +135,7 @@ static kvq_status flush_pages(kvq_backend_ctx *c, cu_qlayer *L, int w, const kvq
             nc = j; /* the same for every head: the class size depends on B only */
         }
         for (int off = 0; off < nc && st == KVQ_OK;) {
-            int cap = t->gran == KVQ_GRAN_CHANNEL ? kvq_channel_group_tokens(t, nc - off) : nc - off;
-            if (cap > nc - off) cap = nc - off;
+            int cap = kvq_flush_page_tokens(t, nc - off);
             cu_page *p;
             if (pre >= 0)
                 p = L->pages[w][pre++];

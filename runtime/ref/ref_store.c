@@ -385,8 +385,7 @@ int ref_class_split(const kvq_tensor_cfg *t, int count, int *caps)
 {
     int n = 0;
     while (count > 0) {
-        int cap = t->gran == KVQ_GRAN_CHANNEL ? kvq_channel_group_tokens(t, count) : count;
-        if (cap > count) cap = count;
+        int cap = kvq_flush_page_tokens(t, count);
         if (caps) caps[n] = cap;
         n++;
         count -= cap;
