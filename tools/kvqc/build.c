@@ -201,12 +201,26 @@ static int compile_archs(const build_args *a, const char *dir, const char *src, 
     return json->failed || report->failed ? -1 : 0;
 }
 
-/* cuobjdump: $KVQ_CUOBJDUMP, the one tools/ensure-sass-tools.sh installs under build/, or PATH's. */
+/* cuobjdump: $KVQ_CUOBJDUMP; the one tools/ensure-sass-tools.sh installs in the build directory, found from
+ * kvqc's own place (build/kvqc, or build/san/kvqc beside build/sass-tools) whatever the current directory; or
+ * PATH's. */
 static const char *find_cuobjdump(void)
 {
     const char *e = getenv("KVQ_CUOBJDUMP");
     if (e && *e) return access(e, X_OK) == 0 ? e : NULL;
-    if (access("build/sass-tools/cuobjdump", X_OK) == 0) return "build/sass-tools/cuobjdump";
+    static char path[PATH_MAX + 32];
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) *slash = '\0';
+        const char *rel[] = {"sass-tools/cuobjdump", "../sass-tools/cuobjdump"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(path, sizeof path, "%s/%s", self, rel[i]);
+            if (access(path, X_OK) == 0) return path;
+        }
+    }
     return system("command -v cuobjdump >/dev/null 2>&1") == 0 ? "cuobjdump" : NULL;
 }
 
@@ -276,7 +290,7 @@ static int count_archs(const build_args *a, const kvq_plan *p, const char *dir, 
         if (rc) break;
         snprintf(path, sizeof path, "%s/%s", dir, name);
         for (int k = 0; k < p->n_classes && !rc; k++) {
-            char fn[64], cmd[PATH_MAX + 400];
+            char fn[64], cmd[2 * PATH_MAX + 512];
             snprintf(fn, sizeof fn, "kvq_decode_c%d", k);
             snprintf(cmd, sizeof cmd, "'%s' -sass -fun %s '%s' 2>/dev/null", tool, fn, path);
             char *sass = read_command(cmd);
