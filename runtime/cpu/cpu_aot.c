@@ -195,7 +195,6 @@ int cpu_aot_write(const char *dir, const emit_llvm_module *m, const kvq_plan *p,
                 size_t len = (size_t)(e - l);
                 while (len && (l[len - 1] == ',' || l[len - 1] == ' ')) len--;
                 emit_buf_printf(&out, "%.*s,\n", (int)len, l);
-
             }
         }
         l = *e ? e + 1 : e;
