@@ -566,7 +566,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     LLVMBuildRetVoid(b);
 }
 
-/* ------------------------------------------------------------------------------------- module and JIT -- */
+/* ----------------------------------------------------- module, key, object, JIT (and kvqc build --target cpu) -- */
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static int init_failed;
@@ -585,17 +585,38 @@ kvq_status emit_llvm_probe(char *msg, size_t msg_size)
     return KVQ_OK;
 }
 
-int emit_llvm_host_width(int force)
+/* Vector lanes for a feature string: 16 with AVX-512F, 8 with AVX2, else 4; `force` (4, 8, 16) wins. */
+static int width_for(const char *features, int force)
 {
     if (force == 4 || force == 8 || force == 16) return force;
+    return features && strstr(features, "+avx512f") ? 16 : features && strstr(features, "+avx2") ? 8 : 4;
+}
+
+int emit_llvm_host_width(int force)
+{
     char *f = LLVMGetHostCPUFeatures();
-    int w = f && strstr(f, "+avx512f") ? 16 : f && strstr(f, "+avx2") ? 8 : 4;
+    int w = width_for(f, force);
     LLVMDisposeMessage(f);
     return w;
 }
 
+void emit_llvm_version(char *out, size_t size)
+{
+    unsigned maj, min, patch;
+    LLVMGetVersion(&maj, &min, &patch);
+    snprintf(out, size, "%u.%u.%u", maj, min, patch);
+}
+
 struct emit_llvm_jit {
     LLVMOrcLLJITRef jit;
+};
+
+struct emit_llvm_module {
+    LLVMContextRef ctx;
+    LLVMModuleRef m;
+    char *cpu, *features; /* kvq_malloc'd */
+    int width, n, optimised;
+    char key[65];
 };
 
 static void module_init(E *e, LLVMContextRef ctx, int width)
@@ -627,7 +648,8 @@ static kvq_status err_msg(LLVMErrorRef err, const char *what, char *msg, size_t 
     return KVQ_ERR_INTERNAL;
 }
 
-static LLVMTargetMachineRef host_machine(char *msg, size_t msg_size)
+/* The TargetMachine of a module's target (the default triple: the host's architecture). */
+static LLVMTargetMachineRef target_machine(const emit_llvm_module *mod, char *msg, size_t msg_size)
 {
     char *triple = LLVMGetDefaultTargetTriple(), *err = NULL;
     LLVMTargetRef target;
@@ -636,11 +658,8 @@ static LLVMTargetMachineRef host_machine(char *msg, size_t msg_size)
         snprintf(msg, msg_size, "LLVM target %s: %s", triple, err ? err : "?");
         LLVMDisposeMessage(err);
     } else {
-        char *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
-        tm = LLVMCreateTargetMachine(target, triple, cpu, feat, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
-                                     LLVMCodeModelJITDefault);
-        LLVMDisposeMessage(cpu);
-        LLVMDisposeMessage(feat);
+        tm = LLVMCreateTargetMachine(target, triple, mod->cpu, mod->features, LLVMCodeGenLevelAggressive,
+                                     LLVMRelocPIC, LLVMCodeModelJITDefault);
         if (!tm) snprintf(msg, msg_size, "LLVM could not create a target machine for %s", triple);
     }
     LLVMDisposeMessage(triple);
@@ -681,37 +700,114 @@ static void build_module(E *e, const emit_llvm_kernel *ks, int n)
     }
 }
 
-/* The cache key: everything the object depends on (DESIGN §7). */
-static void cache_key(LLVMModuleRef m, char key[65])
+static const char PIPELINE[] = "default<O3>";
+
+/* The key: everything the object depends on (DESIGN §7). */
+static void module_key(emit_llvm_module *mod)
 {
     /* The IR as bitcode: the same module gives the same bytes, and writing it is ~10x faster than printing text
      * (which formats every float constant). */
-    LLVMMemoryBufferRef bc = LLVMWriteBitcodeToMemoryBuffer(m);
-    char *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
-    unsigned maj, min, patch;
-    LLVMGetVersion(&maj, &min, &patch);
-    size_t nbc = bc ? LLVMGetBufferSize(bc) : 0, n = nbc + strlen(cpu) + strlen(feat) + 128;
+    LLVMMemoryBufferRef bc = LLVMWriteBitcodeToMemoryBuffer(mod->m);
+    char ver[32];
+    emit_llvm_version(ver, sizeof ver);
+    size_t nbc = bc ? LLVMGetBufferSize(bc) : 0, n = nbc + strlen(mod->cpu) + strlen(mod->features) + 128;
     char *all = bc ? malloc(n) : NULL;
     if (all) {
-        int len = snprintf(all, n, "%s\nLLVM %u.%u.%u\n%s\n%s\ndefault<O3>\n", EMIT_LLVM_KVQ_VERSION, maj, min, patch,
-                           cpu, feat);
+        int len = snprintf(all, n, "%s\nLLVM %s\n%s\n%s\n%s\n", EMIT_LLVM_KVQ_VERSION, ver, mod->cpu, mod->features,
+                           PIPELINE);
         memcpy(all + len, LLVMGetBufferStart(bc), nbc);
-        emit_cuda_sha256_hex(all, (size_t)len + nbc, key);
+        emit_cuda_sha256_hex(all, (size_t)len + nbc, mod->key);
     } else {
-        key[0] = 0; /* no key: no caching */
+        mod->key[0] = 0; /* no key: no caching */
     }
     free(all);
     if (bc) LLVMDisposeMemoryBuffer(bc);
-    LLVMDisposeMessage(cpu);
-    LLVMDisposeMessage(feat);
 }
 
-/* Optimises the module for the host and emits an object. */
-static kvq_status codegen(LLVMModuleRef m, LLVMMemoryBufferRef *obj, char *msg, size_t msg_size)
+static char *dup_str(const char *s)
 {
-    LLVMTargetMachineRef tm = host_machine(msg, msg_size);
+    size_t n = strlen(s) + 1;
+    char *d = kvq_malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+void emit_llvm_module_free(emit_llvm_module *m)
+{
+    if (!m) return;
+    if (m->m) LLVMDisposeModule(m->m);
+    if (m->ctx) LLVMContextDispose(m->ctx);
+    kvq_free(m->cpu);
+    kvq_free(m->features);
+    kvq_free(m);
+}
+
+kvq_status emit_llvm_module_build(const emit_llvm_kernel *ks, int n, const emit_llvm_target *t,
+                                  emit_llvm_module **out, char *msg, size_t msg_size)
+{
+    *out = NULL;
+    kvq_status st = emit_llvm_probe(msg, msg_size);
+    if (st != KVQ_OK) return st;
+    for (int i = 0; i < n; i++)
+        if (!emit_llvm_supported(&ks[i], msg, msg_size)) return KVQ_ERR_UNSUPPORTED;
+    emit_llvm_module *mod = kvq_calloc(1, sizeof *mod);
+    if (!mod) {
+        snprintf(msg, msg_size, "out of memory");
+        return KVQ_ERR_NOMEM;
+    }
+    const char *cpu = t ? t->cpu : NULL, *feat = t ? t->features : NULL;
+    char *hcpu = cpu ? NULL : LLVMGetHostCPUName();
+    char *hfeat = feat || cpu ? NULL : LLVMGetHostCPUFeatures();
+    mod->cpu = dup_str(cpu ? cpu : hcpu);
+    mod->features = dup_str(feat ? feat : hfeat ? hfeat : "");
+    LLVMDisposeMessage(hcpu);
+    LLVMDisposeMessage(hfeat);
+    if (!mod->cpu || !mod->features) {
+        emit_llvm_module_free(mod);
+        snprintf(msg, msg_size, "out of memory");
+        return KVQ_ERR_NOMEM;
+    }
+    mod->width = width_for(mod->features, t ? t->width : 0);
+    mod->n = n;
+    mod->ctx = LLVMContextCreate();
+    E e;
+    module_init(&e, mod->ctx, mod->width);
+    mod->m = e.m;
+    build_module(&e, ks, n);
+    LLVMDisposeBuilder(e.b);
+    char *verr = NULL;
+    if (LLVMVerifyModule(mod->m, LLVMReturnStatusAction, &verr)) {
+        snprintf(msg, msg_size, "cpu kernels: invalid IR: %.300s", verr ? verr : "?");
+        st = KVQ_ERR_INTERNAL;
+    }
+    LLVMDisposeMessage(verr);
+    if (st != KVQ_OK) {
+        emit_llvm_module_free(mod);
+        return st;
+    }
+    module_key(mod);
+    *out = mod;
+    return KVQ_OK;
+}
+
+const char *emit_llvm_module_key(const emit_llvm_module *m) { return m->key; }
+const char *emit_llvm_module_cpu(const emit_llvm_module *m) { return m->cpu; }
+const char *emit_llvm_module_features(const emit_llvm_module *m) { return m->features; }
+int emit_llvm_module_width(const emit_llvm_module *m) { return m->width; }
+
+kvq_status emit_llvm_module_object(emit_llvm_module *mod, void **obj, size_t *size, char *msg, size_t msg_size)
+{
+    *obj = NULL;
+    *size = 0;
+    if (mod->optimised) {
+        snprintf(msg, msg_size, "cpu kernels: the module was compiled already");
+        return KVQ_ERR_INTERNAL;
+    }
+    mod->optimised = 1;
+    LLVMTargetMachineRef tm = target_machine(mod, msg, msg_size);
     if (!tm) return KVQ_ERR_UNAVAILABLE;
     kvq_status st = KVQ_OK;
+    LLVMModuleRef m = mod->m;
     char *triple = LLVMGetTargetMachineTriple(tm);
     LLVMSetTarget(m, triple);
     LLVMDisposeMessage(triple);
@@ -721,93 +817,107 @@ static kvq_status codegen(LLVMModuleRef m, LLVMMemoryBufferRef *obj, char *msg, 
     LLVMDisposeMessage(dls);
     LLVMDisposeTargetData(dl);
     LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
-    LLVMErrorRef err = LLVMRunPasses(m, "default<O3>", tm, po);
+    LLVMErrorRef err = LLVMRunPasses(m, PIPELINE, tm, po);
     LLVMDisposePassBuilderOptions(po);
     if (err) st = err_msg(err, "cpu kernels: optimisation", msg, msg_size);
     if (st == KVQ_OK) {
         char *em = NULL;
-        if (LLVMTargetMachineEmitToMemoryBuffer(tm, m, LLVMObjectFile, &em, obj)) {
+        LLVMMemoryBufferRef buf = NULL;
+        if (LLVMTargetMachineEmitToMemoryBuffer(tm, m, LLVMObjectFile, &em, &buf)) {
             snprintf(msg, msg_size, "cpu kernels: code generation: %.300s", em ? em : "?");
             st = KVQ_ERR_INTERNAL;
-            *obj = NULL;
+        } else {
+            size_t n = LLVMGetBufferSize(buf);
+            *obj = kvq_malloc(n ? n : 1);
+            if (*obj) {
+                memcpy(*obj, LLVMGetBufferStart(buf), n);
+                *size = n;
+            } else {
+                snprintf(msg, msg_size, "out of memory");
+                st = KVQ_ERR_NOMEM;
+            }
         }
+        if (buf) LLVMDisposeMemoryBuffer(buf);
         LLVMDisposeMessage(em);
     }
     LLVMDisposeTargetMachine(tm);
     return st;
 }
 
-kvq_status emit_llvm_compile(const emit_llvm_kernel *ks, int n, int width, emit_llvm_jit **out,
-                             emit_llvm_tile_fn *fns, int *from_cache, char *msg, size_t msg_size)
+kvq_status emit_llvm_load(const void *obj, size_t size, int n, emit_llvm_jit **out, emit_llvm_tile_fn *fns,
+                          char *msg, size_t msg_size)
 {
     *out = NULL;
-    if (from_cache) *from_cache = 0;
     kvq_status st = emit_llvm_probe(msg, msg_size);
     if (st != KVQ_OK) return st;
-    for (int i = 0; i < n; i++)
-        if (!emit_llvm_supported(&ks[i], msg, msg_size)) return KVQ_ERR_UNSUPPORTED;
     emit_llvm_jit *j = kvq_calloc(1, sizeof *j);
-    if (!j) return KVQ_ERR_NOMEM;
-    int W = emit_llvm_host_width(width);
-
-    LLVMContextRef ctx = LLVMContextCreate();
-    E e;
-    module_init(&e, ctx, W);
-    build_module(&e, ks, n);
-    LLVMDisposeBuilder(e.b);
-    char *verr = NULL, key[65];
-    LLVMMemoryBufferRef obj = NULL;
-    if (LLVMVerifyModule(e.m, LLVMReturnStatusAction, &verr)) {
-        snprintf(msg, msg_size, "cpu kernels: invalid IR: %.300s", verr ? verr : "?");
-        st = KVQ_ERR_INTERNAL;
+    if (!j) {
+        snprintf(msg, msg_size, "out of memory");
+        return KVQ_ERR_NOMEM;
     }
-    LLVMDisposeMessage(verr);
-    if (st == KVQ_OK) {
-        cache_key(e.m, key);
-        void *sec[1];
-        size_t sz[1];
-        if (key[0] && kvq_cache_get(key, "o", sec, sz, 1)) {
-            obj = LLVMCreateMemoryBufferWithMemoryRangeCopy(sec[0], sz[0], "kvq_cpu.o");
-            kvq_free(sec[0]);
-            if (from_cache) *from_cache = 1;
-        } else {
-            st = codegen(e.m, &obj, msg, msg_size);
-            if (st == KVQ_OK && key[0]) {
-                kvq_cache_section s = {LLVMGetBufferStart(obj), LLVMGetBufferSize(obj)};
-                kvq_cache_put(key, "o", &s, 1);
-            }
-        }
-    }
-    LLVMDisposeModule(e.m);
-    LLVMContextDispose(ctx);
-
-    if (st == KVQ_OK) {
-        LLVMErrorRef err = LLVMOrcCreateLLJIT(&j->jit, LLVMOrcCreateLLJITBuilder());
-        if (err) {
-            j->jit = NULL;
-            st = err_msg(err, "cpu kernels: LLJIT", msg, msg_size);
-        }
+    LLVMErrorRef err = LLVMOrcCreateLLJIT(&j->jit, LLVMOrcCreateLLJITBuilder());
+    if (err) {
+        j->jit = NULL;
+        st = err_msg(err, "cpu kernels: LLJIT", msg, msg_size);
     }
     if (st == KVQ_OK) {
-        LLVMErrorRef err = LLVMOrcLLJITAddObjectFile(j->jit, LLVMOrcLLJITGetMainJITDylib(j->jit), obj);
-        obj = NULL; /* owned by the JIT now, even on failure */
+        LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(obj, size, "kvq_cpu.o");
+        err = LLVMOrcLLJITAddObjectFile(j->jit, LLVMOrcLLJITGetMainJITDylib(j->jit), buf); /* owns buf now */
         if (err) st = err_msg(err, "cpu kernels: loading the object", msg, msg_size);
     }
     for (int i = 0; i < n && st == KVQ_OK; i++) {
         char name[32];
         snprintf(name, sizeof name, "kvq_tile_%d", i);
         LLVMOrcExecutorAddress addr = 0;
-        LLVMErrorRef err = LLVMOrcLLJITLookup(j->jit, &addr, name);
+        err = LLVMOrcLLJITLookup(j->jit, &addr, name);
         if (err) st = err_msg(err, "cpu kernels: lookup", msg, msg_size);
         else fns[i] = (emit_llvm_tile_fn)(uintptr_t)addr;
     }
-    if (obj) LLVMDisposeMemoryBuffer(obj);
     if (st != KVQ_OK) {
         emit_llvm_free(j);
         return st;
     }
     *out = j;
     return KVQ_OK;
+}
+
+kvq_status emit_llvm_compile(const emit_llvm_kernel *ks, int n, int width, emit_llvm_prebuilt_fn prebuilt,
+                             void *prebuilt_arg, emit_llvm_jit **out, emit_llvm_tile_fn *fns, int *origin,
+                             char *msg, size_t msg_size)
+{
+    *out = NULL;
+    if (origin) *origin = EMIT_LLVM_FROM_JIT;
+    emit_llvm_target t = {NULL, NULL, width};
+    emit_llvm_module *mod;
+    kvq_status st = emit_llvm_module_build(ks, n, &t, &mod, msg, msg_size);
+    if (st != KVQ_OK) return st;
+    const char *key = mod->key;
+    void *obj = NULL;
+    size_t size = 0;
+    char ignored[256];
+    /* Prebuilt, then cached: a source whose object does not load is passed over. */
+    for (int from = EMIT_LLVM_FROM_PREBUILT; from >= EMIT_LLVM_FROM_CACHE && key[0] && !*out; from--) {
+        if (from == EMIT_LLVM_FROM_PREBUILT) {
+            obj = prebuilt ? prebuilt(prebuilt_arg, key, &size) : NULL;
+        } else if (!kvq_cache_get(key, "o", &obj, &size, 1)) {
+            obj = NULL;
+        }
+        if (obj && emit_llvm_load(obj, size, n, out, fns, ignored, sizeof ignored) == KVQ_OK && origin)
+            *origin = from;
+        kvq_free(obj);
+        obj = NULL;
+    }
+    if (!*out) {
+        st = emit_llvm_module_object(mod, &obj, &size, msg, msg_size);
+        if (st == KVQ_OK && key[0]) {
+            kvq_cache_section s = {obj, size};
+            kvq_cache_put(key, "o", &s, 1);
+        }
+        if (st == KVQ_OK) st = emit_llvm_load(obj, size, n, out, fns, msg, msg_size);
+        kvq_free(obj);
+    }
+    emit_llvm_module_free(mod);
+    return st;
 }
 
 void emit_llvm_free(emit_llvm_jit *j)
@@ -844,20 +954,45 @@ kvq_status emit_llvm_probe(char *msg, size_t msg_size)
     return KVQ_ERR_UNAVAILABLE;
 }
 int emit_llvm_host_width(int force) { return force ? force : 4; }
+void emit_llvm_version(char *out, size_t size) { snprintf(out, size, "none"); }
 int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size)
 {
     (void)k;
     emit_llvm_probe(msg, msg_size);
     return 0;
 }
-kvq_status emit_llvm_compile(const emit_llvm_kernel *kernels, int n, int width, emit_llvm_jit **out,
-                             emit_llvm_tile_fn *fns, int *from_cache, char *msg, size_t msg_size)
+kvq_status emit_llvm_module_build(const emit_llvm_kernel *kernels, int n, const emit_llvm_target *t,
+                                  emit_llvm_module **out, char *msg, size_t msg_size)
 {
-    (void)kernels;
-    if (from_cache) *from_cache = 0;
-    (void)n;
-    (void)width;
-    (void)fns;
+    (void)kernels, (void)n, (void)t;
+    *out = NULL;
+    return emit_llvm_probe(msg, msg_size);
+}
+const char *emit_llvm_module_key(const emit_llvm_module *m) { return (void)m, ""; }
+const char *emit_llvm_module_cpu(const emit_llvm_module *m) { return (void)m, ""; }
+const char *emit_llvm_module_features(const emit_llvm_module *m) { return (void)m, ""; }
+int emit_llvm_module_width(const emit_llvm_module *m) { return (void)m, 4; }
+kvq_status emit_llvm_module_object(emit_llvm_module *m, void **obj, size_t *size, char *msg, size_t msg_size)
+{
+    (void)m;
+    *obj = NULL;
+    *size = 0;
+    return emit_llvm_probe(msg, msg_size);
+}
+void emit_llvm_module_free(emit_llvm_module *m) { (void)m; }
+kvq_status emit_llvm_load(const void *obj, size_t size, int n, emit_llvm_jit **out, emit_llvm_tile_fn *fns,
+                          char *msg, size_t msg_size)
+{
+    (void)obj, (void)size, (void)n, (void)fns;
+    *out = NULL;
+    return emit_llvm_probe(msg, msg_size);
+}
+kvq_status emit_llvm_compile(const emit_llvm_kernel *kernels, int n, int width, emit_llvm_prebuilt_fn prebuilt,
+                             void *prebuilt_arg, emit_llvm_jit **out, emit_llvm_tile_fn *fns, int *origin,
+                             char *msg, size_t msg_size)
+{
+    (void)kernels, (void)n, (void)width, (void)prebuilt, (void)prebuilt_arg, (void)fns;
+    if (origin) *origin = EMIT_LLVM_FROM_JIT;
     *out = NULL;
     return emit_llvm_probe(msg, msg_size);
 }

@@ -17,6 +17,7 @@
 
 #include "kvq.h"
 #include "layout.h"
+#include "plan.h"
 
 /* The code generator's version: part of the JIT cache key (bump when the IR changes meaning). */
 #define EMIT_LLVM_KVQ_VERSION "kvq-cpu-6"
@@ -67,12 +68,62 @@ int emit_llvm_host_width(int force);
 /* 1 if the emitter can build a kernel for this pair (bits 1, 2, 3, 4, 8, 16; head_dim a multiple of 32). */
 int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size);
 
-/* Builds, optimises and compiles n kernels into one object and loads it: fns[i] runs kernels[i]. width: as
- * emit_llvm_host_width's argument. The object goes through the JIT cache (runtime/jit_cache.h) keyed by the
- * SHA-256 of the IR, LLVM's version, the host CPU's name and features, the pass pipeline and
- * EMIT_LLVM_KVQ_VERSION; *from_cache (may be NULL) says whether it was found there. */
-kvq_status emit_llvm_compile(const emit_llvm_kernel *kernels, int n, int width, emit_llvm_jit **out,
-                             emit_llvm_tile_fn *fns, int *from_cache, char *msg, size_t msg_size);
+/* ---- the kernels of a plan (emit_llvm_plan.c): what the cpu backend compiles and `kvqc build --target cpu`
+ * writes, one list for both ---- */
+#define EMIT_LLVM_MAX_SRC 3 /* fp16 rows, the high class's page format, the low class's */
+typedef struct {
+    int n_k, n_v; /* sources: [0] = fp16 rows, then page formats */
+    kvq_page_format kf[EMIT_LLVM_MAX_SRC], vf[EMIT_LLVM_MAX_SRC];
+} emit_llvm_sources;
+/* Fills cls[c] for every class of p and, when ks is not NULL, ks with every class's (K source, V source) pairs
+ * in class order, K source major (kernel i is symbol kvq_tile_<i>). Returns the number of kernels. */
+int emit_llvm_plan_kernels(const kvq_plan *p, emit_llvm_sources *cls, emit_llvm_kernel *ks);
+/* The source index of a page of format f among a class's K (which 0) or V (1) sources; -1 if not planned. */
+int emit_llvm_source_index(const emit_llvm_sources *s, int which, const kvq_page_format *f);
+
+/* ---- one module of kernels: IR, key, object (the JIT and `kvqc build --target cpu` share every step) ---- */
+typedef struct {
+    const char *cpu;      /* LLVM CPU name as LLVMGetHostCPUName spells it; NULL: this host's */
+    const char *features; /* LLVM feature string; NULL: this host's when cpu is NULL, else "" (the CPU's own) */
+    int width;            /* 4, 8 or 16; 0: from the features (+avx512f: 16, +avx2: 8, else 4) */
+} emit_llvm_target;
+
+typedef struct emit_llvm_module emit_llvm_module;
+/* Builds and verifies the IR of n kernels for target t (NULL: the host) and its key: the SHA-256 of the
+ * unoptimised IR (bitcode), LLVM's version, the target's CPU name and features, the pass pipeline and
+ * EMIT_LLVM_KVQ_VERSION. Equal keys mean the same object: the key is what the JIT cache and the prebuilt
+ * objects of generated/ are found by. */
+kvq_status emit_llvm_module_build(const emit_llvm_kernel *kernels, int n, const emit_llvm_target *t,
+                                  emit_llvm_module **out, char *msg, size_t msg_size);
+const char *emit_llvm_module_key(const emit_llvm_module *m); /* 64 hex digits; "" if it could not be hashed */
+const char *emit_llvm_module_cpu(const emit_llvm_module *m);
+const char *emit_llvm_module_features(const emit_llvm_module *m);
+int emit_llvm_module_width(const emit_llvm_module *m);
+/* Optimises the module (default<O3>) for its target and emits the object: *obj is kvq_malloc'd. Once per
+ * module (the passes change it). */
+kvq_status emit_llvm_module_object(emit_llvm_module *m, void **obj, size_t *size, char *msg, size_t msg_size);
+void emit_llvm_module_free(emit_llvm_module *m);
+/* The LLVM version as "19.1.7". */
+void emit_llvm_version(char *out, size_t size);
+
+/* Loads an object of n kernels (built for this host) into a new LLJIT: fns[i] runs kvq_tile_<i>. An object LLVM
+ * rejects is an error and leaves nothing behind. */
+kvq_status emit_llvm_load(const void *obj, size_t size, int n, emit_llvm_jit **out, emit_llvm_tile_fn *fns,
+                          char *msg, size_t msg_size);
+
+/* Where the kernels of emit_llvm_compile came from. */
+enum { EMIT_LLVM_FROM_JIT = 0, EMIT_LLVM_FROM_CACHE = 1, EMIT_LLVM_FROM_PREBUILT = 2 };
+/* A store of prebuilt objects (generated/<scheme>/, runtime/cpu/cpu_aot.h): the object whose key is `key` as
+ * kvq_malloc'd bytes, or NULL. */
+typedef void *(*emit_llvm_prebuilt_fn)(void *arg, const char *key, size_t *size);
+
+/* Builds the module of n kernels for this host and loads its object: from `prebuilt` (may be NULL) when it has
+ * the key, else from the JIT cache (runtime/jit_cache.h), else optimised and compiled now (and cached). An
+ * object that fails to load falls through to the next source. fns[i] runs kernels[i]; width: as
+ * emit_llvm_host_width's argument; *origin (may be NULL) gets an EMIT_LLVM_FROM_ value. */
+kvq_status emit_llvm_compile(const emit_llvm_kernel *kernels, int n, int width, emit_llvm_prebuilt_fn prebuilt,
+                             void *prebuilt_arg, emit_llvm_jit **out, emit_llvm_tile_fn *fns, int *origin,
+                             char *msg, size_t msg_size);
 void emit_llvm_free(emit_llvm_jit *j);
 
 /* The textual IR of one kernel before optimisation (malloc'd; NULL when unavailable): for tests and docs. */

@@ -24,10 +24,9 @@ int cpu_pool_threads(const cpu_pool *p);
 void cpu_pool_run(cpu_pool *p, cpu_task_fn fn, void *arg, int n);
 
 /* ---- kernels of one layer class: every (K source, V source) pair its pages can present ---- */
-#define CPU_MAX_SRC 3 /* fp16 rows, the high class's page format, the low class's */
+#define CPU_MAX_SRC EMIT_LLVM_MAX_SRC
 typedef struct {
-    int n_k, n_v;                     /* sources: [0] = fp16 rows, then page formats */
-    kvq_page_format kf[CPU_MAX_SRC], vf[CPU_MAX_SRC];
+    emit_llvm_sources src; /* [0] = fp16 rows, then page formats */
     emit_llvm_tile_fn fn[CPU_MAX_SRC][CPU_MAX_SRC];
 } cpu_class;
 
@@ -35,7 +34,7 @@ typedef struct {
     kvq_plan plan;
     cpu_class cls[PLAN_MAX_CLASSES];
     emit_llvm_jit *jit;
-    int from_cache; /* the kernels' object came from the JIT cache */
+    const char *origin; /* where the kernels' object came from: "generated", "cache" or "jit" (cpu_aot.h) */
     cpu_pool *pool;
 } cpu_state;
 

@@ -370,7 +370,7 @@ static void test_cache(void)
         emit_llvm_jit *j = NULL;
         emit_llvm_tile_fn fn = NULL;
         char msg[256];
-        kvq_status st = emit_llvm_compile(&k, 1, 0, &j, &fn, &hit[r], msg, sizeof msg);
+        kvq_status st = emit_llvm_compile(&k, 1, 0, NULL, NULL, &j, &fn, &hit[r], msg, sizeof msg);
         TH_CHECK(st == KVQ_OK, "compile %d: %s", r, msg);
         if (st == KVQ_OK) {
             uint16_t K[3 * 64], V[3 * 64];

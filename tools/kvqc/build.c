@@ -7,7 +7,12 @@
  *   instructions.txt   the decode kernels' SASS warp-instructions per token and per byte of cache (cuobjdump;
  *                      skipped with a note when it is missing: tools/ensure-sass-tools.sh installs it)
  * The runtime loads <arch>.cubin when kernels.cu equals the source it would JIT. Without libnvrtc, or with
- * --no-compile, only the text part is written. */
+ * --no-compile, only the text part is written.
+ * --target cpu (or all) writes the cpu backend's object instead (or as well), for this host or --cpu /
+ * --cpu-features (docs/cpu.md, "Ahead of time"):
+ *   cpu-<cpu>-<key16>.o   the kernels of the plan, compiled as the JIT would (git-ignored in the repository)
+ *   cpu.json              a line per object: key, SHA-256, size, LLVM version, CPU, features, width, kernels
+ * The runtime loads the object whose key equals the one it computes for its own module and host. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -17,7 +22,9 @@
 #include <unistd.h>
 
 #include "alloc.h"
+#include "cpu/cpu_aot.h"
 #include "cuda/cu.h"
+#include "emit_llvm.h"
 #include "emit_cuda.h"
 #include "kvq.h"
 #include "kvqc.h"
@@ -31,6 +38,8 @@ typedef struct {
     const char *file, *scheme, *out;
     char archs[MAX_ARCHS][16];
     int n_archs, no_compile;
+    int cpu, cuda; /* --target */
+    const char *cpu_name, *cpu_features;
     kvq_dims dims;
     kvq_dtype input;
 } build_args;
@@ -38,10 +47,14 @@ typedef struct {
 static void usage(void)
 {
     fprintf(stdout,
-            "usage: kvqc build FILE [--scheme NAME] [--arch sm_80,sm_90] [-o DIR] [--layers L] [--heads H]\n"
-            "                  [--kv-heads HKV] [--head-dim D] [--input f32|f16|bf16] [--no-compile]\n"
-            "  Writes DIR/<scheme>/ (DIR defaults to generated): kernels.cu, kernels.h, manifest.json,\n"
-            "  resources.txt, and a cubin plus PTX per architecture (NVRTC). Every scheme of FILE unless --scheme.\n"
+            "usage: kvqc build FILE [--target cuda|cpu|all] [--scheme NAME] [--arch sm_80,sm_90] [-o DIR]\n"
+            "                  [--layers L] [--heads H] [--kv-heads HKV] [--head-dim D] [--input f32|f16|bf16]\n"
+            "                  [--no-compile] [--cpu NAME] [--cpu-features STR]\n"
+            "  Writes DIR/<scheme>/ (DIR defaults to generated). --target cuda (the default): kernels.cu,\n"
+            "  kernels.h, manifest.json, resources.txt, and a cubin plus PTX per architecture (NVRTC).\n"
+            "  --target cpu: the cpu backend's object cpu-<cpu>-<key>.o and its line in cpu.json (LLVM), for this\n"
+            "  host or for --cpu NAME / --cpu-features STR (LLVM's spellings; --cpu alone: that CPU's own\n"
+            "  features). --target all: both. Every scheme of FILE unless --scheme.\n"
             "  Dimensions default to the scheme's `model { }` block, else 32 layers, 32 heads, 8 kv heads,\n"
             "  head_dim 128; inputs default to f32 (what the runtime's backends pass the kernels).\n");
 }
@@ -76,6 +89,27 @@ static int parse_args(int argc, char **argv, build_args *a)
             a->out = argv[++i];
         else if (!strcmp(o, "--no-compile"))
             a->no_compile = 1;
+        else if (!strcmp(o, "--target") && v) {
+            const char *t = argv[++i];
+            a->cpu = !strcmp(t, "cpu") || !strcmp(t, "all");
+            a->cuda = !strcmp(t, "cuda") || !strcmp(t, "all");
+            if (!a->cpu && !a->cuda) {
+                fprintf(stderr, "kvqc build: --target expects cuda, cpu or all\n");
+                return -1;
+            }
+        } else if ((!strcmp(o, "--cpu") || !strcmp(o, "--cpu-features")) && v) {
+            const char *t = argv[++i];
+            /* LLVM's CPU names and feature strings: letters, digits and - _ . (features also + and ,) */
+            int feat = o[5] != 0;
+            for (const char *c = t; *c; c++)
+                if (!(*c >= 'a' && *c <= 'z') && !(*c >= 'A' && *c <= 'Z') && !(*c >= '0' && *c <= '9') &&
+                    !strchr("-_.", *c) && !(feat && strchr("+,", *c))) {
+                    fprintf(stderr, "kvqc build: %s: unexpected character '%c' in '%s'\n", o, *c, t);
+                    return -1;
+                }
+            if (feat) a->cpu_features = t;
+            else a->cpu_name = t;
+        }
         else if (!strcmp(o, "--arch") && v) {
             char buf[256];
             snprintf(buf, sizeof buf, "%s", argv[++i]);
@@ -117,6 +151,7 @@ static int parse_args(int argc, char **argv, build_args *a)
         fprintf(stderr, "kvqc build: no spec file (kvqc build --help)\n");
         return -1;
     }
+    if (!a->cpu && !a->cuda) a->cuda = 1;
     if (a->n_archs == 0) {
         snprintf(a->archs[0], 16, "sm_80");
         snprintf(a->archs[1], 16, "sm_90");
@@ -327,6 +362,42 @@ static int count_archs(const build_args *a, const kvq_plan *p, const char *dir, 
     return rc || out->failed ? -1 : 0;
 }
 
+/* --target cpu: the object of the plan's kernels (the cpu backend's list, compiler/emit_llvm_plan.c) for the
+ * target, written with its cpu.json line (runtime/cpu/cpu_aot.c). 0 ok. */
+static int build_cpu(const build_args *a, const kvq_plan *p, const char *dir)
+{
+    char msg[1024];
+    emit_llvm_sources src[PLAN_MAX_CLASSES];
+    int n = emit_llvm_plan_kernels(p, src, NULL);
+    emit_llvm_kernel *ks = kvq_calloc((size_t)n, sizeof *ks);
+    if (!ks) {
+        fprintf(stderr, "kvqc build: out of memory\n");
+        return 1;
+    }
+    emit_llvm_plan_kernels(p, src, ks);
+    emit_llvm_target t = {a->cpu_name, a->cpu_features, 0};
+    emit_llvm_module *m = NULL;
+    void *obj = NULL;
+    size_t size = 0;
+    char name[256];
+    int rc = 1;
+    if (emit_llvm_module_build(ks, n, &t, &m, msg, sizeof msg) != KVQ_OK ||
+        emit_llvm_module_object(m, &obj, &size, msg, sizeof msg) != KVQ_OK ||
+        cpu_aot_write(dir, m, p, obj, size, name, sizeof name, msg, sizeof msg) != 0) {
+        fprintf(stderr, "kvqc build: %s: cpu: %s\n", p->scheme, msg);
+    } else {
+        char llvm[32];
+        emit_llvm_version(llvm, sizeof llvm);
+        printf("%s/%s: %d kernel%s, LLVM %s, cpu %s, width %d, %zu bytes, key %s\n", dir, name, n, n == 1 ? "" : "s",
+               llvm, emit_llvm_module_cpu(m), emit_llvm_module_width(m), size, emit_llvm_module_key(m));
+        rc = 0;
+    }
+    kvq_free(obj);
+    emit_llvm_module_free(m);
+    kvq_free(ks);
+    return rc;
+}
+
 static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_compile)
 {
     kvq_dims dims = a->dims;
@@ -350,6 +421,10 @@ static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_comp
     if (mkdirs(dir) != 0) {
         fprintf(stderr, "kvqc build: cannot create %s: %s\n", dir, strerror(errno));
         rc = 1;
+    } else if (a->cpu && (rc = build_cpu(a, p, dir)) != 0) {
+        /* reported */
+    } else if (!a->cuda) {
+        /* cpu only */
     } else if (emit_cuda_text_build(p, NULL, &t) != KVQ_OK) {
         fprintf(stderr, "kvqc build: out of memory\n");
         rc = 1;
@@ -391,8 +466,13 @@ int kvqc_build_main(int argc, char **argv)
     if (pa != 0) return 2;
     kvq_spec *spec = tool_load_spec("kvqc build", a.file);
     if (!spec) return 1;
-    int can_compile = !a.no_compile;
+    int can_compile = !a.no_compile && a.cuda;
     char why[512];
+    if (a.cpu && emit_llvm_probe(why, sizeof why) != KVQ_OK) {
+        fprintf(stderr, "kvqc build: --target cpu: %s\n", why);
+        kvq_spec_free(spec);
+        return 1;
+    }
     if (can_compile && cu_nvrtc_load(why, sizeof why) != KVQ_OK) {
         fprintf(stderr, "kvqc build: %s; writing the text part only\n", why);
         can_compile = 0;
