@@ -33,6 +33,39 @@ kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsign
     return cu_dev_launch(c->dev, c->mod, kernel, g, b, params, size, msg, n);
 }
 
+void *cu_stage_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t n)
+{
+    size_t need = (bytes + 15) & ~(size_t)15;
+    if (c->hst_used + need > c->hst_bytes) {
+        /* full: the copies queued from it must have read it before it is written again (a sync, which after
+         * warm-up only a run of steps without one reaches: cu_decode_enqueue's), and it grows if too small */
+        if (c->hst && cu_dev_sync(c->dev, msg, n) != KVQ_OK) return NULL;
+        if (need > c->hst_bytes) {
+            size_t cap = c->hst_bytes ? 2 * c->hst_bytes : 65536;
+            while (cap < need) cap *= 2;
+            void *h = NULL;
+            uint64_t hd = 0;
+            if (cu_dev_alloc_host(c->dev, cap, &h, &hd, msg, n) != KVQ_OK) return NULL;
+            cu_dev_free_host(c->dev, c->hst);
+            c->hst = h, c->hst_dev = hd, c->hst_bytes = cap;
+        }
+        c->hst_used = 0;
+    }
+    void *p = c->hst + c->hst_used;
+    c->hst_used += need;
+    return p;
+}
+
+kvq_status cu_upload(kvq_backend_ctx *c, uint64_t dst, const void *src, size_t bytes, char *msg, size_t n)
+{
+    if (!bytes) return KVQ_OK;
+    if (!c->in_step) return cu_dev_h2d(c->dev, dst, src, bytes, msg, n);
+    void *h = cu_stage_take(c, bytes, msg, n);
+    if (!h) return KVQ_ERR_INTERNAL;
+    memcpy(h, src, bytes);
+    return cu_dev_h2d_async(c->dev, dst, h, bytes, msg, n);
+}
+
 unsigned cu_grid_y(long long blocks)
 {
     return blocks < 1 ? 1u : blocks > (long long)CU_GRID_YZ_MAX ? CU_GRID_YZ_MAX : (unsigned)blocks;
@@ -44,7 +77,7 @@ kvq_status cu_win_init(kvq_backend_ctx *c, cu_win *w, int cap, char *msg, size_t
     w->cap = cap;
     w->bytes = kvq_window_tensor_bytes(c->H, c->D, cap);
     if (cap == 0) return KVQ_OK;
-    kvq_status st = cu_dev_alloc(c->dev, w->bytes, &w->addr, msg, n);
+    kvq_status st = cu_pool_get(c, w->bytes, &w->addr, msg, n);
     if (st != KVQ_OK) return st;
     w->pos = kvq_calloc((size_t)cap, sizeof *w->pos);
     if (!w->pos) {
@@ -65,7 +98,7 @@ kvq_rows cu_rows_f16(uint64_t base, int head_stride, int first, int ring)
 
 void cu_win_free(kvq_backend_ctx *c, cu_win *w)
 {
-    cu_dev_free(c->dev, w->addr);
+    cu_pool_put(c, w->addr, w->bytes);
     kvq_free(w->pos);
     memset(w, 0, sizeof *w);
 }
@@ -165,6 +198,8 @@ static void ctx_free(kvq_backend_ctx *c)
     cu_dev_free(c->dev, c->part);
     cu_dev_free(c->dev, c->aux);
     cu_dev_free(c->dev, c->pol);
+    cu_pool_free(c);
+    cu_dev_free_host(c->dev, c->hst);
     cu_module_free(c->mod);
     cu_dev_leave(c->dev, &cs);
     cu_dev_close(c->dev);
@@ -334,7 +369,8 @@ static kvq_status layer_save(cu_layer *L, cu_snap *s)
  * state, free probe rows) while it updates the host metadata in place; when everything succeeded the items adopt
  * OTT's new copies (cu_qlayer_commit), otherwise every item is put back from its snapshot, which frees what the
  * step created and undoes OTT's unmasking (the only device write that is undone rather than avoided). */
-static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *items, int n, char *msg, size_t ms)
+static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode *items, int n, uint64_t *out_dev,
+                             int download, char *msg, size_t ms)
 {
     int H = c->H, Hq = c->Hq, D = c->D, cls = c->plan->layer_class[layer], saved = 0, bad = -1;
     size_t qd = (size_t)n * Hq * D;
@@ -346,11 +382,15 @@ static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
     /* 0. snapshots, before anything changes */
     for (int i = 0; i < n && st == KVQ_OK; i++)
         if ((st = layer_save(items[i].seq->layers[layer], &snap[i])) == KVQ_OK) saved++;
-    /* 1. the batch's queries on the device (TailorKV's retrieval and ZipCache's probe rows read them there) */
+    /* 1. the batch's queries on the device (TailorKV's retrieval and ZipCache's probe rows read them there);
+     *    host data of the step goes through the page-locked staging from here on (cu_upload) */
+    c->in_step = 1;
+    if (c->hst_synced) c->hst_used = 0; /* every copy from the staging has completed */
+    c->hst_synced = 0;
     for (int i = 0; i < n && st == KVQ_OK; i++)
         memcpy(qh + (size_t)i * Hq * D, items[i].q, (size_t)Hq * D * sizeof *qh);
     if (st == KVQ_OK) st = cu_scratch(c, &c->qbuf, &c->qbuf_bytes, (2 * qd + (size_t)n * Hq) * sizeof(float), msg, ms);
-    if (st == KVQ_OK) st = cu_dev_h2d(c->dev, c->qbuf, qh, qd * sizeof *qh, msg, ms);
+    if (st == KVQ_OK) st = cu_upload(c, c->qbuf, qh, qd * sizeof *qh, msg, ms);
     uint64_t outd = c->qbuf + qd * sizeof(float), lsed = outd + qd * sizeof(float);
     /* 2. append each sequence's token (quantize-and-append, flushes, policies) */
     for (int i = 0; i < n && st == KVQ_OK; i++) {
@@ -392,8 +432,8 @@ static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
         sq[i].tiles = c->tiles + (uint64_t)first[i] * sizeof(kvq_tile);
         sq[i].n_tiles = (i + 1 < n ? first[i + 1] : nt) - first[i];
     }
-    if (st == KVQ_OK) st = cu_dev_h2d(c->dev, c->tiles, c->htiles, (size_t)nt * sizeof(kvq_tile), msg, ms);
-    if (st == KVQ_OK) st = cu_dev_h2d(c->dev, c->seqs, sq, (size_t)n * sizeof *sq, msg, ms);
+    if (st == KVQ_OK) st = cu_upload(c, c->tiles, c->htiles, (size_t)nt * sizeof(kvq_tile), msg, ms);
+    if (st == KVQ_OK) st = cu_upload(c, c->seqs, sq, (size_t)n * sizeof *sq, msg, ms);
     /* 4. the fused decode kernel for the whole batch, then the merge of the chunks */
     kvq_decode_params dp;
     memset(&dp, 0, sizeof dp);
@@ -411,7 +451,6 @@ static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
         const unsigned mg[3] = {(unsigned)Hq, (unsigned)n, 1}, mb[3] = {(unsigned)(D < 256 ? D : 256), 1, 1};
         st = cu_dev_launch(c->dev, c->mod, "kvq_merge", mg, mb, &dp, sizeof dp, msg, ms);
     }
-    if (st == KVQ_OK) st = cu_dev_d2h(c->dev, oh, outd, qd * sizeof *oh, msg, ms);
     /* 5. ZipCache: probe rows over this step's tiles (its query on the device, docs/cuda.md "Determinism"),
      *    compression every W */
     for (int i = 0; i < n && st == KVQ_OK; i++) {
@@ -420,13 +459,24 @@ static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
         st = cu_qlayer_after_attend(c, &L->q, c->qbuf + (uint64_t)i * Hq * D * 4, &sq[i], msg, ms);
         if (st != KVQ_OK) bad = i;
     }
-    /* 6. adopt, or put every item back */
+    /* 6. the host-pointer API: the outputs through the staging, and the step's one synchronisation */
+    float *oh_pinned = NULL;
+    if (st == KVQ_OK && download) {
+        oh_pinned = cu_stage_take(c, qd * sizeof *oh, msg, ms);
+        st = oh_pinned ? cu_dev_d2h_async(c->dev, oh_pinned, outd, qd * sizeof *oh, msg, ms) : KVQ_ERR_INTERNAL;
+        if (st == KVQ_OK) st = cu_dev_sync(c->dev, msg, ms);
+        if (st == KVQ_OK) memcpy(oh, oh_pinned, qd * sizeof *oh);
+        c->hst_synced = st == KVQ_OK;
+    }
+    c->in_step = 0;
+    /* 7. adopt, or put every item back */
     if (st == KVQ_OK) {
         for (int i = 0; i < n; i++) {
             cu_layer *L = items[i].seq->layers[layer];
             if (!L->sparse) cu_qlayer_commit(c, &L->q);
-            memcpy(items[i].out, oh + (size_t)i * Hq * D, (size_t)Hq * D * sizeof *oh);
+            if (download) memcpy(items[i].out, oh + (size_t)i * Hq * D, (size_t)Hq * D * sizeof *oh);
         }
+        if (out_dev) *out_dev = outd;
     } else {
         if (st == KVQ_ERR_NOMEM) snprintf(msg, ms, "out of memory");
         if (bad >= 0) {
@@ -453,7 +503,14 @@ static kvq_status cu_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
     kvq_free(qh);
     kvq_free(oh);
     kvq_free(first);
+    c->in_step = 0;
     return st;
+}
+
+kvq_status cu_decode_enqueue(kvq_backend_ctx *c, int layer, const kvq_be_decode *items, int n, uint64_t *out_dev,
+                             char *msg, size_t ms)
+{
+    return decode_run(c, layer, items, n, out_dev, 0, msg, ms);
 }
 
 static void cu_seq_account(const kvq_backend_ctx *c, const kvq_backend_seq *s, kvq_mem_stats *out)
@@ -498,7 +555,7 @@ static kvq_status be_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
 {
     cu_ctx_scope cs;
     cu_dev_enter(c->dev, &cs);
-    kvq_status st = cu_decode(c, layer, items, n, msg, ms);
+    kvq_status st = decode_run(c, layer, items, n, NULL, 1, msg, ms);
     cu_dev_leave(c->dev, &cs);
     return st;
 }

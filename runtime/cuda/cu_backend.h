@@ -108,6 +108,24 @@ typedef struct {
     int n_gen, gen_count[2];
 } cu_snap;
 
+/* cu_pool.c: the engine's device memory for the cache (slabs, free lists by size). */
+typedef struct {
+    uint64_t addr;
+    size_t bytes, used;
+} cu_slab;
+typedef struct {
+    size_t bytes;
+    uint64_t *addr;
+    int n, cap;
+} cu_free_list;
+typedef struct {
+    cu_slab *slabs;
+    int n_slabs, cap_slabs;
+    cu_free_list *lists;
+    int n_lists, cap_lists;
+    size_t total, used;
+} cu_pool;
+
 struct kvq_backend_seq {
     int n_layers;
     cu_layer **layers;
@@ -136,13 +154,40 @@ struct kvq_backend_ctx {
     size_t pol_bytes; /* policy kernels' inputs, outputs and work */
     kvq_tile *htiles;
     int htiles_cap;
+    cu_pool pool;
+    /* page-locked staging of a decode step's host data (cu_upload) and of its outputs: bump-allocated, started
+     * over at a step after a synchronised one, and when full after a cu_dev_sync */
+    unsigned char *hst;
+    uint64_t hst_dev;
+    size_t hst_bytes, hst_used;
+    int hst_synced; /* the last step ended with a synchronisation: the staging can start over */
+    int in_step; /* inside a decode step: host data goes through the staging, asynchronously */
     /* Fixed at load: decode blocks of each class one SM holds (the occupancy API) and the SM count, which size
      * every step's split-KV without a driver call. */
     int decode_blocks_per_sm[PLAN_MAX_CLASSES];
     int sm_count;
 };
 
+/* cu_pool.c: zero-filled device memory from the engine's pool (cu_pool_put zeroes a block when it comes back). */
+kvq_status cu_pool_get(kvq_backend_ctx *c, size_t bytes, uint64_t *addr, char *msg, size_t n);
+void cu_pool_put(kvq_backend_ctx *c, uint64_t addr, size_t bytes);
+/* Makes room for `bytes` more without a cuMemAlloc later (one slab). */
+kvq_status cu_pool_reserve(kvq_backend_ctx *c, size_t bytes, char *msg, size_t n);
+void cu_pool_free(kvq_backend_ctx *c);
+
 /* cu_backend.c */
+/* Host data for the device: inside a decode step, copied into the page-locked staging and sent with an async
+ * copy on the engine's stream (no synchronisation); outside, a synchronous copy. */
+kvq_status cu_upload(kvq_backend_ctx *c, uint64_t dst, const void *src, size_t bytes, char *msg, size_t n);
+/* `bytes` of the page-locked staging for this step (16-byte aligned); NULL with msg on failure. */
+void *cu_stage_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t n);
+/* A decode step's device work, queued on the engine's stream without any synchronisation, allocation (after
+ * warm-up) or device-to-host copy (except at an OTT or ZipCache flush, docs/cuda.md): append, plan, attend,
+ * policies. The outputs are left on the device: [n][Hq][D] fp32 at *out_dev. On failure every item is as it
+ * was. kvq_decode is this plus one async copy of the outputs into the staging and one cu_dev_sync. The caller
+ * brackets it with cu_dev_enter / cu_dev_leave. */
+kvq_status cu_decode_enqueue(kvq_backend_ctx *c, int layer, const kvq_be_decode *items, int n, uint64_t *out_dev,
+                             char *msg, size_t ms);
 kvq_status cu_scratch(kvq_backend_ctx *c, uint64_t *buf, size_t *have, size_t need, char *msg, size_t n);
 kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                      const void *params, size_t size, char *msg, size_t n);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "cu_counters.h"
 #include "cu_dev.h"
 #include "kvq_params.cuh"
 
@@ -31,6 +32,7 @@ void cu_dev_close(cu_dev *d)
 {
     if (!d) return;
     d->ops->close(d);
+    kvq_free(d->pinned);
     kvq_free(d);
 }
 
@@ -38,7 +40,7 @@ cu_dev_kind cu_dev_kind_of(const cu_dev *d) { return d->kind; }
 const char *cu_dev_arch(const cu_dev *d) { return d->arch; }
 int cu_dev_sm_count(const cu_dev *d) { return d->sm_count; }
 
-/* The failure injection of cu_dev_fail_after: counted down by every allocation, copy, memset and launch. */
+/* The failure injection of cu_dev_fail_after: counted down by every allocation, copy, memset, launch and sync. */
 static long fail_countdown, fail_count;
 
 void cu_dev_fail_after(long n) { fail_countdown = n > 0 ? n : 0; }
@@ -52,45 +54,163 @@ static int injected(char *msg, size_t n)
     return 1;
 }
 
+/* ---- counters and capture mode (cu_counters.h) ---- */
+
+static cu_dev_counters counters;
+static int capture_on;
+
+#define COUNT(field) __atomic_add_fetch(&counters.field, 1, __ATOMIC_RELAXED)
+
+void cu_dev_counters_get(cu_dev_counters *out)
+{
+    long *o = (long *)out;
+    const long *c = (const long *)&counters;
+    for (size_t i = 0; i < sizeof counters / sizeof(long); i++) o[i] = __atomic_load_n(&c[i], __ATOMIC_RELAXED);
+}
+
+void cu_dev_counters_reset(void)
+{
+    long *c = (long *)&counters;
+    for (size_t i = 0; i < sizeof counters / sizeof(long); i++) __atomic_store_n(&c[i], 0, __ATOMIC_RELAXED);
+}
+
+void cu_dev_counters_diff(const cu_dev_counters *a, const cu_dev_counters *b, cu_dev_counters *d)
+{
+    const long *x = (const long *)a, *y = (const long *)b;
+    long *z = (long *)d;
+    for (size_t i = 0; i < sizeof *d / sizeof(long); i++) z[i] = x[i] - y[i];
+}
+
+void cu_dev_capture(int on) { __atomic_store_n(&capture_on, on != 0, __ATOMIC_RELAXED); }
+int cu_dev_capturing(void) { return __atomic_load_n(&capture_on, __ATOMIC_RELAXED); }
+
+/* A call stream capture refuses, made on an emulated device in capture mode: counted, and an error. */
+static int refused(const cu_dev *d, const char *what, char *msg, size_t n)
+{
+    if (d->kind != CU_DEV_EMU || !cu_dev_capturing()) return 0;
+    COUNT(capture_refused);
+    snprintf(msg, n,
+             "emu: %s during stream capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900): the call is not allowed "
+             "while the stream is being captured into a graph",
+             what);
+    return 1;
+}
+
+int cu_dev_is_pinned(const cu_dev *d, const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (int i = 0; i < d->n_pinned; i++) {
+        uintptr_t b = (uintptr_t)d->pinned[i].host;
+        if (a >= b && a - b <= d->pinned[i].bytes && n <= d->pinned[i].bytes - (a - b)) return 1;
+    }
+    return 0;
+}
+
 kvq_status cu_dev_alloc(cu_dev *d, size_t bytes, uint64_t *addr, char *msg, size_t n)
 {
-    if (injected(msg, n)) return KVQ_ERR_INTERNAL;
+    if (refused(d, "cuMemAlloc", msg, n) || injected(msg, n)) return KVQ_ERR_INTERNAL;
+    COUNT(allocs);
     return d->ops->alloc(d, bytes ? bytes : 16, addr, msg, n);
 }
 void cu_dev_free(cu_dev *d, uint64_t addr)
 {
-    if (addr) d->ops->free(d, addr);
+    if (!addr) return;
+    char msg[200];
+    refused(d, "cuMemFree", msg, sizeof msg); /* counted; the memory is freed all the same, so nothing leaks */
+    COUNT(frees);
+    d->ops->free(d, addr);
 }
 kvq_status cu_dev_alloc_host(cu_dev *d, size_t bytes, void **host, uint64_t *addr, char *msg, size_t n)
 {
-    if (injected(msg, n)) return KVQ_ERR_INTERNAL;
-    return d->ops->alloc_host(d, bytes ? bytes : 16, host, addr, msg, n);
+    if (refused(d, "cuMemHostAlloc", msg, n) || injected(msg, n)) return KVQ_ERR_INTERNAL;
+    if (d->n_pinned == d->cap_pinned) {
+        int cap = d->cap_pinned ? 2 * d->cap_pinned : 8;
+        struct cu_pinned *np = kvq_realloc(d->pinned, (size_t)cap * sizeof *np);
+        if (!np) {
+            snprintf(msg, n, "out of memory");
+            return KVQ_ERR_NOMEM;
+        }
+        d->pinned = np, d->cap_pinned = cap;
+    }
+    COUNT(host_allocs);
+    bytes = bytes ? bytes : 16;
+    kvq_status st = d->ops->alloc_host(d, bytes, host, addr, msg, n);
+    if (st == KVQ_OK) d->pinned[d->n_pinned++] = (struct cu_pinned){*host, bytes};
+    return st;
 }
 void cu_dev_free_host(cu_dev *d, void *host)
 {
-    if (host) d->ops->free_host(d, host);
+    if (!host) return;
+    char msg[200];
+    refused(d, "cuMemFreeHost", msg, sizeof msg); /* as cu_dev_free */
+    COUNT(host_frees);
+    for (int i = 0; i < d->n_pinned; i++)
+        if (d->pinned[i].host == host) {
+            d->pinned[i] = d->pinned[--d->n_pinned];
+            break;
+        }
+    d->ops->free_host(d, host);
+}
+kvq_status cu_dev_h2d_async(cu_dev *d, uint64_t dst, const void *src, size_t n, char *msg, size_t ms)
+{
+    if (!n) return KVQ_OK;
+    int pinned = cu_dev_is_pinned(d, src, n);
+    if ((!pinned && refused(d, "cuMemcpyHtoDAsync from pageable host memory", msg, ms)) || injected(msg, ms))
+        return KVQ_ERR_INTERNAL;
+    COUNT(h2d);
+    if (!pinned) COUNT(syncs);
+    return d->ops->h2d_async(d, dst, src, n, msg, ms);
+}
+kvq_status cu_dev_d2h_async(cu_dev *d, void *dst, uint64_t src, size_t n, char *msg, size_t ms)
+{
+    if (!n) return KVQ_OK;
+    int pinned = cu_dev_is_pinned(d, dst, n);
+    if ((!pinned && refused(d, "cuMemcpyDtoHAsync into pageable host memory", msg, ms)) || injected(msg, ms))
+        return KVQ_ERR_INTERNAL;
+    COUNT(d2h);
+    if (!pinned) COUNT(syncs);
+    return d->ops->d2h_async(d, dst, src, n, msg, ms);
+}
+kvq_status cu_dev_sync(cu_dev *d, char *msg, size_t ms)
+{
+    if (refused(d, "cuStreamSynchronize", msg, ms) || injected(msg, ms)) return KVQ_ERR_INTERNAL;
+    COUNT(syncs);
+    return d->ops->sync(d, msg, ms);
 }
 kvq_status cu_dev_h2d(cu_dev *d, uint64_t dst, const void *src, size_t n, char *msg, size_t ms)
 {
-    if (n && injected(msg, ms)) return KVQ_ERR_INTERNAL;
-    return n ? d->ops->h2d(d, dst, src, n, msg, ms) : KVQ_OK;
+    if (!n) return KVQ_OK;
+    if (refused(d, "cuMemcpyHtoD (synchronous)", msg, ms) || injected(msg, ms)) return KVQ_ERR_INTERNAL;
+    COUNT(h2d), COUNT(syncs);
+    kvq_status st = d->ops->h2d_async(d, dst, src, n, msg, ms);
+    return st == KVQ_OK ? d->ops->sync(d, msg, ms) : st;
 }
 kvq_status cu_dev_d2h(cu_dev *d, void *dst, uint64_t src, size_t n, char *msg, size_t ms)
 {
-    if (n && injected(msg, ms)) return KVQ_ERR_INTERNAL;
-    return n ? d->ops->d2h(d, dst, src, n, msg, ms) : KVQ_OK;
+    if (!n) return KVQ_OK;
+    if (refused(d, "cuMemcpyDtoH (synchronous)", msg, ms) || injected(msg, ms)) return KVQ_ERR_INTERNAL;
+    COUNT(d2h), COUNT(syncs);
+    kvq_status st = d->ops->d2h_async(d, dst, src, n, msg, ms);
+    return st == KVQ_OK ? d->ops->sync(d, msg, ms) : st;
 }
 
 kvq_status cu_dev_memset(cu_dev *d, uint64_t dst, int byte, size_t n, char *msg, size_t ms)
 {
     if (n && injected(msg, ms)) return KVQ_ERR_INTERNAL;
+    if (n) COUNT(memsets);
     return n ? d->ops->memset(d, dst, byte, n, msg, ms) : KVQ_OK;
 }
+
+void cu_dev_set_stream(cu_dev *d, void *stream) { d->stream = stream ? stream : d->own_stream; }
+void *cu_dev_stream(const cu_dev *d) { return d->stream; }
 
 double cu_dev_peak_gbps(const cu_dev *d) { return d->peak_gbps; }
 
 kvq_status cu_dev_load(cu_dev *d, const char *src, const char *scheme, cu_module **out, char *msg, size_t n)
 {
+    *out = NULL;
+    if (refused(d, "cuModuleLoadData", msg, n)) return KVQ_ERR_INTERNAL;
+    COUNT(loads);
     return d->ops->load(d, src, scheme, out, msg, n);
 }
 
@@ -116,6 +236,7 @@ kvq_status cu_dev_launch_smem(cu_dev *d, cu_module *m, const char *kernel, const
 {
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return KVQ_OK; /* nothing to do */
     if (injected(msg, n)) return KVQ_ERR_INTERNAL;
+    COUNT(launches);
     return d->ops->launch(d, m, kernel, grid, block, smem, params, size, msg, n);
 }
 

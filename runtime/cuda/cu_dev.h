@@ -25,16 +25,36 @@ cu_dev_kind cu_dev_kind_of(const cu_dev *d);
 const char *cu_dev_arch(const cu_dev *d);
 int cu_dev_sm_count(const cu_dev *d);
 
-/* Zero-filled device memory. */
+/* Zero-filled device memory (cuMemAlloc + a memset on the device's stream). Not inside a decode step: the
+ * backends take pages and scratch from their pool (cu_pool.c), grown outside steps. */
 kvq_status cu_dev_alloc(cu_dev *d, size_t bytes, uint64_t *addr, char *msg, size_t msg_size);
 void cu_dev_free(cu_dev *d, uint64_t addr);
-/* Page-locked host memory the device reads directly (TailorKV's offloaded K/V): *host for the CPU, *addr for
- * kernels. */
+/* Page-locked host memory the device reads directly (TailorKV's offloaded K/V) and the staging of the async
+ * copies: *host for the CPU, *addr for kernels. The device remembers these ranges: an async copy from or to any
+ * other host memory is pageable (synchronous on a GPU, refused in capture). */
 kvq_status cu_dev_alloc_host(cu_dev *d, size_t bytes, void **host, uint64_t *addr, char *msg, size_t msg_size);
 void cu_dev_free_host(cu_dev *d, void *host);
+/* Synchronous copies: queued on the device's stream, then the stream is synchronised (so they see, and are seen
+ * by, every launch before and after them). Outside decode steps only (read_cache, prefill's inputs, load). */
 kvq_status cu_dev_h2d(cu_dev *d, uint64_t dst, const void *src, size_t n, char *msg, size_t msg_size);
 kvq_status cu_dev_d2h(cu_dev *d, void *dst, uint64_t src, size_t n, char *msg, size_t msg_size);
+/* cuMemsetD8Async on the device's stream (ordered with the launches; no synchronisation). */
 kvq_status cu_dev_memset(cu_dev *d, uint64_t dst, int byte, size_t n, char *msg, size_t msg_size);
+
+/* ---- the stream (docs/cuda.md "The host protocol"): launches, async copies and memsets of a device are queued
+ * on one stream in order, the device's own (created at open, non-blocking) or the caller's (a CUstream passed as
+ * void *). Nothing waits for them until cu_dev_sync or a synchronous copy. ---- */
+/* Binds the device to `stream` (NULL: back to the device's own). The caller keeps its stream alive. */
+void cu_dev_set_stream(cu_dev *d, void *stream);
+void *cu_dev_stream(const cu_dev *d);
+/* cuMemcpyHtoDAsync / cuMemcpyDtoHAsync on the stream. The host side should be page-locked
+ * (cu_dev_alloc_host): a pageable one makes the GPU copy synchronous, and it is counted as a synchronisation. */
+kvq_status cu_dev_h2d_async(cu_dev *d, uint64_t dst, const void *src, size_t n, char *msg, size_t msg_size);
+kvq_status cu_dev_d2h_async(cu_dev *d, void *dst, uint64_t src, size_t n, char *msg, size_t msg_size);
+/* cuStreamSynchronize: the host waits for everything queued so far; a kernel's failure shows here. */
+kvq_status cu_dev_sync(cu_dev *d, char *msg, size_t msg_size);
+/* Whether [p, p + n) lies in one page-locked allocation of d. */
+int cu_dev_is_pinned(const cu_dev *d, const void *p, size_t n);
 /* Peak memory bandwidth from the device's memory clock and bus width, GB/s (0 when unknown, e.g. emulator). */
 double cu_dev_peak_gbps(const cu_dev *d);
 
@@ -44,9 +64,11 @@ void cu_module_free(cu_module *m);
 /* Where the module came from: "generated", "cache", "jit". */
 const char *cu_module_origin(const cu_module *m);
 
-/* Launches `kernel` of m with one parameter struct; synchronous (the call returns after the kernel finished),
- * so a failure is reported by the launch that caused it. A launch the device refuses (grid, block, shared memory
- * or registers beyond its limits) is KVQ_ERR_INTERNAL with the kernel, the limit and the value. */
+/* Launches `kernel` of m with one parameter struct on the device's stream, asynchronously (cuLaunchKernel; no
+ * synchronisation: a fault inside the kernel shows at the next cu_dev_sync or synchronous copy; on the emulator
+ * the kernel has run when the call returns, so its faults show at once). The CUfunction is looked up once per
+ * module and name and cached (cu_module's table), not per launch. A launch the device refuses (grid, block,
+ * shared memory or registers beyond its limits) is KVQ_ERR_INTERNAL with the kernel, the limit and the value. */
 kvq_status cu_dev_launch(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3], const unsigned block[3],
                          const void *params, size_t param_size, char *msg, size_t msg_size);
 /* The same with `smem` bytes of dynamic shared memory (cuLaunchKernel's sharedMemBytes): more than 48 KiB less
@@ -91,9 +113,10 @@ typedef struct {
     void (*free)(cu_dev *, uint64_t);
     kvq_status (*alloc_host)(cu_dev *, size_t, void **, uint64_t *, char *, size_t);
     void (*free_host)(cu_dev *, void *);
-    kvq_status (*h2d)(cu_dev *, uint64_t, const void *, size_t, char *, size_t);
-    kvq_status (*d2h)(cu_dev *, void *, uint64_t, size_t, char *, size_t);
-    kvq_status (*memset)(cu_dev *, uint64_t, int, size_t, char *, size_t);
+    kvq_status (*memset)(cu_dev *, uint64_t, int, size_t, char *, size_t); /* async, on the stream */
+    kvq_status (*h2d_async)(cu_dev *, uint64_t, const void *, size_t, char *, size_t);
+    kvq_status (*d2h_async)(cu_dev *, void *, uint64_t, size_t, char *, size_t);
+    kvq_status (*sync)(cu_dev *, char *, size_t);
     kvq_status (*load)(cu_dev *, const char *, const char *, cu_module **, char *, size_t);
     void (*module_free)(cu_module *);
     kvq_status (*launch)(cu_dev *, cu_module *, const char *, const unsigned[3], const unsigned[3], unsigned,
@@ -103,6 +126,8 @@ typedef struct {
     void (*leave)(cu_dev *, const cu_ctx_scope *);
     void (*close)(cu_dev *);
 } cu_dev_ops;
+/* The front (cu_dev.c) does the rest: synchronous copies are async copies + sync, and the counters and the
+ * capture checks (cu_counters.h) are kept there, for both implementations. */
 
 struct cu_dev {
     const cu_dev_ops *ops;
@@ -110,6 +135,13 @@ struct cu_dev {
     char arch[16];
     int sm_count;
     double peak_gbps;
+    void *stream;     /* the stream work goes on (NULL on the emulator's own) */
+    void *own_stream; /* the device's own stream */
+    struct cu_pinned {
+        const void *host;
+        size_t bytes;
+    } *pinned; /* page-locked ranges (cu_dev_alloc_host) */
+    int n_pinned, cap_pinned;
     void *impl;
 };
 

@@ -43,7 +43,6 @@ static struct {
     CUresult (*ctx_get)(CUcontext *);
     CUresult (*fn_attr_get)(int *, int, CUfunction);
     CUresult (*fn_attr_set)(CUfunction, int, int);
-    CUresult (*ctx_sync)(void);
     CUresult (*mod_load)(CUmodule *, const void *);
     CUresult (*mod_fn)(CUfunction *, CUmodule, const char *);
     CUresult (*mod_unload)(CUmodule);
@@ -52,13 +51,16 @@ static struct {
                        void **, void **);
     CUresult (*mem_alloc)(CUdeviceptr *, size_t);
     CUresult (*mem_free)(CUdeviceptr);
-    CUresult (*h2d)(CUdeviceptr, const void *, size_t);
-    CUresult (*d2h)(void *, CUdeviceptr, size_t);
-    CUresult (*memset8)(CUdeviceptr, unsigned char, size_t);
     CUresult (*host_alloc)(void **, size_t, unsigned);
     CUresult (*host_dptr)(CUdeviceptr *, void *, unsigned);
     CUresult (*host_free)(void *);
     CUresult (*err_str)(CUresult, const char **);
+    CUresult (*h2d_async)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*d2h_async)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*memset8_async)(CUdeviceptr, unsigned char, size_t, CUstream);
+    CUresult (*stream_sync)(CUstream);
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CUresult (*stream_destroy)(CUstream);
 } cu;
 
 typedef struct {
@@ -66,9 +68,39 @@ typedef struct {
     CUcontext ctx;
 } drv_dev;
 
+/* The module's CUfunctions, looked up once per name (cuModuleGetFunction) and kept, not per launch. */
 typedef struct {
     CUmodule mod;
+    struct drv_fn {
+        char name[64];
+        CUfunction f;
+    } *fns;
+    int n_fns, cap_fns;
 } drv_mod;
+
+#define CU_STREAM_NON_BLOCKING 1
+
+static CUresult drv_function(drv_mod *dm, const char *kernel, CUfunction *out)
+{
+    for (int i = 0; i < dm->n_fns; i++)
+        if (!strcmp(dm->fns[i].name, kernel)) {
+            *out = dm->fns[i].f;
+            return 0;
+        }
+    CUresult r = cu.mod_fn(out, dm->mod, kernel);
+    if (r) return r;
+    if (dm->n_fns == dm->cap_fns) {
+        int cap = dm->cap_fns ? 2 * dm->cap_fns : 32;
+        struct drv_fn *nf = kvq_realloc(dm->fns, (size_t)cap * sizeof *nf);
+        if (!nf) return 0; /* not cached: looked up again next time */
+        dm->fns = nf, dm->cap_fns = cap;
+    }
+    if (strlen(kernel) < sizeof dm->fns[0].name) {
+        snprintf(dm->fns[dm->n_fns].name, sizeof dm->fns[0].name, "%s", kernel);
+        dm->fns[dm->n_fns++].f = *out;
+    }
+    return 0;
+}
 
 static const char *err_text(CUresult r)
 {
@@ -106,7 +138,6 @@ static kvq_status load_driver(char *msg, size_t n)
         {&cu.ctx_get, "cuCtxGetCurrent"},
         {&cu.fn_attr_get, "cuFuncGetAttribute"},
         {&cu.fn_attr_set, "cuFuncSetAttribute"},
-        {&cu.ctx_sync, "cuCtxSynchronize"},
         {&cu.mod_load, "cuModuleLoadData"},
         {&cu.mod_fn, "cuModuleGetFunction"},
         {&cu.mod_unload, "cuModuleUnload"},
@@ -114,13 +145,16 @@ static kvq_status load_driver(char *msg, size_t n)
         {&cu.launch, "cuLaunchKernel"},
         {&cu.mem_alloc, "cuMemAlloc_v2"},
         {&cu.mem_free, "cuMemFree_v2"},
-        {&cu.h2d, "cuMemcpyHtoD_v2"},
-        {&cu.d2h, "cuMemcpyDtoH_v2"},
-        {&cu.memset8, "cuMemsetD8_v2"},
         {&cu.host_alloc, "cuMemHostAlloc"},
         {&cu.host_dptr, "cuMemHostGetDevicePointer_v2"},
         {&cu.host_free, "cuMemFreeHost"},
         {&cu.err_str, "cuGetErrorString"},
+        {&cu.h2d_async, "cuMemcpyHtoDAsync_v2"},
+        {&cu.d2h_async, "cuMemcpyDtoHAsync_v2"},
+        {&cu.memset8_async, "cuMemsetD8Async"},
+        {&cu.stream_sync, "cuStreamSynchronize"},
+        {&cu.stream_create, "cuStreamCreate"},
+        {&cu.stream_destroy, "cuStreamDestroy_v2"},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         void *f = dlsym(h, syms[i].name);
@@ -137,14 +171,13 @@ static kvq_status load_driver(char *msg, size_t n)
 
 static kvq_status drv_alloc(cu_dev *d, size_t bytes, uint64_t *addr, char *msg, size_t n)
 {
-    (void)d;
     CUdeviceptr p = 0;
     CUresult r = cu.mem_alloc(&p, bytes);
     if (r) return fail(r, "cuMemAlloc", msg, n);
-    r = cu.memset8(p, 0, bytes);
+    r = cu.memset8_async(p, 0, bytes, (CUstream)d->stream); /* ordered before the stream's uses of it */
     if (r) {
         cu.mem_free(p);
-        return fail(r, "cuMemsetD8", msg, n);
+        return fail(r, "cuMemsetD8Async", msg, n);
     }
     *addr = p;
     return KVQ_OK;
@@ -179,25 +212,30 @@ static void drv_free_host(cu_dev *d, void *host)
     cu.host_free(host);
 }
 
-static kvq_status drv_h2d(cu_dev *d, uint64_t dst, const void *src, size_t n, char *msg, size_t ms)
+/* Copies and memsets on the device's stream (asynchronous; the front adds cuStreamSynchronize where a copy
+ * must be synchronous). */
+static kvq_status drv_h2d_async(cu_dev *d, uint64_t dst, const void *src, size_t n, char *msg, size_t ms)
 {
-    (void)d;
-    CUresult r = cu.h2d(dst, src, n);
-    return r ? fail(r, "cuMemcpyHtoD", msg, ms) : KVQ_OK;
+    CUresult r = cu.h2d_async(dst, src, n, (CUstream)d->stream);
+    return r ? fail(r, "cuMemcpyHtoDAsync", msg, ms) : KVQ_OK;
 }
 
-static kvq_status drv_d2h(cu_dev *d, void *dst, uint64_t src, size_t n, char *msg, size_t ms)
+static kvq_status drv_d2h_async(cu_dev *d, void *dst, uint64_t src, size_t n, char *msg, size_t ms)
 {
-    (void)d;
-    CUresult r = cu.d2h(dst, src, n);
-    return r ? fail(r, "cuMemcpyDtoH", msg, ms) : KVQ_OK;
+    CUresult r = cu.d2h_async(dst, src, n, (CUstream)d->stream);
+    return r ? fail(r, "cuMemcpyDtoHAsync", msg, ms) : KVQ_OK;
 }
 
 static kvq_status drv_memset(cu_dev *d, uint64_t dst, int byte, size_t n, char *msg, size_t ms)
 {
-    (void)d;
-    CUresult r = cu.memset8(dst, (unsigned char)byte, n);
-    return r ? fail(r, "cuMemsetD8", msg, ms) : KVQ_OK;
+    CUresult r = cu.memset8_async(dst, (unsigned char)byte, n, (CUstream)d->stream);
+    return r ? fail(r, "cuMemsetD8Async", msg, ms) : KVQ_OK;
+}
+
+static kvq_status drv_sync(cu_dev *d, char *msg, size_t ms)
+{
+    CUresult r = cu.stream_sync((CUstream)d->stream);
+    return r ? fail(r, "cuStreamSynchronize (a kernel or copy queued before it failed)", msg, ms) : KVQ_OK;
 }
 
 /* generated/<scheme>/<arch>.cubin, when generated/<scheme>/kernels.cu is exactly this source. */
@@ -286,6 +324,7 @@ static void drv_module_free(cu_module *m)
 {
     drv_mod *dm = m->impl;
     cu.mod_unload(dm->mod);
+    kvq_free(dm->fns);
     kvq_free(dm);
     kvq_free(m);
 }
@@ -294,13 +333,14 @@ static kvq_status drv_launch(cu_dev *d, cu_module *m, const char *kernel, const 
                              const unsigned block[3], unsigned smem, const void *params, size_t size, char *msg,
                              size_t n)
 {
-    (void)d, (void)size;
+    (void)size;
     drv_mod *dm = m->impl;
     CUfunction f;
-    CUresult r = cu.mod_fn(&f, dm->mod, kernel);
+    CUresult r = drv_function(dm, kernel, &f);
     if (r) return fail(r, kernel, msg, n);
+    /* kernelParams: the driver copies the struct at the call, so `params` may change after it returns */
     void *args[1] = {(void *)params};
-    r = cu.launch(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, NULL, args, NULL);
+    r = cu.launch(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, (CUstream)d->stream, args, NULL);
     if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES) {
         /* a launch beyond the device's limits: say what was asked of which kernel */
         int regs = -1, sstat = -1, maxdyn = -1;
@@ -314,7 +354,6 @@ static kvq_status drv_launch(cu_dev *d, cu_module *m, const char *kernel, const 
                  maxdyn);
         return KVQ_ERR_INTERNAL;
     }
-    if (!r) r = cu.ctx_sync();
     if (r) {
         char what[128];
         snprintf(what, sizeof what, "launch of %s", kernel);
@@ -328,7 +367,7 @@ static kvq_status drv_max_dyn_smem(cu_dev *d, cu_module *m, const char *kernel, 
     (void)d;
     drv_mod *dm = m->impl;
     CUfunction f;
-    CUresult r = cu.mod_fn(&f, dm->mod, kernel);
+    CUresult r = drv_function(dm, kernel, &f);
     if (!r) r = cu.fn_attr_set(f, CU_FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)bytes);
     if (r) {
         char what[160];
@@ -359,7 +398,7 @@ int cu_driver_occupancy(cu_module *m, const char *kernel, int threads, size_t sm
     drv_mod *dm = m->impl;
     CUfunction f;
     int blocks = 0;
-    if (cu.mod_fn(&f, dm->mod, kernel)) return 0;
+    if (drv_function(dm, kernel, &f)) return 0;
     if (smem > 48 * 1024 && cu.fn_attr_set(f, CU_FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem)) return 0;
     if (cu.occupancy(&blocks, f, threads, smem)) return 0;
     return blocks;
@@ -368,13 +407,31 @@ int cu_driver_occupancy(cu_module *m, const char *kernel, int threads, size_t sm
 static void drv_close(cu_dev *d)
 {
     drv_dev *dd = d->impl;
+    if (d->own_stream) {
+        cu.stream_sync((CUstream)d->own_stream);
+        cu.stream_destroy((CUstream)d->own_stream);
+    }
     cu.ctx_release(dd->dev);
     kvq_free(dd);
 }
 
-static const cu_dev_ops drv_ops = {drv_alloc,       drv_free,   drv_alloc_host, drv_free_host,    drv_h2d,
-                                   drv_d2h,         drv_memset, drv_load,       drv_module_free,  drv_launch,
-                                   drv_max_dyn_smem, drv_enter, drv_leave,      drv_close};
+static const cu_dev_ops drv_ops = {
+    .alloc = drv_alloc,
+    .free = drv_free,
+    .alloc_host = drv_alloc_host,
+    .free_host = drv_free_host,
+    .memset = drv_memset,
+    .h2d_async = drv_h2d_async,
+    .d2h_async = drv_d2h_async,
+    .sync = drv_sync,
+    .load = drv_load,
+    .module_free = drv_module_free,
+    .launch = drv_launch,
+    .max_dyn_smem = drv_max_dyn_smem,
+    .enter = drv_enter,
+    .leave = drv_leave,
+    .close = drv_close,
+};
 
 kvq_status cu_driver_open(cu_dev *d, char *msg, size_t n)
 {
@@ -413,6 +470,16 @@ kvq_status cu_driver_open(cu_dev *d, char *msg, size_t n)
     int clk = 0, bus = 0;
     if (!cu.dev_attr(&clk, CU_ATTR_MEM_CLOCK, dd->dev) && !cu.dev_attr(&bus, CU_ATTR_BUS_WIDTH, dd->dev))
         d->peak_gbps = 2.0 * clk * 1e3 * (bus / 8.0) / 1e9; /* double data rate */
+    /* the engine's own stream, non-blocking: it does not wait for (or hold up) the legacy default stream of the
+     * rest of the process; cu_dev_set_stream puts the caller's in its place */
+    CUstream s = NULL;
+    if ((r = cu.stream_create(&s, CU_STREAM_NON_BLOCKING))) {
+        cu.ctx_release(dd->dev);
+        kvq_free(dd);
+        snprintf(msg, n, "cuda: cuStreamCreate: %s", err_text(r));
+        return KVQ_ERR_INTERNAL;
+    }
+    d->own_stream = d->stream = s;
     d->ops = &drv_ops;
     d->impl = dd;
     return KVQ_OK;

@@ -47,6 +47,11 @@ typedef struct {
     void (*release)(void);
     emu_fn *fns; /* from NVRTC's resource report for the emulated arch; NULL when NVRTC is not available */
     int n_fns, cap_fns, resources;
+    struct emu_sym {
+        char name[64];
+        const struct emu_kernel *k;
+    } *syms; /* kernels looked up so far (cuModuleGetFunction once per name, not per launch) */
+    int n_syms, cap_syms;
 } emu_mod;
 
 typedef struct {
@@ -118,25 +123,32 @@ static kvq_status emu_alloc_host(cu_dev *d, size_t bytes, void **host, uint64_t 
 
 static void emu_free_host(cu_dev *d, void *host) { emu_free(d, (uint64_t)(uintptr_t)host); }
 
+/* The stream's work runs when it is queued (the emulator is eager), so a copy, a memset and a sync need no
+ * ordering of their own; they check the context as the driver's calls do. */
 static kvq_status emu_h2d(cu_dev *d, uint64_t dst, const void *src, size_t n, char *msg, size_t ms)
 {
-    if (no_context(d, "cuMemcpyHtoD", msg, ms)) return KVQ_ERR_INTERNAL;
+    if (no_context(d, "cuMemcpyHtoDAsync", msg, ms)) return KVQ_ERR_INTERNAL;
     memcpy((void *)(uintptr_t)dst, src, n);
     return KVQ_OK;
 }
 
 static kvq_status emu_d2h(cu_dev *d, void *dst, uint64_t src, size_t n, char *msg, size_t ms)
 {
-    if (no_context(d, "cuMemcpyDtoH", msg, ms)) return KVQ_ERR_INTERNAL;
+    if (no_context(d, "cuMemcpyDtoHAsync", msg, ms)) return KVQ_ERR_INTERNAL;
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return KVQ_OK;
 }
 
 static kvq_status emu_memset(cu_dev *d, uint64_t dst, int byte, size_t n, char *msg, size_t ms)
 {
-    if (no_context(d, "cuMemsetD8", msg, ms)) return KVQ_ERR_INTERNAL;
+    if (no_context(d, "cuMemsetD8Async", msg, ms)) return KVQ_ERR_INTERNAL;
     memset((void *)(uintptr_t)dst, byte, n);
     return KVQ_OK;
+}
+
+static kvq_status emu_sync(cu_dev *d, char *msg, size_t ms)
+{
+    return no_context(d, "cuStreamSynchronize", msg, ms) ? KVQ_ERR_INTERNAL : KVQ_OK;
 }
 
 /* ---- building ---- */
@@ -418,6 +430,7 @@ static void emu_module_free(cu_module *m)
     em->release();
     dlclose(em->so);
     kvq_free(em->fns);
+    kvq_free(em->syms);
     kvq_free(em);
     kvq_free(m);
 }
@@ -459,6 +472,31 @@ static kvq_status emu_max_dyn_smem(cu_dev *d, cu_module *m, const char *kernel, 
     return KVQ_OK;
 }
 
+/* The kernel's entry, looked up in the shared object the first time and cached in the module. */
+static const struct emu_kernel *emu_kernel_of(emu_mod *em, const char *kernel, char *msg, size_t n)
+{
+    for (int i = 0; i < em->n_syms; i++)
+        if (!strcmp(em->syms[i].name, kernel)) return em->syms[i].k;
+    char sym[96];
+    snprintf(sym, sizeof sym, "%s__emu", kernel);
+    const struct emu_kernel *k = dlsym(em->so, sym);
+    if (!k) {
+        snprintf(msg, n, "emu: no kernel %s in the module", kernel);
+        return NULL;
+    }
+    if (em->n_syms == em->cap_syms) {
+        int cap = em->cap_syms ? 2 * em->cap_syms : 32;
+        struct emu_sym *ns = kvq_realloc(em->syms, (size_t)cap * sizeof *ns);
+        if (!ns) return k; /* not cached: looked up again next time */
+        em->syms = ns, em->cap_syms = cap;
+    }
+    if (strlen(kernel) < sizeof em->syms[0].name) {
+        snprintf(em->syms[em->n_syms].name, sizeof em->syms[0].name, "%s", kernel);
+        em->syms[em->n_syms++].k = k;
+    }
+    return k;
+}
+
 static kvq_status emu_launch_k(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3],
                                const unsigned block[3], unsigned smem, const void *params, size_t size, char *msg,
                                size_t n)
@@ -466,13 +504,8 @@ static kvq_status emu_launch_k(cu_dev *d, cu_module *m, const char *kernel, cons
     if (no_context(d, "cuLaunchKernel", msg, n)) return KVQ_ERR_INTERNAL;
     emu_dev *e = d->impl;
     emu_mod *em = m->impl;
-    char sym[96];
-    snprintf(sym, sizeof sym, "%s__emu", kernel);
-    const struct emu_kernel *k = dlsym(em->so, sym);
-    if (!k) {
-        snprintf(msg, n, "emu: no kernel %s in the module", kernel);
-        return KVQ_ERR_INTERNAL;
-    }
+    const struct emu_kernel *k = emu_kernel_of(em, kernel, msg, n);
+    if (!k) return KVQ_ERR_INTERNAL;
     emu_dim3 g = {grid[0], grid[1], grid[2]}, b = {block[0], block[1], block[2]};
     struct emu_options opt;
     memset(&opt, 0, sizeof opt);
@@ -502,9 +535,23 @@ static void emu_close(cu_dev *d)
     kvq_free(d->impl);
 }
 
-static const cu_dev_ops emu_ops = {emu_alloc,        emu_free,   emu_alloc_host, emu_free_host,   emu_h2d,
-                                   emu_d2h,          emu_memset, emu_load,       emu_module_free, emu_launch_k,
-                                   emu_max_dyn_smem, emu_enter,  emu_leave,      emu_close};
+static const cu_dev_ops emu_ops = {
+    .alloc = emu_alloc,
+    .free = emu_free,
+    .alloc_host = emu_alloc_host,
+    .free_host = emu_free_host,
+    .memset = emu_memset,
+    .h2d_async = emu_h2d,
+    .d2h_async = emu_d2h,
+    .sync = emu_sync,
+    .load = emu_load,
+    .module_free = emu_module_free,
+    .launch = emu_launch_k,
+    .max_dyn_smem = emu_max_dyn_smem,
+    .enter = emu_enter,
+    .leave = emu_leave,
+    .close = emu_close,
+};
 
 kvq_status cu_emu_open(cu_dev *d, char *msg, size_t n)
 {

@@ -89,7 +89,7 @@ kvq_status cu_ott_compete(kvq_backend_ctx *c, cu_qlayer *L, const kvq_rows *k, c
             mb[j] = pgp->addr + (uint64_t)pgp->lay.mask;
         }
         p.mask = c->pol + rows_b + flags_b;
-        st = cu_dev_h2d(c->dev, p.mask, mb, mask_b, msg, n);
+        st = cu_upload(c, p.mask, mb, mask_b, msg, n);
         kvq_free(mb);
     }
     if (st == KVQ_OK) st = cu_launch(c, "kvq_ott_compete", (unsigned)H, 1, 1, 256, &p, sizeof p, msg, n);

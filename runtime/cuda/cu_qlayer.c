@@ -39,7 +39,7 @@ static const char *store_name(int store)
 static void page_free(kvq_backend_ctx *c, cu_page *p)
 {
     if (!p) return;
-    cu_dev_free(c->dev, p->addr);
+    cu_pool_put(c, p->addr, p->lay.total);
     kvq_free(p->pos);
     kvq_free(p);
 }
@@ -66,7 +66,7 @@ static kvq_status page_new(kvq_backend_ctx *c, cu_qlayer *L, int w, int cls, int
     p->kind = kvq_bits_is_fp16(bits) ? KVQ_SRC_F16 : cls ? KVQ_SRC_LO : KVQ_SRC_HI;
     p->store = (w ? 2 : 0) + cls;
     p->pos = kvq_calloc((size_t)c->H * (size_t)cap, sizeof *p->pos);
-    kvq_status st = p->pos ? cu_dev_alloc(c->dev, p->lay.total, &p->addr, msg, n) : KVQ_ERR_NOMEM;
+    kvq_status st = p->pos ? cu_pool_get(c, p->lay.total, &p->addr, msg, n) : KVQ_ERR_NOMEM;
     if (st != KVQ_OK) {
         page_free(c, p);
         if (st == KVQ_ERR_NOMEM) snprintf(msg, n, "out of memory");
@@ -150,7 +150,7 @@ static kvq_status flush_pages(kvq_backend_ctx *c, cu_qlayer *L, int w, const kvq
                     gidx[(size_t)h * cap + j] = src->ring ? (src->first + i) % src->ring : src->first + i;
                 }
             if (is_high) {
-                st = cu_dev_h2d(c->dev, c->aux, gidx, (size_t)H * cap * sizeof *gidx, msg, mn);
+                st = cu_upload(c, c->aux, gidx, (size_t)H * cap * sizeof *gidx, msg, mn);
                 r.gather = c->aux;
             } else if (r.ring) {
                 r.first = (r.first + off) % r.ring;
@@ -213,7 +213,7 @@ static kvq_status stage_rows(kvq_backend_ctx *c, const float *x, int n, uint64_t
         return KVQ_ERR_NOMEM;
     }
     kvq_f16_from_f32_n(h16, x, cnt);
-    kvq_status st = cu_dev_h2d(c->dev, dst, h16, cnt * 2, msg, mn);
+    kvq_status st = cu_upload(c, dst, h16, cnt * 2, msg, mn);
     kvq_free(h16);
     return st;
 }

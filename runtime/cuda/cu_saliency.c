@@ -146,7 +146,7 @@ kvq_status cu_sal_flush(kvq_backend_ctx *c, const cu_qlayer *L, int B, unsigned 
     for (int r = 0; r < nr; r++) ppos[r] = L->probe_pos[r] - L->cycle_first; /* window slot i: cycle_first + i */
     size_t pb = al16((size_t)(nr > 0 ? nr : 1) * 4);
     kvq_status st = cu_scratch(c, &c->pol, &c->pol_bytes, pb + class_bytes(c->H, B), msg, ms);
-    if (st == KVQ_OK) st = cu_dev_h2d(c->dev, c->pol, ppos, (size_t)nr * 4, msg, ms);
+    if (st == KVQ_OK) st = cu_upload(c, c->pol, ppos, (size_t)nr * 4, msg, ms);
     kvq_free(ppos);
     kvq_zip_params p;
     memset(&p, 0, sizeof p);

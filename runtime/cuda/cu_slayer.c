@@ -101,7 +101,7 @@ kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, const float *k, co
     if (st == KVQ_OK) {
         kvq_f16_from_f32_n(h16, k, (size_t)H * D);
         kvq_f16_from_f32_n(h16 + (size_t)H * D, v, (size_t)H * D);
-        st = cu_dev_h2d(c->dev, c->stage, h16, 2 * one, msg, mn);
+        st = cu_upload(c, c->stage, h16, 2 * one, msg, mn);
     }
     kvq_free(h16);
     for (int w = 0; w < 2 && st == KVQ_OK; w++) {

@@ -1,0 +1,33 @@
+/* What the device layer did, for tests (not part of kvq.h): counters of every driver call a serving step must
+ * not make, and the emulated device's capture mode. Process-wide, like cu_dev_fail_after.
+ *
+ * Counted by the device front (cu_dev.c) for every device, GPU or emulator:
+ * - syncs: cu_dev_sync (cuStreamSynchronize), each synchronous copy (cu_dev_h2d / cu_dev_d2h: async + sync), and
+ *   each async copy whose host side is pageable (the driver makes it synchronous);
+ * - allocs / frees: cuMemAlloc / cuMemFree; host_allocs / host_frees: cuMemHostAlloc / cuMemFreeHost;
+ * - h2d / d2h: copies of either kind, each way; memsets; launches; module loads.
+ *
+ * Capture mode (cu_dev_capture(1)) models CUDA stream capture (cuStreamBeginCapture in the global mode) on the
+ * emulated device: every call a capture refuses fails with KVQ_ERR_INTERNAL and a message naming the call and
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, without doing anything: synchronisations and synchronous copies,
+ * allocations and frees (device and page-locked), module loads and attribute changes, and async copies whose
+ * host side is pageable. Launches, async copies between the device and page-locked memory, and memsets on the
+ * stream are what a graph records; in capture they still run at once (the emulator executes eagerly). The
+ * refusals are counted in capture_refused. A GPU's driver enforces the same by itself. */
+#ifndef KVQ_CU_COUNTERS_H
+#define KVQ_CU_COUNTERS_H
+
+typedef struct {
+    long syncs, allocs, frees, host_allocs, host_frees, h2d, d2h, memsets, launches, loads;
+    long capture_refused;
+} cu_dev_counters;
+
+void cu_dev_counters_get(cu_dev_counters *out);
+void cu_dev_counters_reset(void);
+/* d = a - b, field by field. */
+void cu_dev_counters_diff(const cu_dev_counters *a, const cu_dev_counters *b, cu_dev_counters *d);
+/* On (1) or off (0); affects emulated devices only. */
+void cu_dev_capture(int on);
+int cu_dev_capturing(void);
+
+#endif
