@@ -33,35 +33,39 @@ kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsign
     return cu_dev_launch(c->dev, c->mod, kernel, g, b, params, size, msg, n);
 }
 
-void *cu_stage_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t n)
+kvq_status cu_stage_take(kvq_backend_ctx *c, size_t bytes, void **out, char *msg, size_t n)
 {
+    *out = NULL;
     size_t need = (bytes + 15) & ~(size_t)15;
     if (c->hst_used + need > c->hst_bytes) {
         /* full: the copies queued from it must have read it before it is written again (a sync, which after
          * warm-up only a run of steps without one reaches: cu_decode_enqueue's), and it grows if too small */
-        if (c->hst && cu_dev_sync(c->dev, msg, n) != KVQ_OK) return NULL;
+        kvq_status st = c->hst ? cu_dev_sync(c->dev, msg, n) : KVQ_OK;
+        if (st != KVQ_OK) return st;
         if (need > c->hst_bytes) {
             size_t cap = c->hst_bytes ? 2 * c->hst_bytes : 65536;
             while (cap < need) cap *= 2;
             void *h = NULL;
             uint64_t hd = 0;
-            if (cu_dev_alloc_host(c->dev, cap, &h, &hd, msg, n) != KVQ_OK) return NULL;
+            st = cu_dev_alloc_host(c->dev, cap, &h, &hd, msg, n);
+            if (st != KVQ_OK) return st;
             cu_dev_free_host(c->dev, c->hst);
             c->hst = h, c->hst_dev = hd, c->hst_bytes = cap;
         }
         c->hst_used = 0;
     }
-    void *p = c->hst + c->hst_used;
+    *out = c->hst + c->hst_used;
     c->hst_used += need;
-    return p;
+    return KVQ_OK;
 }
 
 kvq_status cu_upload(kvq_backend_ctx *c, uint64_t dst, const void *src, size_t bytes, char *msg, size_t n)
 {
     if (!bytes) return KVQ_OK;
     if (!c->in_step) return cu_dev_h2d(c->dev, dst, src, bytes, msg, n);
-    void *h = cu_stage_take(c, bytes, msg, n);
-    if (!h) return KVQ_ERR_INTERNAL;
+    void *h = NULL;
+    kvq_status st = cu_stage_take(c, bytes, &h, msg, n);
+    if (st != KVQ_OK) return st;
     memcpy(h, src, bytes);
     return cu_dev_h2d_async(c->dev, dst, h, bytes, msg, n);
 }
@@ -462,8 +466,8 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
     /* 6. the host-pointer API: the outputs through the staging, and the step's one synchronisation */
     float *oh_pinned = NULL;
     if (st == KVQ_OK && download) {
-        oh_pinned = cu_stage_take(c, qd * sizeof *oh, msg, ms);
-        st = oh_pinned ? cu_dev_d2h_async(c->dev, oh_pinned, outd, qd * sizeof *oh, msg, ms) : KVQ_ERR_INTERNAL;
+        st = cu_stage_take(c, qd * sizeof *oh, (void **)&oh_pinned, msg, ms);
+        if (st == KVQ_OK) st = cu_dev_d2h_async(c->dev, oh_pinned, outd, qd * sizeof *oh, msg, ms);
         if (st == KVQ_OK) st = cu_dev_sync(c->dev, msg, ms);
         if (st == KVQ_OK) memcpy(oh, oh_pinned, qd * sizeof *oh);
         c->hst_synced = st == KVQ_OK;

@@ -179,8 +179,8 @@ void cu_pool_free(kvq_backend_ctx *c);
 /* Host data for the device: inside a decode step, copied into the page-locked staging and sent with an async
  * copy on the engine's stream (no synchronisation); outside, a synchronous copy. */
 kvq_status cu_upload(kvq_backend_ctx *c, uint64_t dst, const void *src, size_t bytes, char *msg, size_t n);
-/* `bytes` of the page-locked staging for this step (16-byte aligned); NULL with msg on failure. */
-void *cu_stage_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t n);
+/* *out = `bytes` of the page-locked staging for this step (16-byte aligned). */
+kvq_status cu_stage_take(kvq_backend_ctx *c, size_t bytes, void **out, char *msg, size_t n);
 /* A decode step's device work, queued on the engine's stream without any synchronisation, allocation (after
  * warm-up) or device-to-host copy (except at an OTT or ZipCache flush, docs/cuda.md): append, plan, attend,
  * policies. The outputs are left on the device: [n][Hq][D] fp32 at *out_dev. On failure every item is as it
