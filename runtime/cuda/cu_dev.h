@@ -25,8 +25,8 @@ cu_dev_kind cu_dev_kind_of(const cu_dev *d);
 const char *cu_dev_arch(const cu_dev *d);
 int cu_dev_sm_count(const cu_dev *d);
 
-/* Zero-filled device memory (cuMemAlloc + a memset on the device's stream). Not inside a decode step: the
- * backends take pages and scratch from their pool (cu_pool.c), grown outside steps. */
+/* Zero-filled device memory (cuMemAlloc + a memset on the device's stream). Not inside a decode step after
+ * warm-up: the backends take pages and windows from their pool (cu_pool.c). */
 kvq_status cu_dev_alloc(cu_dev *d, size_t bytes, uint64_t *addr, char *msg, size_t msg_size);
 void cu_dev_free(cu_dev *d, uint64_t addr);
 /* Page-locked host memory the device reads directly (TailorKV's offloaded K/V) and the staging of the async

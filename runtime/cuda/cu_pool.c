@@ -4,9 +4,8 @@
  * so that a block taken inside a step needs no memset (the cache's sections rely on zero-filled memory, as
  * cu_dev_alloc gives). A slab is cuMemAlloc'd only when no free block and no slab tail fits: the pool grows at
  * most once per doubling (slabs of at least CU_POOL_MIN_SLAB, each at least the size of all before it), so after
- * warm-up a step allocates nothing; kvq_engine_reserve_device (through cu_pool_reserve) takes the memory once,
- * up front, for an engine that must never allocate in a step (a captured graph). Slabs are freed with the
- * engine. */
+ * warm-up a step allocates nothing; cu_pool_reserve takes a slab up front (the hook for a public reservation, for
+ * an engine that must never allocate in a step: a captured graph). Slabs are freed with the engine. */
 #include <stdio.h>
 #include <string.h>
 
