@@ -68,6 +68,10 @@ typedef struct kvq_backend {
      * softmax_scale) bit for bit. */
     kvq_status (*dense_preference)(kvq_backend_ctx *ctx, const float *q, const float *k, int n_tokens, int n_q,
                                    double top, double *score, char *msg, size_t msg_size);
+
+    /* Optional (NULL: nothing to reserve): makes room for `bytes` more of cache in the backend's device memory
+     * pool, so that steps taking it allocate nothing (kvq_engine_reserve_device). */
+    kvq_status (*reserve)(kvq_backend_ctx *ctx, size_t bytes, char *msg, size_t msg_size);
 } kvq_backend;
 
 extern const kvq_backend kvq_backend_reference;

@@ -543,3 +543,16 @@ kvq_layer_state kvq_engine_layer_state(const kvq_engine *e, int layer)
     if (!e || layer < 0 || layer >= e->cfg.dims.layers || !e->layer_decided[layer]) return KVQ_LAYER_UNDECIDED;
     return e->layer_sparse[layer] ? KVQ_LAYER_SPARSE : KVQ_LAYER_QUANTIZED;
 }
+
+/* ------------------------------------------------------------------------------------ device memory -- */
+
+kvq_status kvq_engine_reserve_device(kvq_engine *e, size_t bytes)
+{
+    if (!e) return KVQ_ERR_INVALID;
+    if (!e->be->reserve || bytes == 0) return KVQ_OK;
+    char msg[RT_ERRMSG_MAX] = "";
+    kvq_status st = e->be->reserve(e->ctx, bytes, msg, sizeof msg);
+    if (st != KVQ_OK)
+        return rt_error(e, st, "kvq_engine_reserve_device: %zu bytes: %s", bytes, msg[0] ? msg : kvq_status_str(st));
+    return KVQ_OK;
+}

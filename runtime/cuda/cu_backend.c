@@ -584,6 +584,15 @@ static kvq_status be_dense_preference(kvq_backend_ctx *c, const float *q, const 
     return st;
 }
 
+static kvq_status be_reserve(kvq_backend_ctx *c, size_t bytes, char *msg, size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    kvq_status st = cu_pool_reserve(c, bytes, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
 const kvq_backend kvq_backend_cuda = {
     .name = "cuda",
     .probe = probe_cuda,
@@ -598,6 +607,7 @@ const kvq_backend kvq_backend_cuda = {
     .seq_account = cu_seq_account,
     .read_cache = be_read_cache,
     .dense_preference = be_dense_preference,
+    .reserve = be_reserve,
 };
 
 const kvq_backend kvq_backend_emu = {
@@ -614,4 +624,5 @@ const kvq_backend kvq_backend_emu = {
     .seq_account = cu_seq_account,
     .read_cache = be_read_cache,
     .dense_preference = be_dense_preference,
+    .reserve = be_reserve,
 };

@@ -215,6 +215,12 @@ kvq_status kvq_calibrate_layer(kvq_engine *engine, int layer, int n_tokens, cons
                                double *score_out);
 typedef enum { KVQ_LAYER_QUANTIZED = 0, KVQ_LAYER_SPARSE = 1, KVQ_LAYER_UNDECIDED = 2 } kvq_layer_state;
 kvq_layer_state kvq_engine_layer_state(const kvq_engine *engine, int layer);
+
+/* GPU backends (cuda, emu): takes `bytes` of device memory for the engine's page pool now, so that prefills and
+ * decode steps whose cache fits in it allocate no device memory (a decode step can then be captured in a CUDA
+ * graph; docs/cuda.md "The host protocol"). Without a reservation the pool grows by slabs of at least 16 MiB,
+ * doubling, when it runs out. Other backends: does nothing. KVQ_ERR_NOMEM when the device has not that much. */
+kvq_status kvq_engine_reserve_device(kvq_engine *engine, size_t bytes);
 /* Writes the decided per-layer map as a .kvq scheme `name` inheriting the engine's scheme (which must come from
  * a file: the output includes it). KVQ_ERR_STATE when the scheme has no classify block (no map to write) or a
  * layer is undecided. */

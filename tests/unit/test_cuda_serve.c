@@ -277,6 +277,44 @@ static void run_scheme(const char *file, const kvq_scheme *s, const kvq_synth *s
     th_end();
 }
 
+/* kvq_engine_reserve_device: one slab of the asked size up front, which the cache then lives in. */
+static void test_reserve(const kvq_scheme *s, const kvq_synth *syn)
+{
+    th_begin("kvq_engine_reserve_device: the emu engine's pool takes one slab of the asked size up front and the "
+             "prefill and steps live in it; a smaller reservation takes nothing; other backends do nothing");
+    char err[512];
+    TH_CHECK(kvq_engine_reserve_device(NULL, 1) == KVQ_ERR_INVALID, "NULL engine");
+    kvq_engine_config cfg;
+    kvq_engine_config_init(&cfg);
+    cfg.dims = (kvq_dims){LAYERS, HQ, H, D};
+    cfg.dtype = KVQ_F32;
+    kvq_engine *ref = NULL;
+    TH_CHECK(kvq_engine_create(s, &cfg, &ref, err, sizeof err) == KVQ_OK, "reference engine: %s", err);
+    if (ref) TH_CHECK(kvq_engine_reserve_device(ref, (size_t)1 << 30) == KVQ_OK, "reference: %s", kvq_engine_errmsg(ref));
+    kvq_engine_free(ref);
+    kvq_engine *e = engine_for(s, err, sizeof err);
+    TH_CHECK(e != NULL, "engine: %s", err);
+    cu_dev_counters c0, c1, x;
+    cu_dev_counters_get(&c0);
+    size_t want = (size_t)40 << 20;
+    TH_CHECK(e && kvq_engine_reserve_device(e, want) == KVQ_OK && kvq_engine_reserve_device(e, want / 4) == KVQ_OK,
+             "reserve: %s", e ? kvq_engine_errmsg(e) : "");
+    cu_dev_counters_get(&c1);
+    cu_dev_counters_diff(&c1, &c0, &x);
+    TH_CHECK(x.allocs == 1, "%ld allocations for two reservations", x.allocs);
+    kvq_seq *sq[NB] = {0};
+    for (int i = 0; i < NB && e && !th_failed(); i++) TH_CHECK(kvq_seq_create(e, &sq[i]) == KVQ_OK, "seq");
+    if (!th_failed()) TH_CHECK(prefill_all(e, sq, syn), "prefill: %s", kvq_engine_errmsg(e));
+    float *out = kvq_malloc((size_t)LAYERS * NB * HQ * D * 4);
+    for (int st = 0; st < 3 && !th_failed(); st++) TH_CHECK(decode_host(e, sq, syn, st, out), "step %d", st);
+    if (e)
+        TH_CHECK(e->ctx->pool.n_slabs == 1 && e->ctx->pool.total == want && e->ctx->pool.used > 0,
+                 "pool: %d slabs, %zu bytes, %zu used", e->ctx->pool.n_slabs, e->ctx->pool.total, e->ctx->pool.used);
+    kvq_free(out);
+    kvq_engine_free(e);
+    th_end();
+}
+
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int main(void)
@@ -304,6 +342,9 @@ int main(void)
     th_begin("serving step: specs/ holds specs");
     TH_CHECK(n >= 8, "%d specs in %s", n, th_path("specs"));
     th_end();
+    kvq_spec *kspec = NULL;
+    if (kvq_spec_parse_file(th_path("specs/kivi2.kvq"), &kspec) == KVQ_OK) test_reserve(kvq_spec_scheme_at(kspec, 0), &syn);
+    kvq_spec_free(kspec);
     for (int f = 0; f < n; f++) {
         char rel[300];
         snprintf(rel, sizeof rel, "specs/%s", names[f]);
