@@ -72,6 +72,16 @@ typedef struct kvq_backend {
     /* Optional (NULL: nothing to reserve): makes room for `bytes` more of cache in the backend's device memory
      * pool, so that steps taking it allocate nothing (kvq_engine_reserve_device). */
     kvq_status (*reserve)(kvq_backend_ctx *ctx, size_t bytes, char *msg, size_t msg_size);
+
+    /* Optional (NULL: the backend has no device tensors): kvq_decode_device after the engine's checks (the
+     * sequences distinct, prefilled, of this engine; dtypes and pointers set). Same all-or-nothing contract as
+     * decode. */
+    kvq_status (*decode_device)(kvq_backend_ctx *ctx, int layer, kvq_backend_seq *const *seqs, int n,
+                                const kvq_dev_decode *batch, char *msg, size_t msg_size);
+    /* Optional, with decode_device: bytes of device memory to the host, ordered after `stream`'s work
+     * (kvq_prefill_device). */
+    kvq_status (*download)(kvq_backend_ctx *ctx, void *stream, void *dst, const void *src, size_t bytes, char *msg,
+                           size_t msg_size);
 } kvq_backend;
 
 extern const kvq_backend kvq_backend_reference;

@@ -12,6 +12,33 @@ KVQ_KERNEL_EXPORT(kvq_merge);
 extern "C" __global__ void __launch_bounds__(128) kvq_store_f16(const kvq_store_params p) { kvq_store_f16_body(&p); }
 KVQ_KERNEL_EXPORT(kvq_store_f16);
 
+/* Strided fp32/fp16/bf16 rows to strided fp32/fp16/bf16 rows (kvq_convert_params): the device-tensor entry
+ * points' q, k, v in, outputs and lse out. The conversions are the host's (exact widening, round to nearest even
+ * narrowing), so the device path stores and attends to what the host-pointer path does, bit for bit. */
+static __device__ __forceinline__ float kvq_cvt_load(kvq_u64 base, int dtype, long long i)
+{
+    if (dtype == 1) return kvq_h2f(((const kvq_half *)base)[i]);
+    if (dtype == 2) return kvq_bf2f(((const kvq_bf16 *)base)[i]);
+    return ((const float *)base)[i];
+}
+
+extern "C" __global__ void __launch_bounds__(128) kvq_convert_rows(const kvq_convert_params p)
+{
+    const long long h = blockIdx.x;
+    for (long long t = blockIdx.y; t < p.n; t += gridDim.y)
+        for (int d = threadIdx.x; d < p.dim; d += blockDim.x) {
+            float x = kvq_cvt_load(p.src, p.src_dtype, t * p.src_ts + h * p.src_hs + d) * p.mul;
+            long long o = t * p.dst_ts + h * p.dst_hs + d;
+            if (p.dst_dtype == 1)
+                ((kvq_half *)p.dst)[o] = kvq_f2h(x);
+            else if (p.dst_dtype == 2)
+                ((kvq_bf16 *)p.dst)[o] = kvq_f2bf(x);
+            else
+                ((float *)p.dst)[o] = x;
+        }
+}
+KVQ_KERNEL_EXPORT(kvq_convert_rows);
+
 /* Sizes and offsets of the parameter structs as this compilation lays them out (KVQ_PARAMS_SIG_LIST). */
 extern "C" __global__ void kvq_params_sig(const kvq_sig_params p)
 {

@@ -108,6 +108,18 @@ typedef struct {
     kvq_i32 dst_cap, slot, dst_ring, n;
 } kvq_store_params;
 
+/* kvq_convert_rows (kvq_common.cuh): the device-tensor entry points' inputs and outputs (kvq.h, docs/cuda.md
+ * "Device tensors"): n x heads rows of `dim` elements, element d of row (t, h) at t * ts + h * hs + d elements
+ * from src / dst; dtype 0 fp32, 1 fp16, 2 bf16 (kvq_dtype); each element times mul, then rounded to nearest
+ * even. grid (heads, min(n, 65535)) striding over the tokens, block 128. */
+typedef struct {
+    kvq_u64 src, dst;
+    long long src_ts, src_hs, dst_ts, dst_hs;
+    kvq_i32 src_dtype, dst_dtype, n, dim;
+    float mul;
+    kvq_i32 reserved;
+} kvq_convert_params;
+
 /* ---- policy kernels (kvq_policy.cuh; docs/cuda.md "Policy kernels") ---- */
 
 /* OTT pool state (App. E) of one layer: H kv heads, a pool of `keep` and a spill pool of `spill` per head. The
@@ -234,8 +246,9 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_ott_params, group), (long long)KVQ_RT_OFFSETOF(kvq_zip_params, scale),     \
         (long long)KVQ_RT_OFFSETOF(kvq_zip_params, count), (long long)KVQ_RT_OFFSETOF(kvq_tk_params, n_ch),       \
         (long long)KVQ_RT_OFFSETOF(kvq_dense_params, kk), (long long)sizeof(kvq_zip_norm_params),              \
-        (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles)
-#define KVQ_PARAMS_SIG_N 22
+        (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles), (long long)sizeof(kvq_convert_params),       \
+        (long long)KVQ_RT_OFFSETOF(kvq_convert_params, mul)
+#define KVQ_PARAMS_SIG_N 24
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -260,6 +273,8 @@ KVQ_OFFSET_ASSERT(kvq_zip_params, count, 132);
 KVQ_OFFSET_ASSERT(kvq_tk_params, n_ch, 56);
 KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
 KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
+KVQ_PARAMS_CHECK(kvq_convert_params, 72);
+KVQ_OFFSET_ASSERT(kvq_convert_params, mul, 64);
 KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
 
 #endif

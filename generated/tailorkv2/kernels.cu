@@ -378,6 +378,18 @@ typedef struct {
     kvq_i32 dst_cap, slot, dst_ring, n;
 } kvq_store_params;
 
+/* kvq_convert_rows (kvq_common.cuh): the device-tensor entry points' inputs and outputs (kvq.h, docs/cuda.md
+ * "Device tensors"): n x heads rows of `dim` elements, element d of row (t, h) at t * ts + h * hs + d elements
+ * from src / dst; dtype 0 fp32, 1 fp16, 2 bf16 (kvq_dtype); each element times mul, then rounded to nearest
+ * even. grid (heads, min(n, 65535)) striding over the tokens, block 128. */
+typedef struct {
+    kvq_u64 src, dst;
+    long long src_ts, src_hs, dst_ts, dst_hs;
+    kvq_i32 src_dtype, dst_dtype, n, dim;
+    float mul;
+    kvq_i32 reserved;
+} kvq_convert_params;
+
 /* ---- policy kernels (kvq_policy.cuh; docs/cuda.md "Policy kernels") ---- */
 
 /* OTT pool state (App. E) of one layer: H kv heads, a pool of `keep` and a spill pool of `spill` per head. The
@@ -504,8 +516,9 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_ott_params, group), (long long)KVQ_RT_OFFSETOF(kvq_zip_params, scale),     \
         (long long)KVQ_RT_OFFSETOF(kvq_zip_params, count), (long long)KVQ_RT_OFFSETOF(kvq_tk_params, n_ch),       \
         (long long)KVQ_RT_OFFSETOF(kvq_dense_params, kk), (long long)sizeof(kvq_zip_norm_params),              \
-        (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles)
-#define KVQ_PARAMS_SIG_N 22
+        (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles), (long long)sizeof(kvq_convert_params),       \
+        (long long)KVQ_RT_OFFSETOF(kvq_convert_params, mul)
+#define KVQ_PARAMS_SIG_N 24
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -530,6 +543,8 @@ KVQ_OFFSET_ASSERT(kvq_zip_params, count, 132);
 KVQ_OFFSET_ASSERT(kvq_tk_params, n_ch, 56);
 KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
 KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
+KVQ_PARAMS_CHECK(kvq_convert_params, 72);
+KVQ_OFFSET_ASSERT(kvq_convert_params, mul, 64);
 KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
 
 #endif
@@ -1693,6 +1708,33 @@ KVQ_KERNEL_EXPORT(kvq_merge);
 
 extern "C" __global__ void __launch_bounds__(128) kvq_store_f16(const kvq_store_params p) { kvq_store_f16_body(&p); }
 KVQ_KERNEL_EXPORT(kvq_store_f16);
+
+/* Strided fp32/fp16/bf16 rows to strided fp32/fp16/bf16 rows (kvq_convert_params): the device-tensor entry
+ * points' q, k, v in, outputs and lse out. The conversions are the host's (exact widening, round to nearest even
+ * narrowing), so the device path stores and attends to what the host-pointer path does, bit for bit. */
+static __device__ __forceinline__ float kvq_cvt_load(kvq_u64 base, int dtype, long long i)
+{
+    if (dtype == 1) return kvq_h2f(((const kvq_half *)base)[i]);
+    if (dtype == 2) return kvq_bf2f(((const kvq_bf16 *)base)[i]);
+    return ((const float *)base)[i];
+}
+
+extern "C" __global__ void __launch_bounds__(128) kvq_convert_rows(const kvq_convert_params p)
+{
+    const long long h = blockIdx.x;
+    for (long long t = blockIdx.y; t < p.n; t += gridDim.y)
+        for (int d = threadIdx.x; d < p.dim; d += blockDim.x) {
+            float x = kvq_cvt_load(p.src, p.src_dtype, t * p.src_ts + h * p.src_hs + d) * p.mul;
+            long long o = t * p.dst_ts + h * p.dst_hs + d;
+            if (p.dst_dtype == 1)
+                ((kvq_half *)p.dst)[o] = kvq_f2h(x);
+            else if (p.dst_dtype == 2)
+                ((kvq_bf16 *)p.dst)[o] = kvq_f2bf(x);
+            else
+                ((float *)p.dst)[o] = x;
+        }
+}
+KVQ_KERNEL_EXPORT(kvq_convert_rows);
 
 /* Sizes and offsets of the parameter structs as this compilation lays them out (KVQ_PARAMS_SIG_LIST). */
 extern "C" __global__ void kvq_params_sig(const kvq_sig_params p)

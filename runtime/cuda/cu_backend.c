@@ -202,6 +202,7 @@ static void ctx_free(kvq_backend_ctx *c)
     cu_dev_free(c->dev, c->part);
     cu_dev_free(c->dev, c->aux);
     cu_dev_free(c->dev, c->pol);
+    cu_dev_free(c->dev, c->kvin);
     cu_pool_free(c);
     cu_dev_free_host(c->dev, c->hst);
     cu_module_free(c->mod);
@@ -373,8 +374,23 @@ static kvq_status layer_save(cu_layer *L, cu_snap *s)
  * state, free probe rows) while it updates the host metadata in place; when everything succeeded the items adopt
  * OTT's new copies (cu_qlayer_commit), otherwise every item is put back from its snapshot, which frees what the
  * step created and undoes OTT's unmasking (the only device write that is undone rather than avoided). */
-static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode *items, int n, uint64_t *out_dev,
-                             int download, char *msg, size_t ms)
+/* kvq_convert_rows of n tokens x heads rows of dim elements (kvq_params.cuh). */
+static kvq_status convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long sts, long long shs, uint64_t dst,
+                               int ddt, long long dts, long long dhs, int n, int heads, int dim, float mul, char *msg,
+                               size_t ms)
+{
+    kvq_convert_params p;
+    memset(&p, 0, sizeof p);
+    p.src = src, p.dst = dst, p.src_ts = sts, p.src_hs = shs, p.dst_ts = dts, p.dst_hs = dhs;
+    p.src_dtype = sdt, p.dst_dtype = ddt, p.n = n, p.dim = dim, p.mul = mul;
+    return cu_launch(c, "kvq_convert_rows", (unsigned)heads, cu_grid_y(n), 1, 128, &p, sizeof p, msg, ms);
+}
+
+static uint64_t dev_addr(const void *p) { return (uint64_t)(uintptr_t)p; }
+
+/* A decode step (host items, or the device tensors dv: items then carry only their sequences). */
+static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode *items, int n, const kvq_dev_decode *dv,
+                             uint64_t *out_dev, int download, char *msg, size_t ms)
 {
     int H = c->H, Hq = c->Hq, D = c->D, cls = c->plan->layer_class[layer], saved = 0, bad = -1;
     size_t qd = (size_t)n * Hq * D;
@@ -391,16 +407,33 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
     c->in_step = 1;
     if (c->hst_synced) c->hst_used = 0; /* every copy from the staging has completed */
     c->hst_synced = 0;
-    for (int i = 0; i < n && st == KVQ_OK; i++)
-        memcpy(qh + (size_t)i * Hq * D, items[i].q, (size_t)Hq * D * sizeof *qh);
     if (st == KVQ_OK) st = cu_scratch(c, &c->qbuf, &c->qbuf_bytes, (2 * qd + (size_t)n * Hq) * sizeof(float), msg, ms);
-    if (st == KVQ_OK) st = cu_upload(c, c->qbuf, qh, qd * sizeof *qh, msg, ms);
+    size_t kvi = (size_t)2 * H * D * 2; /* a device item's new K and V rows, fp16 */
+    if (!dv) {
+        for (int i = 0; i < n && st == KVQ_OK; i++)
+            memcpy(qh + (size_t)i * Hq * D, items[i].q, (size_t)Hq * D * sizeof *qh);
+        if (st == KVQ_OK) st = cu_upload(c, c->qbuf, qh, qd * sizeof *qh, msg, ms);
+    } else {
+        /* device tensors: q to fp32 [n][Hq][D], k and v to fp16 rows [n][2][H][D], as the host path rounds them */
+        if (st == KVQ_OK) st = cu_scratch(c, &c->kvin, &c->kvin_bytes, (size_t)n * kvi, msg, ms);
+        if (st == KVQ_OK)
+            st = convert_rows(c, dev_addr(dv->q.data), dv->q.dtype, dv->q.token_stride, dv->q.head_stride, c->qbuf,
+                              KVQ_F32, (long long)Hq * D, D, n, Hq, D, 1.0f, msg, ms);
+        if (st == KVQ_OK)
+            st = convert_rows(c, dev_addr(dv->k.data), dv->k.dtype, dv->k.token_stride, dv->k.head_stride, c->kvin,
+                              KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
+        if (st == KVQ_OK)
+            st = convert_rows(c, dev_addr(dv->v.data), dv->v.dtype, dv->v.token_stride, dv->v.head_stride,
+                              c->kvin + (uint64_t)H * D * 2, KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
+    }
     uint64_t outd = c->qbuf + qd * sizeof(float), lsed = outd + qd * sizeof(float);
     /* 2. append each sequence's token (quantize-and-append, flushes, policies) */
     for (int i = 0; i < n && st == KVQ_OK; i++) {
         cu_layer *L = items[i].seq->layers[layer];
-        st = L->sparse ? cu_slayer_append(c, &L->s, items[i].k, items[i].v, c->qbuf + (uint64_t)i * Hq * D * 4, msg, ms)
-                       : cu_qlayer_append(c, &L->q, items[i].k, items[i].v, msg, ms);
+        uint64_t kv = dv ? c->kvin + (uint64_t)i * kvi : 0;
+        st = L->sparse ? cu_slayer_append(c, &L->s, items[i].k, items[i].v, kv, c->qbuf + (uint64_t)i * Hq * D * 4,
+                                          msg, ms)
+                       : cu_qlayer_append(c, &L->q, items[i].k, items[i].v, kv, msg, ms);
         if (st != KVQ_OK) bad = i;
     }
     /* 3. tiles of every sequence, one upload */
@@ -463,7 +496,14 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
         st = cu_qlayer_after_attend(c, &L->q, c->qbuf + (uint64_t)i * Hq * D * 4, &sq[i], msg, ms);
         if (st != KVQ_OK) bad = i;
     }
-    /* 6. the host-pointer API: the outputs through the staging, and the step's one synchronisation */
+    /* 6. device tensors: the outputs in the caller's dtype and strides; lse from base 2 to natural logarithms */
+    if (st == KVQ_OK && dv)
+        st = convert_rows(c, outd, KVQ_F32, (long long)Hq * D, D, dev_addr(dv->out.data), dv->out.dtype,
+                          dv->out.token_stride, dv->out.head_stride, n, Hq, D, 1.0f, msg, ms);
+    if (st == KVQ_OK && dv && dv->lse)
+        st = convert_rows(c, lsed, KVQ_F32, Hq, 1, dev_addr(dv->lse), KVQ_F32, Hq, 1, n, Hq, 1,
+                          0.69314718055994531f, msg, ms);
+    /* 7. the host-pointer API: the outputs through the staging, and the step's one synchronisation */
     float *oh_pinned = NULL;
     if (st == KVQ_OK && download) {
         st = cu_stage_take(c, qd * sizeof *oh, (void **)&oh_pinned, msg, ms);
@@ -473,7 +513,7 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
         c->hst_synced = st == KVQ_OK;
     }
     c->in_step = 0;
-    /* 7. adopt, or put every item back */
+    /* 8. adopt, or put every item back */
     if (st == KVQ_OK) {
         for (int i = 0; i < n; i++) {
             cu_layer *L = items[i].seq->layers[layer];
@@ -514,19 +554,24 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
 kvq_status cu_decode_enqueue(kvq_backend_ctx *c, int layer, const kvq_be_decode *items, int n, uint64_t *out_dev,
                              char *msg, size_t ms)
 {
-    return decode_run(c, layer, items, n, out_dev, 0, msg, ms);
+    return decode_run(c, layer, items, n, NULL, out_dev, 0, msg, ms);
 }
 
+/* Statistics are derived when asked for: OTT's counts come from the device here (a synchronous copy, outside
+ * any step), so this brackets its device calls like the other entry points. */
 static void cu_seq_account(const kvq_backend_ctx *c, const kvq_backend_seq *s, kvq_mem_stats *out)
 {
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
     for (int l = 0; l < s->n_layers; l++) {
-        const cu_layer *L = s->layers[l];
+        cu_layer *L = s->layers[l];
         if (!L) continue;
         if (L->sparse)
             cu_slayer_account(c, &L->s, out);
         else
             cu_qlayer_account(c, &L->q, out);
     }
+    cu_dev_leave(c->dev, &cs);
 }
 
 static kvq_status cu_read_cache(kvq_backend_ctx *c, const kvq_backend_seq *s, int layer, float *k, float *v,
@@ -559,7 +604,7 @@ static kvq_status be_decode(kvq_backend_ctx *c, int layer, const kvq_be_decode *
 {
     cu_ctx_scope cs;
     cu_dev_enter(c->dev, &cs);
-    kvq_status st = decode_run(c, layer, items, n, NULL, 1, msg, ms);
+    kvq_status st = decode_run(c, layer, items, n, NULL, NULL, 1, msg, ms);
     cu_dev_leave(c->dev, &cs);
     return st;
 }
@@ -580,6 +625,41 @@ static kvq_status be_dense_preference(kvq_backend_ctx *c, const float *q, const 
     cu_ctx_scope cs;
     cu_dev_enter(c->dev, &cs);
     kvq_status st = cu_dense_preference(c, q, k, n, n_q, top, score, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
+/* kvq_decode_device: the caller's stream for the call (then the engine's own again), no synchronisation. */
+static kvq_status be_decode_device(kvq_backend_ctx *c, int layer, kvq_backend_seq *const *seqs, int n,
+                                   const kvq_dev_decode *b, char *msg, size_t ms)
+{
+    kvq_be_decode *items = kvq_calloc((size_t)n, sizeof *items);
+    if (!items) {
+        snprintf(msg, ms, "out of memory");
+        return KVQ_ERR_NOMEM;
+    }
+    for (int i = 0; i < n; i++) items[i].seq = seqs[i];
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    void *prev = cu_dev_stream(c->dev);
+    if (b->stream) cu_dev_set_stream(c->dev, b->stream);
+    kvq_status st = decode_run(c, layer, items, n, b, NULL, 0, msg, ms);
+    cu_dev_set_stream(c->dev, prev);
+    cu_dev_leave(c->dev, &cs);
+    kvq_free(items);
+    return st;
+}
+
+/* kvq_prefill_device's download of the prompt rows (a prefill is outside the steps: it may synchronise). */
+static kvq_status be_download(kvq_backend_ctx *c, void *stream, void *dst, const void *src, size_t bytes, char *msg,
+                              size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    void *prev = cu_dev_stream(c->dev);
+    if (stream) cu_dev_set_stream(c->dev, stream);
+    kvq_status st = cu_dev_d2h(c->dev, dst, dev_addr(src), bytes, msg, ms);
+    cu_dev_set_stream(c->dev, prev);
     cu_dev_leave(c->dev, &cs);
     return st;
 }
@@ -608,6 +688,8 @@ const kvq_backend kvq_backend_cuda = {
     .read_cache = be_read_cache,
     .dense_preference = be_dense_preference,
     .reserve = be_reserve,
+    .decode_device = be_decode_device,
+    .download = be_download,
 };
 
 const kvq_backend kvq_backend_emu = {
@@ -625,4 +707,6 @@ const kvq_backend kvq_backend_emu = {
     .read_cache = be_read_cache,
     .dense_preference = be_dense_preference,
     .reserve = be_reserve,
+    .decode_device = be_decode_device,
+    .download = be_download,
 };

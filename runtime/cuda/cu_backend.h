@@ -51,8 +51,8 @@ typedef struct {
     uint64_t rows[2], meta[2], srows;
     int cur, pending; /* pending: copy cur ^ 1 holds this step's competition */
     int unmasked;     /* the pending competition may have unmasked body key slots (spill 0) */
-    int *count;       /* [2][H]: pool and spill counts of copy cur */
-    int *pend;        /* [2][H]: those of the pending copy */
+    int *count;       /* [2][H]: pool and spill counts of copy cur, as last fetched (statistics only) */
+    int stale;        /* a competition was adopted since: count is fetched again when asked for */
 } cu_ott;
 
 typedef struct {
@@ -152,6 +152,8 @@ struct kvq_backend_ctx {
     size_t aux_bytes; /* gather indices and mask flags of one page write */
     uint64_t pol;
     size_t pol_bytes; /* policy kernels' inputs, outputs and work */
+    uint64_t kvin;
+    size_t kvin_bytes; /* kvq_decode_device: the batch's new K and V rows, fp16 [n][2][H][D] */
     kvq_tile *htiles;
     int htiles_cap;
     cu_pool pool;
@@ -182,7 +184,7 @@ kvq_status cu_upload(kvq_backend_ctx *c, uint64_t dst, const void *src, size_t b
 /* *out = `bytes` of the page-locked staging for this step (16-byte aligned). */
 kvq_status cu_stage_take(kvq_backend_ctx *c, size_t bytes, void **out, char *msg, size_t n);
 /* A decode step's device work, queued on the engine's stream without any synchronisation, allocation (after
- * warm-up) or device-to-host copy (except at an OTT or ZipCache flush, docs/cuda.md): append, plan, attend,
+ * warm-up) or device-to-host copy (except at a ZipCache compression, docs/cuda.md): append, plan, attend,
  * policies. The outputs are left on the device: [n][Hq][D] fp32 at *out_dev. On failure every item is as it
  * was. kvq_decode is this plus one async copy of the outputs into the staging and one cu_dev_sync. The caller
  * brackets it with cu_dev_enter / cu_dev_leave. */
@@ -207,7 +209,10 @@ kvq_rows cu_rows_f16(uint64_t base, int head_stride, int first, int ring);
 
 /* cu_qlayer.c */
 kvq_status cu_qlayer_prefill(kvq_backend_ctx *c, cu_layer *L, int layer, const kvq_be_prefill *it, char *msg, size_t n);
-kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, const float *k, const float *v, char *msg, size_t n);
+/* The step's new token: host fp32 rows k, v ([H][D], rounded to fp16 and staged here), or, when kv is set, fp16
+ * rows already on the device (K [H][D] at kv, V after it). */
+kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, const float *k, const float *v, uint64_t kv, char *msg,
+                            size_t n);
 /* ZipCache layers with a window: after the step's attention (q: device [Hq][D] query rows; st: the sequence's tiles
  * of the step on the device), record the probe row when the step is a probe, then compress when the window is
  * full. */
@@ -215,7 +220,7 @@ kvq_status cu_qlayer_after_attend(kvq_backend_ctx *c, cu_qlayer *L, uint64_t q, 
                                   size_t n);
 void cu_qlayer_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt);
 void cu_qlayer_free(kvq_backend_ctx *c, cu_qlayer *L);
-void cu_qlayer_account(const kvq_backend_ctx *c, const cu_qlayer *L, kvq_mem_stats *o);
+void cu_qlayer_account(const kvq_backend_ctx *c, cu_qlayer *L, kvq_mem_stats *o);
 kvq_status cu_qlayer_read(kvq_backend_ctx *c, const cu_qlayer *L, float *k, float *v, int capacity, char *msg,
                           size_t n);
 kvq_status cu_qlayer_save(const cu_qlayer *L, cu_snap *s);
@@ -236,7 +241,8 @@ void cu_ott_commit(kvq_backend_ctx *c, cu_ott *o);
 kvq_status cu_ott_undo(kvq_backend_ctx *c, cu_ott *o, char *msg, size_t n);
 /* The pools' decode tiles, at most `tile` tokens each. */
 void cu_ott_tiles(kvq_backend_ctx *c, const cu_ott *o, int tile, int *nt);
-void cu_ott_account(const kvq_backend_ctx *c, const cu_ott *o, kvq_mem_stats *out);
+/* Statistics: fetches the adopted copy's counts from the device when they changed (outside steps). */
+void cu_ott_account(const kvq_backend_ctx *c, cu_ott *o, kvq_mem_stats *out);
 /* A pooled outlier reads as its fp16 copy, keys and values. */
 kvq_status cu_ott_read(kvq_backend_ctx *c, const cu_ott *o, float *k, float *v, int capacity, char *msg, size_t n);
 
@@ -256,8 +262,8 @@ kvq_status cu_sal_flush(kvq_backend_ctx *c, const cu_qlayer *L, int B, unsigned 
 /* cu_slayer.c */
 kvq_status cu_slayer_prefill(kvq_backend_ctx *c, cu_layer *L, int layer, const kvq_be_prefill *it, char *msg, size_t n);
 /* q: the step's query on the device ([Hq][D] fp32). */
-kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, const float *k, const float *v, uint64_t q, char *msg,
-                            size_t n);
+kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, const float *k, const float *v, uint64_t kv, uint64_t q,
+                            char *msg, size_t n);
 void cu_slayer_tiles(kvq_backend_ctx *c, const cu_slayer *L, int *nt);
 void cu_slayer_free(kvq_backend_ctx *c, cu_slayer *L);
 void cu_slayer_account(const kvq_backend_ctx *c, const cu_slayer *L, kvq_mem_stats *o);

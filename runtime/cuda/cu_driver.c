@@ -61,11 +61,13 @@ static struct {
     CUresult (*stream_sync)(CUstream);
     CUresult (*stream_create)(CUstream *, unsigned);
     CUresult (*stream_destroy)(CUstream);
+    CUresult (*ctx_device)(CUdevice *);
 } cu;
 
 typedef struct {
     CUdevice dev;
     CUcontext ctx;
+    int borrowed; /* the caller's current context: not ours to release */
 } drv_dev;
 
 /* The module's CUfunctions, looked up once per name (cuModuleGetFunction) and kept, not per launch. */
@@ -155,6 +157,7 @@ static kvq_status load_driver(char *msg, size_t n)
         {&cu.stream_sync, "cuStreamSynchronize"},
         {&cu.stream_create, "cuStreamCreate"},
         {&cu.stream_destroy, "cuStreamDestroy_v2"},
+        {&cu.ctx_device, "cuCtxGetDevice"},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         void *f = dlsym(h, syms[i].name);
@@ -411,7 +414,7 @@ static void drv_close(cu_dev *d)
         cu.stream_sync((CUstream)d->own_stream);
         cu.stream_destroy((CUstream)d->own_stream);
     }
-    cu.ctx_release(dd->dev);
+    if (!dd->borrowed) cu.ctx_release(dd->dev);
     kvq_free(dd);
 }
 
@@ -452,16 +455,24 @@ kvq_status cu_driver_open(cu_dev *d, char *msg, size_t n)
     int major = 0, minor = 0;
     const char *env = getenv("KVQ_CUDA_DEVICE");
     int ord = env && *env ? atoi(env) : 0;
-    if ((r = cu.dev_get(&dd->dev, ord)) || (r = cu.dev_attr(&major, CU_ATTR_CC_MAJOR, dd->dev)) ||
+    /* an engine is bound to the context current on the creating thread when there is one (an inference
+     * engine's: its device pointers and streams belong to it), else to the device's primary context */
+    CUcontext cur = NULL;
+    if (!(env && *env) && cu.ctx_get(&cur) == 0 && cur && cu.ctx_device(&dd->dev) == 0) {
+        dd->ctx = cur, dd->borrowed = 1;
+        ord = (int)dd->dev;
+    }
+    if ((!dd->borrowed && (r = cu.dev_get(&dd->dev, ord))) || (r = cu.dev_attr(&major, CU_ATTR_CC_MAJOR, dd->dev)) ||
         (r = cu.dev_attr(&minor, CU_ATTR_CC_MINOR, dd->dev)) ||
-        (r = cu.dev_attr(&d->sm_count, CU_ATTR_SM_COUNT, dd->dev)) || (r = cu.ctx_retain(&dd->ctx, dd->dev)) ||
-        (r = cu.ctx_set(dd->ctx))) {
+        (r = cu.dev_attr(&d->sm_count, CU_ATTR_SM_COUNT, dd->dev)) ||
+        (!dd->borrowed && (r = cu.ctx_retain(&dd->ctx, dd->dev))) || (r = cu.ctx_set(dd->ctx))) {
+        if (!dd->borrowed && dd->ctx) cu.ctx_release(dd->dev);
         kvq_free(dd);
         snprintf(msg, n, "cuda: unavailable: device %d: %s", ord, err_text(r));
         return KVQ_ERR_UNAVAILABLE;
     }
     if (major < 8) {
-        cu.ctx_release(dd->dev);
+        if (!dd->borrowed) cu.ctx_release(dd->dev);
         kvq_free(dd);
         snprintf(msg, n, "cuda: unavailable: device is sm_%d%d, the kernels need sm_80 or newer", major, minor);
         return KVQ_ERR_UNAVAILABLE;
@@ -474,7 +485,7 @@ kvq_status cu_driver_open(cu_dev *d, char *msg, size_t n)
      * rest of the process; cu_dev_set_stream puts the caller's in its place */
     CUstream s = NULL;
     if ((r = cu.stream_create(&s, CU_STREAM_NON_BLOCKING))) {
-        cu.ctx_release(dd->dev);
+        if (!dd->borrowed) cu.ctx_release(dd->dev);
         kvq_free(dd);
         snprintf(msg, n, "cuda: cuStreamCreate: %s", err_text(r));
         return KVQ_ERR_INTERNAL;

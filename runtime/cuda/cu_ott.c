@@ -35,12 +35,11 @@ kvq_status cu_ott_init(kvq_backend_ctx *c, cu_ott *o, int keep, int spill, char 
     o->rows_bytes = kvq_window_bytes(H, c->D, keep);
     o->srows_bytes = kvq_window_bytes(H, c->D, spill);
     o->meta_bytes = (size_t)kvq_ott_meta_off(H, keep, spill, KVQ_OM_END);
-    o->count = kvq_calloc(4 * (size_t)H, sizeof *o->count);
+    o->count = kvq_calloc(2 * (size_t)H, sizeof *o->count);
     if (!o->count) {
         snprintf(msg, n, "out of memory");
         return KVQ_ERR_NOMEM;
     }
-    o->pend = o->count + 2 * H;
     kvq_status st = KVQ_OK; /* device memory is zeroed: empty pools */
     for (int i = 0; i < 2 && st == KVQ_OK; i++) {
         st = cu_dev_alloc(c->dev, o->rows_bytes, &o->rows[i], msg, n);
@@ -94,12 +93,10 @@ kvq_status cu_ott_compete(kvq_backend_ctx *c, cu_qlayer *L, const kvq_rows *k, c
     }
     if (st == KVQ_OK) st = cu_launch(c, "kvq_ott_compete", (unsigned)H, 1, 1, 256, &p, sizeof p, msg, n);
     if (st != KVQ_OK) return st;
+    /* the counts stay on the device: the step's tiles read them there (kvq_tile.count), the statistics fetch them
+     * when asked (cu_ott_account) */
     o->pending = 1;
     o->unmasked = o->spill == 0;
-    st = cu_dev_d2h(c->dev, o->pend, meta_field(c, o, o->cur ^ 1, KVQ_OM_COUNT), (size_t)H * sizeof(int), msg, n);
-    if (st == KVQ_OK)
-        st = cu_dev_d2h(c->dev, o->pend + H, meta_field(c, o, o->cur ^ 1, KVQ_OM_SCOUNT), (size_t)H * sizeof(int),
-                        msg, n);
     *rows = c->pol;
     *flags = p.flags;
     return st;
@@ -108,8 +105,9 @@ kvq_status cu_ott_compete(kvq_backend_ctx *c, cu_qlayer *L, const kvq_rows *k, c
 void cu_ott_commit(kvq_backend_ctx *c, cu_ott *o)
 {
     if (!o->pending) return;
+    (void)c;
     o->cur ^= 1;
-    memcpy(o->count, o->pend, 2 * (size_t)c->H * sizeof *o->count);
+    o->stale = 1;
     o->pending = o->unmasked = 0;
 }
 
@@ -146,8 +144,19 @@ void cu_ott_tiles(kvq_backend_ctx *c, const cu_ott *o, int tile, int *nt)
     }
 }
 
-void cu_ott_account(const kvq_backend_ctx *c, const cu_ott *o, kvq_mem_stats *out)
+void cu_ott_account(const kvq_backend_ctx *c, cu_ott *o, kvq_mem_stats *out)
 {
+    /* the pool and spill counts of the adopted copy, fetched when a competition ran since the last time (a
+     * synchronous copy: statistics are asked for outside steps); if the device fails the copy, the last counts
+     * fetched are reported */
+    if (o->stale) {
+        char msg[256];
+        if (cu_dev_d2h(c->dev, o->count, meta_field(c, o, o->cur, KVQ_OM_COUNT), (size_t)c->H * sizeof(int), msg,
+                       sizeof msg) == KVQ_OK &&
+            cu_dev_d2h(c->dev, o->count + c->H, meta_field(c, o, o->cur, KVQ_OM_SCOUNT), (size_t)c->H * sizeof(int),
+                       msg, sizeof msg) == KVQ_OK)
+            o->stale = 0;
+    }
     /* one copy of each, as the reference holds them: the second copy is the step's transaction buffer */
     out->bytes[KVQ_SEG_OUTLIER] += o->rows_bytes;
     out->bytes[KVQ_SEG_SPILL] += o->spill > 0 ? o->srows_bytes : 0;

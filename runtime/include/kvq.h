@@ -216,6 +216,48 @@ kvq_status kvq_calibrate_layer(kvq_engine *engine, int layer, int n_tokens, cons
 typedef enum { KVQ_LAYER_QUANTIZED = 0, KVQ_LAYER_SPARSE = 1, KVQ_LAYER_UNDECIDED = 2 } kvq_layer_state;
 kvq_layer_state kvq_engine_layer_state(const kvq_engine *engine, int layer);
 
+/* ---- Device tensors (GPU backends: cuda, emu; docs/cuda.md "Device tensors") ----
+ * For an inference engine whose tensors live on the GPU: q, k, v and the outputs stay in device memory, the
+ * work goes on the caller's CUDA stream, and a decode step makes no synchronisation, no allocation (after
+ * warm-up, or with kvq_engine_reserve_device) and no device-to-host copy (except at a ZipCache compression),
+ * so it can be captured in a CUDA graph. The engine uses the CUDA context current on the thread that created it
+ * (else the device's primary context); pointers must belong to it. Under the emu backend "device memory" is the
+ * emulator's (host memory). Inputs are not checked for non-finite values (the host API's input policy would need
+ * them on the host). Any thread may call these, one at a time per engine. */
+typedef struct {
+    void *data;              /* device address of element [0][0][0] */
+    kvq_dtype dtype;         /* inputs KVQ_F16 or KVQ_BF16; outputs also KVQ_F32 */
+    long long token_stride;  /* elements from one token's row to the next (>= 0) */
+    long long head_stride;   /* elements from one head to the next (>= 0); a head's head_dim elements are contiguous */
+} kvq_dev_tensor;
+
+/* Append-and-attend of one layer for a batch, as kvq_decode: row i of q ([n][heads][D]), k and v ([n][kv_heads][D])
+ * is seqs[i]'s new token; out ([n][heads][D]) receives attention over its whole cache; lse (NULL, or device float
+ * [n][heads], contiguous) its natural log-sum-exp of the scaled scores. stream: a CUstream, NULL for the
+ * engine's own. Returns when the work is queued: read out after the stream has run it. */
+typedef struct {
+    kvq_seq *const *seqs;
+    int n_seqs;
+    kvq_dev_tensor q, k, v, out;
+    float *lse;
+    void *stream;
+} kvq_dev_decode;
+kvq_status kvq_decode_device(kvq_engine *engine, int layer, const kvq_dev_decode *batch);
+
+/* Batched varlen prefill of one layer, as kvq_prefill: sequence i's prompt is rows [cu_seqlens[i],
+ * cu_seqlens[i + 1]) of k, v ([total][kv_heads][D]) and q ([total][heads][D]; data NULL when the layer needs no
+ * queries). cu_seqlens is a host array of n_seqs + 1 ascending offsets from 0 (the plan is made on the host).
+ * The tensors' dtype must be the engine's (kvq_engine_config.dtype), or the engine fp32. The rows are read once
+ * into host memory (a prefill is not a step: this synchronises with stream) and take kvq_prefill's path. */
+typedef struct {
+    kvq_seq *const *seqs;
+    int n_seqs;
+    const int *cu_seqlens;
+    kvq_dev_tensor q, k, v;
+    void *stream;
+} kvq_dev_prefill;
+kvq_status kvq_prefill_device(kvq_engine *engine, int layer, const kvq_dev_prefill *batch);
+
 /* GPU backends (cuda, emu): takes `bytes` of device memory for the engine's page pool now, so that prefills and
  * decode steps whose cache fits in it allocate no device memory (a decode step can then be captured in a CUDA
  * graph; docs/cuda.md "The host protocol"). Without a reservation the pool grows by slabs of at least 16 MiB,
