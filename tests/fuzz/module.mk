@@ -37,6 +37,7 @@ fuzz: fuzz-build
 		mkdir -p $(FUZZ_DIR)/corpus/$$t; opts=""; [ $$t = engine ] && opts="$(FUZZ_OPTS_engine)"; \
 		echo "== fuzz_$$t for $(FUZZ_TIME) s"; \
 		KVQ_SRCDIR=$(CURDIR) KVQ_CACHE_DIR=$(CURDIR)/$(FUZZ_DIR)/cache KVQ_EMU_CC=$(FUZZ_CC) KVQ_EMU_CXX=$(FUZZ_CXX) \
+		ASAN_OPTIONS=$${ASAN_OPTIONS:-intercept_tls_get_addr=0} \
 		$(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_TIME) $(FUZZ_PARALLEL) \
 			-print_final_stats=1 -max_len=4096 $$opts -dict=tests/fuzz/$$t.dict -artifact_prefix=$(FUZZ_DIR)/crash-$$t- \
 			$(FUZZ_DIR)/corpus/$$t tests/fuzz/corpus/$$t 2>&1 | tee $(FUZZ_DIR)/fuzz_$$t.log | \
