@@ -260,9 +260,22 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
             }
         }
     }
-    /* p.V's B fragments: per value group, 8 fp16 columns of each token (at most 1 KiB of it doubles as the
-     * end-of-chunk sum of the zero terms over the warps) */
-    c->so_w = o, o += c->mma_v ? align16(max_i(T * wgroups * 16, (p->threads / 32) * G * 4 * 4)) : 0;
+    /* p.V's B fragments: per value group, 8 fp16 columns of each token (the first 256 bytes double as the
+     * end-of-chunk sum of the zero terms over the warps). They are needed only while a tile's values are a
+     * quantized page, whose codes fill T x (2 or 4-bit row) bytes of the T x v_row_bytes staged for the widest
+     * kind (fp16 windows): the rest of the value rows holds them, past the end-of-chunk merge scratch, so
+     * that the shared memory (and the blocks per SM) stay as they were; otherwise they get their own part. */
+    c->so_w = 0;
+    if (c->mma_v) {
+        int need = max_i(T * wgroups * 16, (p->threads / 32) * G * 4 * 4), vq = 0;
+        if (c->mma_v & 1) vq = max_i(vq, plan_row_bytes(D, c->v_hi.bits));
+        if (c->mma_v & 2) vq = max_i(vq, plan_row_bytes(D, c->v_lo.bits));
+        int start = align16(T * (c->k_row_bytes + vq));
+        if (start >= merge && start + need <= T * (c->k_row_bytes + c->v_row_bytes))
+            c->so_w = c->so_rows + start;
+        else
+            c->so_w = o, o += align16(need);
+    }
     c->smem = o;
 }
 
