@@ -492,7 +492,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         for (int h = 0; h < KVQ_GQA; h++) mloc[h] = KVQ_NEG_INF;
         KVQ_BY_KIND(kk, khi, klo, g.mk,
                     if (M_) kvq_scores_mma(F_.bits, kb.rows, kb.mask, F_.masked, (const unsigned *)qk,
-                                           qsum + (D / 8) * G, qinv, n, tid, ps, mloc);
+                                           qsum + (D / 8) * G, qinv, n, tid, g.split, ps, mloc);
                     else kvq_scores(F_, &kb, qs, qk, qsum, n, tid, g.split, g.p1, ps, mloc));
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) {

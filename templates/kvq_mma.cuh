@@ -93,7 +93,7 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
  * the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
  * (-inf for masked slots) and kept in the per-head maxima. */
 KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned char *mask, int masked,
-                            const unsigned *qb, const float *bias, float qinv, int n, int tid, float *ps,
+                            const unsigned *qb, const float *bias, float qinv, int n, int tid, int split, float *ps,
                             float mloc[KVQ_GQA])
 {
     const int G = KVQ_GQA, KB = KVQ_D / 16;
@@ -146,8 +146,14 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
             }
         }
     }
+    /* the block maximum reduces over lanes split apart (the fp32 path's lanes of a token agree already): give
+     * every lane of such a group its quad's maxima */
 #pragma unroll
-    for (int h = 0; h < KVQ_GQA; h++) mloc[h] = fmaxf(mloc[h], h == t ? mx : KVQ_NEG_INF);
+    for (int h = 0; h < KVQ_GQA; h++) {
+        float x = h == t ? mx : KVQ_NEG_INF;
+        for (int off = 1; off < split; off <<= 1) x = fmaxf(x, __shfl_xor_sync(KVQ_FULL_MASK, x, off));
+        mloc[h] = fmaxf(mloc[h], x);
+    }
 }
 
 /* ---- p.V: A = 16 channels x 16 tokens of value codes, B = 16 tokens x (4 heads x hi/lo) of weights ---- */
