@@ -55,10 +55,11 @@ static const emu_case cases[] = {
     {"specs/zipcache.kvq", "zipcache", 2, 2, 256},
     {"specs/kivi4.kvq", "kivi4", 8, 1, 64},
     /* GQA 4: q.K and p.V on tensor cores (kvq_mma.cuh) at head_dim 64 (one 16-channel block a warp), 128 and
-     * 256 (four a warp, tiles of 64) */
+     * 256 (four a warp, tiles of 64; KIVI-4's value groups of 32 are 8 a token: p.V stays fp32) */
     {"specs/kivi2.kvq", "kivi2", 8, 2, 64},
     {"specs/kivi2-r32.kvq", "kivi2-r32", 8, 2, 128},
     {"specs/kivi4.kvq", "kivi4", 8, 2, 256},
+    {"specs/tailorkv2.kvq", "tailorkv2", 8, 2, 256}, /* p.V too at 256: value groups of 64, phase 1 split 2 */
     {"specs/paper/zipcache-appendix-a.kvq", "groupwise", 8, 2, 128},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
