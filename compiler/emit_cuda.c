@@ -280,8 +280,10 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
     emit_buf_printf(b,
                     "#define KVQ_C_SO_KPAR %d\n#define KVQ_C_SO_VPAR %d\n#define KVQ_C_SO_KMASK %d\n"
                     "#define KVQ_C_SO_Q %d\n#define KVQ_C_SO_QK %d\n#define KVQ_C_SO_QSUM %d\n#define KVQ_C_SO_P %d\n"
-                    "#define KVQ_C_SO_RED %d\n",
-                    c->so_kpar, c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_qsum, c->so_p, c->so_red);
+                    "#define KVQ_C_SO_RED %d\n#define KVQ_C_SO_W %d\n",
+                    c->so_kpar, c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_qsum, c->so_p, c->so_red, c->so_w);
+    /* the tensor-core paths (kvq_mma.cuh): bit 0 the high class's pages, bit 1 the low class's */
+    emit_buf_printf(b, "#define KVQ_C_MMA_K %d\n#define KVQ_C_MMA_V %d\n", c->mma_k, c->mma_v);
     const plan_store *st[4] = {&c->k_hi, &c->k_lo, &c->v_hi, &c->v_lo};
     const char *mn[4] = {"KVQ_C_KHI", "KVQ_C_KLO", "KVQ_C_VHI", "KVQ_C_VLO"};
     for (int i = 0; i < 4; i++) {
@@ -299,7 +301,7 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
                        "#undef KVQ_C_KPAR\n#undef KVQ_C_VPAR\n#undef KVQ_C_SBUF\n#undef KVQ_C_SPLIT\n#undef KVQ_C_P1\n#undef KVQ_C_MINB\n"
                        "#undef KVQ_C_SMEM\n#undef KVQ_C_SO_KPAR\n#undef KVQ_C_SO_VPAR\n#undef KVQ_C_SO_KMASK\n"
                        "#undef KVQ_C_SO_Q\n#undef KVQ_C_SO_QK\n#undef KVQ_C_SO_QSUM\n#undef KVQ_C_SO_P\n"
-                       "#undef KVQ_C_SO_RED\n");
+                       "#undef KVQ_C_SO_RED\n#undef KVQ_C_SO_W\n#undef KVQ_C_MMA_K\n#undef KVQ_C_MMA_V\n");
     for (int i = 0; i < 4; i++) emit_buf_printf(b, "#undef %s\n#undef %s_Q\n#undef %s_SEP\n", mn[i], mn[i], mn[i]);
 }
 
@@ -331,7 +333,7 @@ kvq_status emit_cuda_source(const kvq_plan *p, char **out, size_t *len)
     emit_buf_printf(&b, "#define KVQ_POL_OTT %d\n#define KVQ_POL_ZIP %d\n", p->any_pool, p->any_saliency);
     emit_buf_printf(&b, "#define KVQ_POL_TK %d\n#define KVQ_POL_DENSE %d\n", p->any_sparse, p->any_auto);
     static const char *const common[] = {"kvq_intrin.cuh", "kvq_params.cuh", "kvq_layout.cuh",   "kvq_types.cuh",
-                                         "kvq_unpack.cuh", "kvq_decode.cuh", "kvq_quantize.cuh", "kvq_common.cuh"};
+                                         "kvq_unpack.cuh", "kvq_mma.cuh", "kvq_decode.cuh", "kvq_quantize.cuh", "kvq_common.cuh"};
     for (size_t i = 0; i < sizeof common / sizeof common[0]; i++) put_template(&b, common[i]);
     if (p->any_pool || p->any_saliency || p->any_sparse || p->any_auto) {
         put_template(&b, "kvq_select.cuh");

@@ -201,6 +201,25 @@ static int store_par(const kvq_plan *p, const plan_store *st, int tile)
     return tile * (p->head_dim / st->group);
 }
 
+/* The tensor-core paths of templates/kvq_mma.cuh: 2- and 4-bit codes become fp16 exactly, the query (keys) and
+ * the weights p s_t (values) are split into two fp16 numbers each, so mma.sync.m16n8k16 sums exact products in
+ * fp32. N = 8 columns are the 4 heads' high and low parts: GQA 4 exactly; 128 threads (4 warps), head_dim a
+ * multiple of 64 (whole 16-byte rows of 16 channels' codes, 16-channel blocks spread evenly over the warps).
+ * Keys per channel with fp16 scales (their magnitude bounds the folded query: no per-tile range reduction);
+ * values per token with fp16 scales (w = p s_t <= 65504 stays finite in fp16), groups of whole 16-channel blocks
+ * and at most 4 per token (the zero sums of the 4 heads stay in 16 registers). */
+static int mma_shape_ok(const kvq_plan *p) { return p->gqa == 4 && p->threads == 128 && p->head_dim % 64 == 0; }
+static int mma_k_ok(const kvq_plan *p, const plan_store *st)
+{
+    return mma_shape_ok(p) && (st->bits == 2 || st->bits == 4) && st->gran == KVQ_GRAN_CHANNEL && !st->scale_f32;
+}
+static int mma_v_groups(const kvq_plan *p, const plan_store *st) { return st->hidden ? 1 : p->head_dim / st->group; }
+static int mma_v_ok(const kvq_plan *p, const plan_store *st)
+{
+    return mma_shape_ok(p) && (st->bits == 2 || st->bits == 4) && st->gran == KVQ_GRAN_TOKEN && !st->sep &&
+           !st->scale_f32 && (st->hidden || st->group % 16 == 0) && mma_v_groups(p, st) <= 4;
+}
+
 /* Phase 1 and the shared memory layout of class c's decode kernel. */
 static void tile_mapping(const kvq_plan *p, plan_class *c)
 {
@@ -226,6 +245,37 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
     c->so_qsum = o, o += align16((D / 8 + 1) * G * 4); /* per 8 channels, then the per-channel bias */
     c->so_p = o, o += align16(T * G * 4);
     c->so_red = o, o += align16((p->threads / 32 + 10) * G * 4); /* warp maxima, bias partials, a and m */
+    c->mma_k = c->mma_v = 0;
+    int wgroups = 0;
+    if (c->quant) {
+        const plan_store *kst[2] = {&c->k_hi, &c->k_lo}, *vst[2] = {&c->v_hi, &c->v_lo};
+        for (int i = 0; i < 2; i++) {
+            if (kst[i]->bits && mma_k_ok(p, kst[i])) c->mma_k |= 1 << i;
+            /* one accumulator for both classes: the low class joins only with the high class's shifts and groups */
+            int same = i == 0 || !(c->mma_v & 1) ||
+                       (vst[1]->bits == vst[0]->bits && vst[1]->group == vst[0]->group && vst[1]->hidden == vst[0]->hidden);
+            if (vst[i]->bits && mma_v_ok(p, vst[i]) && same) {
+                c->mma_v |= 1 << i;
+                wgroups = max_i(wgroups, mma_v_groups(p, vst[i]));
+            }
+        }
+    }
+    /* p.V's B fragments: per value group, 8 fp16 columns of each token (the first 256 bytes double as the
+     * end-of-chunk sum of the zero terms over the warps). They are needed only while a tile's values are a
+     * quantized page, whose codes fill T x (2 or 4-bit row) bytes of the T x v_row_bytes staged for the widest
+     * kind (fp16 windows): the rest of the value rows holds them, past the end-of-chunk merge scratch, so
+     * that the shared memory (and the blocks per SM) stay as they were; otherwise they get their own part. */
+    c->so_w = 0;
+    if (c->mma_v) {
+        int need = max_i(T * wgroups * 16, (p->threads / 32) * G * 4 * 4), vq = 0;
+        if (c->mma_v & 1) vq = max_i(vq, plan_row_bytes(D, c->v_hi.bits));
+        if (c->mma_v & 2) vq = max_i(vq, plan_row_bytes(D, c->v_lo.bits));
+        int start = align16(T * (c->k_row_bytes + vq));
+        if (start >= merge && start + need <= T * (c->k_row_bytes + c->v_row_bytes))
+            c->so_w = c->so_rows + start;
+        else
+            c->so_w = o, o += align16(need);
+    }
     c->smem = o;
 }
 

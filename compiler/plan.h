@@ -54,7 +54,10 @@ typedef struct {
     int split, p1;
     /* Dynamic shared memory of the decode kernel, byte offsets (16-aligned) and total (docs/cuda.md). */
     int kpar, vpar; /* staged parameter floats per array (scales, zeros) */
-    int so_rows, so_kpar, so_vpar, so_kmask, so_q, so_qk, so_qsum, so_p, so_red, smem;
+    int so_rows, so_kpar, so_vpar, so_kmask, so_q, so_qk, so_qsum, so_p, so_red, so_w, smem;
+    /* Tensor-core paths (templates/kvq_mma.cuh, docs/cuda.md "Tensor cores"): bit 0 the high class's pages, bit 1
+     * the low class's, for q.K (mma_k) and p.V (mma_v); so_w holds p.V's weight fragments. */
+    int mma_k, mma_v;
     int rows_bytes; /* K then V rows of a tile, or the end-of-chunk merge scratch */
 } plan_class;
 

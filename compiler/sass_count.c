@@ -50,7 +50,10 @@ static int parse_line(const char *line, sass_ins *in)
     if (n >= sizeof in->op) n = sizeof in->op - 1;
     memcpy(in->op, s, n);
     in->op[n] = '\0';
-    if (!strcmp(in->op, "BRA") || !strncmp(in->op, "BRA.", 4)) {
+    /* BRA.DIV leaves for the slow path of a warp collective when the warp is diverged (WARPSYNC.COLLECTIVE
+     * sequences placed after the function's exit, which branch back): the decode loops run converged, so the
+     * count follows the fall-through and ignores that region */
+    if (!strcmp(in->op, "BRA") || (!strncmp(in->op, "BRA.", 4) && strcmp(in->op, "BRA.DIV"))) {
         const char *t = strstr(s + n, "0x");
         if (!t) return 0;
         in->branch = 1;

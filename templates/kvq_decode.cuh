@@ -20,7 +20,7 @@
 #ifndef KVQ_DECODE_CUH
 #define KVQ_DECODE_CUH
 
-#include "kvq_unpack.cuh"
+#include "kvq_mma.cuh"
 
 /* Staged tile of one tensor in shared memory. */
 typedef struct {
@@ -81,6 +81,7 @@ KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot
 typedef struct {
     int tile, split, p1, krow, kparn, vparn;
     int so_kpar, so_vpar, so_kmask, so_q, so_qk, so_qsum, so_p, so_red;
+    int so_w, mk, mv; /* tensor-core paths (kvq_mma.cuh): the weight fragments; page classes (bit 0 hi, 1 lo) */
 } kvq_dec_geo;
 
 /* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
@@ -94,12 +95,14 @@ KVQ_DEV int kvq_k_folds(kvq_fmt f) { return f.bits < 16 && (f.gran == 0 || f.sep
 /* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
  * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[8][GQA] = eight partial
  * sums of q . z in channel order (per-channel zeros), added up by kvq_fold_bias. Every thread takes items. */
-KVQ_DEV void kvq_fold_k(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, float *qk, float *qsum, float *red,
-                        int tid)
+KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *kb, const float *qs, float *qk,
+                        float *qsum, float *red, int tid)
 {
     const int G = KVQ_GQA, D = KVQ_D;
     if (f.bits >= 16) return;
-    if (kvq_k_folds(f))
+    if (mma) /* q.K on tensor cores: qk's place holds B's fragments */
+        kvq_fold_k_mma(f.bits, kb->s, qs, qscale, (unsigned short *)qk, tid);
+    else if (kvq_k_folds(f))
         for (int i = tid; i < D * G; i += KVQ_THREADS) {
             const int c = i / G;
             const float x = f.gran == 0 ? qs[i] * kb->s[c] : f.sep ? qs[i] * kb->f[c] : qs[i];
@@ -324,6 +327,44 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
                 o[i][v] = fmaf(oz[i], psh && f.sep ? vf[v] / kvq_preshift_inv(f.bits, v) : vf[v], o[i][v]);
 }
 
+/* Phase 2: p = 2^(s - m) of this lane's own tokens (written by itself in phase 1), d += p. When the tile's values
+ * take the tensor-core path, the lane also writes its tokens' weights w = p s_t as p.V's B fragments (kvq_mma.cuh;
+ * 0 for the tokens from n up to the next 16) and keeps sum p z_t per head and value group in oz (the per-token
+ * zeros, added at the end of the chunk). */
+KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, const float m[KVQ_GQA], int n,
+                       int part0, int lane1, int p1, int tid, int nks, unsigned short *wb, float dl[KVQ_GQA],
+                       float oz[KVQ_GQA][4])
+{
+    const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D);
+#pragma unroll 1
+    for (int t = part0 ? lane1 : n; t < n; t += p1) {
+        KVQ_MARK(2);
+        float pr[KVQ_GQA];
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) {
+            const float x = ps[t * G + h];
+            pr[h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
+            ps[t * G + h] = pr[h];
+            dl[h] += pr[h];
+        }
+        if (mma)
+#pragma unroll
+            for (int gi = 0; gi < 4; gi++)
+                if (gi < ngv) {
+                    const float s = vb->s[t * ngv + gi], z = vb->z[t * ngv + gi];
+#pragma unroll
+                    for (int h = 0; h < KVQ_GQA; h++) {
+                        kvq_mma_put_w(wb, nks, gi, t, h, pr[h] * s);
+                        oz[h][gi] = fmaf(pr[h], z, oz[h][gi]);
+                    }
+                }
+    }
+    if (mma)
+        for (int t = n + tid; t < ((n + 15) & ~15); t += KVQ_THREADS)
+            for (int gi = 0; gi < ngv; gi++)
+                for (int h = 0; h < KVQ_GQA; h++) kvq_mma_put_w(wb, nks, gi, t, h, 0.0f);
+}
+
 KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 {
     kvq_fmt f = {16, 0, 0, 0, 0, 2, 2, 0};
@@ -331,17 +372,21 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 }
 
 /* Dispatch on a tile's (uniform) kind so that each call below is specialised on constant formats. The low
- * class is tested only when the class has one (lo.bits is a constant). */
-#define KVQ_BY_KIND(kind, hi, lo, CALL)                                                                        \
+ * class is tested only when the class has one (lo.bits is a constant). M_ says whether the kind's pages take the
+ * tensor-core path (bit 0 of mm for the high class, bit 1 for the low one; the plan's mma_k / mma_v). */
+#define KVQ_BY_KIND(kind, hi, lo, mm, CALL)                                                                    \
     do {                                                                                                       \
         if ((kind) == KVQ_SRC_HI) {                                                                            \
             const kvq_fmt F_ = (hi);                                                                           \
+            const int M_ = (mm) & 1;                                                                           \
             CALL;                                                                                              \
         } else if ((lo).bits && (kind) == KVQ_SRC_LO) {                                                        \
             const kvq_fmt F_ = (lo);                                                                           \
+            const int M_ = ((mm) >> 1) & 1;                                                                    \
             CALL;                                                                                              \
         } else {                                                                                               \
             const kvq_fmt F_ = kvq_fmt_f16();                                                                  \
+            const int M_ = 0;                                                                                  \
             CALL;                                                                                              \
         }                                                                                                      \
     } while (0)
@@ -376,10 +421,34 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     vb.rows = smem + g.tile * g.krow, vb.s = vpar, vb.z = vpar + g.vparn, vb.f = vpar + 2 * g.vparn, vb.mask = 0;
 
     /* the group's queries, [D][GQA], in the log2 domain */
+    float qmax = 0.0f;
     for (int i = tid; i < D * G; i += KVQ_THREADS) {
         const int c = i / G, h = i % G;
         qs[i] = ((const float *)p->q)[((long long)b * KVQ_HQ + hk * G + h) * D + c] * p->scale;
+        qmax = fmaxf(qmax, fabsf(qs[i]));
     }
+    /* q.K on tensor cores: the chunk's max |q| sets the power of two that keeps the folded query inside fp16
+     * (kvq_mma_qscale) */
+    float qscale = 1.0f, qinv = 1.0f;
+    if (g.mk) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) qmax = fmaxf(qmax, __shfl_xor_sync(KVQ_FULL_MASK, qmax, off));
+        if ((tid & 31) == 0) wmax[tid >> 5] = qmax;
+        __syncthreads();
+        for (int w = 0; w < NW; w++) qmax = fmaxf(qmax, wmax[w]);
+        qscale = kvq_mma_qscale(qmax), qinv = 1.0f / qscale; /* powers of two */
+    }
+    unsigned short *wb = (unsigned short *)(smem + g.so_w);
+    const int nks = g.tile / 16;
+    float macc[KVQ_MMA_MPW][4], oz[KVQ_GQA][4];
+#pragma unroll
+    for (int i = 0; i < KVQ_MMA_MPW; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) macc[i][e] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < KVQ_GQA; h++)
+#pragma unroll
+        for (int gi = 0; gi < 4; gi++) oz[h][gi] = 0.0f;
     float m[KVQ_GQA], dl[KVQ_GQA], o[KVQ_HPT][KVQ_VEC];
 #pragma unroll
     for (int h = 0; h < KVQ_GQA; h++) m[h] = KVQ_NEG_INF, dl[h] = 0.0f;
@@ -406,7 +475,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         kvq_stage(&vb, T.v, vk, T.v_slot, T.v_cap, n, hk, vhi, vlo, tid);
         kvq_cp_async_wait_all();
         __syncthreads();
-        KVQ_BY_KIND(kk, khi, klo, kvq_fold_k(F_, &kb, qs, qk, qsum, bred, tid));
+        KVQ_BY_KIND(kk, khi, klo, g.mk, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, tid));
         __syncthreads();
         const int kchan = (kk == KVQ_SRC_HI && khi.bits < 16 && khi.gran == 0) ||
                           (kk == KVQ_SRC_LO && klo.bits && klo.bits < 16 && klo.gran == 0);
@@ -421,7 +490,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         float mloc[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) mloc[h] = KVQ_NEG_INF;
-        KVQ_BY_KIND(kk, khi, klo, kvq_scores(F_, &kb, qs, qk, qsum, n, tid, g.split, g.p1, ps, mloc));
+        KVQ_BY_KIND(kk, khi, klo, g.mk,
+                    if (M_) kvq_scores_mma(F_.bits, kb.rows, kb.mask, F_.masked, (const unsigned *)qk,
+                                           qsum + (D / 8) * G, qinv, n, tid, g.split, ps, mloc);
+                    else kvq_scores(F_, &kb, qs, qk, qsum, n, tid, g.split, g.p1, ps, mloc));
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) {
             for (int off = 16; off >= g.split; off >>= 1)
@@ -443,19 +515,14 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             for (int h = 0; h < KVQ_GQA; h++)
                 if (h == tid) sa[h] = a[h], sm[h] = m[h];
         }
-        /* p = 2^(s - m) of this lane's own tokens (written by itself in phase 1) */
-        if (part == 0)
-#pragma unroll 1
-            for (int t = lane1; t < n; t += g.p1) {
-                KVQ_MARK(2);
+        if (g.mv)
 #pragma unroll
-                for (int h = 0; h < KVQ_GQA; h++) {
-                    const float x = ps[t * G + h];
-                    const float pr = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
-                    ps[t * G + h] = pr;
-                    dl[h] += pr;
-                }
-            }
+            for (int h = 0; h < KVQ_GQA; h++)
+#pragma unroll
+                for (int gi = 0; gi < 4; gi++) oz[h][gi] *= a[h];
+        /* p = 2^(s - m) of this lane's own tokens (written by itself in phase 1) */
+        KVQ_BY_KIND(vk, vhi, vlo, g.mv,
+                    kvq_probs(F_, M_, &vb, ps, m, n, part == 0, lane1, g.p1, tid, nks, wb, dl, oz));
         __syncthreads();
 
         /* phase 3: values, o rescaled once per tile */
@@ -466,8 +533,18 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #pragma unroll
                 for (int v = 0; v < KVQ_VEC; v++) o[i][v] *= ai;
             }
-            KVQ_BY_KIND(vk, vhi, vlo, kvq_values(F_, &vb, ps, n, c0, hl0, tz, o));
         }
+        if (g.mv) {
+            const float ai = sa[tid & 3]; /* the lane's head in the tensor-core accumulators */
+#pragma unroll
+            for (int i = 0; i < KVQ_MMA_MPW; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) macc[i][e] *= ai;
+        }
+        KVQ_BY_KIND(vk, vhi, vlo, g.mv,
+                    if (M_) kvq_values_mma(F_.bits, F_.group, F_.hidden, vb.rows, (const unsigned *)wb, nks, n, tid,
+                                           macc);
+                    else if (act) kvq_values(F_, &vb, ps, n, c0, hl0, tz, o));
     }
 
     /* End of the chunk: o summed over the TZ token lanes and d over the phase-1 lanes, in a fixed order,
@@ -484,6 +561,34 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             for (int v = 0; v < KVQ_VEC; v++) so[(tz * G + hl0 + i) * D + c0 + v] = o[i][v];
     if (tid < G && t1 <= t0) sm[tid] = KVQ_NEG_INF; /* an empty sequence: no tile ran */
     __syncthreads();
+    if (g.mv) {
+        /* the tensor-core accumulators and the zero sums join the o partials of token lane 0 */
+        float *ozs = (float *)wb; /* [warps][GQA][4] */
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++)
+#pragma unroll
+            for (int gi = 0; gi < 4; gi++) {
+                float x = oz[h][gi];
+                for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(KVQ_FULL_MASK, x, off);
+                if ((tid & 31) == 0) ozs[((tid >> 5) * G + h) * 4 + gi] = x;
+            }
+        __syncthreads();
+        /* one shift pattern and one grouping: the plan puts both page classes on tensor cores only when their
+         * bits and groups agree */
+        const int hv = tid & 3, gq = (tid & 31) >> 2, vbits = (g.mv & 1) ? vhi.bits : vlo.bits;
+        const int vgrp = (g.mv & 1) ? (vhi.hidden ? D : vhi.group) : (vlo.hidden ? D : vlo.group);
+#pragma unroll
+        for (int i = 0; i < KVQ_MMA_MPW; i++)
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int cl = 2 * gq + u, c = ((tid >> 5) * KVQ_MMA_MPW + i) * 16 + cl, gi = c / vgrp;
+                float zs = 0.0f;
+                for (int w = 0; w < NW; w++) zs += ozs[(w * G + hv) * 4 + gi];
+                const float x = fmaf(macc[i][2 * u + 1], KVQ_MMA_LO_INV, macc[i][2 * u]) * kvq_mma_vinv(vbits, cl);
+                if (c < D) so[hv * D + c] += x + zs;
+            }
+        __syncthreads();
+    }
     if (tz != 0 || !act) return;
 #pragma unroll
     for (int i = 0; i < KVQ_HPT; i++) {

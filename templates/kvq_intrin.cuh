@@ -18,6 +18,12 @@
  *   kvq_cp_async4/8/16(dst, src), kvq_cp_async16_zfill(dst, src, src_bytes)   shared <- global
  *   kvq_cp_async_commit(), kvq_cp_async_wait_group(N) (N a literal), kvq_cp_async_wait_all()
  *   kvq_lop3(a, b, c, LUT) (LUT a constant), kvq_prmt(a, b, selector)
+ *   kvq_mma_m16n8k16(acc[4], a[4], b[2])             mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, acc += A B
+ *                                                     in place (warp-collective: all 32 lanes, converged); fragment
+ *                                                     layout in tests/emu/emu_abi.h (emu_mma_frag), from the PTX
+ *                                                     ISA. The emulator adds the 16 exact products to acc one at a
+ *                                                     time in fp32, k ascending; the hardware's internal order and
+ *                                                     rounding are undocumented (docs/cuda.md, "Tensor cores")
  *   kvq_ex2(x)                                        ex2.approx.ftz.f32 (2^x, ~2 ulp, -inf -> +0); the emulator
  *                                                     computes exp2f (correctly rounded or within 1 ulp): a
  *                                                     documented tolerance, docs/cuda.md
@@ -157,6 +163,13 @@ static __device__ __forceinline__ unsigned kvq_prmt(unsigned a, unsigned b, unsi
 }
 
 static __device__ __forceinline__ double kvq_dmul(double a, double b) { return __dmul_rn(a, b); }
+static __device__ __forceinline__ void kvq_mma_m16n8k16(float acc[4], const unsigned a[4], const unsigned b[2])
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 static __device__ __forceinline__ float kvq_ex2(float x)
 {
     float y;
@@ -222,6 +235,18 @@ static inline kvq_bf162 kvq_bffma2(kvq_bf162 a, kvq_bf162 b, kvq_bf162 c)
 
 template <unsigned LUT> static inline unsigned kvq_lop3_(unsigned a, unsigned b, unsigned c) { return emu_lop3(a, b, c, LUT); }
 static inline unsigned kvq_prmt(unsigned a, unsigned b, unsigned sel) { return emu_prmt(a, b, sel); }
+
+/* one warp collective: the emulator gathers the 32 lanes' fragments and computes every lane's D at once */
+static inline void emu_mma_m16n8k16_(float acc[4], const unsigned a[4], const unsigned b[2], const char *file, int line)
+{
+    struct emu_mma_frag f;
+    memcpy(f.a, a, sizeof f.a);
+    memcpy(f.b, b, sizeof f.b);
+    memcpy(f.c, acc, sizeof f.c);
+    emu_warp_(EMU_W_MMA, 0xffffffffu, (unsigned long long)(uintptr_t)&f, sizeof f, 0, 32, file, line);
+    memcpy(acc, f.d, sizeof f.d);
+}
+#define kvq_mma_m16n8k16(acc, a, b) emu_mma_m16n8k16_((acc), (a), (b), __FILE__, __LINE__)
 
 /* the unit is compiled with -ffp-contract=off (cu_emu.c), so a product is never fused */
 static inline double kvq_dmul(double a, double b) { return a * b; }

@@ -41,6 +41,12 @@
  *   kvq_cp_async4/8/16(dst, src), kvq_cp_async16_zfill(dst, src, src_bytes)   shared <- global
  *   kvq_cp_async_commit(), kvq_cp_async_wait_group(N) (N a literal), kvq_cp_async_wait_all()
  *   kvq_lop3(a, b, c, LUT) (LUT a constant), kvq_prmt(a, b, selector)
+ *   kvq_mma_m16n8k16(acc[4], a[4], b[2])             mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, acc += A B
+ *                                                     in place (warp-collective: all 32 lanes, converged); fragment
+ *                                                     layout in tests/emu/emu_abi.h (emu_mma_frag), from the PTX
+ *                                                     ISA. The emulator adds the 16 exact products to acc one at a
+ *                                                     time in fp32, k ascending; the hardware's internal order and
+ *                                                     rounding are undocumented (docs/cuda.md, "Tensor cores")
  *   kvq_ex2(x)                                        ex2.approx.ftz.f32 (2^x, ~2 ulp, -inf -> +0); the emulator
  *                                                     computes exp2f (correctly rounded or within 1 ulp): a
  *                                                     documented tolerance, docs/cuda.md
@@ -180,6 +186,13 @@ static __device__ __forceinline__ unsigned kvq_prmt(unsigned a, unsigned b, unsi
 }
 
 static __device__ __forceinline__ double kvq_dmul(double a, double b) { return __dmul_rn(a, b); }
+static __device__ __forceinline__ void kvq_mma_m16n8k16(float acc[4], const unsigned a[4], const unsigned b[2])
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 static __device__ __forceinline__ float kvq_ex2(float x)
 {
     float y;
@@ -245,6 +258,18 @@ static inline kvq_bf162 kvq_bffma2(kvq_bf162 a, kvq_bf162 b, kvq_bf162 c)
 
 template <unsigned LUT> static inline unsigned kvq_lop3_(unsigned a, unsigned b, unsigned c) { return emu_lop3(a, b, c, LUT); }
 static inline unsigned kvq_prmt(unsigned a, unsigned b, unsigned sel) { return emu_prmt(a, b, sel); }
+
+/* one warp collective: the emulator gathers the 32 lanes' fragments and computes every lane's D at once */
+static inline void emu_mma_m16n8k16_(float acc[4], const unsigned a[4], const unsigned b[2], const char *file, int line)
+{
+    struct emu_mma_frag f;
+    memcpy(f.a, a, sizeof f.a);
+    memcpy(f.b, b, sizeof f.b);
+    memcpy(f.c, acc, sizeof f.c);
+    emu_warp_(EMU_W_MMA, 0xffffffffu, (unsigned long long)(uintptr_t)&f, sizeof f, 0, 32, file, line);
+    memcpy(acc, f.d, sizeof f.d);
+}
+#define kvq_mma_m16n8k16(acc, a, b) emu_mma_m16n8k16_((acc), (a), (b), __FILE__, __LINE__)
 
 /* the unit is compiled with -ffp-contract=off (cu_emu.c), so a product is never fused */
 static inline double kvq_dmul(double a, double b) { return a * b; }
@@ -871,6 +896,231 @@ KVQ_DEV void kvq_unpack8_half(const unsigned char *p, float *cv)
 }
 
 #endif
+/* ======== templates/kvq_mma.cuh ======== */
+/* Tensor-core q.K and p.V of the decode kernel for 2- and 4-bit pages (docs/cuda.md, "Tensor cores").
+ *
+ * mma.sync.m16n8k16 (kvq_mma_m16n8k16: fp16 A and B, fp32 accumulators) with every product exact, so that only
+ * the fp32 accumulation rounds, as in the fp32 path:
+ *   - a code c becomes the fp16 number c 2^k exactly, two codes an instruction: lop3 masks two fields where they
+ *     sit (16 bits apart) into the mantissas of 1024 (0x6400 in each half), and one HADD2 of -1024 leaves c 2^k
+ *     (c 2^k < 1024, so 1024 + c 2^k is exact; k is the field's offset in its half, undone where the code's
+ *     partner operand is scaled or at the end, a power of two);
+ *   - the other operand x (the folded query of q.K, the weight p s_t of p.V) is split into x_hi = fp16(x) and
+ *     x_lo = fp16((x - x_hi) 2^11): x = x_hi + 2^-11 x_lo to about 2^-22 relative (x - x_hi is exact in fp32),
+ *     each an 11-bit significand, so code x code-operand products have at most 15 bits: exact in fp32;
+ *   - the N = 8 columns of B are the GQA group's 4 heads, high and low part side by side (column 2h, 2h + 1): a
+ *     lane's accumulators c0, c1 (and c2, c3) are the high and low sums of one head, combined as
+ *     hi + 2^-11 lo at the end.
+ * Shapes: GQA 4, 128 threads (4 warps), head_dim a multiple of 64 (compiler/plan.c, mma_k_ok / mma_v_ok). With
+ * g = lane / 4 and t = lane % 4, the fragment layout is the PTX ISA's (tests/emu/emu_abi.h, emu_mma_frag). */
+#ifndef KVQ_MMA_CUH
+#define KVQ_MMA_CUH
+
+/* #include "kvq_unpack.cuh": inlined */
+
+#define KVQ_MMA_MAGIC 0x64006400u /* 1024 in both halves */
+#define KVQ_MMA_NEG 0xE400E400u   /* -1024 in both halves */
+#define KVQ_MMA_LO 2048.0f        /* the low part's scale 2^11 */
+#define KVQ_MMA_LO_INV 4.8828125e-4f /* 2^-11 */
+#define KVQ_MMA_NW (KVQ_THREADS / 32)
+/* 16-channel blocks of p.V per warp (at least 1 so that the unit compiles for every plan) */
+#define KVQ_MMA_MPW ((KVQ_D / 16 + KVQ_MMA_NW - 1) / KVQ_MMA_NW)
+
+/* two fields of x under `mask` (one in each half) -> the half2 (c0 2^k, c1 2^k), exact */
+KVQ_DEV unsigned kvq_mma_codes(unsigned x, unsigned mask)
+{
+    unsigned h = kvq_lop3(x, mask, KVQ_MMA_MAGIC, KVQ_LOP_AND_OR);
+    return kvq_h2_bits(kvq_hadd2(kvq_bits_h2(h), kvq_bits_h2(KVQ_MMA_NEG)));
+}
+
+/* x -> (x_hi, x_lo) as above, two 16-bit patterns */
+KVQ_DEV void kvq_mma_split(float x, unsigned short *hi, unsigned short *lo)
+{
+    const kvq_half h = kvq_f2h(x);
+    *hi = h.bits;
+    *lo = kvq_f2h((x - kvq_h2f(h)) * KVQ_MMA_LO).bits;
+}
+
+/* ---- q.K: A = 16 tokens x 16 channels of key codes, B = 16 channels x (4 heads x hi/lo) of the query ---- */
+
+/* The channel order inside a 16-channel k-block is the one the unpacking gives (B follows it): lane t's
+ * a0 = row g at k = 2t, 2t+1 and a2 = row g at k = 2t+8, 2t+9 come from one lop3 each.
+ *   2 bits (one word of 16 codes): a0 = channels t, t+8 (mask at bits 2t and 2t+16), a2 = the word >> 8: channels
+ *     t+4, t+12; k = 8r + 2t + h holds channel t + 4r + 8h, shifted by 2^(2t);
+ *   4 bits (two words of 8 codes): a0 = word 0, a2 = word 1, each >> 8 for t >= 2, fields at nibble t mod 2 of
+ *     each half: channels (t, t+4) of the word; k = 8r + 2t + h holds channel 8r + t + 4h, shifted by 2^(4 (t & 1)).
+ * kvq_mma_kpos gives, for channel j (0..15) of a block, its lane's t, register r, half h and the shift k. */
+KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
+{
+    *t = j & 3;
+    if (bits == 2) {
+        *r = (j >> 2) & 1, *h = j >> 3, *k = 2 * (j & 3);
+    } else {
+        *r = j >> 3, *h = (j >> 2) & 1, *k = 4 * (j & 1);
+    }
+}
+
+/* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the staged per-channel
+ * scales), high and low parts, as [D/16 k-blocks][32 lanes][2 registers] of half2 at qb. qscale (a power of two
+ * from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. */
+KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qscale, unsigned short *qb, int tid)
+{
+    const int G = KVQ_GQA;
+#pragma unroll 1
+    for (int i = tid; i < KVQ_D * G; i += KVQ_THREADS) {
+        const int c = i / G, h = i % G, kb = c >> 4;
+        int t, r, hh, k;
+        kvq_mma_kpos(bits, c & 15, &t, &r, &hh, &k);
+        const float inv = __uint_as_float((unsigned)(127 - k) << 23); /* 2^-k, exact */
+        unsigned short hi, lo;
+        kvq_mma_split(qs[i] * ks[c] * inv * qscale, &hi, &lo);
+        const int base = (kb * 32 + t) * 2 + r; /* lane 4n + t, n = 2h (hi) and 2h + 1 (lo) */
+        qb[(base + 8 * (2 * h)) * 2 + hh] = hi;
+        qb[(base + 8 * (2 * h + 1)) * 2 + hh] = lo;
+    }
+}
+
+/* 2^E with E = -(floor(log2 qmax) + 2): |q| 65504 2^E < 2^15 (kvq_fold_k_mma); 1 for qmax 0 or not finite */
+KVQ_DEV float kvq_mma_qscale(float qmax)
+{
+    const int e = (int)((__float_as_uint(qmax) >> 23) & 255u) - 127;
+    if (!(qmax > 0.0f) || e >= 100 || e < -100) return 1.0f;
+    return __uint_as_float((unsigned)(127 - (e + 2)) << 23);
+}
+
+/* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes 16-token blocks w, w + 4, ...; each lane ends with
+ * the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
+ * (-inf for masked slots) and kept in the per-head maxima. */
+KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned char *mask, int masked,
+                            const unsigned *qb, const float *bias, float qinv, int n, int tid, int split, float *ps,
+                            float mloc[KVQ_GQA])
+{
+    const int G = KVQ_GQA, KB = KVQ_D / 16;
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int cbpt = kvq_fmt_cbpt(bits, KVQ_D);
+    unsigned b[KVQ_D / 16][2];
+#pragma unroll
+    for (int kb = 0; kb < KB; kb++) {
+        const uint2 x = ((const uint2 *)qb)[kb * 32 + lane];
+        b[kb][0] = x.x, b[kb][1] = x.y;
+    }
+    const unsigned msk = bits == 2 ? (3u << 2 * t) | (3u << (2 * t + 16)) : (15u << 4 * (t & 1)) | (15u << (4 * (t & 1) + 16));
+    const int sh = bits == 2 ? 8 : t >= 2 ? 8 : 0;
+    const float bh = bias[t & (G - 1)];
+    float mx = KVQ_NEG_INF;
+#pragma unroll 1
+    for (int m0 = warp * 16; m0 < n; m0 += KVQ_MMA_NW * 16) {
+        KVQ_MARK(1);
+        const uint4 *r0 = (const uint4 *)(rows + (m0 + g) * cbpt), *r1 = (const uint4 *)(rows + (m0 + g + 8) * cbpt);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int q4 = 0; q4 < cbpt / 16; q4++) {
+            const uint4 x0 = r0[q4], x1 = r1[q4];
+            const unsigned w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
+            if (bits == 2) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const unsigned a[4] = {kvq_mma_codes(w0[j], msk), kvq_mma_codes(w1[j], msk),
+                                           kvq_mma_codes(w0[j] >> 8, msk), kvq_mma_codes(w1[j] >> 8, msk)};
+                    kvq_mma_m16n8k16(acc, a, b[q4 * 4 + j]);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const unsigned a[4] = {kvq_mma_codes(w0[2 * j] >> sh, msk), kvq_mma_codes(w1[2 * j] >> sh, msk),
+                                           kvq_mma_codes(w0[2 * j + 1] >> sh, msk),
+                                           kvq_mma_codes(w1[2 * j + 1] >> sh, msk)};
+                    kvq_mma_m16n8k16(acc, a, b[q4 * 2 + j]);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int tok = m0 + g + 8 * u;
+            float x = fmaf(fmaf(acc[2 * u + 1], KVQ_MMA_LO_INV, acc[2 * u]), qinv, bh);
+            if (tok < n) {
+                if (masked && mask[tok]) x = KVQ_NEG_INF;
+                ps[tok * G + t] = x;
+                mx = fmaxf(mx, x);
+            }
+        }
+    }
+    /* the block maximum reduces over lanes split apart (the fp32 path's lanes of a token agree already): give
+     * every lane of such a group its quad's maxima */
+#pragma unroll
+    for (int h = 0; h < KVQ_GQA; h++) {
+        float x = h == t ? mx : KVQ_NEG_INF;
+        for (int off = 1; off < split; off <<= 1) x = fmaxf(x, __shfl_xor_sync(KVQ_FULL_MASK, x, off));
+        mloc[h] = fmaxf(mloc[h], x);
+    }
+}
+
+/* ---- p.V: A = 16 channels x 16 tokens of value codes, B = 16 tokens x (4 heads x hi/lo) of weights ---- */
+
+/* The weights w = p s_t of token tt (one per value group gi and head h) as B fragments at wb, laid out
+ * [groups][tile / 16 blocks][32 lanes][2 registers] of half2: token k of a block sits at register k >> 3, half
+ * k & 1 of lane 4n + ((k & 7) >> 1) for column n (2h high, 2h + 1 low). */
+KVQ_DEV void kvq_mma_put_w(unsigned short *wb, int nks, int gi, int tt, int h, float w)
+{
+    const int ks = tt >> 4, k = tt & 15;
+    const int base = ((gi * nks + ks) * 32 + ((k & 7) >> 1)) * 2 + (k >> 3);
+    unsigned short hi, lo;
+    kvq_mma_split(w, &hi, &lo);
+    wb[(base + 8 * (2 * h)) * 2 + (k & 1)] = hi;
+    wb[(base + 8 * (2 * h + 1)) * 2 + (k & 1)] = lo;
+}
+
+/* The value codes of the lane's channels 2g, 2g + 1 of a 16-channel block for two tokens: prmt brings the byte
+ * holding both from each token's word into the two halves, then one lop3 per channel (2 bits: byte g / 2, fields
+ * at 4 (g & 1) and 4 (g & 1) + 2; 4 bits: byte g mod 4 of word g / 4 of the block, nibbles 0 and 4). */
+KVQ_DEV void kvq_mma_vcodes(unsigned x0, unsigned x1, unsigned sel, unsigned m0, unsigned m1, unsigned *a0,
+                            unsigned *a1)
+{
+    const unsigned x = kvq_prmt(x0, x1, sel);
+    *a0 = kvq_mma_codes(x, m0);
+    *a1 = kvq_mma_codes(x, m1);
+}
+
+/* o += p v over tokens [0, n16) (n16 = n rounded up to 16; the weights past n are 0) for warp w's channel blocks
+ * w MPW .. w MPW + MPW - 1: acc[i] = the lane's (head t; channel 2g hi, lo; channel 2g + 1 hi, lo) of block i. */
+KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char *rows, const unsigned *wb, int nks,
+                            int n, int tid, float acc[KVQ_MMA_MPW][4])
+{
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int cbpt = kvq_fmt_cbpt(bits, KVQ_D), cw = cbpt / 4;
+    const unsigned byte = bits == 2 ? (unsigned)(g >> 1) : (unsigned)(g & 3);
+    const unsigned sel = byte | (4u + byte) << 8;
+    const unsigned m0 = bits == 2 ? (3u << 4 * (g & 1)) | (3u << (4 * (g & 1) + 16)) : 0x000F000Fu;
+    const unsigned m1 = m0 << (bits == 2 ? 2 : 4);
+    const unsigned *rp = (const unsigned *)rows + 2 * t * cw;
+    const unsigned *bp = wb + 2 * lane;
+#pragma unroll 1
+    for (int k0 = 0; k0 < n; k0 += 16) {
+        KVQ_MARK(3);
+#pragma unroll
+        for (int i = 0; i < KVQ_MMA_MPW; i++) {
+            const int mb = warp * KVQ_MMA_MPW + i;
+            const int wo = bits == 2 ? mb : 2 * mb + (g >> 2);
+            const int gi = hidden ? 0 : mb * 16 / group;
+            const uint2 bw = *(const uint2 *)(bp + gi * nks * 64);
+            const unsigned b[2] = {bw.x, bw.y};
+            unsigned a[4];
+            kvq_mma_vcodes(rp[wo], rp[cw + wo], sel, m0, m1, &a[0], &a[1]);
+            kvq_mma_vcodes(rp[8 * cw + wo], rp[9 * cw + wo], sel, m0, m1, &a[2], &a[3]);
+            kvq_mma_m16n8k16(acc[i], a, b);
+        }
+        rp += 16 * cw, bp += 64;
+    }
+}
+
+/* 2^-k of the value code of channel c (2g or 2g + 1 of a block) as kvq_values_mma unpacks it */
+KVQ_DEV float kvq_mma_vinv(int bits, int c)
+{
+    const int k = bits == 2 ? 4 * ((c >> 1) & 1) + 2 * (c & 1) : 4 * (c & 1);
+    return __uint_as_float((unsigned)(127 - k) << 23);
+}
+
+#endif
 /* ======== templates/kvq_decode.cuh ======== */
 /* The fused decode-attention kernel body and the merge of split-KV partial results (DESIGN §6).
  *
@@ -894,7 +1144,7 @@ KVQ_DEV void kvq_unpack8_half(const unsigned char *p, float *cv)
 #ifndef KVQ_DECODE_CUH
 #define KVQ_DECODE_CUH
 
-/* #include "kvq_unpack.cuh": inlined */
+/* #include "kvq_mma.cuh": inlined */
 
 /* Staged tile of one tensor in shared memory. */
 typedef struct {
@@ -955,6 +1205,7 @@ KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot
 typedef struct {
     int tile, split, p1, krow, kparn, vparn;
     int so_kpar, so_vpar, so_kmask, so_q, so_qk, so_qsum, so_p, so_red;
+    int so_w, mk, mv; /* tensor-core paths (kvq_mma.cuh): the weight fragments; page classes (bit 0 hi, 1 lo) */
 } kvq_dec_geo;
 
 /* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
@@ -968,12 +1219,14 @@ KVQ_DEV int kvq_k_folds(kvq_fmt f) { return f.bits < 16 && (f.gran == 0 || f.sep
 /* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
  * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[8][GQA] = eight partial
  * sums of q . z in channel order (per-channel zeros), added up by kvq_fold_bias. Every thread takes items. */
-KVQ_DEV void kvq_fold_k(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, float *qk, float *qsum, float *red,
-                        int tid)
+KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *kb, const float *qs, float *qk,
+                        float *qsum, float *red, int tid)
 {
     const int G = KVQ_GQA, D = KVQ_D;
     if (f.bits >= 16) return;
-    if (kvq_k_folds(f))
+    if (mma) /* q.K on tensor cores: qk's place holds B's fragments */
+        kvq_fold_k_mma(f.bits, kb->s, qs, qscale, (unsigned short *)qk, tid);
+    else if (kvq_k_folds(f))
         for (int i = tid; i < D * G; i += KVQ_THREADS) {
             const int c = i / G;
             const float x = f.gran == 0 ? qs[i] * kb->s[c] : f.sep ? qs[i] * kb->f[c] : qs[i];
@@ -1198,6 +1451,44 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
                 o[i][v] = fmaf(oz[i], psh && f.sep ? vf[v] / kvq_preshift_inv(f.bits, v) : vf[v], o[i][v]);
 }
 
+/* Phase 2: p = 2^(s - m) of this lane's own tokens (written by itself in phase 1), d += p. When the tile's values
+ * take the tensor-core path, the lane also writes its tokens' weights w = p s_t as p.V's B fragments (kvq_mma.cuh;
+ * 0 for the tokens from n up to the next 16) and keeps sum p z_t per head and value group in oz (the per-token
+ * zeros, added at the end of the chunk). */
+KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, const float m[KVQ_GQA], int n,
+                       int part0, int lane1, int p1, int tid, int nks, unsigned short *wb, float dl[KVQ_GQA],
+                       float oz[KVQ_GQA][4])
+{
+    const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D);
+#pragma unroll 1
+    for (int t = part0 ? lane1 : n; t < n; t += p1) {
+        KVQ_MARK(2);
+        float pr[KVQ_GQA];
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) {
+            const float x = ps[t * G + h];
+            pr[h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
+            ps[t * G + h] = pr[h];
+            dl[h] += pr[h];
+        }
+        if (mma)
+#pragma unroll
+            for (int gi = 0; gi < 4; gi++)
+                if (gi < ngv) {
+                    const float s = vb->s[t * ngv + gi], z = vb->z[t * ngv + gi];
+#pragma unroll
+                    for (int h = 0; h < KVQ_GQA; h++) {
+                        kvq_mma_put_w(wb, nks, gi, t, h, pr[h] * s);
+                        oz[h][gi] = fmaf(pr[h], z, oz[h][gi]);
+                    }
+                }
+    }
+    if (mma)
+        for (int t = n + tid; t < ((n + 15) & ~15); t += KVQ_THREADS)
+            for (int gi = 0; gi < ngv; gi++)
+                for (int h = 0; h < KVQ_GQA; h++) kvq_mma_put_w(wb, nks, gi, t, h, 0.0f);
+}
+
 KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 {
     kvq_fmt f = {16, 0, 0, 0, 0, 2, 2, 0};
@@ -1205,17 +1496,21 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 }
 
 /* Dispatch on a tile's (uniform) kind so that each call below is specialised on constant formats. The low
- * class is tested only when the class has one (lo.bits is a constant). */
-#define KVQ_BY_KIND(kind, hi, lo, CALL)                                                                        \
+ * class is tested only when the class has one (lo.bits is a constant). M_ says whether the kind's pages take the
+ * tensor-core path (bit 0 of mm for the high class, bit 1 for the low one; the plan's mma_k / mma_v). */
+#define KVQ_BY_KIND(kind, hi, lo, mm, CALL)                                                                    \
     do {                                                                                                       \
         if ((kind) == KVQ_SRC_HI) {                                                                            \
             const kvq_fmt F_ = (hi);                                                                           \
+            const int M_ = (mm) & 1;                                                                           \
             CALL;                                                                                              \
         } else if ((lo).bits && (kind) == KVQ_SRC_LO) {                                                        \
             const kvq_fmt F_ = (lo);                                                                           \
+            const int M_ = ((mm) >> 1) & 1;                                                                    \
             CALL;                                                                                              \
         } else {                                                                                               \
             const kvq_fmt F_ = kvq_fmt_f16();                                                                  \
+            const int M_ = 0;                                                                                  \
             CALL;                                                                                              \
         }                                                                                                      \
     } while (0)
@@ -1250,10 +1545,34 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     vb.rows = smem + g.tile * g.krow, vb.s = vpar, vb.z = vpar + g.vparn, vb.f = vpar + 2 * g.vparn, vb.mask = 0;
 
     /* the group's queries, [D][GQA], in the log2 domain */
+    float qmax = 0.0f;
     for (int i = tid; i < D * G; i += KVQ_THREADS) {
         const int c = i / G, h = i % G;
         qs[i] = ((const float *)p->q)[((long long)b * KVQ_HQ + hk * G + h) * D + c] * p->scale;
+        qmax = fmaxf(qmax, fabsf(qs[i]));
     }
+    /* q.K on tensor cores: the chunk's max |q| sets the power of two that keeps the folded query inside fp16
+     * (kvq_mma_qscale) */
+    float qscale = 1.0f, qinv = 1.0f;
+    if (g.mk) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) qmax = fmaxf(qmax, __shfl_xor_sync(KVQ_FULL_MASK, qmax, off));
+        if ((tid & 31) == 0) wmax[tid >> 5] = qmax;
+        __syncthreads();
+        for (int w = 0; w < NW; w++) qmax = fmaxf(qmax, wmax[w]);
+        qscale = kvq_mma_qscale(qmax), qinv = 1.0f / qscale; /* powers of two */
+    }
+    unsigned short *wb = (unsigned short *)(smem + g.so_w);
+    const int nks = g.tile / 16;
+    float macc[KVQ_MMA_MPW][4], oz[KVQ_GQA][4];
+#pragma unroll
+    for (int i = 0; i < KVQ_MMA_MPW; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) macc[i][e] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < KVQ_GQA; h++)
+#pragma unroll
+        for (int gi = 0; gi < 4; gi++) oz[h][gi] = 0.0f;
     float m[KVQ_GQA], dl[KVQ_GQA], o[KVQ_HPT][KVQ_VEC];
 #pragma unroll
     for (int h = 0; h < KVQ_GQA; h++) m[h] = KVQ_NEG_INF, dl[h] = 0.0f;
@@ -1280,7 +1599,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         kvq_stage(&vb, T.v, vk, T.v_slot, T.v_cap, n, hk, vhi, vlo, tid);
         kvq_cp_async_wait_all();
         __syncthreads();
-        KVQ_BY_KIND(kk, khi, klo, kvq_fold_k(F_, &kb, qs, qk, qsum, bred, tid));
+        KVQ_BY_KIND(kk, khi, klo, g.mk, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, tid));
         __syncthreads();
         const int kchan = (kk == KVQ_SRC_HI && khi.bits < 16 && khi.gran == 0) ||
                           (kk == KVQ_SRC_LO && klo.bits && klo.bits < 16 && klo.gran == 0);
@@ -1295,7 +1614,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         float mloc[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) mloc[h] = KVQ_NEG_INF;
-        KVQ_BY_KIND(kk, khi, klo, kvq_scores(F_, &kb, qs, qk, qsum, n, tid, g.split, g.p1, ps, mloc));
+        KVQ_BY_KIND(kk, khi, klo, g.mk,
+                    if (M_) kvq_scores_mma(F_.bits, kb.rows, kb.mask, F_.masked, (const unsigned *)qk,
+                                           qsum + (D / 8) * G, qinv, n, tid, g.split, ps, mloc);
+                    else kvq_scores(F_, &kb, qs, qk, qsum, n, tid, g.split, g.p1, ps, mloc));
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) {
             for (int off = 16; off >= g.split; off >>= 1)
@@ -1317,19 +1639,14 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             for (int h = 0; h < KVQ_GQA; h++)
                 if (h == tid) sa[h] = a[h], sm[h] = m[h];
         }
-        /* p = 2^(s - m) of this lane's own tokens (written by itself in phase 1) */
-        if (part == 0)
-#pragma unroll 1
-            for (int t = lane1; t < n; t += g.p1) {
-                KVQ_MARK(2);
+        if (g.mv)
 #pragma unroll
-                for (int h = 0; h < KVQ_GQA; h++) {
-                    const float x = ps[t * G + h];
-                    const float pr = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
-                    ps[t * G + h] = pr;
-                    dl[h] += pr;
-                }
-            }
+            for (int h = 0; h < KVQ_GQA; h++)
+#pragma unroll
+                for (int gi = 0; gi < 4; gi++) oz[h][gi] *= a[h];
+        /* p = 2^(s - m) of this lane's own tokens (written by itself in phase 1) */
+        KVQ_BY_KIND(vk, vhi, vlo, g.mv,
+                    kvq_probs(F_, M_, &vb, ps, m, n, part == 0, lane1, g.p1, tid, nks, wb, dl, oz));
         __syncthreads();
 
         /* phase 3: values, o rescaled once per tile */
@@ -1340,8 +1657,18 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #pragma unroll
                 for (int v = 0; v < KVQ_VEC; v++) o[i][v] *= ai;
             }
-            KVQ_BY_KIND(vk, vhi, vlo, kvq_values(F_, &vb, ps, n, c0, hl0, tz, o));
         }
+        if (g.mv) {
+            const float ai = sa[tid & 3]; /* the lane's head in the tensor-core accumulators */
+#pragma unroll
+            for (int i = 0; i < KVQ_MMA_MPW; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) macc[i][e] *= ai;
+        }
+        KVQ_BY_KIND(vk, vhi, vlo, g.mv,
+                    if (M_) kvq_values_mma(F_.bits, F_.group, F_.hidden, vb.rows, (const unsigned *)wb, nks, n, tid,
+                                           macc);
+                    else if (act) kvq_values(F_, &vb, ps, n, c0, hl0, tz, o));
     }
 
     /* End of the chunk: o summed over the TZ token lanes and d over the phase-1 lanes, in a fixed order,
@@ -1358,6 +1685,34 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             for (int v = 0; v < KVQ_VEC; v++) so[(tz * G + hl0 + i) * D + c0 + v] = o[i][v];
     if (tid < G && t1 <= t0) sm[tid] = KVQ_NEG_INF; /* an empty sequence: no tile ran */
     __syncthreads();
+    if (g.mv) {
+        /* the tensor-core accumulators and the zero sums join the o partials of token lane 0 */
+        float *ozs = (float *)wb; /* [warps][GQA][4] */
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++)
+#pragma unroll
+            for (int gi = 0; gi < 4; gi++) {
+                float x = oz[h][gi];
+                for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(KVQ_FULL_MASK, x, off);
+                if ((tid & 31) == 0) ozs[((tid >> 5) * G + h) * 4 + gi] = x;
+            }
+        __syncthreads();
+        /* one shift pattern and one grouping: the plan puts both page classes on tensor cores only when their
+         * bits and groups agree */
+        const int hv = tid & 3, gq = (tid & 31) >> 2, vbits = (g.mv & 1) ? vhi.bits : vlo.bits;
+        const int vgrp = (g.mv & 1) ? (vhi.hidden ? D : vhi.group) : (vlo.hidden ? D : vlo.group);
+#pragma unroll
+        for (int i = 0; i < KVQ_MMA_MPW; i++)
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int cl = 2 * gq + u, c = ((tid >> 5) * KVQ_MMA_MPW + i) * 16 + cl, gi = c / vgrp;
+                float zs = 0.0f;
+                for (int w = 0; w < NW; w++) zs += ozs[(w * G + hv) * 4 + gi];
+                const float x = fmaf(macc[i][2 * u + 1], KVQ_MMA_LO_INV, macc[i][2 * u]) * kvq_mma_vinv(vbits, cl);
+                if (c < D) so[hv * D + c] += x + zs;
+            }
+        __syncthreads();
+    }
     if (tz != 0 || !act) return;
 #pragma unroll
     for (int i = 0; i < KVQ_HPT; i++) {
@@ -2538,6 +2893,9 @@ KVQ_KERNEL_EXPORT(kvq_tk_dense);
 #define KVQ_C_SO_QSUM 72832
 #define KVQ_C_SO_P 73104
 #define KVQ_C_SO_RED 75152
+#define KVQ_C_SO_W 0
+#define KVQ_C_MMA_K 3
+#define KVQ_C_MMA_V 0
 #define KVQ_C_KHI {4, 0, 0, 0, 0, 2, 2, 0}
 #define KVQ_C_KHI_Q 1
 #define KVQ_C_KHI_SEP 0
@@ -2561,6 +2919,7 @@ KVQ_KERNEL_EXPORT(kvq_tk_dense);
  *   KVQ_C_SPLIT, KVQ_C_P1  decode phase 1: lanes per token, token lanes
  *   KVQ_C_MINB             decode blocks per SM for __launch_bounds__: what sm_80's shared memory allows
  *   KVQ_C_SMEM, KVQ_C_SO_* the decode kernel's dynamic shared memory and the offsets of its parts (plan.c)
+ *   KVQ_C_MMA_K, KVQ_C_MMA_V  page classes (bit 0 high, bit 1 low) whose q.K / p.V run on tensor cores
  *   KVQ_C_KHI, KVQ_C_KLO, KVQ_C_VHI, KVQ_C_VLO   kvq_fmt initialisers of the page formats (bits 0: absent)
  *   KVQ_C_<store>_Q        1 when the store is quantized (has a quantize kernel)
  *   KVQ_C_<store>_SEP      1 when it stores channel-separable factors (has a factor kernel) */
@@ -2573,7 +2932,8 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_
     const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO, vhi = KVQ_C_VHI, vlo = KVQ_C_VLO;
     const kvq_dec_geo g = {KVQ_C_TILE,    KVQ_C_SPLIT,    KVQ_C_P1,       KVQ_C_KROW,  KVQ_C_KPAR,
                            KVQ_C_VPAR,    KVQ_C_SO_KPAR,  KVQ_C_SO_VPAR,  KVQ_C_SO_KMASK, KVQ_C_SO_Q,
-                           KVQ_C_SO_QK,   KVQ_C_SO_QSUM,  KVQ_C_SO_P,     KVQ_C_SO_RED};
+                           KVQ_C_SO_QK,   KVQ_C_SO_QSUM,  KVQ_C_SO_P,     KVQ_C_SO_RED,
+                           KVQ_C_SO_W,    KVQ_C_MMA_K,    KVQ_C_MMA_V};
     kvq_decode_body(&p, smem, khi, klo, vhi, vlo, g);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
@@ -2661,6 +3021,9 @@ KVQ_FACTOR_KERNEL(kvq_factor_v_lo, KVQ_C_VLO);
 #undef KVQ_C_SO_QSUM
 #undef KVQ_C_SO_P
 #undef KVQ_C_SO_RED
+#undef KVQ_C_SO_W
+#undef KVQ_C_MMA_K
+#undef KVQ_C_MMA_V
 #undef KVQ_C_KHI
 #undef KVQ_C_KHI_Q
 #undef KVQ_C_KHI_SEP

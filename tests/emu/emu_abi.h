@@ -53,6 +53,7 @@ enum {
     EMU_W_XOR_R,      /* __reduce_xor_sync */
     EMU_W_MATCH_ANY,  /* __match_any_sync */
     EMU_W_MATCH_ALL,  /* __match_all_sync: result = mask or 0 */
+    EMU_W_MMA,        /* mma.sync.m16n8k16.row.col.f32.f16.f16.f32: value points to the lane's emu_mma_frag */
     EMU_W_NOPS
 };
 struct emu_warp_req {
@@ -66,6 +67,19 @@ struct emu_warp_req {
     int line;
 };
 unsigned long long emu_warp(const struct emu_warp_req *r);
+
+/* One lane's operands of mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 (PTX ISA, "Matrix fragments for
+ * mma.m16n8k16 with floating point type"): a[4] and b[2] are f16x2 registers (low half first), c the lane's four
+ * accumulators; the collective writes d. With g = lane / 4 and t = lane % 4:
+ *   a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]
+ *   b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g]
+ *   c[0], c[1] = C[g][2t, 2t+1], c[2], c[3] = C[g+8][2t, 2t+1]  (d likewise)
+ * Each D element is C plus the 16 products A[i][k] B[k][j], each exact in fp32 (two 11-bit significands), added
+ * to it one at a time in fp32, k = 0 .. 15, round to nearest even. */
+struct emu_mma_frag {
+    unsigned a[4], b[2];
+    float c[4], d[4];
+};
 
 /* cp.async: copies `size` (4, 8, 16) bytes, of which the first src_size come from src and the rest are zero.
  * The bytes are read at issue and land in dst only at the cp.async.wait that covers their group; until then dst

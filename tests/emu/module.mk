@@ -38,9 +38,10 @@ EMU_TEST_KERNELS_half := half
 EMU_TEST_KERNELS_bugs := bugs
 EMU_TEST_KERNELS_intrin := intrin
 EMU_TEST_KERNELS_unpack := unpack
+EMU_TEST_KERNELS_mma := mma
 EMU_TEST_KERNELS_nvrtc :=
 EMU_TEST_KERNELS_dlopen :=
-EMU_TESTS := block ucontext warp async half bugs intrin unpack nvrtc dlopen
+EMU_TESTS := block ucontext warp async half bugs intrin unpack mma nvrtc dlopen
 
 # A kernel built as a shared object, for the dlopen convention; its host exports the runtime with -rdynamic.
 EMU_SO := $(BUILD)/tests/emu_kernels/warp.so

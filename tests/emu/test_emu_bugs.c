@@ -11,7 +11,7 @@
 EMU_KERNEL_DECLARE(bug);
 
 enum { OK, RACE, TWO_BARRIERS, EXIT_EARLY, LOOP_TRIPS, NOT_IN_MASK, MISSING_LANES, LANE_EXITED, DISAGREE, TRAP,
-       MISALIGNED, BAR_VS_WARP, OUTSIDE_MASK, BAD_WIDTH, LATE_BLOCK };
+       MISALIGNED, BAR_VS_WARP, OUTSIDE_MASK, BAD_WIDTH, LATE_BLOCK, MMA_PARTIAL, MMA_HALF };
 
 static int out[4 * 1024];
 
@@ -106,6 +106,10 @@ int main(void)
                                        "(__syncwarp, mask 0xffffffff)", NULL});
     expect_error("a shuffle width that is not a power of 2", BAD_WIDTH, 1, 32, EMU_ERR_WARP,
                  (const char *const[]){"width 3", NULL});
+    expect_error("mma.sync in a partial warp", MMA_PARTIAL, 1, 48, EMU_ERR_WARP,
+                 (const char *const[]){"mma.sync.m16n8k16", "names lanes 16-31, which warp 1 of the block lacks", NULL});
+    expect_error("half a warp at mma.sync, half at a shuffle", MMA_HALF, 1, 32, EMU_ERR_WARP,
+                 (const char *const[]){"mma.sync.m16n8k16", "__shfl_sync", NULL});
     emu_release();
     return th_summary();
 }

@@ -6,6 +6,7 @@
  * shuffle reading a lane outside the mask gets all-ones bits (NaN for floats) rather than a plausible value. */
 #include <string.h>
 
+#include "emu_half.h"
 #include "emu_internal.h"
 
 static const char *const op_names[EMU_W_NOPS] = {
@@ -18,6 +19,7 @@ static const char *const op_names[EMU_W_NOPS] = {
     [EMU_W_MAX_I] = "__reduce_max_sync", [EMU_W_AND] = "__reduce_and_sync",
     [EMU_W_OR] = "__reduce_or_sync",     [EMU_W_XOR_R] = "__reduce_xor_sync",
     [EMU_W_MATCH_ANY] = "__match_any_sync", [EMU_W_MATCH_ALL] = "__match_all_sync",
+    [EMU_W_MMA] = "mma.sync.m16n8k16",
 };
 
 const char *emu_warp_op_name(int op) { return op >= 0 && op < EMU_W_NOPS ? op_names[op] : "warp collective"; }
@@ -48,8 +50,44 @@ static unsigned shfl_src(int op, unsigned lane, unsigned b, unsigned width)
     }
 }
 
+/* mma.sync.m16n8k16 (f16 x f16 + f32) over the 32 lanes' fragments, laid out as emu_abi.h documents. */
+static void mma_m16n8k16(struct emu_thr *base)
+{
+    float A[16][16], B[16][8];
+    for (unsigned l = 0; l < 32; l++) {
+        const struct emu_mma_frag *f = (const struct emu_mma_frag *)(uintptr_t)base[l].req->value;
+        unsigned g = l / 4, t = l % 4;
+        for (unsigned h = 0; h < 2; h++) {
+            A[g][2 * t + h] = emu_h2f((unsigned short)(f->a[0] >> 16 * h));
+            A[g + 8][2 * t + h] = emu_h2f((unsigned short)(f->a[1] >> 16 * h));
+            A[g][2 * t + 8 + h] = emu_h2f((unsigned short)(f->a[2] >> 16 * h));
+            A[g + 8][2 * t + 8 + h] = emu_h2f((unsigned short)(f->a[3] >> 16 * h));
+            B[2 * t + h][g] = emu_h2f((unsigned short)(f->b[0] >> 16 * h));
+            B[2 * t + 8 + h][g] = emu_h2f((unsigned short)(f->b[1] >> 16 * h));
+        }
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        struct emu_mma_frag *f = (struct emu_mma_frag *)(uintptr_t)base[l].req->value;
+        unsigned g = l / 4, t = l % 4;
+        for (unsigned e = 0; e < 4; e++) {
+            unsigned i = g + 8 * (e / 2), j = 2 * t + e % 2;
+            volatile float acc = f->c[e];
+            for (unsigned k = 0; k < 16; k++) {
+                volatile float prod = A[i][k] * B[k][j]; /* exact: 22 significant bits at most */
+                acc = acc + prod;
+            }
+            f->d[e] = acc;
+        }
+    }
+}
+
 static void compute(struct emu_thr *base, unsigned mask, int op)
 {
+    if (op == EMU_W_MMA) {
+        mma_m16n8k16(base);
+        for (unsigned l = 0; l < 32; l++) base[l].result = 0;
+        return;
+    }
     unsigned long long acc = 0;
     unsigned flags = 0;
     int first = 1;
@@ -127,6 +165,9 @@ unsigned long long emu_warp(const struct emu_warp_req *r)
         emu_fail(R, EMU_ERR_BARRIER, "%s at %s:%d: mask 0x%08x waits for %s of warp %u, which exited", name,
                  r->file, r->line, m, lanes, w_idx);
     }
+    if (r->op == EMU_W_MMA && m != 0xffffffffu)
+        emu_fail(R, EMU_ERR_WARP, "%s at %s:%d: mask 0x%08x: mma.sync.aligned needs all 32 lanes of the warp", name,
+                 r->file, r->line, m);
     if (is_shuffle(r->op) && (r->width < 1 || r->width > 32 || (r->width & (r->width - 1))))
         emu_fail(R, EMU_ERR_WARP, "%s at %s:%d: width %d is not a power of 2 in 1..32", name, r->file, r->line,
                  r->width);

@@ -77,6 +77,13 @@ static const be_case cases[] = {
     {NULL, "zip_fast", 4, 2, zip_fast},
     {NULL, "zip_acc", 2, 2, zip_acc},
     {NULL, "ott_s0", 4, 2, ott_s0},
+    /* GQA 4: q.K and p.V on tensor cores (templates/kvq_mma.cuh) for 2- and 4-bit pages, masked keys (OTT), two
+     * key precision classes with the values on the fp32 path (ZipCache), value groups of 64 (TailorKV) */
+    {"specs/kivi2.kvq", "kivi2", 8, 2, NULL},
+    {"specs/kivi4.kvq", "kivi4", 8, 2, NULL},
+    {"specs/ott.kvq", "ott", 8, 2, NULL},
+    {NULL, "zip_fast", 8, 2, zip_fast},
+    {NULL, "tk_sparse", 8, 2, tk_sparse},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 #define LAYERS 3

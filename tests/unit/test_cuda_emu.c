@@ -36,7 +36,8 @@ typedef struct {
 } emu_case;
 
 /* Every scheme with GQA at head_dim 128; MHA for one scheme of each policy family at head_dims 96 (lanes left
- * idle: 12 of 16), 128 and 256 (a full warp along head_dim); MQA (8 query heads on one kv head) at 64. */
+ * idle: 12 of 16), 128 and 256 (a full warp along head_dim); MQA (8 query heads on one kv head) at 64; GQA 4
+ * (the tensor-core path) at 64, 128 and 256. */
 static const emu_case cases[] = {
     {"specs/fp16.kvq", "fp16", 4, 2, 128},
     {"specs/kivi2.kvq", "kivi2", 4, 2, 128},
@@ -53,6 +54,13 @@ static const emu_case cases[] = {
     {"specs/ott.kvq", "ott", 2, 2, 128},
     {"specs/zipcache.kvq", "zipcache", 2, 2, 256},
     {"specs/kivi4.kvq", "kivi4", 8, 1, 64},
+    /* GQA 4: q.K and p.V on tensor cores (kvq_mma.cuh) at head_dim 64 (one 16-channel block a warp), 128 and
+     * 256 (four a warp, tiles of 64; KIVI-4's value groups of 32 are 8 a token: p.V stays fp32) */
+    {"specs/kivi2.kvq", "kivi2", 8, 2, 64},
+    {"specs/kivi2-r32.kvq", "kivi2-r32", 8, 2, 128},
+    {"specs/kivi4.kvq", "kivi4", 8, 2, 256},
+    {"specs/tailorkv2.kvq", "tailorkv2", 8, 2, 256}, /* p.V too at 256: value groups of 64, phase 1 split 2 */
+    {"specs/paper/zipcache-appendix-a.kvq", "groupwise", 8, 2, 128},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 #define LAYERS 3

@@ -2,7 +2,7 @@
  * plan's target check (kvqc check --target cuda) with the reason. A deterministic sample of bits x granularity x
  * group x head_dim x GQA (each case compiled with NVRTC for one arch, alternating, so the sweep runs in a few
  * minutes on two cores), plus the case that used to need more than 48 KiB of static shared memory (per token,
- * group 8, head_dim 128). A case must either compile with its decode kernel's shared memory all dynamic and
+ * group 8, head_dim 128) and three on the tensor-core paths (GQA 4). A case must either compile with its decode kernel's shared memory all dynamic and
  * within the arch's opt-in limit, or be refused with a message. Skips without libnvrtc. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,12 +45,12 @@ int main(void)
     }
     static const int bits[] = {1, 2, 3, 4, 8}, groups[] = {8, 16, 32, 64}, Ds[] = {64, 96, 128, 256},
                      gqas[] = {1, 2, 4, 8};
-    enum { N = 14 };
+    enum { N = 17 };
     sweep_case cases[N];
     /* the case first, then a large one, then a deterministic sample */
     cases[0] = (sweep_case){2, 2, 0, 0, 8, 128, 32, 8, 32};
     cases[1] = (sweep_case){4, 8, 0, 0, 8, 256, 64, 8, 64};
-    for (int i = 2; i < N; i++) {
+    for (int i = 2; i < N - 3; i++) {
         sweep_case *c = &cases[i];
         c->kbits = bits[next() % 5], c->vbits = bits[next() % 5];
         c->kchan = next() % 2, c->vhidden = next() % 3 == 0;
@@ -62,6 +62,11 @@ int main(void)
         c->heads = c->kv_heads * g;
         c->residual = c->kchan ? c->group * (1 + (int)(next() % 4)) : 32;
     }
+    /* the tensor-core paths (GQA 4, per-channel keys, per-token values in 16-channel blocks): head_dim 64 with
+     * 2-bit keys and groups of 16, 256 with hidden value groups, 128 with groups of 64 */
+    cases[N - 3] = (sweep_case){2, 4, 1, 0, 16, 64, 8, 2, 16};
+    cases[N - 2] = (sweep_case){4, 2, 1, 1, 32, 256, 16, 4, 32};
+    cases[N - 1] = (sweep_case){2, 2, 1, 0, 64, 128, 32, 8, 64};
     int compiled = 0, refused = 0;
     for (int i = 0; i < N; i++) {
         const sweep_case *c = &cases[i];

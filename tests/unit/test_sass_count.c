@@ -37,6 +37,27 @@ static const char sass_two_loops[] =
     L("00f0", "NOP")
     "\t\t..........\n";
 
+/* a marked loop 0x10..0x60 whose shuffle has a divergent slow path (BRA.DIV to WARPSYNC.COLLECTIVE code past the
+ * exit, which branches back into the loop): the count follows the converged path */
+static const char sass_div[] =
+    "\t\tFunction : k\n"
+    L("0000", "MOV R1, c[0x0][0x28]")
+    L("0010", "PMTRIG 0x2")
+    L("0020", "FFMA R6, R5, R5, R6")
+    L("0030", "BRA.DIV UR4, 0xa0")
+    L("0040", "SHFL.BFLY PT, R5, R4, 0x1, 0x1f")
+    L("0050", "FFMA R6, R5, R5, R6")
+    L("0060", "@!P1 BRA 0x10")
+    L("0070", "EXIT")
+    L("0080", "BRA 0x80")
+    L("0090", "NOP")
+    L("00a0", "WARPSYNC.COLLECTIVE R76, 0xc0")
+    L("00b0", "SHFL.BFLY P0, R78, R81, R80, R83")
+    L("00c0", "ENDCOLLECTIVE")
+    L("00d0", "MOV R5, R78")
+    L("00e0", "BRA 0x50")
+    "\t\t..........\n";
+
 static const char sass_no_loop[] = "\t\tFunction : k\n" L("0000", "SHFL.BFLY PT, R5, R4, 0x1, 0x1f") L("0010", "EXIT");
 
 static char *slurp(const char *path)
@@ -63,6 +84,13 @@ int main(int argc, char **argv)
     TH_CHECK(c.candidates == 2, "candidates %d (the outer loop holds the shuffle too)", c.candidates);
     TH_CHECK(c.fp32 == 2 && c.shfl == 1 && c.mufu == 1 && c.lds == 1, "kinds %d %d %d %d", c.fp32, c.shfl, c.mufu,
              c.lds);
+    th_end();
+
+    th_begin("sass count: a BRA.DIV slow path past the exit is not part of the loop");
+    TH_CHECK(sass_count_marked_loop(sass_div, "k", 1, &c) == 0, "no marked loop found");
+    /* PMTRIG (not counted), FFMA, BRA.DIV, SHFL, FFMA, BRA */
+    TH_CHECK(c.instructions == 5 && c.header == 0x10 && c.latch == 0x60, "instructions %d, loop %#x..%#x",
+             c.instructions, c.header, c.latch);
     th_end();
 
     th_begin("sass count: no loop, or no such function, is reported as not found");

@@ -332,7 +332,11 @@ static int count_archs(const build_args *a, const kvq_plan *p, const char *dir, 
             const plan_class *pc = &p->cls[k];
             sass_loop_count lc[6];
             int r = sass ? 0 : 1;
-            for (int mk = 1; mk <= 5 && r == 0; mk++) r = sass_count_marked_loop(sass, fn, mk, &lc[mk]);
+            /* the tensor-core paths (kvq_mma.cuh) on the body's pages: q.K has no loop over runs of 8 channels */
+            const int mmak = pc->mma_k & 1, mmav = pc->mma_v & 1;
+            memset(lc, 0, sizeof lc);
+            for (int mk = 1; mk <= 5 && r == 0; mk++)
+                if (!(mk == 5 && mmak)) r = sass_count_marked_loop(sass, fn, mk, &lc[mk]);
             kvq_free(sass);
             if (r < 0) rc = -1;
             if (r != 0) {
@@ -340,22 +344,27 @@ static int count_archs(const build_args *a, const kvq_plan *p, const char *dir, 
                 continue;
             }
             /* scores (mark 1, with its loop over runs of 8 channels, mark 5, head_dim / split / 8 times) and
-             * probabilities (2): p1 tokens an iteration; values (3): TZ; the tile loop's own work (4): a tile */
+             * probabilities (2): p1 tokens an iteration; values (3): TZ; the tile loop's own work (4): a tile.
+             * Tensor cores: an iteration of a warp's q.K loop is 16 tokens (all heads and channels), one of its
+             * p.V loop 16 tokens of its 1/warps of the channels */
             double w = p->threads / 32;
             /* a loop unrolled u times holds its marker u times: one iteration covers u steps */
             int u5 = lc[5].markers > 0 ? lc[5].markers : 1, u3 = lc[3].markers > 0 ? lc[3].markers : 1;
-            int l1 = lc[1].instructions + lc[5].instructions * (p->head_dim / pc->split / 8 / u5 - 1);
-            double sc = l1 * w / pc->p1, pr = lc[2].instructions * w / pc->p1;
-            double va = lc[3].instructions * w / (p->tz * u3);
+            int l1 = mmak ? lc[1].instructions
+                          : lc[1].instructions + lc[5].instructions * (p->head_dim / pc->split / 8 / u5 - 1);
+            double sc = mmak ? l1 / 16.0 : l1 * w / pc->p1, pr = lc[2].instructions * w / pc->p1;
+            double va = mmav ? lc[3].instructions * w / (16.0 * u3) : lc[3].instructions * w / (p->tz * u3);
             int rest = lc[4].instructions - lc[1].instructions - lc[2].instructions - lc[3].instructions;
             double ti = rest * w / pc->tile, per_tok = sc + pr + va + ti;
             double bytes = plan_body_bytes_per_token(p, pc);
             char loops[64];
             snprintf(loops, sizeof loops, "%d/%d/%d/%d", l1, lc[2].instructions, lc[3].instructions,
                      lc[4].instructions);
-            emit_buf_printf(out, "%-16s %-6s %9.1f %7.2f %8.3f %7.1f %7.1f %7.1f %7.1f %19s %d/%d/%d (%d warps)\n", fn,
-                            a->archs[i], per_tok, bytes, per_tok / bytes, sc, pr, va, ti, loops, pc->p1, p->tz,
-                            pc->tile, (int)w);
+            /* tokens an iteration of the block: a tensor-core loop's is 16 a warp */
+            emit_buf_printf(out, "%-16s %-6s %9.1f %7.2f %8.3f %7.1f %7.1f %7.1f %7.1f %19s %d/%d/%d (%d warps)%s\n", fn,
+                            a->archs[i], per_tok, bytes, per_tok / bytes, sc, pr, va, ti, loops,
+                            mmak ? 16 * (int)w : pc->p1, mmav ? 16 : p->tz, pc->tile, (int)w,
+                            mmak || mmav ? (mmak && mmav ? " mma q.K p.V" : mmak ? " mma q.K" : " mma p.V") : "");
         }
     }
     kvq_free(msrc);

@@ -19,7 +19,9 @@ enum {
     BAR_VS_WARP = 11,  /* half a warp at __syncthreads, the other half at __syncwarp */
     OUTSIDE_MASK = 12, /* shuffle from a lane outside the mask: undefined, all-ones here (not an error) */
     BAD_WIDTH = 13,    /* shuffle width 3 */
-    LATE_BLOCK = 14    /* TWO_BARRIERS, but only in block 1 */
+    LATE_BLOCK = 14,   /* TWO_BARRIERS, but only in block 1 */
+    MMA_PARTIAL = 15,  /* kvq_mma_m16n8k16 in a warp the block fills only partly */
+    MMA_HALF = 16      /* half a warp at kvq_mma_m16n8k16, the other half at __shfl_sync */
 };
 
 extern "C" __global__ void bug(const struct bug_params p)
@@ -85,6 +87,16 @@ extern "C" __global__ void bug(const struct bug_params p)
     case BAD_WIDTH:
         v = __shfl_sync(0xffffffffu, v, 0, 3);
         break;
+    case MMA_PARTIAL:
+    case MMA_HALF: {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const unsigned a[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u}, b[2] = {0x3c003c00u, 0x3c003c00u};
+        if (p.mode == MMA_HALF && lane >= 16)
+            v = __shfl_sync(0xffffffffu, v, 0);
+        else
+            kvq_mma_m16n8k16(acc, a, b), v = (int)acc[0];
+        break;
+    }
     case LATE_BLOCK:
         if (blockIdx.x == 1 && tid >= 32)
             __syncthreads();

@@ -74,6 +74,14 @@ struct intrin_params {
 #define INTRIN_OUTS 16
 #define INTRIN_FOUTS 8
 
+/* mma.cu: one m16n8k16 product per warp, twice (D = C + A0 B0 + A1 B1), matrices row-major in global memory */
+struct mma_params {
+    const unsigned short *a; /* [warps][2][16][16] fp16 bits */
+    const unsigned short *b; /* [warps][2][16][8] fp16 bits, B[k][n] */
+    const float *c;          /* [warps][16][8] */
+    float *d;                /* [warps][16][8] */
+};
+
 /* bugs.cu */
 struct bug_params {
     int *out;

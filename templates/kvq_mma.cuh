@@ -1,0 +1,224 @@
+/* Tensor-core q.K and p.V of the decode kernel for 2- and 4-bit pages (docs/cuda.md, "Tensor cores").
+ *
+ * mma.sync.m16n8k16 (kvq_mma_m16n8k16: fp16 A and B, fp32 accumulators) with every product exact, so that only
+ * the fp32 accumulation rounds, as in the fp32 path:
+ *   - a code c becomes the fp16 number c 2^k exactly, two codes an instruction: lop3 masks two fields where they
+ *     sit (16 bits apart) into the mantissas of 1024 (0x6400 in each half), and one HADD2 of -1024 leaves c 2^k
+ *     (c 2^k < 1024, so 1024 + c 2^k is exact; k is the field's offset in its half, undone where the code's
+ *     partner operand is scaled or at the end, a power of two);
+ *   - the other operand x (the folded query of q.K, the weight p s_t of p.V) is split into x_hi = fp16(x) and
+ *     x_lo = fp16((x - x_hi) 2^11): x = x_hi + 2^-11 x_lo to about 2^-22 relative (x - x_hi is exact in fp32),
+ *     each an 11-bit significand, so code x code-operand products have at most 15 bits: exact in fp32;
+ *   - the N = 8 columns of B are the GQA group's 4 heads, high and low part side by side (column 2h, 2h + 1): a
+ *     lane's accumulators c0, c1 (and c2, c3) are the high and low sums of one head, combined as
+ *     hi + 2^-11 lo at the end.
+ * Shapes: GQA 4, 128 threads (4 warps), head_dim a multiple of 64 (compiler/plan.c, mma_k_ok / mma_v_ok). With
+ * g = lane / 4 and t = lane % 4, the fragment layout is the PTX ISA's (tests/emu/emu_abi.h, emu_mma_frag). */
+#ifndef KVQ_MMA_CUH
+#define KVQ_MMA_CUH
+
+#include "kvq_unpack.cuh"
+
+#define KVQ_MMA_MAGIC 0x64006400u /* 1024 in both halves */
+#define KVQ_MMA_NEG 0xE400E400u   /* -1024 in both halves */
+#define KVQ_MMA_LO 2048.0f        /* the low part's scale 2^11 */
+#define KVQ_MMA_LO_INV 4.8828125e-4f /* 2^-11 */
+#define KVQ_MMA_NW (KVQ_THREADS / 32)
+/* 16-channel blocks of p.V per warp (at least 1 so that the unit compiles for every plan) */
+#define KVQ_MMA_MPW ((KVQ_D / 16 + KVQ_MMA_NW - 1) / KVQ_MMA_NW)
+
+/* two fields of x under `mask` (one in each half) -> the half2 (c0 2^k, c1 2^k), exact */
+KVQ_DEV unsigned kvq_mma_codes(unsigned x, unsigned mask)
+{
+    unsigned h = kvq_lop3(x, mask, KVQ_MMA_MAGIC, KVQ_LOP_AND_OR);
+    return kvq_h2_bits(kvq_hadd2(kvq_bits_h2(h), kvq_bits_h2(KVQ_MMA_NEG)));
+}
+
+/* x -> (x_hi, x_lo) as above, two 16-bit patterns */
+KVQ_DEV void kvq_mma_split(float x, unsigned short *hi, unsigned short *lo)
+{
+    const kvq_half h = kvq_f2h(x);
+    *hi = h.bits;
+    *lo = kvq_f2h((x - kvq_h2f(h)) * KVQ_MMA_LO).bits;
+}
+
+/* ---- q.K: A = 16 tokens x 16 channels of key codes, B = 16 channels x (4 heads x hi/lo) of the query ---- */
+
+/* The channel order inside a 16-channel k-block is the one the unpacking gives (B follows it): lane t's
+ * a0 = row g at k = 2t, 2t+1 and a2 = row g at k = 2t+8, 2t+9 come from one lop3 each.
+ *   2 bits (one word of 16 codes): a0 = channels t, t+8 (mask at bits 2t and 2t+16), a2 = the word >> 8: channels
+ *     t+4, t+12; k = 8r + 2t + h holds channel t + 4r + 8h, shifted by 2^(2t);
+ *   4 bits (two words of 8 codes): a0 = word 0, a2 = word 1, each >> 8 for t >= 2, fields at nibble t mod 2 of
+ *     each half: channels (t, t+4) of the word; k = 8r + 2t + h holds channel 8r + t + 4h, shifted by 2^(4 (t & 1)).
+ * kvq_mma_kpos gives, for channel j (0..15) of a block, its lane's t, register r, half h and the shift k. */
+KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
+{
+    *t = j & 3;
+    if (bits == 2) {
+        *r = (j >> 2) & 1, *h = j >> 3, *k = 2 * (j & 3);
+    } else {
+        *r = j >> 3, *h = (j >> 2) & 1, *k = 4 * (j & 1);
+    }
+}
+
+/* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the staged per-channel
+ * scales), high and low parts, as [D/16 k-blocks][32 lanes][2 registers] of half2 at qb. qscale (a power of two
+ * from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. */
+KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qscale, unsigned short *qb, int tid)
+{
+    const int G = KVQ_GQA;
+#pragma unroll 1
+    for (int i = tid; i < KVQ_D * G; i += KVQ_THREADS) {
+        const int c = i / G, h = i % G, kb = c >> 4;
+        int t, r, hh, k;
+        kvq_mma_kpos(bits, c & 15, &t, &r, &hh, &k);
+        const float inv = __uint_as_float((unsigned)(127 - k) << 23); /* 2^-k, exact */
+        unsigned short hi, lo;
+        kvq_mma_split(qs[i] * ks[c] * inv * qscale, &hi, &lo);
+        const int base = (kb * 32 + t) * 2 + r; /* lane 4n + t, n = 2h (hi) and 2h + 1 (lo) */
+        qb[(base + 8 * (2 * h)) * 2 + hh] = hi;
+        qb[(base + 8 * (2 * h + 1)) * 2 + hh] = lo;
+    }
+}
+
+/* 2^E with E = -(floor(log2 qmax) + 2): |q| 65504 2^E < 2^15 (kvq_fold_k_mma); 1 for qmax 0 or not finite */
+KVQ_DEV float kvq_mma_qscale(float qmax)
+{
+    const int e = (int)((__float_as_uint(qmax) >> 23) & 255u) - 127;
+    if (!(qmax > 0.0f) || e >= 100 || e < -100) return 1.0f;
+    return __uint_as_float((unsigned)(127 - (e + 2)) << 23);
+}
+
+/* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes 16-token blocks w, w + 4, ...; each lane ends with
+ * the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
+ * (-inf for masked slots) and kept in the per-head maxima. */
+KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned char *mask, int masked,
+                            const unsigned *qb, const float *bias, float qinv, int n, int tid, int split, float *ps,
+                            float mloc[KVQ_GQA])
+{
+    const int G = KVQ_GQA, KB = KVQ_D / 16;
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int cbpt = kvq_fmt_cbpt(bits, KVQ_D);
+    unsigned b[KVQ_D / 16][2];
+#pragma unroll
+    for (int kb = 0; kb < KB; kb++) {
+        const uint2 x = ((const uint2 *)qb)[kb * 32 + lane];
+        b[kb][0] = x.x, b[kb][1] = x.y;
+    }
+    const unsigned msk = bits == 2 ? (3u << 2 * t) | (3u << (2 * t + 16)) : (15u << 4 * (t & 1)) | (15u << (4 * (t & 1) + 16));
+    const int sh = bits == 2 ? 8 : t >= 2 ? 8 : 0;
+    const float bh = bias[t & (G - 1)];
+    float mx = KVQ_NEG_INF;
+#pragma unroll 1
+    for (int m0 = warp * 16; m0 < n; m0 += KVQ_MMA_NW * 16) {
+        KVQ_MARK(1);
+        const uint4 *r0 = (const uint4 *)(rows + (m0 + g) * cbpt), *r1 = (const uint4 *)(rows + (m0 + g + 8) * cbpt);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int q4 = 0; q4 < cbpt / 16; q4++) {
+            const uint4 x0 = r0[q4], x1 = r1[q4];
+            const unsigned w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
+            if (bits == 2) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const unsigned a[4] = {kvq_mma_codes(w0[j], msk), kvq_mma_codes(w1[j], msk),
+                                           kvq_mma_codes(w0[j] >> 8, msk), kvq_mma_codes(w1[j] >> 8, msk)};
+                    kvq_mma_m16n8k16(acc, a, b[q4 * 4 + j]);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const unsigned a[4] = {kvq_mma_codes(w0[2 * j] >> sh, msk), kvq_mma_codes(w1[2 * j] >> sh, msk),
+                                           kvq_mma_codes(w0[2 * j + 1] >> sh, msk),
+                                           kvq_mma_codes(w1[2 * j + 1] >> sh, msk)};
+                    kvq_mma_m16n8k16(acc, a, b[q4 * 2 + j]);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int tok = m0 + g + 8 * u;
+            float x = fmaf(fmaf(acc[2 * u + 1], KVQ_MMA_LO_INV, acc[2 * u]), qinv, bh);
+            if (tok < n) {
+                if (masked && mask[tok]) x = KVQ_NEG_INF;
+                ps[tok * G + t] = x;
+                mx = fmaxf(mx, x);
+            }
+        }
+    }
+    /* the block maximum reduces over lanes split apart (the fp32 path's lanes of a token agree already): give
+     * every lane of such a group its quad's maxima */
+#pragma unroll
+    for (int h = 0; h < KVQ_GQA; h++) {
+        float x = h == t ? mx : KVQ_NEG_INF;
+        for (int off = 1; off < split; off <<= 1) x = fmaxf(x, __shfl_xor_sync(KVQ_FULL_MASK, x, off));
+        mloc[h] = fmaxf(mloc[h], x);
+    }
+}
+
+/* ---- p.V: A = 16 channels x 16 tokens of value codes, B = 16 tokens x (4 heads x hi/lo) of weights ---- */
+
+/* The weights w = p s_t of token tt (one per value group gi and head h) as B fragments at wb, laid out
+ * [groups][tile / 16 blocks][32 lanes][2 registers] of half2: token k of a block sits at register k >> 3, half
+ * k & 1 of lane 4n + ((k & 7) >> 1) for column n (2h high, 2h + 1 low). */
+KVQ_DEV void kvq_mma_put_w(unsigned short *wb, int nks, int gi, int tt, int h, float w)
+{
+    const int ks = tt >> 4, k = tt & 15;
+    const int base = ((gi * nks + ks) * 32 + ((k & 7) >> 1)) * 2 + (k >> 3);
+    unsigned short hi, lo;
+    kvq_mma_split(w, &hi, &lo);
+    wb[(base + 8 * (2 * h)) * 2 + (k & 1)] = hi;
+    wb[(base + 8 * (2 * h + 1)) * 2 + (k & 1)] = lo;
+}
+
+/* The value codes of the lane's channels 2g, 2g + 1 of a 16-channel block for two tokens: prmt brings the byte
+ * holding both from each token's word into the two halves, then one lop3 per channel (2 bits: byte g / 2, fields
+ * at 4 (g & 1) and 4 (g & 1) + 2; 4 bits: byte g mod 4 of word g / 4 of the block, nibbles 0 and 4). */
+KVQ_DEV void kvq_mma_vcodes(unsigned x0, unsigned x1, unsigned sel, unsigned m0, unsigned m1, unsigned *a0,
+                            unsigned *a1)
+{
+    const unsigned x = kvq_prmt(x0, x1, sel);
+    *a0 = kvq_mma_codes(x, m0);
+    *a1 = kvq_mma_codes(x, m1);
+}
+
+/* o += p v over tokens [0, n16) (n16 = n rounded up to 16; the weights past n are 0) for warp w's channel blocks
+ * w MPW .. w MPW + MPW - 1: acc[i] = the lane's (head t; channel 2g hi, lo; channel 2g + 1 hi, lo) of block i. */
+KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char *rows, const unsigned *wb, int nks,
+                            int n, int tid, float acc[KVQ_MMA_MPW][4])
+{
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int cbpt = kvq_fmt_cbpt(bits, KVQ_D), cw = cbpt / 4;
+    const unsigned byte = bits == 2 ? (unsigned)(g >> 1) : (unsigned)(g & 3);
+    const unsigned sel = byte | (4u + byte) << 8;
+    const unsigned m0 = bits == 2 ? (3u << 4 * (g & 1)) | (3u << (4 * (g & 1) + 16)) : 0x000F000Fu;
+    const unsigned m1 = m0 << (bits == 2 ? 2 : 4);
+    const unsigned *rp = (const unsigned *)rows + 2 * t * cw;
+    const unsigned *bp = wb + 2 * lane;
+#pragma unroll 1
+    for (int k0 = 0; k0 < n; k0 += 16) {
+        KVQ_MARK(3);
+#pragma unroll
+        for (int i = 0; i < KVQ_MMA_MPW; i++) {
+            const int mb = warp * KVQ_MMA_MPW + i;
+            const int wo = bits == 2 ? mb : 2 * mb + (g >> 2);
+            const int gi = hidden ? 0 : mb * 16 / group;
+            const uint2 bw = *(const uint2 *)(bp + gi * nks * 64);
+            const unsigned b[2] = {bw.x, bw.y};
+            unsigned a[4];
+            kvq_mma_vcodes(rp[wo], rp[cw + wo], sel, m0, m1, &a[0], &a[1]);
+            kvq_mma_vcodes(rp[8 * cw + wo], rp[9 * cw + wo], sel, m0, m1, &a[2], &a[3]);
+            kvq_mma_m16n8k16(acc[i], a, b);
+        }
+        rp += 16 * cw, bp += 64;
+    }
+}
+
+/* 2^-k of the value code of channel c (2g or 2g + 1 of a block) as kvq_values_mma unpacks it */
+KVQ_DEV float kvq_mma_vinv(int bits, int c)
+{
+    const int k = bits == 2 ? 4 * ((c >> 1) & 1) + 2 * (c & 1) : 4 * (c & 1);
+    return __uint_as_float((unsigned)(127 - k) << 23);
+}
+
+#endif
