@@ -47,6 +47,7 @@ typedef struct {
     LLVMBuilderRef b;
     LLVMTypeRef f32, f16, i1, i8, i32, i64, ptr, vf, vi, args_ty;
     int W;
+    int vnni; /* AVX-512 VNNI + BW: the folded key dot products in int16 (vpdpwssd) */
     LLVMValueRef fn;
 } E;
 
@@ -116,9 +117,19 @@ static LLVMValueRef call_intrinsic(E *e, const char *name, LLVMTypeRef overload,
     return LLVMBuildCall2(e->b, ft, f, args, n, "");
 }
 
-/* Sum of a vector's lanes (reassociation allowed: the lanes are terms of one dot product). */
+static int is_int_vec(LLVMValueRef v)
+{
+    return LLVMGetTypeKind(LLVMGetElementType(LLVMTypeOf(v))) == LLVMIntegerTypeKind;
+}
+
+/* Sum of a vector's lanes (reassociation allowed: the lanes are terms of one dot product; integer sums are
+ * exact). */
 static LLVMValueRef hsum(E *e, LLVMValueRef v)
 {
+    if (is_int_vec(v)) {
+        LLVMValueRef args[1] = {v};
+        return call_intrinsic(e, "llvm.vector.reduce.add", LLVMTypeOf(v), args, 1);
+    }
     LLVMValueRef args[2] = {cf(e, -0.0), v};
     return fm(call_intrinsic(e, "llvm.vector.reduce.fadd", e->vf, args, 2));
 }
@@ -133,13 +144,13 @@ static LLVMValueRef pair_fold(E *e, LLVMValueRef a, LLVMValueRef b)
     }
     LLVMValueRef x = LLVMBuildShuffleVector(e->b, a, b, LLVMConstVector(ev, (unsigned)e->W), "");
     LLVMValueRef y = LLVMBuildShuffleVector(e->b, a, b, LLVMConstVector(od, (unsigned)e->W), "");
-    return fm(LLVMBuildFAdd(e->b, x, y, ""));
+    return is_int_vec(a) ? LLVMBuildAdd(e->b, x, y, "") : fm(LLVMBuildFAdd(e->b, x, y, ""));
 }
 
 /* The lane sums of g vectors at once (the g heads' dot products of one token): pairs fold into one vector whose
  * segment j (W/g2 lanes) holds head j's partial sums, then the segments fold within themselves; about half the
  * shuffles of g separate reductions. g2 = g rounded up to a power of two (padding with zeros); beyond W heads
- * the reductions are separate. */
+ * the reductions are separate. Float or integer vectors. */
 static void hsum_many(E *e, LLVMValueRef *v, int g, LLVMValueRef *out)
 {
     int g2 = 1;
@@ -149,7 +160,7 @@ static void hsum_many(E *e, LLVMValueRef *v, int g, LLVMValueRef *out)
         return;
     }
     LLVMValueRef cur[64];
-    for (int j = 0; j < g2; j++) cur[j] = j < g ? v[j] : vfc(e, 0.0);
+    for (int j = 0; j < g2; j++) cur[j] = j < g ? v[j] : LLVMConstNull(LLVMTypeOf(v[0]));
     for (int n = g2; n > 1; n /= 2)
         for (int j = 0; j < n / 2; j++) cur[j] = pair_fold(e, cur[2 * j], cur[2 * j + 1]);
     /* Segment j: lanes [j*S, (j+1)*S), S = W / g2; fold each segment onto its first lane... */
@@ -157,6 +168,24 @@ static void hsum_many(E *e, LLVMValueRef *v, int g, LLVMValueRef *out)
     for (int S = e->W / g2; S > 1; S /= 2) x = pair_fold(e, x, x);
     /* ...after which head j's sum is lane j. */
     for (int j = 0; j < g; j++) out[j] = LLVMBuildExtractElement(e->b, x, ci32(e, j), "");
+}
+
+/* The same tree fed one vector at a time (W vectors in all, W a power of two): a pair folds as soon as both of
+ * its halves exist, so few partial vectors are live while a block of tokens is computed. After the W-th push
+ * v[0] is one vector whose lane i is the lane sum of the i-th vector pushed. */
+typedef struct {
+    LLVMValueRef v[8];
+    int lvl[8], n;
+} sum_tree;
+static void tree_push(E *e, sum_tree *tr, LLVMValueRef x)
+{
+    tr->v[tr->n] = x;
+    tr->lvl[tr->n++] = 0;
+    while (tr->n >= 2 && tr->lvl[tr->n - 1] == tr->lvl[tr->n - 2]) {
+        tr->v[tr->n - 2] = pair_fold(e, tr->v[tr->n - 2], tr->v[tr->n - 1]);
+        tr->lvl[tr->n - 2]++;
+        tr->n--;
+    }
 }
 
 static LLVMValueRef fmax_sel(E *e, LLVMValueRef a, LLVMValueRef b)
@@ -231,6 +260,108 @@ static LLVMValueRef codes_f32(E *e, const kvq_page_format *f, LLVMValueRef row, 
         v = unpack_plane(e, row, f->bits, c0);
     }
     return LLVMBuildUIToFP(e->b, v, e->vf, "");
+}
+
+/* ---- int16 key dot products (AVX-512 VNNI, docs/cpu.md "Accuracy") ---- */
+
+/* Channels c0..c0+31 of a b-bit plane (b in 1, 2, 4, 8) as 32 16-bit lanes: the 4b bytes covering them are
+ * loaded once, byte (i*b)/8 goes to lane i's low byte (one byte permute), then a shift by (i*b)%8 and a mask. */
+static LLVMValueRef unpack_plane16(E *e, LLVMValueRef row, int b, int c0)
+{
+    int nbytes = 4 * b;
+    LLVMTypeRef bt = LLVMVectorType(e->i8, (unsigned)nbytes), i16 = LLVMInt16TypeInContext(e->c);
+    LLVMTypeRef wt = LLVMVectorType(i16, 32);
+    LLVMValueRef bytes = load(e, bt, gepc(e, row, (long)c0 * b / 8), 1);
+    LLVMValueRef idx[64], sh[32], msk[32];
+    for (int i = 0; i < 32; i++) {
+        idx[2 * i] = ci32(e, (i * b) / 8);
+        idx[2 * i + 1] = ci32(e, nbytes); /* the high byte: a zero of the second operand */
+        sh[i] = LLVMConstInt(i16, (unsigned long long)((i * b) % 8), 0);
+        msk[i] = LLVMConstInt(i16, (1ull << b) - 1, 0);
+    }
+    LLVMValueRef v = LLVMBuildShuffleVector(e->b, bytes, LLVMConstNull(bt), LLVMConstVector(idx, 64), "");
+    v = LLVMBuildBitCast(e->b, v, wt, "");
+    if (b < 8) {
+        v = LLVMBuildLShr(e->b, v, LLVMConstVector(sh, 32), "");
+        v = LLVMBuildAnd(e->b, v, LLVMConstVector(msk, 32), "");
+    }
+    return v;
+}
+
+/* Codes of channels c0..c0+31 of the row at `row` as 32 16-bit lanes, viewed as the 16 i32 lanes vpdpwssd
+ * takes (lane i = channels c0+2i, c0+2i+1). */
+static LLVMValueRef codes16(E *e, const kvq_page_format *f, LLVMValueRef row, int c0)
+{
+    LLVMValueRef v;
+    if (f->bits == 3) {
+        LLVMValueRef lo = unpack_plane16(e, row, 2, c0);
+        LLVMValueRef hi = unpack_plane16(e, gepc(e, row, f->head_dim / 4), 1, c0);
+        LLVMValueRef two[32];
+        for (int i = 0; i < 32; i++) two[i] = LLVMConstInt(LLVMInt16TypeInContext(e->c), 2, 0);
+        v = LLVMBuildOr(e->b, lo, LLVMBuildShl(e->b, hi, LLVMConstVector(two, 32), ""), "");
+    } else {
+        v = unpack_plane16(e, row, f->bits, c0);
+    }
+    return LLVMBuildBitCast(e->b, v, e->vi, "");
+}
+
+/* acc + the pairwise products of two vectors of 32 signed 16-bit lanes (vpdpwssd: 32 MACs, exact in int32). */
+static LLVMValueRef dpwssd(E *e, LLVMValueRef acc, LLVMValueRef a, LLVMValueRef b)
+{
+    static const char name[] = "llvm.x86.avx512.vpdpwssd.512";
+    unsigned id = LLVMLookupIntrinsicID(name, sizeof name - 1);
+    LLVMValueRef f = LLVMGetIntrinsicDeclaration(e->m, id, NULL, 0);
+    LLVMTypeRef ft = LLVMIntrinsicGetType(e->c, id, NULL, 0);
+    LLVMValueRef args[3] = {acc, a, b};
+    return LLVMBuildCall2(e->b, ft, f, args, 3, "");
+}
+
+/* Two 16-lane i32 vectors (values in int16 range) as the 32 16-bit lanes of one vector, viewed as 16 i32 lanes. */
+static LLVMValueRef pack16(E *e, LLVMValueRef a, LLVMValueRef b)
+{
+    LLVMValueRef idx[32];
+    for (int i = 0; i < 32; i++) idx[i] = ci32(e, i);
+    LLVMValueRef v = LLVMBuildShuffleVector(e->b, a, b, LLVMConstVector(idx, 32), "");
+    v = LLVMBuildTrunc(e->b, v, LLVMVectorType(LLVMInt16TypeInContext(e->c), 32), "");
+    return LLVMBuildBitCast(e->b, v, e->vi, "");
+}
+
+/* The folded query q' (nb vectors of 16) as a pair of int16 vectors per 32 channels:
+ *   x = q' 32767 / max|q'|,  hi = rint(x),  lo = rint((x - hi) 2^15),  q' ~ sq hi + sql lo,
+ * sq = max|q'| / 32767, sql = sq 2^-15. |hi| <= 32767 and |lo| <= 2^14 fit int16; the pair's error is at most
+ * sq 2^-16 per channel (plus x's own fp32 rounding, relative 2^-24 of q'), so sum_c q'_c code_c =
+ * sq H + sql L with H, L exact integer sums differs from the exact dot product by at most
+ * max|q'| 2^-31 sum_c code_c: below the fp32 dot product's own rounding (docs/cpu.md "Accuracy"). */
+static void quant_q16(E *e, LLVMValueRef *q, int nb, LLVMValueRef *hi, LLVMValueRef *lo, LLVMValueRef *sq,
+                      LLVMValueRef *sql)
+{
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef mx = NULL;
+    for (int i = 0; i < nb; i++) {
+        LLVMValueRef a[1] = {q[i]};
+        LLVMValueRef ab = call_intrinsic(e, "llvm.fabs", e->vf, a, 1);
+        mx = mx ? fmax_sel(e, mx, ab) : ab;
+    }
+    LLVMValueRef r[1] = {mx};
+    LLVMValueRef amax = call_intrinsic(e, "llvm.vector.reduce.fmax", e->vf, r, 1);
+    LLVMValueRef pos = LLVMBuildFCmp(b, LLVMRealOGT, amax, cf(e, 0.0), "");
+    LLVMValueRef inv = LLVMBuildSelect(b, pos, LLVMBuildFDiv(b, cf(e, 32767.0), amax, ""), cf(e, 0.0), "");
+    *sq = LLVMBuildFDiv(b, amax, cf(e, 32767.0), "");
+    *sql = LLVMBuildFMul(b, *sq, cf(e, 1.0 / 32768.0), "");
+    LLVMValueRef iv = splat(e, inv), h32[16], l32[16];
+    for (int i = 0; i < nb; i++) {
+        LLVMValueRef x = LLVMBuildFMul(b, q[i], iv, "");
+        LLVMValueRef ra[1] = {x};
+        LLVMValueRef h = call_intrinsic(e, "llvm.rint", e->vf, ra, 1);
+        LLVMValueRef la[1] = {LLVMBuildFMul(b, LLVMBuildFSub(b, x, h, ""), vfc(e, 32768.0), "")};
+        LLVMValueRef l = call_intrinsic(e, "llvm.rint", e->vf, la, 1);
+        h32[i] = LLVMBuildFPToSI(b, h, e->vi, "");
+        l32[i] = LLVMBuildFPToSI(b, l, e->vi, "");
+    }
+    for (int u = 0; u < nb / 2; u++) {
+        hi[u] = pack16(e, h32[2 * u], h32[2 * u + 1]);
+        lo[u] = pack16(e, l32[2 * u], l32[2 * u + 1]);
+    }
 }
 
 /* A parameter stored in `bytes` (2: fp16, 4: fp32) as fp32: element `idx` (an i64) of the section at sec. */
@@ -314,6 +445,60 @@ static int src_fold(const emit_llvm_src *s) { return !s->fp16 && s->fmt.gran == 
 #define MAXG 64
 #define MAXB 64 /* D / W blocks: 256 / 4 */
 
+/* What the K phase of a kernel knows once per tile. */
+typedef struct {
+    const emit_llvm_kernel *k;
+    LLVMValueRef *a;      /* the argument fields */
+    int fold, vn, g2, P;  /* folded keys; int16 path; g rounded up to a power of two; partial sums per head */
+    LLVMValueRef qv[MAXG][MAXB];                               /* q (times s when folded), fp32 */
+    LLVMValueRef qhi[MAXG][MAXB / 4], qlo[MAXG][MAXB / 4];     /* vn: q' as int16 pairs per 32 channels */
+    LLVMValueRef sq[MAXG], sql[MAXG];                          /* vn: their scales */
+} KPhase;
+
+/* One token t (i32) of the K phase for all g heads: per head either an fp32 vector whose lane sum is the dot
+ * product (dv), or (vn) the int32 vectors whose lane sums are H and L (hv, lv; q'.k = sq H + sql L). The codes of
+ * the row are unpacked once and serve every head. */
+static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef *dv, LLVMValueRef *hv, LLVMValueRef *lv)
+{
+    const emit_llvm_kernel *k = kp->k;
+    int D = k->head_dim, g = k->gqa, W = e->W, NB = D / W, P = kp->P;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef *a = kp->a;
+    LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
+    if (kp->vn) {
+        LLVMValueRef row = gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
+        for (int u = 0; u < D / 32; u++) {
+            LLVMValueRef c = codes16(e, &k->k.fmt, row, 32 * u);
+            for (int j = 0; j < g; j++) {
+                hv[j] = dpwssd(e, u ? hv[j] : LLVMConstNull(e->vi), c, kp->qhi[j][u]);
+                lv[j] = dpwssd(e, u ? lv[j] : LLVMConstNull(e->vi), c, kp->qlo[j][u]);
+            }
+        }
+        return;
+    }
+    LLVMValueRef part[MAXG][4];
+    for (int bl = 0; bl < NB; bl++) {
+        LLVMValueRef kv;
+        if (kp->fold) {
+            LLVMValueRef row =
+                gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
+            kv = codes_f32(e, &k->k.fmt, row, bl * W);
+        } else {
+            kv = row_f32(e, &k->k, D, a[A_K], a[A_KS], a[A_KZ], a[A_KF], t, bl * W);
+        }
+        for (int j = 0; j < g; j++) {
+            LLVMValueRef *pc = &part[j][bl % P];
+            *pc = bl >= P ? fma_sum(e, *pc, kp->qv[j][bl], kv) : fm(LLVMBuildFMul(b, kp->qv[j][bl], kv, ""));
+        }
+    }
+    for (int j = 0; j < g; j++) {
+        for (int w = P; w > 1; w = (w + 1) / 2) /* a tree over the partial sums */
+            for (int c = 0; c + (w + 1) / 2 < w; c++)
+                part[j][c] = fm(LLVMBuildFAdd(b, part[j][c], part[j][c + (w + 1) / 2], ""));
+        dv[j] = part[j][0];
+    }
+}
+
 static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
 {
     int D = k->head_dim, g = k->gqa, W = e->W, NB = D / W, N = EMIT_LLVM_TILE;
@@ -351,15 +536,110 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         }
         qz[j] = fold ? hsum(e, zsum) : NULL;
     }
-    LLVMBuildBr(b, kloop);
+    /* The K phase's shape. kq: folded keys on a VNNI host take the int16 path (q' as a hi/lo pair of int16
+     * vectors per 32 channels, quant_q16). TB: tokens per block; a block's TB x g2 dot products (g2 = g rounded
+     * up to a power of two, TB g2 = W) reduce in one tree whose result is a vector of logits, lane t g2 + j for
+     * token t and head j: no horizontal sum per token (masked pages take the token loop, one token at a time). */
+    KPhase kp = {0};
+    kp.k = k;
+    kp.a = a;
+    kp.fold = fold;
+    kp.vn = e->vnni && fold && W == 16;
+    kp.g2 = 1;
+    while (kp.g2 < g) kp.g2 *= 2;
+    int masked_fmt = !k->k.fp16 && k->k.fmt.masked;
+    int TB = !masked_fmt && kp.g2 * 2 <= W ? W / kp.g2 : 1;
+    /* Each head's dot product in P interleaved partial sums (blocks b = c mod P), so that the FMA chains are
+     * short: an FMA's latency is ~4 cycles and two issue per cycle, so about 8 independent chains keep the
+     * units busy (a block of tokens has TB g independent chains already). */
+    kp.P = TB > 1 ? 2 : g >= 8 ? 1 : 8 / g;
+    if (kp.P > 4) kp.P = 4;
+    if (kp.P > NB) kp.P = NB;
+    for (int j = 0; j < g; j++)
+        for (int bl = 0; bl < NB; bl++) kp.qv[j][bl] = qv[j][bl];
+    if (kp.vn)
+        for (int j = 0; j < g; j++) quant_q16(e, qv[j], NB, kp.qhi[j], kp.qlo[j], &kp.sq[j], &kp.sql[j]);
 
-    /* K phase: logits of every token for all g heads, the tile's running max. */
+    LLVMValueRef ninf = cf(e, -__builtin_inf()), zero_i = ci32(e, 0);
+    LLVMValueRef mtile[MAXG], mx_next[MAXG];
+    LLVMBasicBlockRef from = entry;
+    LLVMValueRef t_start = zero_i, mxv_fin = NULL;
+    LLVMBasicBlockRef kbend = NULL;
+    if (TB > 1) {
+        /* Per-lane constants of a block's logits vector: lane l is head l % g2. */
+        LLVMValueRef sqv = LLVMGetPoison(e->vf), sqlv = LLVMGetPoison(e->vf), qzv = LLVMGetPoison(e->vf);
+        for (int l = 0; l < W; l++) {
+            int j = l % kp.g2 < g ? l % kp.g2 : 0;
+            if (kp.vn) {
+                sqv = LLVMBuildInsertElement(b, sqv, kp.sq[j], ci32(e, l), "");
+                sqlv = LLVMBuildInsertElement(b, sqlv, kp.sql[j], ci32(e, l), "");
+            }
+            if (fold) qzv = LLVMBuildInsertElement(b, qzv, qz[j], ci32(e, l), "");
+        }
+        LLVMBasicBlockRef kblk = LLVMAppendBasicBlockInContext(e->c, e->fn, "kblock");
+        kbend = LLVMAppendBasicBlockInContext(e->c, e->fn, "kbend");
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, ci32(e, TB), n, ""), kblk, kbend);
+        LLVMPositionBuilderAtEnd(b, kblk);
+        LLVMValueRef t0 = LLVMBuildPhi(b, e->i32, "t0"), mxv = LLVMBuildPhi(b, e->vf, "");
+        sum_tree th = {0}, tl = {0};
+        for (int t = 0; t < TB; t++) {
+            LLVMValueRef dv[MAXG], hv[MAXG], lv[MAXG];
+            k_token(e, &kp, LLVMBuildAdd(b, t0, ci32(e, t), ""), dv, hv, lv);
+            for (int j = 0; j < kp.g2; j++) {
+                LLVMValueRef zero = LLVMConstNull(kp.vn ? e->vi : e->vf);
+                tree_push(e, &th, j < g ? (kp.vn ? hv[j] : dv[j]) : zero);
+                if (kp.vn) tree_push(e, &tl, j < g ? lv[j] : zero);
+            }
+        }
+        LLVMValueRef x;
+        if (kp.vn) {
+            x = LLVMBuildFMul(b, LLVMBuildSIToFP(b, th.v[0], e->vf, ""), sqv, "");
+            x = fm(LLVMBuildFAdd(b, x, fm(LLVMBuildFMul(b, LLVMBuildSIToFP(b, tl.v[0], e->vf, ""), sqlv, "")), ""));
+        } else {
+            x = th.v[0];
+        }
+        if (fold) x = fm(LLVMBuildFAdd(b, x, qzv, ""));
+        for (int j = 0; j < g; j++) {
+            LLVMValueRef lanes = x;
+            if (kp.g2 > 1) {
+                LLVMValueRef idx[16];
+                for (int t = 0; t < TB; t++) idx[t] = ci32(e, t * kp.g2 + j);
+                lanes = LLVMBuildShuffleVector(b, x, LLVMGetPoison(e->vf), LLVMConstVector(idx, (unsigned)TB), "");
+            }
+            LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, LLVMBuildZExt(b, t0, e->i64, ""), ci64(e, (long)j * N), ""),
+                                            ci64(e, 4), "");
+            store(e, lanes, gep(e, a[A_P], off), 4);
+        }
+        LLVMValueRef mxv1 = fmax_sel(e, mxv, x);
+        LLVMValueRef t0n = LLVMBuildAdd(b, t0, ci32(e, TB), "");
+        LLVMBasicBlockRef last = LLVMGetInsertBlock(b);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, t0n, ci32(e, TB), ""), n, ""), kblk, kbend);
+        LLVMValueRef ninf_v = vfc(e, -__builtin_inf());
+        LLVMAddIncoming(t0, &zero_i, &entry, 1);
+        LLVMAddIncoming(t0, &t0n, &last, 1);
+        LLVMAddIncoming(mxv, &ninf_v, &entry, 1);
+        LLVMAddIncoming(mxv, &mxv1, &last, 1);
+        LLVMPositionBuilderAtEnd(b, kbend);
+        t_start = LLVMBuildPhi(b, e->i32, "");
+        mxv_fin = LLVMBuildPhi(b, e->vf, "");
+        LLVMValueRef ts[2] = {zero_i, t0n}, ms[2] = {ninf_v, mxv1};
+        LLVMBasicBlockRef fr[2] = {entry, last};
+        LLVMAddIncoming(t_start, ts, fr, 2);
+        LLVMAddIncoming(mxv_fin, ms, fr, 2);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t_start, n, ""), kloop, soft);
+        from = kbend;
+    } else {
+        LLVMBuildBr(b, kloop);
+    }
+
+    /* The token loop (the tokens after the last whole block, or all of them): logits of one token for all g
+     * heads, the running max. */
     LLVMPositionBuilderAtEnd(b, kloop);
     LLVMValueRef t = LLVMBuildPhi(b, e->i32, "t");
-    LLVMValueRef mx[MAXG], mx_next[MAXG];
+    LLVMValueRef mx[MAXG];
     for (int j = 0; j < g; j++) mx[j] = LLVMBuildPhi(b, e->f32, "");
     LLVMValueRef masked = NULL;
-    if (!k->k.fp16 && k->k.fmt.masked) {
+    if (masked_fmt) {
         LLVMValueRef bit = LLVMBuildAdd(b, a[A_KMBIT], t, "");
         LLVMValueRef byte = load(e, e->i8, gep(e, a[A_KMASK], LLVMBuildZExt(b, LLVMBuildLShr(b, bit, ci32(e, 3), ""),
                                                                              e->i64, "")), 1);
@@ -367,57 +647,55 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMValueRef m1 = LLVMBuildAnd(b, LLVMBuildLShr(b, byte, sh, ""), LLVMConstInt(e->i8, 1, 0), "");
         masked = LLVMBuildICmp(b, LLVMIntNE, m1, LLVMConstInt(e->i8, 0, 0), "");
     }
-    /* Each head's dot product in P interleaved partial sums (blocks b = c mod P), so that the FMA chains are
-     * short: an FMA's latency is ~4 cycles and two issue per cycle, so about 8 independent chains keep the
-     * units busy. */
-    int P = g >= 8 ? 1 : 8 / g;
-    if (P > 4) P = 4;
-    if (P > NB) P = NB;
-    LLVMValueRef part[MAXG][4];
-    for (int bl = 0; bl < NB; bl++) {
-        LLVMValueRef kv;
-        if (fold) {
-            LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
-            LLVMValueRef row =
-                gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
-            kv = codes_f32(e, &k->k.fmt, row, bl * W);
-        } else {
-            kv = row_f32(e, &k->k, D, a[A_K], a[A_KS], a[A_KZ], a[A_KF], t, bl * W);
-        }
-        for (int j = 0; j < g; j++) {
-            LLVMValueRef *pc = &part[j][bl % P];
-            *pc = bl >= P ? fma_sum(e, *pc, qv[j][bl], kv) : fm(LLVMBuildFMul(b, qv[j][bl], kv, ""));
-        }
-    }
+    LLVMValueRef dv[MAXG], hv[MAXG], lv[MAXG], sums[MAXG], lsums[MAXG];
+    k_token(e, &kp, t, dv, hv, lv);
+    hsum_many(e, kp.vn ? hv : dv, g, sums);
+    if (kp.vn) hsum_many(e, lv, g, lsums);
     LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
-    LLVMValueRef dots[MAXG], sums[MAXG];
-    for (int j = 0; j < g; j++) {
-        for (int w = P; w > 1; w = (w + 1) / 2) /* a tree over the partial sums */
-            for (int c = 0; c + (w + 1) / 2 < w; c++) part[j][c] = fm(LLVMBuildFAdd(b, part[j][c], part[j][c + (w + 1) / 2], ""));
-        dots[j] = part[j][0];
-    }
-    hsum_many(e, dots, g, sums);
     for (int j = 0; j < g; j++) {
         LLVMValueRef s = sums[j];
+        if (kp.vn) {
+            s = LLVMBuildFMul(b, LLVMBuildSIToFP(b, s, e->f32, ""), kp.sq[j], "");
+            s = fm(LLVMBuildFAdd(b, s, fm(LLVMBuildFMul(b, LLVMBuildSIToFP(b, lsums[j], e->f32, ""), kp.sql[j], "")), ""));
+        }
         if (fold) s = fm(LLVMBuildFAdd(b, s, qz[j], ""));
-        if (masked) s = LLVMBuildSelect(b, masked, cf(e, -__builtin_inf()), s, "");
+        if (masked) s = LLVMBuildSelect(b, masked, ninf, s, "");
         LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, t64, ci64(e, (long)j * N), ""), ci64(e, 4), "");
         store(e, s, gep(e, a[A_P], off), 4);
         mx_next[j] = fmax_sel(e, mx[j], s);
     }
     LLVMValueRef t1 = LLVMBuildAdd(b, t, ci32(e, 1), "");
+    LLVMBasicBlockRef klast = LLVMGetInsertBlock(b);
     LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t1, n, ""), kloop, soft);
-    LLVMValueRef zero_i = ci32(e, 0);
-    LLVMAddIncoming(t, &zero_i, &entry, 1);
-    LLVMAddIncoming(t, &t1, &kloop, 1);
+    LLVMAddIncoming(t, &t_start, &from, 1);
+    LLVMAddIncoming(t, &t1, &klast, 1);
     for (int j = 0; j < g; j++) {
-        LLVMValueRef ninf = cf(e, -__builtin_inf());
-        LLVMAddIncoming(mx[j], &ninf, &entry, 1);
-        LLVMAddIncoming(mx[j], &mx_next[j], &kloop, 1);
+        LLVMAddIncoming(mx[j], &ninf, &from, 1);
+        LLVMAddIncoming(mx[j], &mx_next[j], &klast, 1);
+    }
+
+    /* The tile's max per head: the token loop's and the blocks'. */
+    LLVMPositionBuilderAtEnd(b, soft);
+    for (int j = 0; j < g; j++) {
+        if (TB == 1) {
+            mtile[j] = mx_next[j];
+            continue;
+        }
+        LLVMValueRef ph = LLVMBuildPhi(b, e->f32, "");
+        LLVMValueRef ins[2] = {ninf, mx_next[j]};
+        LLVMBasicBlockRef fr[2] = {kbend, klast};
+        LLVMAddIncoming(ph, ins, fr, 2);
+        mtile[j] = ph;
+    }
+    for (int j = 0; j < g && TB > 1; j++) {
+        LLVMValueRef idx[16];
+        for (int t = 0; t < TB; t++) idx[t] = ci32(e, t * kp.g2 + j);
+        LLVMTypeRef tt = LLVMVectorType(e->f32, (unsigned)TB);
+        LLVMValueRef lanes[1] = {LLVMBuildShuffleVector(b, mxv_fin, LLVMGetPoison(e->vf), LLVMConstVector(idx, (unsigned)TB), "")};
+        mtile[j] = fmax_sel(e, mtile[j], call_intrinsic(e, "llvm.vector.reduce.fmax", tt, lanes, 1));
     }
 
     /* Softmax: once per tile and head. Lanes past n are not tokens: p = 0. */
-    LLVMPositionBuilderAtEnd(b, soft);
     LLVMValueRef iota[16];
     for (int i = 0; i < W; i++) iota[i] = ci32(e, i);
     LLVMValueRef iota_v = LLVMConstVector(iota, (unsigned)W), n_v = splat(e, n);
@@ -425,7 +703,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     for (int j = 0; j < g; j++) {
         LLVMValueRef mlp = gepc(e, a[A_ML], (long)j * 8);
         LLVMValueRef m_old = load(e, e->f32, mlp, 4), l_old = load(e, e->f32, gepc(e, mlp, 4), 4);
-        LLVMValueRef m_new = fmax_sel(e, m_old, mx_next[j]); /* the max after the last token */
+        LLVMValueRef m_new = fmax_sel(e, m_old, mtile[j]); /* the max after the last token */
         LLVMValueRef mn_v = splat(e, m_new);
         LLVMValueRef alpha_v = vexp(e, LLVMBuildFSub(b, splat(e, m_old), mn_v, ""));
         LLVMValueRef sum = NULL;
@@ -588,8 +866,16 @@ kvq_status emit_llvm_probe(char *msg, size_t msg_size)
 /* Vector lanes for a feature string: 16 with AVX-512F, 8 with AVX2, else 4; `force` (4, 8, 16) wins. */
 static int width_for(const char *features, int force)
 {
+    force &= ~EMIT_LLVM_NO_VNNI;
     if (force == 4 || force == 8 || force == 16) return force;
     return features && strstr(features, "+avx512f") ? 16 : features && strstr(features, "+avx2") ? 8 : 4;
+}
+
+/* The int16 key path: 16 lanes, AVX-512 VNNI and BW (vpdpwssd, 16-bit shifts), not turned off by `force`. */
+static int vnni_for(const char *features, int width, int force)
+{
+    return width == 16 && !(force & EMIT_LLVM_NO_VNNI) && features && strstr(features, "+avx512vnni") &&
+           strstr(features, "+avx512bw");
 }
 
 int emit_llvm_host_width(int force)
@@ -615,11 +901,11 @@ struct emit_llvm_module {
     LLVMContextRef ctx;
     LLVMModuleRef m;
     char *cpu, *features; /* kvq_malloc'd */
-    int width, n, optimised;
+    int width, vnni, n, optimised;
     char key[65];
 };
 
-static void module_init(E *e, LLVMContextRef ctx, int width)
+static void module_init(E *e, LLVMContextRef ctx, int width, int vnni)
 {
     memset(e, 0, sizeof *e);
     e->c = ctx;
@@ -633,6 +919,7 @@ static void module_init(E *e, LLVMContextRef ctx, int width)
     e->i64 = LLVMInt64TypeInContext(ctx);
     e->ptr = LLVMPointerTypeInContext(ctx, 0);
     e->W = width;
+    e->vnni = vnni;
     e->vf = LLVMVectorType(e->f32, (unsigned)width);
     e->vi = LLVMVectorType(e->i32, (unsigned)width);
     LLVMTypeRef fields[A_COUNT];
@@ -768,10 +1055,11 @@ kvq_status emit_llvm_module_build(const emit_llvm_kernel *ks, int n, const emit_
         return KVQ_ERR_NOMEM;
     }
     mod->width = width_for(mod->features, t ? t->width : 0);
+    mod->vnni = vnni_for(mod->features, mod->width, t ? t->width : 0);
     mod->n = n;
     mod->ctx = LLVMContextCreate();
     E e;
-    module_init(&e, mod->ctx, mod->width);
+    module_init(&e, mod->ctx, mod->width, mod->vnni);
     mod->m = e.m;
     build_module(&e, ks, n);
     LLVMDisposeBuilder(e.b);
@@ -936,7 +1224,10 @@ char *emit_llvm_ir_text(const emit_llvm_kernel *k, int width)
     if (emit_llvm_probe(msg, sizeof msg) != KVQ_OK || !emit_llvm_supported(k, msg, sizeof msg)) return NULL;
     LLVMContextRef ctx = LLVMContextCreate();
     E e;
-    module_init(&e, ctx, emit_llvm_host_width(width));
+    char *hf = LLVMGetHostCPUFeatures();
+    int w = width_for(hf, width);
+    module_init(&e, ctx, w, vnni_for(hf, w, width));
+    LLVMDisposeMessage(hf);
     build_module(&e, k, 1);
     LLVMDisposeBuilder(e.b);
     char *s = LLVMPrintModuleToString(e.m), *copy = s ? strdup(s) : NULL;
@@ -953,7 +1244,7 @@ kvq_status emit_llvm_probe(char *msg, size_t msg_size)
     snprintf(msg, msg_size, "built without LLVM (install llvm-19-dev and rebuild)");
     return KVQ_ERR_UNAVAILABLE;
 }
-int emit_llvm_host_width(int force) { return force ? force : 4; }
+int emit_llvm_host_width(int force) { return force & 0xff ? force & 0xff : 4; }
 void emit_llvm_version(char *out, size_t size) { snprintf(out, size, "none"); }
 int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size)
 {
