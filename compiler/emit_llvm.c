@@ -193,6 +193,19 @@ static LLVMValueRef fmax_sel(E *e, LLVMValueRef a, LLVMValueRef b)
     return LLVMBuildSelect(e->b, LLVMBuildFCmp(e->b, LLVMRealOGT, a, b, ""), a, b, "");
 }
 
+/* The max of a vector's lanes (no NaN among them): a tree of shuffles and vector maxima; llvm.vector.reduce.fmax
+ * lowers to a scalar chain with NaN checks per lane. */
+static LLVMValueRef hmax(E *e, LLVMValueRef v)
+{
+    int n = (int)LLVMGetVectorSize(LLVMTypeOf(v));
+    for (int h = n / 2; h >= 1; h /= 2) {
+        LLVMValueRef idx[64];
+        for (int i = 0; i < n; i++) idx[i] = ci32(e, i < h ? i + h : i);
+        v = fmax_sel(e, v, LLVMBuildShuffleVector(e->b, v, LLVMGetPoison(LLVMTypeOf(v)), LLVMConstVector(idx, (unsigned)n), ""));
+    }
+    return LLVMBuildExtractElement(e->b, v, ci32(e, 0), "");
+}
+
 /* e^x for x <= 0, lanes below -87.3 (and -inf) give 0: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and
  * Cephes expf's degree-6 polynomial (relative error ~1e-7), scaled by 2^n built in the exponent bits. */
 static LLVMValueRef vexp(E *e, LLVMValueRef x)
@@ -342,8 +355,7 @@ static void quant_q16(E *e, LLVMValueRef *q, int nb, LLVMValueRef *hi, LLVMValue
         LLVMValueRef ab = call_intrinsic(e, "llvm.fabs", e->vf, a, 1);
         mx = mx ? fmax_sel(e, mx, ab) : ab;
     }
-    LLVMValueRef r[1] = {mx};
-    LLVMValueRef amax = call_intrinsic(e, "llvm.vector.reduce.fmax", e->vf, r, 1);
+    LLVMValueRef amax = hmax(e, mx);
     LLVMValueRef pos = LLVMBuildFCmp(b, LLVMRealOGT, amax, cf(e, 0.0), "");
     LLVMValueRef inv = LLVMBuildSelect(b, pos, LLVMBuildFDiv(b, cf(e, 32767.0), amax, ""), cf(e, 0.0), "");
     *sq = LLVMBuildFDiv(b, amax, cf(e, 32767.0), "");
@@ -499,6 +511,275 @@ static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef *dv, LL
     }
 }
 
+/* ---- int16 P.V (AVX-512 VNNI): per-token value groups, token pairs in one vpdpwssd ---- */
+
+/* The V rows of an int16 P.V: per-token groups of whole 16-channel blocks, no hidden group, no channel factor,
+ * at most 8 heads (2 g x blocks int32 accumulators in registers), scratch of g x groups x 64 weights. */
+static int v_int16(const E *e, const emit_llvm_kernel *k)
+{
+    const kvq_page_format *f = &k->v.fmt;
+    return e->vnni && e->W == 16 && !k->v.fp16 && f->gran == KVQ_GRAN_TOKEN && !f->hidden && !f->channel_separable &&
+           f->group % 16 == 0 && k->gqa <= 8 && k->gqa * (k->head_dim / f->group) <= 32;
+}
+
+/* Channels c0..c0+15 of a b-bit plane (b in 1, 2, 4, 8) at byte `pl` of two V rows held in `rows` (row t at byte
+ * 0, row t+1 at byte rb) as 16 i32 lanes of two 16-bit codes each: lane c = code_t[c0+c] | code_t+1[c0+c] << 16,
+ * the layout vpdpwssd pairs with a broadcast (w_t, w_t+1). One byte permute, a shift and a mask. */
+static LLVMValueRef pair_plane(E *e, LLVMValueRef rows, int nrows_bytes, int rb, int pl, int b, int c0)
+{
+    LLVMTypeRef i16 = LLVMInt16TypeInContext(e->c);
+    LLVMValueRef idx[64], sh[32], msk[32];
+    for (int c = 0; c < 16; c++) {
+        int byte = pl + ((c0 + c) * b) / 8;
+        idx[4 * c] = idx[4 * c + 1] = ci32(e, byte);       /* the high byte: masked off below */
+        idx[4 * c + 2] = idx[4 * c + 3] = ci32(e, rb + byte);
+        sh[2 * c] = sh[2 * c + 1] = LLVMConstInt(i16, (unsigned long long)(((c0 + c) * b) % 8), 0);
+        msk[2 * c] = msk[2 * c + 1] = LLVMConstInt(i16, (1ull << b) - 1, 0);
+    }
+    (void)nrows_bytes;
+    LLVMValueRef v = LLVMBuildShuffleVector(e->b, rows, LLVMGetPoison(LLVMTypeOf(rows)), LLVMConstVector(idx, 64), "");
+    v = LLVMBuildBitCast(e->b, v, LLVMVectorType(i16, 32), "");
+    if (b < 8) v = LLVMBuildLShr(e->b, v, LLVMConstVector(sh, 32), "");
+    return LLVMBuildAnd(e->b, v, LLVMConstVector(msk, 32), "");
+}
+
+static LLVMValueRef pair_codes(E *e, const kvq_page_format *f, LLVMValueRef rows, int rb, int c0)
+{
+    LLVMValueRef v;
+    if (f->bits == 3) {
+        LLVMValueRef two[32];
+        for (int i = 0; i < 32; i++) two[i] = LLVMConstInt(LLVMInt16TypeInContext(e->c), 2, 0);
+        LLVMValueRef lo = pair_plane(e, rows, 2 * rb, rb, 0, 2, c0);
+        LLVMValueRef hi = pair_plane(e, rows, 2 * rb, rb, f->head_dim / 4, 1, c0);
+        v = LLVMBuildOr(e->b, lo, LLVMBuildShl(e->b, hi, LLVMConstVector(two, 32), ""), "");
+    } else {
+        v = pair_plane(e, rows, 2 * rb, rb, 0, f->bits, c0);
+    }
+    return LLVMBuildBitCast(e->b, v, e->vi, "");
+}
+
+/* A masked load of n_lanes elements of type ty at p, lanes [0, valid) only (the rest 0): a block of tokens that
+ * may run past the tile's last slot, and past its page. */
+static LLVMValueRef masked_load(E *e, LLVMTypeRef ty, int n_lanes, LLVMValueRef p, LLVMValueRef valid, int per)
+{
+    LLVMTypeRef vt = LLVMVectorType(ty, (unsigned)n_lanes);
+    LLVMValueRef iota[256];
+    for (int i = 0; i < n_lanes; i++) iota[i] = ci32(e, i / per);
+    LLVMValueRef lim = splat_n(e, valid, n_lanes);
+    LLVMValueRef mask = LLVMBuildICmp(e->b, LLVMIntSLT, LLVMConstVector(iota, (unsigned)n_lanes), lim, "");
+    unsigned id = LLVMLookupIntrinsicID("llvm.masked.load", 16);
+    LLVMTypeRef tys[2] = {vt, e->ptr};
+    LLVMValueRef f = LLVMGetIntrinsicDeclaration(e->m, id, tys, 2);
+    LLVMTypeRef ft = LLVMIntrinsicGetType(e->c, id, tys, 2);
+    LLVMValueRef args[4] = {p, ci32(e, 1), mask, LLVMConstNull(vt)};
+    return LLVMBuildCall2(e->b, ft, f, args, 4, "");
+}
+
+/* The int16 weights of the tile's first nbl blocks of 16 tokens (the rest not stored: the pair loop reads no
+ * weight past slot n of a tile with n <= 16 nbl) and their scales sw, swl, and sum_t p_t z_tq, per (head, group). */
+static void v_weights(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef wh, LLVMValueRef wl, int nbl,
+                      LLVMValueRef sw[8][16], LLVMValueRef swl[8][16], LLVMValueRef zsum[8][16])
+{
+    LLVMBuilderRef b = e->b;
+    const kvq_page_format *vf = &k->v.fmt;
+    int D = k->head_dim, g = k->gqa, W = 16, N = EMIT_LLVM_TILE, G = vf->group, ngr = D / G;
+    int sbytes = vf->scale_bytes, zbytes = vf->zero_bytes;
+    LLVMValueRef n = a[A_N];
+    LLVMTypeRef v16s = LLVMVectorType(LLVMInt16TypeInContext(e->c), 16);
+    /* Weights of 16 tokens per block, every block (masked loads: lanes past n have p = 0 and read nothing). */
+    LLVMValueRef wv[8][16][4], wmax[8][16], zs[8][16];
+    for (int bl = 0; bl < nbl; bl++) {
+        LLVMValueRef valid = LLVMBuildSub(b, n, ci32(e, (long)bl * W), "");
+        LLVMValueRef off = ci64(e, (long)bl * W * ngr);
+        LLVMTypeRef st = sbytes == 4 ? e->f32 : e->f16, zt = zbytes == 4 ? e->f32 : e->f16;
+        LLVMValueRef sv = masked_load(e, st, W * ngr, gep(e, a[A_VS], LLVMBuildMul(b, off, ci64(e, sbytes), "")), valid, ngr);
+        LLVMValueRef zv = masked_load(e, zt, W * ngr, gep(e, a[A_VZ], LLVMBuildMul(b, off, ci64(e, zbytes), "")), valid, ngr);
+        for (int q = 0; q < ngr; q++) {
+            LLVMValueRef idx[16];
+            for (int i = 0; i < W; i++) idx[i] = ci32(e, i * ngr + q);
+            LLVMValueRef s_q = LLVMBuildShuffleVector(b, sv, LLVMGetPoison(LLVMTypeOf(sv)), LLVMConstVector(idx, 16), "");
+            LLVMValueRef z_q = LLVMBuildShuffleVector(b, zv, LLVMGetPoison(LLVMTypeOf(zv)), LLVMConstVector(idx, 16), "");
+            if (sbytes == 2) s_q = LLVMBuildFPExt(b, s_q, e->vf, "");
+            if (zbytes == 2) z_q = LLVMBuildFPExt(b, z_q, e->vf, "");
+            for (int j = 0; j < g; j++) {
+                /* Masked too: the scratch past the tile's occupied blocks holds whatever an earlier tile left. */
+                LLVMValueRef pv = masked_load(e, e->f32, W, gepc(e, a[A_P], ((long)j * N + (long)bl * W) * 4), valid, 1);
+                LLVMValueRef w = LLVMBuildFMul(b, pv, s_q, "");
+                LLVMValueRef fa[1] = {w};
+                LLVMValueRef aw = call_intrinsic(e, "llvm.fabs", e->vf, fa, 1);
+                wv[j][q][bl] = w;
+                wmax[j][q] = bl ? fmax_sel(e, wmax[j][q], aw) : aw;
+                zs[j][q] = bl ? fma_sum(e, zs[j][q], pv, z_q) : fm(LLVMBuildFMul(b, pv, z_q, ""));
+            }
+        }
+    }
+    for (int j = 0; j < g; j++)
+        for (int q = 0; q < ngr; q++) {
+            LLVMValueRef amax = hmax(e, wmax[j][q]);
+            LLVMValueRef pos = LLVMBuildFCmp(b, LLVMRealOGT, amax, cf(e, 0.0), "");
+            LLVMValueRef inv = LLVMBuildSelect(b, pos, LLVMBuildFDiv(b, cf(e, 32767.0), amax, ""), cf(e, 0.0), "");
+            sw[j][q] = LLVMBuildFDiv(b, amax, cf(e, 32767.0), "");
+            swl[j][q] = LLVMBuildFMul(b, sw[j][q], cf(e, 1.0 / 32768.0), "");
+            zsum[j][q] = hsum(e, zs[j][q]);
+            LLVMValueRef iv = splat(e, inv);
+            for (int bl = 0; bl < nbl; bl++) {
+                LLVMValueRef x = LLVMBuildFMul(b, wv[j][q][bl], iv, "");
+                LLVMValueRef ra[1] = {x};
+                LLVMValueRef h = call_intrinsic(e, "llvm.rint", e->vf, ra, 1);
+                LLVMValueRef la[1] = {LLVMBuildFMul(b, LLVMBuildFSub(b, x, h, ""), vfc(e, 32768.0), "")};
+                LLVMValueRef l = call_intrinsic(e, "llvm.rint", e->vf, la, 1);
+                long o = (((long)j * ngr + q) * N + (long)bl * W) * 2;
+                store(e, LLVMBuildFPToSI(b, h, v16s, ""), gepc(e, wh, o), 2);
+                store(e, LLVMBuildFPToSI(b, l, v16s, ""), gepc(e, wl, o), 2);
+            }
+        }
+
+}
+
+/* The V phase with int16 weights (docs/cpu.md "Accuracy"): per head j and value group q, the tile's weights
+ * w_t = p_t s_tq (per-token value scales folded in, as the fp32 path's vfold does) are quantised once per tile
+ * as hi/lo int16 pairs relative to their max (the key path's quant_q16), and the token loop takes two tokens
+ * per vpdpwssd: sum_t w_t code_tc = sw H_c + swl L_c with exact integer sums H, L. The zero points add
+ * sum_t p_t z_tq once per tile. wh, wl: scratch [g][ngr][64] int16. */
+static void v_phase_int16(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef *alpha_h, LLVMValueRef wh,
+                          LLVMValueRef wl)
+{
+    LLVMBuilderRef b = e->b;
+    const kvq_page_format *vf = &k->v.fmt;
+    int D = k->head_dim, g = k->gqa, W = 16, NB = D / W, N = EMIT_LLVM_TILE, G = vf->group, ngr = D / G;
+    int rb = kvq_code_bytes(D, vf->bits);
+    LLVMValueRef n = a[A_N];
+    /* Weights: a tile of at most 32 slots (KIVI's key pages cut tiles at 32) quantises two blocks, not four. */
+    LLVMValueRef sw[8][16], swl[8][16], zsum[8][16], sw2[2][8][16], swl2[2][8][16], zsum2[2][8][16];
+    LLVMBasicBlockRef wb[2], wj = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_join");
+    wb[0] = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_half");
+    wb[1] = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_full");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, n, ci32(e, N / 2), ""), wb[0], wb[1]);
+    for (int h = 0; h < 2; h++) {
+        LLVMPositionBuilderAtEnd(b, wb[h]);
+        v_weights(e, k, a, wh, wl, h ? N / W : N / W / 2, sw2[h], swl2[h], zsum2[h]);
+        wb[h] = LLVMGetInsertBlock(b);
+        LLVMBuildBr(b, wj);
+    }
+    LLVMPositionBuilderAtEnd(b, wj);
+    for (int j = 0; j < g; j++)
+        for (int q = 0; q < ngr; q++) {
+            LLVMValueRef *dst[3] = {&sw[j][q], &swl[j][q], &zsum[j][q]};
+            LLVMValueRef src[3][2] = {{sw2[0][j][q], sw2[1][j][q]}, {swl2[0][j][q], swl2[1][j][q]},
+                                      {zsum2[0][j][q], zsum2[1][j][q]}};
+            for (int x = 0; x < 3; x++) {
+                *dst[x] = LLVMBuildPhi(b, e->f32, "");
+                LLVMAddIncoming(*dst[x], src[x], wb, 2);
+            }
+        }
+
+    /* Token pairs, per group of m blocks of 16 channels (2 g m int32 accumulators); an odd last token pairs with
+     * a zero row (its partner's weight is 0 anyway: p = 0 past n). */
+    int m = 8 / g;
+    if (m > NB) m = NB;
+    LLVMTypeRef rows_t = LLVMVectorType(e->i8, (unsigned)(2 * rb)), row_t = LLVMVectorType(e->i8, (unsigned)rb);
+    for (int b0 = 0; b0 < NB; b0 += m) {
+        int b1 = b0 + m < NB ? b0 + m : NB, mm = b1 - b0;
+        LLVMValueRef hacc[16], lacc[16], hnext[16], lnext[16];
+        LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
+        LLVMBasicBlockRef loop = LLVMAppendBasicBlockInContext(e->c, e->fn, "vpair");
+        LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(e->c, e->fn, "vpair_end");
+        LLVMBasicBlockRef odd = LLVMAppendBasicBlockInContext(e->c, e->fn, "vodd");
+        LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(e->c, e->fn, "vdone");
+        LLVMValueRef zero_i = ci32(e, 0), zero_v = LLVMConstNull(e->vi);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSGE, n, ci32(e, 2), ""), loop, after);
+        /* One step: rows t, t+1 (`rows`), weights of pair t. */
+#define V_PAIR_STEP(rows, t, hin, lin, hout, lout)                                                                 \
+    do {                                                                                                          \
+        LLVMValueRef t64_ = LLVMBuildZExt(b, t, e->i64, "");                                                      \
+        for (int i = 0; i < mm; i++) {                                                                            \
+            int c0 = (b0 + i) * W, q = c0 / G;                                                                    \
+            LLVMValueRef cd = pair_codes(e, vf, rows, rb, c0);                                                    \
+            for (int j = 0; j < g; j++) {                                                                         \
+                LLVMValueRef wo = LLVMBuildAdd(b, LLVMBuildMul(b, t64_, ci64(e, 2), ""),                          \
+                                               ci64(e, (((long)j * ngr + q) * N) * 2), "");                       \
+                LLVMValueRef h2 = splat(e, load(e, e->i32, gep(e, wh, wo), 2));                                   \
+                LLVMValueRef l2 = splat(e, load(e, e->i32, gep(e, wl, wo), 2));                                   \
+                hout[j * mm + i] = dpwssd(e, hin[j * mm + i], cd, h2);                                            \
+                lout[j * mm + i] = dpwssd(e, lin[j * mm + i], cd, l2);                                            \
+            }                                                                                                     \
+        }                                                                                                         \
+    } while (0)
+        LLVMPositionBuilderAtEnd(b, loop);
+        LLVMValueRef tp = LLVMBuildPhi(b, e->i32, "tp");
+        for (int x = 0; x < g * mm; x++) {
+            hacc[x] = LLVMBuildPhi(b, e->vi, "");
+            lacc[x] = LLVMBuildPhi(b, e->vi, "");
+        }
+        {
+            LLVMValueRef rowp = gep(e, a[A_V], LLVMBuildMul(b, LLVMBuildZExt(b, tp, e->i64, ""), ci64(e, rb), ""));
+            LLVMValueRef rows = load(e, rows_t, rowp, 1);
+            V_PAIR_STEP(rows, tp, hacc, lacc, hnext, lnext);
+        }
+        LLVMValueRef tp2 = LLVMBuildAdd(b, tp, ci32(e, 2), "");
+        LLVMBasicBlockRef loop_last = LLVMGetInsertBlock(b);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, tp2, ci32(e, 2), ""), n, ""), loop, after);
+        LLVMAddIncoming(tp, &zero_i, &pre, 1);
+        LLVMAddIncoming(tp, &tp2, &loop_last, 1);
+        for (int x = 0; x < g * mm; x++) {
+            LLVMAddIncoming(hacc[x], &zero_v, &pre, 1);
+            LLVMAddIncoming(hacc[x], &hnext[x], &loop_last, 1);
+            LLVMAddIncoming(lacc[x], &zero_v, &pre, 1);
+            LLVMAddIncoming(lacc[x], &lnext[x], &loop_last, 1);
+        }
+        /* after: the pairs' sums; an odd n has one token left. */
+        LLVMPositionBuilderAtEnd(b, after);
+        LLVMValueRef t_end = LLVMBuildPhi(b, e->i32, "");
+        LLVMValueRef ins2[2] = {zero_i, tp2};
+        LLVMBasicBlockRef fr2[2] = {pre, loop_last};
+        LLVMAddIncoming(t_end, ins2, fr2, 2);
+        LLVMValueRef ha[16], la[16], ho[16], lo_[16];
+        for (int x = 0; x < g * mm; x++) {
+            ha[x] = LLVMBuildPhi(b, e->vi, "");
+            la[x] = LLVMBuildPhi(b, e->vi, "");
+            LLVMValueRef hi2[2] = {zero_v, hnext[x]}, li2[2] = {zero_v, lnext[x]};
+            LLVMAddIncoming(ha[x], hi2, fr2, 2);
+            LLVMAddIncoming(la[x], li2, fr2, 2);
+        }
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t_end, n, ""), odd, done);
+        LLVMPositionBuilderAtEnd(b, odd);
+        {
+            LLVMValueRef rowp = gep(e, a[A_V], LLVMBuildMul(b, LLVMBuildZExt(b, t_end, e->i64, ""), ci64(e, rb), ""));
+            LLVMValueRef one = load(e, row_t, rowp, 1);
+            LLVMValueRef cat[512];
+            for (int i = 0; i < 2 * rb; i++) cat[i] = ci32(e, i);
+            LLVMValueRef rows = LLVMBuildShuffleVector(b, one, LLVMConstNull(row_t), LLVMConstVector(cat, (unsigned)(2 * rb)), "");
+            V_PAIR_STEP(rows, t_end, ha, la, ho, lo_);
+        }
+#undef V_PAIR_STEP
+        LLVMBasicBlockRef odd_last = LLVMGetInsertBlock(b);
+        LLVMBuildBr(b, done);
+        LLVMPositionBuilderAtEnd(b, done);
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < mm; i++) {
+                int x = j * mm + i, q = (b0 + i) * W / G;
+                LLVMValueRef hf = LLVMBuildPhi(b, e->vi, ""), lf = LLVMBuildPhi(b, e->vi, "");
+                LLVMValueRef hv2[2] = {ha[x], ho[x]}, lv2[2] = {la[x], lo_[x]};
+                LLVMBasicBlockRef fr3[2] = {after, odd_last};
+                LLVMAddIncoming(hf, hv2, fr3, 2);
+                LLVMAddIncoming(lf, lv2, fr3, 2);
+                hacc[x] = hf;
+                lacc[x] = lf;
+                (void)q;
+            }
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < mm; i++) {
+                int x = j * mm + i, q = (b0 + i) * W / G;
+                LLVMValueRef ap = gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4);
+                LLVMValueRef v = LLVMBuildFMul(b, load(e, e->vf, ap, 4), alpha_h[j], "");
+                v = fma_sum(e, v, LLVMBuildSIToFP(b, hacc[x], e->vf, ""), splat(e, sw[j][q]));
+                v = fma_sum(e, v, LLVMBuildSIToFP(b, lacc[x], e->vf, ""), splat(e, swl[j][q]));
+                v = fm(LLVMBuildFAdd(b, v, splat(e, zsum[j][q]), ""));
+                store(e, v, ap, 4);
+            }
+    }
+}
+
 static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
 {
     int D = k->head_dim, g = k->gqa, W = e->W, NB = D / W, N = EMIT_LLVM_TILE;
@@ -517,6 +798,17 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     LLVMValueRef a[A_COUNT];
     for (int i = 0; i < A_COUNT; i++) a[i] = field(e, args, i);
     LLVMValueRef n = a[A_N];
+    /* The int16 P.V's weight scratch: static allocas at the entry. */
+    int vq = v_int16(e, k);
+    LLVMValueRef vq_wh = NULL, vq_wl = NULL;
+    if (vq) {
+        LLVMTypeRef at = LLVMArrayType(LLVMInt16TypeInContext(e->c),
+                                       (unsigned)(g * (D / k->v.fmt.group) * EMIT_LLVM_TILE));
+        vq_wh = LLVMBuildAlloca(b, at, "wh");
+        vq_wl = LLVMBuildAlloca(b, at, "wl");
+        LLVMSetAlignment(vq_wh, 64);
+        LLVMSetAlignment(vq_wl, 64);
+    }
 
     /* q (and its fold with per-channel scales and zeros) once per tile. */
     LLVMValueRef qv[MAXG][MAXB];
@@ -690,9 +982,8 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     for (int j = 0; j < g && TB > 1; j++) {
         LLVMValueRef idx[16];
         for (int t = 0; t < TB; t++) idx[t] = ci32(e, t * kp.g2 + j);
-        LLVMTypeRef tt = LLVMVectorType(e->f32, (unsigned)TB);
-        LLVMValueRef lanes[1] = {LLVMBuildShuffleVector(b, mxv_fin, LLVMGetPoison(e->vf), LLVMConstVector(idx, (unsigned)TB), "")};
-        mtile[j] = fmax_sel(e, mtile[j], call_intrinsic(e, "llvm.vector.reduce.fmax", tt, lanes, 1));
+        LLVMValueRef lanes = LLVMBuildShuffleVector(b, mxv_fin, LLVMGetPoison(e->vf), LLVMConstVector(idx, (unsigned)TB), "");
+        mtile[j] = fmax_sel(e, mtile[j], TB > 1 ? hmax(e, lanes) : LLVMBuildExtractElement(b, lanes, ci32(e, 0), ""));
     }
 
     /* Softmax: once per tile and head. Lanes past n are not tokens: p = 0. */
@@ -740,6 +1031,12 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         store(e, m_new, mlp, 4);
         store(e, l_new, gepc(e, mlp, 4), 4);
         alpha_h[j] = alpha_v; /* acc's rescale happens where the V phase loads it */
+    }
+
+    if (vq) {
+        v_phase_int16(e, k, a, alpha_h, vq_wh, vq_wl);
+        LLVMBuildRetVoid(b);
+        return;
     }
 
     /* V phase: per group of blocks of W channels, a token loop with the group's g x nb accumulators in registers
