@@ -513,13 +513,17 @@ static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef *dv, LL
 
 /* ---- int16 P.V (AVX-512 VNNI): per-token value groups, token pairs in one vpdpwssd ---- */
 
-/* The V rows of an int16 P.V: per-token groups of whole 16-channel blocks, no hidden group, no channel factor,
- * at most 8 heads (2 g x blocks int32 accumulators in registers), scratch of g x groups x 64 weights. */
+/* The V rows of an int16 P.V: per-token groups of whole 16-channel blocks, no hidden group, no channel factor.
+ *
+ * GQA 1 only, like the int16 keys: the hi/lo pair doubles the multiply-adds (vpdpwssd's 32 MACs are 16 per
+ * half) while the codes' unpacking, which the int16 paths halve, is shared by the g heads anyway; at GQA 4 the
+ * heads' MACs dominate and the int16 keys measured ~10 % slower than fp32 on Zen 4 (docs/cpu.md "Speed"). The
+ * emitter itself handles g <= 8 (2 g x blocks int32 accumulators, scratch of g x groups x 64 weights). */
 static int v_int16(const E *e, const emit_llvm_kernel *k)
 {
     const kvq_page_format *f = &k->v.fmt;
     return e->vnni && e->W == 16 && !k->v.fp16 && f->gran == KVQ_GRAN_TOKEN && !f->hidden && !f->channel_separable &&
-           f->group % 16 == 0 && k->gqa <= 8 && k->gqa * (k->head_dim / f->group) <= 32;
+           f->group % 16 == 0 && k->gqa == 1 && k->gqa * (k->head_dim / f->group) <= 32;
 }
 
 /* Channels c0..c0+15 of a b-bit plane (b in 1, 2, 4, 8) at byte `pl` of two V rows held in `rows` (row t at byte
@@ -836,7 +840,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     kp.k = k;
     kp.a = a;
     kp.fold = fold;
-    kp.vn = e->vnni && fold && W == 16;
+    kp.vn = e->vnni && fold && W == 16 && g == 1; /* GQA 1 only: see v_int16 */
     kp.g2 = 1;
     while (kp.g2 < g) kp.g2 *= 2;
     int masked_fmt = !k->k.fp16 && k->k.fmt.masked;
