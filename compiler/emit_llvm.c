@@ -6,12 +6,16 @@
  *      query heads. Per-channel keys fold their scale and zero into the query once per tile (DESIGN §6):
  *        q . k = sum_c q_c (z_c + s_c code_c) = sum_c q_c z_c + sum_c (q_c s_c) code_c,
  *      so the token loop multiplies codes by q' = q (.) s. Other formats dequantize the row (z + s * code, the
- *      reference's two roundings) and take the dot product.
+ *      reference's two roundings) and take the dot product. Tokens run in blocks of W / g2 whose dot products
+ *      reduce in one shuffle tree to a vector of logits (no horizontal sum per token). At GQA 1 on an AVX-512
+ *      VNNI host the folded dot products run in int16: q' as a hi/lo pair of int16 per tile, vpdpwssd, exact
+ *      int32 sums (quant_q16).
  *   softmax: once per tile and query head: the tile's max, e^(s - m') over the tile in vectors, one rescale of
  *      l and acc by e^(m - m').
  *   V: for each block of W channels, a loop over the tile's tokens: the block of V row t is dequantized once
  *      (z + s * code, the per-token parameters broadcast) and accumulated into the g heads' accumulators, kept in
- *      registers across the loop.
+ *      registers across the loop. At GQA 1 with VNNI, per-token value groups run in int16 instead: the tile's
+ *      weights p_t s_t as hi/lo int16 pairs, two tokens per vpdpwssd (v_phase_int16).
  *
  * Fast-math flags (reassociation and contraction) are set only on the dot products, the probability sums and
  * the P.V accumulation: sums whose order the reference does not fix either (its double sum is the oracle; fp32
