@@ -6,12 +6,16 @@
  *      query heads. Per-channel keys fold their scale and zero into the query once per tile (DESIGN §6):
  *        q . k = sum_c q_c (z_c + s_c code_c) = sum_c q_c z_c + sum_c (q_c s_c) code_c,
  *      so the token loop multiplies codes by q' = q (.) s. Other formats dequantize the row (z + s * code, the
- *      reference's two roundings) and take the dot product.
+ *      reference's two roundings) and take the dot product. Tokens run in blocks of W / g2 whose dot products
+ *      reduce in one shuffle tree to a vector of logits (no horizontal sum per token). At GQA 1 on an AVX-512
+ *      VNNI host the folded dot products run in int16: q' as a hi/lo pair of int16 per tile, vpdpwssd, exact
+ *      int32 sums (quant_q16).
  *   softmax: once per tile and query head: the tile's max, e^(s - m') over the tile in vectors, one rescale of
  *      l and acc by e^(m - m').
  *   V: for each block of W channels, a loop over the tile's tokens: the block of V row t is dequantized once
  *      (z + s * code, the per-token parameters broadcast) and accumulated into the g heads' accumulators, kept in
- *      registers across the loop.
+ *      registers across the loop. At GQA 1 with VNNI, per-token value groups run in int16 instead: the tile's
+ *      weights p_t s_t as hi/lo int16 pairs, two tokens per vpdpwssd (v_phase_int16).
  *
  * Fast-math flags (reassociation and contraction) are set only on the dot products, the probability sums and
  * the P.V accumulation: sums whose order the reference does not fix either (its double sum is the oracle; fp32
@@ -24,20 +28,9 @@
 #include <string.h>
 
 #ifdef KVQ_HAVE_LLVM
-#include <llvm-c/Analysis.h>
-#include <llvm-c/BitWriter.h>
 #include <llvm-c/Core.h>
-#include <llvm-c/Error.h>
-#include <llvm-c/LLJIT.h>
-#include <llvm-c/Orc.h>
-#include <llvm-c/Target.h>
-#include <llvm-c/TargetMachine.h>
-#include <llvm-c/Transforms/PassBuilder.h>
-#include <pthread.h>
 
-#include "alloc.h"
-#include "emit_cuda.h" /* emit_cuda_sha256_hex: the one SHA-256 of the project */
-#include "jit_cache.h"
+#include "emit_llvm_ir.h"
 
 /* ------------------------------------------------------------------------------------------ IR helpers -- */
 
@@ -47,6 +40,7 @@ typedef struct {
     LLVMBuilderRef b;
     LLVMTypeRef f32, f16, i1, i8, i32, i64, ptr, vf, vi, args_ty;
     int W;
+    int vnni; /* AVX-512 VNNI + BW: the folded key dot products in int16 (vpdpwssd) */
     LLVMValueRef fn;
 } E;
 
@@ -116,9 +110,19 @@ static LLVMValueRef call_intrinsic(E *e, const char *name, LLVMTypeRef overload,
     return LLVMBuildCall2(e->b, ft, f, args, n, "");
 }
 
-/* Sum of a vector's lanes (reassociation allowed: the lanes are terms of one dot product). */
+static int is_int_vec(LLVMValueRef v)
+{
+    return LLVMGetTypeKind(LLVMGetElementType(LLVMTypeOf(v))) == LLVMIntegerTypeKind;
+}
+
+/* Sum of a vector's lanes (reassociation allowed: the lanes are terms of one dot product; integer sums are
+ * exact). */
 static LLVMValueRef hsum(E *e, LLVMValueRef v)
 {
+    if (is_int_vec(v)) {
+        LLVMValueRef args[1] = {v};
+        return call_intrinsic(e, "llvm.vector.reduce.add", LLVMTypeOf(v), args, 1);
+    }
     LLVMValueRef args[2] = {cf(e, -0.0), v};
     return fm(call_intrinsic(e, "llvm.vector.reduce.fadd", e->vf, args, 2));
 }
@@ -133,13 +137,13 @@ static LLVMValueRef pair_fold(E *e, LLVMValueRef a, LLVMValueRef b)
     }
     LLVMValueRef x = LLVMBuildShuffleVector(e->b, a, b, LLVMConstVector(ev, (unsigned)e->W), "");
     LLVMValueRef y = LLVMBuildShuffleVector(e->b, a, b, LLVMConstVector(od, (unsigned)e->W), "");
-    return fm(LLVMBuildFAdd(e->b, x, y, ""));
+    return is_int_vec(a) ? LLVMBuildAdd(e->b, x, y, "") : fm(LLVMBuildFAdd(e->b, x, y, ""));
 }
 
 /* The lane sums of g vectors at once (the g heads' dot products of one token): pairs fold into one vector whose
  * segment j (W/g2 lanes) holds head j's partial sums, then the segments fold within themselves; about half the
  * shuffles of g separate reductions. g2 = g rounded up to a power of two (padding with zeros); beyond W heads
- * the reductions are separate. */
+ * the reductions are separate. Float or integer vectors. */
 static void hsum_many(E *e, LLVMValueRef *v, int g, LLVMValueRef *out)
 {
     int g2 = 1;
@@ -149,7 +153,7 @@ static void hsum_many(E *e, LLVMValueRef *v, int g, LLVMValueRef *out)
         return;
     }
     LLVMValueRef cur[64];
-    for (int j = 0; j < g2; j++) cur[j] = j < g ? v[j] : vfc(e, 0.0);
+    for (int j = 0; j < g2; j++) cur[j] = j < g ? v[j] : LLVMConstNull(LLVMTypeOf(v[0]));
     for (int n = g2; n > 1; n /= 2)
         for (int j = 0; j < n / 2; j++) cur[j] = pair_fold(e, cur[2 * j], cur[2 * j + 1]);
     /* Segment j: lanes [j*S, (j+1)*S), S = W / g2; fold each segment onto its first lane... */
@@ -159,9 +163,40 @@ static void hsum_many(E *e, LLVMValueRef *v, int g, LLVMValueRef *out)
     for (int j = 0; j < g; j++) out[j] = LLVMBuildExtractElement(e->b, x, ci32(e, j), "");
 }
 
+/* The same tree fed one vector at a time (W vectors in all, W a power of two): a pair folds as soon as both of
+ * its halves exist, so few partial vectors are live while a block of tokens is computed. After the W-th push
+ * v[0] is one vector whose lane i is the lane sum of the i-th vector pushed. */
+typedef struct {
+    LLVMValueRef v[8];
+    int lvl[8], n;
+} sum_tree;
+static void tree_push(E *e, sum_tree *tr, LLVMValueRef x)
+{
+    tr->v[tr->n] = x;
+    tr->lvl[tr->n++] = 0;
+    while (tr->n >= 2 && tr->lvl[tr->n - 1] == tr->lvl[tr->n - 2]) {
+        tr->v[tr->n - 2] = pair_fold(e, tr->v[tr->n - 2], tr->v[tr->n - 1]);
+        tr->lvl[tr->n - 2]++;
+        tr->n--;
+    }
+}
+
 static LLVMValueRef fmax_sel(E *e, LLVMValueRef a, LLVMValueRef b)
 {
     return LLVMBuildSelect(e->b, LLVMBuildFCmp(e->b, LLVMRealOGT, a, b, ""), a, b, "");
+}
+
+/* The max of a vector's lanes (no NaN among them): a tree of shuffles and vector maxima; llvm.vector.reduce.fmax
+ * lowers to a scalar chain with NaN checks per lane. */
+static LLVMValueRef hmax(E *e, LLVMValueRef v)
+{
+    int n = (int)LLVMGetVectorSize(LLVMTypeOf(v));
+    for (int h = n / 2; h >= 1; h /= 2) {
+        LLVMValueRef idx[64];
+        for (int i = 0; i < n; i++) idx[i] = ci32(e, i < h ? i + h : i);
+        v = fmax_sel(e, v, LLVMBuildShuffleVector(e->b, v, LLVMGetPoison(LLVMTypeOf(v)), LLVMConstVector(idx, (unsigned)n), ""));
+    }
+    return LLVMBuildExtractElement(e->b, v, ci32(e, 0), "");
 }
 
 /* e^x for x <= 0, lanes below -87.3 (and -inf) give 0: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and
@@ -231,6 +266,107 @@ static LLVMValueRef codes_f32(E *e, const kvq_page_format *f, LLVMValueRef row, 
         v = unpack_plane(e, row, f->bits, c0);
     }
     return LLVMBuildUIToFP(e->b, v, e->vf, "");
+}
+
+/* ---- int16 key dot products (AVX-512 VNNI, docs/cpu.md "Accuracy") ---- */
+
+/* Channels c0..c0+31 of a b-bit plane (b in 1, 2, 4, 8) as 32 16-bit lanes: the 4b bytes covering them are
+ * loaded once, byte (i*b)/8 goes to lane i's low byte (one byte permute), then a shift by (i*b)%8 and a mask. */
+static LLVMValueRef unpack_plane16(E *e, LLVMValueRef row, int b, int c0)
+{
+    int nbytes = 4 * b;
+    LLVMTypeRef bt = LLVMVectorType(e->i8, (unsigned)nbytes), i16 = LLVMInt16TypeInContext(e->c);
+    LLVMTypeRef wt = LLVMVectorType(i16, 32);
+    LLVMValueRef bytes = load(e, bt, gepc(e, row, (long)c0 * b / 8), 1);
+    LLVMValueRef idx[64], sh[32], msk[32];
+    for (int i = 0; i < 32; i++) {
+        idx[2 * i] = ci32(e, (i * b) / 8);
+        idx[2 * i + 1] = ci32(e, nbytes); /* the high byte: a zero of the second operand */
+        sh[i] = LLVMConstInt(i16, (unsigned long long)((i * b) % 8), 0);
+        msk[i] = LLVMConstInt(i16, (1ull << b) - 1, 0);
+    }
+    LLVMValueRef v = LLVMBuildShuffleVector(e->b, bytes, LLVMConstNull(bt), LLVMConstVector(idx, 64), "");
+    v = LLVMBuildBitCast(e->b, v, wt, "");
+    if (b < 8) {
+        v = LLVMBuildLShr(e->b, v, LLVMConstVector(sh, 32), "");
+        v = LLVMBuildAnd(e->b, v, LLVMConstVector(msk, 32), "");
+    }
+    return v;
+}
+
+/* Codes of channels c0..c0+31 of the row at `row` as 32 16-bit lanes, viewed as the 16 i32 lanes vpdpwssd
+ * takes (lane i = channels c0+2i, c0+2i+1). */
+static LLVMValueRef codes16(E *e, const kvq_page_format *f, LLVMValueRef row, int c0)
+{
+    LLVMValueRef v;
+    if (f->bits == 3) {
+        LLVMValueRef lo = unpack_plane16(e, row, 2, c0);
+        LLVMValueRef hi = unpack_plane16(e, gepc(e, row, f->head_dim / 4), 1, c0);
+        LLVMValueRef two[32];
+        for (int i = 0; i < 32; i++) two[i] = LLVMConstInt(LLVMInt16TypeInContext(e->c), 2, 0);
+        v = LLVMBuildOr(e->b, lo, LLVMBuildShl(e->b, hi, LLVMConstVector(two, 32), ""), "");
+    } else {
+        v = unpack_plane16(e, row, f->bits, c0);
+    }
+    return LLVMBuildBitCast(e->b, v, e->vi, "");
+}
+
+/* acc + the pairwise products of two vectors of 32 signed 16-bit lanes (vpdpwssd: 32 MACs, exact in int32). */
+static LLVMValueRef dpwssd(E *e, LLVMValueRef acc, LLVMValueRef a, LLVMValueRef b)
+{
+    static const char name[] = "llvm.x86.avx512.vpdpwssd.512";
+    unsigned id = LLVMLookupIntrinsicID(name, sizeof name - 1);
+    LLVMValueRef f = LLVMGetIntrinsicDeclaration(e->m, id, NULL, 0);
+    LLVMTypeRef ft = LLVMIntrinsicGetType(e->c, id, NULL, 0);
+    LLVMValueRef args[3] = {acc, a, b};
+    return LLVMBuildCall2(e->b, ft, f, args, 3, "");
+}
+
+/* Two 16-lane i32 vectors (values in int16 range) as the 32 16-bit lanes of one vector, viewed as 16 i32 lanes. */
+static LLVMValueRef pack16(E *e, LLVMValueRef a, LLVMValueRef b)
+{
+    LLVMValueRef idx[32];
+    for (int i = 0; i < 32; i++) idx[i] = ci32(e, i);
+    LLVMValueRef v = LLVMBuildShuffleVector(e->b, a, b, LLVMConstVector(idx, 32), "");
+    v = LLVMBuildTrunc(e->b, v, LLVMVectorType(LLVMInt16TypeInContext(e->c), 32), "");
+    return LLVMBuildBitCast(e->b, v, e->vi, "");
+}
+
+/* The folded query q' (nb vectors of 16) as a pair of int16 vectors per 32 channels:
+ *   x = q' 32767 / max|q'|,  hi = rint(x),  lo = rint((x - hi) 2^15),  q' ~ sq hi + sql lo,
+ * sq = max|q'| / 32767, sql = sq 2^-15. |hi| <= 32767 and |lo| <= 2^14 fit int16; the pair's error is at most
+ * sq 2^-16 per channel (plus x's own fp32 rounding, relative 2^-24 of q'), so sum_c q'_c code_c =
+ * sq H + sql L with H, L exact integer sums differs from the exact dot product by at most
+ * max|q'| 2^-31 sum_c code_c: below the fp32 dot product's own rounding (docs/cpu.md "Accuracy"). */
+static void quant_q16(E *e, LLVMValueRef *q, int nb, LLVMValueRef *hi, LLVMValueRef *lo, LLVMValueRef *sq,
+                      LLVMValueRef *sql)
+{
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef mx = NULL;
+    for (int i = 0; i < nb; i++) {
+        LLVMValueRef a[1] = {q[i]};
+        LLVMValueRef ab = call_intrinsic(e, "llvm.fabs", e->vf, a, 1);
+        mx = mx ? fmax_sel(e, mx, ab) : ab;
+    }
+    LLVMValueRef amax = hmax(e, mx);
+    LLVMValueRef pos = LLVMBuildFCmp(b, LLVMRealOGT, amax, cf(e, 0.0), "");
+    LLVMValueRef inv = LLVMBuildSelect(b, pos, LLVMBuildFDiv(b, cf(e, 32767.0), amax, ""), cf(e, 0.0), "");
+    *sq = LLVMBuildFDiv(b, amax, cf(e, 32767.0), "");
+    *sql = LLVMBuildFMul(b, *sq, cf(e, 1.0 / 32768.0), "");
+    LLVMValueRef iv = splat(e, inv), h32[16], l32[16];
+    for (int i = 0; i < nb; i++) {
+        LLVMValueRef x = LLVMBuildFMul(b, q[i], iv, "");
+        LLVMValueRef ra[1] = {x};
+        LLVMValueRef h = call_intrinsic(e, "llvm.rint", e->vf, ra, 1);
+        LLVMValueRef la[1] = {LLVMBuildFMul(b, LLVMBuildFSub(b, x, h, ""), vfc(e, 32768.0), "")};
+        LLVMValueRef l = call_intrinsic(e, "llvm.rint", e->vf, la, 1);
+        h32[i] = LLVMBuildFPToSI(b, h, e->vi, "");
+        l32[i] = LLVMBuildFPToSI(b, l, e->vi, "");
+    }
+    for (int u = 0; u < nb / 2; u++) {
+        hi[u] = pack16(e, h32[2 * u], h32[2 * u + 1]);
+        lo[u] = pack16(e, l32[2 * u], l32[2 * u + 1]);
+    }
 }
 
 /* A parameter stored in `bytes` (2: fp16, 4: fp32) as fp32: element `idx` (an i64) of the section at sec. */
@@ -314,6 +450,332 @@ static int src_fold(const emit_llvm_src *s) { return !s->fp16 && s->fmt.gran == 
 #define MAXG 64
 #define MAXB 64 /* D / W blocks: 256 / 4 */
 
+/* What the K phase of a kernel knows once per tile. */
+typedef struct {
+    const emit_llvm_kernel *k;
+    LLVMValueRef *a;      /* the argument fields */
+    int fold, vn, g2, P;  /* folded keys; int16 path; g rounded up to a power of two; partial sums per head */
+    LLVMValueRef qv[MAXG][MAXB];                               /* q (times s when folded), fp32 */
+    LLVMValueRef qhi[MAXG][MAXB / 4], qlo[MAXG][MAXB / 4];     /* vn: q' as int16 pairs per 32 channels */
+    LLVMValueRef sq[MAXG], sql[MAXG];                          /* vn: their scales */
+} KPhase;
+
+/* One token t (i32) of the K phase for all g heads: per head either an fp32 vector whose lane sum is the dot
+ * product (dv), or (vn) the int32 vectors whose lane sums are H and L (hv, lv; q'.k = sq H + sql L). The codes of
+ * the row are unpacked once and serve every head. */
+static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef *dv, LLVMValueRef *hv, LLVMValueRef *lv)
+{
+    const emit_llvm_kernel *k = kp->k;
+    int D = k->head_dim, g = k->gqa, W = e->W, NB = D / W, P = kp->P;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef *a = kp->a;
+    LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
+    if (kp->vn) {
+        LLVMValueRef row = gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
+        for (int u = 0; u < D / 32; u++) {
+            LLVMValueRef c = codes16(e, &k->k.fmt, row, 32 * u);
+            for (int j = 0; j < g; j++) {
+                hv[j] = dpwssd(e, u ? hv[j] : LLVMConstNull(e->vi), c, kp->qhi[j][u]);
+                lv[j] = dpwssd(e, u ? lv[j] : LLVMConstNull(e->vi), c, kp->qlo[j][u]);
+            }
+        }
+        return;
+    }
+    LLVMValueRef part[MAXG][4];
+    for (int bl = 0; bl < NB; bl++) {
+        LLVMValueRef kv;
+        if (kp->fold) {
+            LLVMValueRef row =
+                gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
+            kv = codes_f32(e, &k->k.fmt, row, bl * W);
+        } else {
+            kv = row_f32(e, &k->k, D, a[A_K], a[A_KS], a[A_KZ], a[A_KF], t, bl * W);
+        }
+        for (int j = 0; j < g; j++) {
+            LLVMValueRef *pc = &part[j][bl % P];
+            *pc = bl >= P ? fma_sum(e, *pc, kp->qv[j][bl], kv) : fm(LLVMBuildFMul(b, kp->qv[j][bl], kv, ""));
+        }
+    }
+    for (int j = 0; j < g; j++) {
+        for (int w = P; w > 1; w = (w + 1) / 2) /* a tree over the partial sums */
+            for (int c = 0; c + (w + 1) / 2 < w; c++)
+                part[j][c] = fm(LLVMBuildFAdd(b, part[j][c], part[j][c + (w + 1) / 2], ""));
+        dv[j] = part[j][0];
+    }
+}
+
+/* ---- int16 P.V (AVX-512 VNNI): per-token value groups, token pairs in one vpdpwssd ---- */
+
+/* The V rows of an int16 P.V: per-token groups of whole 16-channel blocks, no hidden group, no channel factor.
+ *
+ * GQA 1 only, like the int16 keys: the hi/lo pair doubles the multiply-adds (vpdpwssd's 32 MACs are 16 per
+ * half) while the codes' unpacking, which the int16 paths halve, is shared by the g heads anyway; at GQA 4 the
+ * heads' MACs dominate and the int16 keys measured ~10 % slower than fp32 on Zen 4 (docs/cpu.md "Speed"). The
+ * emitter itself handles g <= 8 (2 g x blocks int32 accumulators, scratch of g x groups x 64 weights). */
+static int v_int16(const E *e, const emit_llvm_kernel *k)
+{
+    const kvq_page_format *f = &k->v.fmt;
+    return e->vnni && e->W == 16 && !k->v.fp16 && f->gran == KVQ_GRAN_TOKEN && !f->hidden && !f->channel_separable &&
+           f->group % 16 == 0 && k->gqa == 1 && k->gqa * (k->head_dim / f->group) <= 32;
+}
+
+/* Channels c0..c0+15 of a b-bit plane (b in 1, 2, 4, 8) at byte `pl` of two V rows held in `rows` (row t at byte
+ * 0, row t+1 at byte rb) as 16 i32 lanes of two 16-bit codes each: lane c = code_t[c0+c] | code_t+1[c0+c] << 16,
+ * the layout vpdpwssd pairs with a broadcast (w_t, w_t+1). One byte permute, a shift and a mask. */
+static LLVMValueRef pair_plane(E *e, LLVMValueRef rows, int rb, int pl, int b, int c0)
+{
+    LLVMTypeRef i16 = LLVMInt16TypeInContext(e->c);
+    LLVMValueRef idx[64], sh[32], msk[32];
+    for (int c = 0; c < 16; c++) {
+        int byte = pl + ((c0 + c) * b) / 8;
+        idx[4 * c] = idx[4 * c + 1] = ci32(e, byte);       /* the high byte: masked off below */
+        idx[4 * c + 2] = idx[4 * c + 3] = ci32(e, rb + byte);
+        sh[2 * c] = sh[2 * c + 1] = LLVMConstInt(i16, (unsigned long long)(((c0 + c) * b) % 8), 0);
+        msk[2 * c] = msk[2 * c + 1] = LLVMConstInt(i16, (1ull << b) - 1, 0);
+    }
+    LLVMValueRef v = LLVMBuildShuffleVector(e->b, rows, LLVMGetPoison(LLVMTypeOf(rows)), LLVMConstVector(idx, 64), "");
+    v = LLVMBuildBitCast(e->b, v, LLVMVectorType(i16, 32), "");
+    if (b < 8) v = LLVMBuildLShr(e->b, v, LLVMConstVector(sh, 32), "");
+    return LLVMBuildAnd(e->b, v, LLVMConstVector(msk, 32), "");
+}
+
+static LLVMValueRef pair_codes(E *e, const kvq_page_format *f, LLVMValueRef rows, int rb, int c0)
+{
+    LLVMValueRef v;
+    if (f->bits == 3) {
+        LLVMValueRef two[32];
+        for (int i = 0; i < 32; i++) two[i] = LLVMConstInt(LLVMInt16TypeInContext(e->c), 2, 0);
+        LLVMValueRef lo = pair_plane(e, rows, rb, 0, 2, c0);
+        LLVMValueRef hi = pair_plane(e, rows, rb, f->head_dim / 4, 1, c0);
+        v = LLVMBuildOr(e->b, lo, LLVMBuildShl(e->b, hi, LLVMConstVector(two, 32), ""), "");
+    } else {
+        v = pair_plane(e, rows, rb, 0, f->bits, c0);
+    }
+    return LLVMBuildBitCast(e->b, v, e->vi, "");
+}
+
+/* A masked load of n_lanes elements of type ty at p, lanes [0, valid) only (the rest 0): a block of tokens that
+ * may run past the tile's last slot, and past its page. */
+static LLVMValueRef masked_load(E *e, LLVMTypeRef ty, int n_lanes, LLVMValueRef p, LLVMValueRef valid, int per)
+{
+    LLVMTypeRef vt = LLVMVectorType(ty, (unsigned)n_lanes);
+    LLVMValueRef iota[256];
+    for (int i = 0; i < n_lanes; i++) iota[i] = ci32(e, i / per);
+    LLVMValueRef lim = splat_n(e, valid, n_lanes);
+    LLVMValueRef mask = LLVMBuildICmp(e->b, LLVMIntSLT, LLVMConstVector(iota, (unsigned)n_lanes), lim, "");
+    unsigned id = LLVMLookupIntrinsicID("llvm.masked.load", 16);
+    LLVMTypeRef tys[2] = {vt, e->ptr};
+    LLVMValueRef f = LLVMGetIntrinsicDeclaration(e->m, id, tys, 2);
+    LLVMTypeRef ft = LLVMIntrinsicGetType(e->c, id, tys, 2);
+    LLVMValueRef args[4] = {p, ci32(e, 1), mask, LLVMConstNull(vt)};
+    return LLVMBuildCall2(e->b, ft, f, args, 4, "");
+}
+
+/* The int16 weights of the tile's first nbl blocks of 16 tokens (the rest not stored: the pair loop reads no
+ * weight past slot n of a tile with n <= 16 nbl) and their scales sw, swl, and sum_t p_t z_tq, per (head, group). */
+static void v_weights(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef wh, LLVMValueRef wl, int nbl,
+                      LLVMValueRef sw[8][16], LLVMValueRef swl[8][16], LLVMValueRef zsum[8][16])
+{
+    LLVMBuilderRef b = e->b;
+    const kvq_page_format *vf = &k->v.fmt;
+    int D = k->head_dim, g = k->gqa, W = 16, N = EMIT_LLVM_TILE, G = vf->group, ngr = D / G;
+    int sbytes = vf->scale_bytes, zbytes = vf->zero_bytes;
+    LLVMValueRef n = a[A_N];
+    LLVMTypeRef v16s = LLVMVectorType(LLVMInt16TypeInContext(e->c), 16);
+    /* Weights of 16 tokens per block, every block (masked loads: lanes past n have p = 0 and read nothing). */
+    LLVMValueRef wv[8][16][4], wmax[8][16], zs[8][16];
+    for (int bl = 0; bl < nbl; bl++) {
+        LLVMValueRef valid = LLVMBuildSub(b, n, ci32(e, (long)bl * W), "");
+        LLVMValueRef off = ci64(e, (long)bl * W * ngr);
+        LLVMTypeRef st = sbytes == 4 ? e->f32 : e->f16, zt = zbytes == 4 ? e->f32 : e->f16;
+        LLVMValueRef sv = masked_load(e, st, W * ngr, gep(e, a[A_VS], LLVMBuildMul(b, off, ci64(e, sbytes), "")), valid, ngr);
+        LLVMValueRef zv = masked_load(e, zt, W * ngr, gep(e, a[A_VZ], LLVMBuildMul(b, off, ci64(e, zbytes), "")), valid, ngr);
+        for (int q = 0; q < ngr; q++) {
+            LLVMValueRef idx[16];
+            for (int i = 0; i < W; i++) idx[i] = ci32(e, i * ngr + q);
+            LLVMValueRef s_q = LLVMBuildShuffleVector(b, sv, LLVMGetPoison(LLVMTypeOf(sv)), LLVMConstVector(idx, 16), "");
+            LLVMValueRef z_q = LLVMBuildShuffleVector(b, zv, LLVMGetPoison(LLVMTypeOf(zv)), LLVMConstVector(idx, 16), "");
+            if (sbytes == 2) s_q = LLVMBuildFPExt(b, s_q, e->vf, "");
+            if (zbytes == 2) z_q = LLVMBuildFPExt(b, z_q, e->vf, "");
+            for (int j = 0; j < g; j++) {
+                /* Masked too: the scratch past the tile's occupied blocks holds whatever an earlier tile left. */
+                LLVMValueRef pv = masked_load(e, e->f32, W, gepc(e, a[A_P], ((long)j * N + (long)bl * W) * 4), valid, 1);
+                LLVMValueRef w = LLVMBuildFMul(b, pv, s_q, "");
+                LLVMValueRef fa[1] = {w};
+                LLVMValueRef aw = call_intrinsic(e, "llvm.fabs", e->vf, fa, 1);
+                wv[j][q][bl] = w;
+                wmax[j][q] = bl ? fmax_sel(e, wmax[j][q], aw) : aw;
+                zs[j][q] = bl ? fma_sum(e, zs[j][q], pv, z_q) : fm(LLVMBuildFMul(b, pv, z_q, ""));
+            }
+        }
+    }
+    for (int j = 0; j < g; j++)
+        for (int q = 0; q < ngr; q++) {
+            LLVMValueRef amax = hmax(e, wmax[j][q]);
+            LLVMValueRef pos = LLVMBuildFCmp(b, LLVMRealOGT, amax, cf(e, 0.0), "");
+            LLVMValueRef inv = LLVMBuildSelect(b, pos, LLVMBuildFDiv(b, cf(e, 32767.0), amax, ""), cf(e, 0.0), "");
+            sw[j][q] = LLVMBuildFDiv(b, amax, cf(e, 32767.0), "");
+            swl[j][q] = LLVMBuildFMul(b, sw[j][q], cf(e, 1.0 / 32768.0), "");
+            zsum[j][q] = hsum(e, zs[j][q]);
+            LLVMValueRef iv = splat(e, inv);
+            for (int bl = 0; bl < nbl; bl++) {
+                LLVMValueRef x = LLVMBuildFMul(b, wv[j][q][bl], iv, "");
+                LLVMValueRef ra[1] = {x};
+                LLVMValueRef h = call_intrinsic(e, "llvm.rint", e->vf, ra, 1);
+                LLVMValueRef la[1] = {LLVMBuildFMul(b, LLVMBuildFSub(b, x, h, ""), vfc(e, 32768.0), "")};
+                LLVMValueRef l = call_intrinsic(e, "llvm.rint", e->vf, la, 1);
+                long o = (((long)j * ngr + q) * N + (long)bl * W) * 2;
+                store(e, LLVMBuildFPToSI(b, h, v16s, ""), gepc(e, wh, o), 2);
+                store(e, LLVMBuildFPToSI(b, l, v16s, ""), gepc(e, wl, o), 2);
+            }
+        }
+
+}
+
+/* The V phase with int16 weights (docs/cpu.md "Accuracy"): per head j and value group q, the tile's weights
+ * w_t = p_t s_tq (per-token value scales folded in, as the fp32 path's vfold does) are quantised once per tile
+ * as hi/lo int16 pairs relative to their max (the key path's quant_q16), and the token loop takes two tokens
+ * per vpdpwssd: sum_t w_t code_tc = sw H_c + swl L_c with exact integer sums H, L. The zero points add
+ * sum_t p_t z_tq once per tile. wh, wl: scratch [g][ngr][64] int16. */
+static void v_phase_int16(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef *alpha_h, LLVMValueRef wh,
+                          LLVMValueRef wl)
+{
+    LLVMBuilderRef b = e->b;
+    const kvq_page_format *vf = &k->v.fmt;
+    int D = k->head_dim, g = k->gqa, W = 16, NB = D / W, N = EMIT_LLVM_TILE, G = vf->group, ngr = D / G;
+    int rb = kvq_code_bytes(D, vf->bits);
+    LLVMValueRef n = a[A_N];
+    /* Weights: a tile of at most 32 slots (KIVI's key pages cut tiles at 32) quantises two blocks, not four. */
+    LLVMValueRef sw[8][16], swl[8][16], zsum[8][16], sw2[2][8][16], swl2[2][8][16], zsum2[2][8][16];
+    LLVMBasicBlockRef wb[2], wj = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_join");
+    wb[0] = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_half");
+    wb[1] = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_full");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, n, ci32(e, N / 2), ""), wb[0], wb[1]);
+    for (int h = 0; h < 2; h++) {
+        LLVMPositionBuilderAtEnd(b, wb[h]);
+        v_weights(e, k, a, wh, wl, h ? N / W : N / W / 2, sw2[h], swl2[h], zsum2[h]);
+        wb[h] = LLVMGetInsertBlock(b);
+        LLVMBuildBr(b, wj);
+    }
+    LLVMPositionBuilderAtEnd(b, wj);
+    for (int j = 0; j < g; j++)
+        for (int q = 0; q < ngr; q++) {
+            LLVMValueRef *dst[3] = {&sw[j][q], &swl[j][q], &zsum[j][q]};
+            LLVMValueRef src[3][2] = {{sw2[0][j][q], sw2[1][j][q]}, {swl2[0][j][q], swl2[1][j][q]},
+                                      {zsum2[0][j][q], zsum2[1][j][q]}};
+            for (int x = 0; x < 3; x++) {
+                *dst[x] = LLVMBuildPhi(b, e->f32, "");
+                LLVMAddIncoming(*dst[x], src[x], wb, 2);
+            }
+        }
+
+    /* Token pairs, per group of m blocks of 16 channels (2 g m int32 accumulators); an odd last token pairs with
+     * a zero row (its partner's weight is 0 anyway: p = 0 past n). */
+    int m = 8 / g;
+    if (m > NB) m = NB;
+    LLVMTypeRef rows_t = LLVMVectorType(e->i8, (unsigned)(2 * rb)), row_t = LLVMVectorType(e->i8, (unsigned)rb);
+    for (int b0 = 0; b0 < NB; b0 += m) {
+        int b1 = b0 + m < NB ? b0 + m : NB, mm = b1 - b0;
+        LLVMValueRef hacc[16], lacc[16], hnext[16], lnext[16];
+        LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
+        LLVMBasicBlockRef loop = LLVMAppendBasicBlockInContext(e->c, e->fn, "vpair");
+        LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(e->c, e->fn, "vpair_end");
+        LLVMBasicBlockRef odd = LLVMAppendBasicBlockInContext(e->c, e->fn, "vodd");
+        LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(e->c, e->fn, "vdone");
+        LLVMValueRef zero_i = ci32(e, 0), zero_v = LLVMConstNull(e->vi);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSGE, n, ci32(e, 2), ""), loop, after);
+        /* One step: rows t, t+1 (`rows`), weights of pair t. */
+#define V_PAIR_STEP(rows, t, hin, lin, hout, lout)                                                                 \
+    do {                                                                                                          \
+        LLVMValueRef t64_ = LLVMBuildZExt(b, t, e->i64, "");                                                      \
+        for (int i = 0; i < mm; i++) {                                                                            \
+            int c0 = (b0 + i) * W, q = c0 / G;                                                                    \
+            LLVMValueRef cd = pair_codes(e, vf, rows, rb, c0);                                                    \
+            for (int j = 0; j < g; j++) {                                                                         \
+                LLVMValueRef wo = LLVMBuildAdd(b, LLVMBuildMul(b, t64_, ci64(e, 2), ""),                          \
+                                               ci64(e, (((long)j * ngr + q) * N) * 2), "");                       \
+                LLVMValueRef h2 = splat(e, load(e, e->i32, gep(e, wh, wo), 2));                                   \
+                LLVMValueRef l2 = splat(e, load(e, e->i32, gep(e, wl, wo), 2));                                   \
+                hout[j * mm + i] = dpwssd(e, hin[j * mm + i], cd, h2);                                            \
+                lout[j * mm + i] = dpwssd(e, lin[j * mm + i], cd, l2);                                            \
+            }                                                                                                     \
+        }                                                                                                         \
+    } while (0)
+        LLVMPositionBuilderAtEnd(b, loop);
+        LLVMValueRef tp = LLVMBuildPhi(b, e->i32, "tp");
+        for (int x = 0; x < g * mm; x++) {
+            hacc[x] = LLVMBuildPhi(b, e->vi, "");
+            lacc[x] = LLVMBuildPhi(b, e->vi, "");
+        }
+        {
+            LLVMValueRef rowp = gep(e, a[A_V], LLVMBuildMul(b, LLVMBuildZExt(b, tp, e->i64, ""), ci64(e, rb), ""));
+            LLVMValueRef rows = load(e, rows_t, rowp, 1);
+            V_PAIR_STEP(rows, tp, hacc, lacc, hnext, lnext);
+        }
+        LLVMValueRef tp2 = LLVMBuildAdd(b, tp, ci32(e, 2), "");
+        LLVMBasicBlockRef loop_last = LLVMGetInsertBlock(b);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, tp2, ci32(e, 2), ""), n, ""), loop, after);
+        LLVMAddIncoming(tp, &zero_i, &pre, 1);
+        LLVMAddIncoming(tp, &tp2, &loop_last, 1);
+        for (int x = 0; x < g * mm; x++) {
+            LLVMAddIncoming(hacc[x], &zero_v, &pre, 1);
+            LLVMAddIncoming(hacc[x], &hnext[x], &loop_last, 1);
+            LLVMAddIncoming(lacc[x], &zero_v, &pre, 1);
+            LLVMAddIncoming(lacc[x], &lnext[x], &loop_last, 1);
+        }
+        /* after: the pairs' sums; an odd n has one token left. */
+        LLVMPositionBuilderAtEnd(b, after);
+        LLVMValueRef t_end = LLVMBuildPhi(b, e->i32, "");
+        LLVMValueRef ins2[2] = {zero_i, tp2};
+        LLVMBasicBlockRef fr2[2] = {pre, loop_last};
+        LLVMAddIncoming(t_end, ins2, fr2, 2);
+        LLVMValueRef ha[16], la[16], ho[16], lo_[16];
+        for (int x = 0; x < g * mm; x++) {
+            ha[x] = LLVMBuildPhi(b, e->vi, "");
+            la[x] = LLVMBuildPhi(b, e->vi, "");
+            LLVMValueRef hi2[2] = {zero_v, hnext[x]}, li2[2] = {zero_v, lnext[x]};
+            LLVMAddIncoming(ha[x], hi2, fr2, 2);
+            LLVMAddIncoming(la[x], li2, fr2, 2);
+        }
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t_end, n, ""), odd, done);
+        LLVMPositionBuilderAtEnd(b, odd);
+        {
+            LLVMValueRef rowp = gep(e, a[A_V], LLVMBuildMul(b, LLVMBuildZExt(b, t_end, e->i64, ""), ci64(e, rb), ""));
+            LLVMValueRef one = load(e, row_t, rowp, 1);
+            LLVMValueRef cat[512];
+            for (int i = 0; i < 2 * rb; i++) cat[i] = ci32(e, i);
+            LLVMValueRef rows = LLVMBuildShuffleVector(b, one, LLVMConstNull(row_t), LLVMConstVector(cat, (unsigned)(2 * rb)), "");
+            V_PAIR_STEP(rows, t_end, ha, la, ho, lo_);
+        }
+#undef V_PAIR_STEP
+        LLVMBasicBlockRef odd_last = LLVMGetInsertBlock(b);
+        LLVMBuildBr(b, done);
+        LLVMPositionBuilderAtEnd(b, done);
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < mm; i++) {
+                int x = j * mm + i, q = (b0 + i) * W / G;
+                LLVMValueRef hf = LLVMBuildPhi(b, e->vi, ""), lf = LLVMBuildPhi(b, e->vi, "");
+                LLVMValueRef hv2[2] = {ha[x], ho[x]}, lv2[2] = {la[x], lo_[x]};
+                LLVMBasicBlockRef fr3[2] = {after, odd_last};
+                LLVMAddIncoming(hf, hv2, fr3, 2);
+                LLVMAddIncoming(lf, lv2, fr3, 2);
+                hacc[x] = hf;
+                lacc[x] = lf;
+                (void)q;
+            }
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < mm; i++) {
+                int x = j * mm + i, q = (b0 + i) * W / G;
+                LLVMValueRef ap = gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4);
+                LLVMValueRef v = LLVMBuildFMul(b, load(e, e->vf, ap, 4), alpha_h[j], "");
+                v = fma_sum(e, v, LLVMBuildSIToFP(b, hacc[x], e->vf, ""), splat(e, sw[j][q]));
+                v = fma_sum(e, v, LLVMBuildSIToFP(b, lacc[x], e->vf, ""), splat(e, swl[j][q]));
+                v = fm(LLVMBuildFAdd(b, v, splat(e, zsum[j][q]), ""));
+                store(e, v, ap, 4);
+            }
+    }
+}
+
 static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
 {
     int D = k->head_dim, g = k->gqa, W = e->W, NB = D / W, N = EMIT_LLVM_TILE;
@@ -332,6 +794,17 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     LLVMValueRef a[A_COUNT];
     for (int i = 0; i < A_COUNT; i++) a[i] = field(e, args, i);
     LLVMValueRef n = a[A_N];
+    /* The int16 P.V's weight scratch: static allocas at the entry. */
+    int vq = v_int16(e, k);
+    LLVMValueRef vq_wh = NULL, vq_wl = NULL;
+    if (vq) {
+        LLVMTypeRef at = LLVMArrayType(LLVMInt16TypeInContext(e->c),
+                                       (unsigned)(g * (D / k->v.fmt.group) * EMIT_LLVM_TILE));
+        vq_wh = LLVMBuildAlloca(b, at, "wh");
+        vq_wl = LLVMBuildAlloca(b, at, "wl");
+        LLVMSetAlignment(vq_wh, 64);
+        LLVMSetAlignment(vq_wl, 64);
+    }
 
     /* q (and its fold with per-channel scales and zeros) once per tile. */
     LLVMValueRef qv[MAXG][MAXB];
@@ -351,15 +824,110 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         }
         qz[j] = fold ? hsum(e, zsum) : NULL;
     }
-    LLVMBuildBr(b, kloop);
+    /* The K phase's shape. kq: folded keys on a VNNI host take the int16 path (q' as a hi/lo pair of int16
+     * vectors per 32 channels, quant_q16). TB: tokens per block; a block's TB x g2 dot products (g2 = g rounded
+     * up to a power of two, TB g2 = W) reduce in one tree whose result is a vector of logits, lane t g2 + j for
+     * token t and head j: no horizontal sum per token (masked pages take the token loop, one token at a time). */
+    KPhase kp = {0};
+    kp.k = k;
+    kp.a = a;
+    kp.fold = fold;
+    kp.vn = e->vnni && fold && W == 16 && g == 1; /* GQA 1 only: see v_int16 */
+    kp.g2 = 1;
+    while (kp.g2 < g) kp.g2 *= 2;
+    int masked_fmt = !k->k.fp16 && k->k.fmt.masked;
+    int TB = !masked_fmt && kp.g2 * 2 <= W ? W / kp.g2 : 1;
+    /* Each head's dot product in P interleaved partial sums (blocks b = c mod P), so that the FMA chains are
+     * short: an FMA's latency is ~4 cycles and two issue per cycle, so about 8 independent chains keep the
+     * units busy (a block of tokens has TB g independent chains already). */
+    kp.P = TB > 1 ? 2 : g >= 8 ? 1 : 8 / g;
+    if (kp.P > 4) kp.P = 4;
+    if (kp.P > NB) kp.P = NB;
+    for (int j = 0; j < g; j++)
+        for (int bl = 0; bl < NB; bl++) kp.qv[j][bl] = qv[j][bl];
+    if (kp.vn)
+        for (int j = 0; j < g; j++) quant_q16(e, qv[j], NB, kp.qhi[j], kp.qlo[j], &kp.sq[j], &kp.sql[j]);
 
-    /* K phase: logits of every token for all g heads, the tile's running max. */
+    LLVMValueRef ninf = cf(e, -__builtin_inf()), zero_i = ci32(e, 0);
+    LLVMValueRef mtile[MAXG], mx_next[MAXG];
+    LLVMBasicBlockRef from = entry;
+    LLVMValueRef t_start = zero_i, mxv_fin = NULL;
+    LLVMBasicBlockRef kbend = NULL;
+    if (TB > 1) {
+        /* Per-lane constants of a block's logits vector: lane l is head l % g2. */
+        LLVMValueRef sqv = LLVMGetPoison(e->vf), sqlv = LLVMGetPoison(e->vf), qzv = LLVMGetPoison(e->vf);
+        for (int l = 0; l < W; l++) {
+            int j = l % kp.g2 < g ? l % kp.g2 : 0;
+            if (kp.vn) {
+                sqv = LLVMBuildInsertElement(b, sqv, kp.sq[j], ci32(e, l), "");
+                sqlv = LLVMBuildInsertElement(b, sqlv, kp.sql[j], ci32(e, l), "");
+            }
+            if (fold) qzv = LLVMBuildInsertElement(b, qzv, qz[j], ci32(e, l), "");
+        }
+        LLVMBasicBlockRef kblk = LLVMAppendBasicBlockInContext(e->c, e->fn, "kblock");
+        kbend = LLVMAppendBasicBlockInContext(e->c, e->fn, "kbend");
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, ci32(e, TB), n, ""), kblk, kbend);
+        LLVMPositionBuilderAtEnd(b, kblk);
+        LLVMValueRef t0 = LLVMBuildPhi(b, e->i32, "t0"), mxv = LLVMBuildPhi(b, e->vf, "");
+        sum_tree th = {0}, tl = {0};
+        for (int t = 0; t < TB; t++) {
+            LLVMValueRef dv[MAXG], hv[MAXG], lv[MAXG];
+            k_token(e, &kp, LLVMBuildAdd(b, t0, ci32(e, t), ""), dv, hv, lv);
+            for (int j = 0; j < kp.g2; j++) {
+                LLVMValueRef zero = LLVMConstNull(kp.vn ? e->vi : e->vf);
+                tree_push(e, &th, j < g ? (kp.vn ? hv[j] : dv[j]) : zero);
+                if (kp.vn) tree_push(e, &tl, j < g ? lv[j] : zero);
+            }
+        }
+        LLVMValueRef x;
+        if (kp.vn) {
+            x = LLVMBuildFMul(b, LLVMBuildSIToFP(b, th.v[0], e->vf, ""), sqv, "");
+            x = fm(LLVMBuildFAdd(b, x, fm(LLVMBuildFMul(b, LLVMBuildSIToFP(b, tl.v[0], e->vf, ""), sqlv, "")), ""));
+        } else {
+            x = th.v[0];
+        }
+        if (fold) x = fm(LLVMBuildFAdd(b, x, qzv, ""));
+        for (int j = 0; j < g; j++) {
+            LLVMValueRef lanes = x;
+            if (kp.g2 > 1) {
+                LLVMValueRef idx[16];
+                for (int t = 0; t < TB; t++) idx[t] = ci32(e, t * kp.g2 + j);
+                lanes = LLVMBuildShuffleVector(b, x, LLVMGetPoison(e->vf), LLVMConstVector(idx, (unsigned)TB), "");
+            }
+            LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, LLVMBuildZExt(b, t0, e->i64, ""), ci64(e, (long)j * N), ""),
+                                            ci64(e, 4), "");
+            store(e, lanes, gep(e, a[A_P], off), 4);
+        }
+        LLVMValueRef mxv1 = fmax_sel(e, mxv, x);
+        LLVMValueRef t0n = LLVMBuildAdd(b, t0, ci32(e, TB), "");
+        LLVMBasicBlockRef last = LLVMGetInsertBlock(b);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, t0n, ci32(e, TB), ""), n, ""), kblk, kbend);
+        LLVMValueRef ninf_v = vfc(e, -__builtin_inf());
+        LLVMAddIncoming(t0, &zero_i, &entry, 1);
+        LLVMAddIncoming(t0, &t0n, &last, 1);
+        LLVMAddIncoming(mxv, &ninf_v, &entry, 1);
+        LLVMAddIncoming(mxv, &mxv1, &last, 1);
+        LLVMPositionBuilderAtEnd(b, kbend);
+        t_start = LLVMBuildPhi(b, e->i32, "");
+        mxv_fin = LLVMBuildPhi(b, e->vf, "");
+        LLVMValueRef ts[2] = {zero_i, t0n}, ms[2] = {ninf_v, mxv1};
+        LLVMBasicBlockRef fr[2] = {entry, last};
+        LLVMAddIncoming(t_start, ts, fr, 2);
+        LLVMAddIncoming(mxv_fin, ms, fr, 2);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t_start, n, ""), kloop, soft);
+        from = kbend;
+    } else {
+        LLVMBuildBr(b, kloop);
+    }
+
+    /* The token loop (the tokens after the last whole block, or all of them): logits of one token for all g
+     * heads, the running max. */
     LLVMPositionBuilderAtEnd(b, kloop);
     LLVMValueRef t = LLVMBuildPhi(b, e->i32, "t");
-    LLVMValueRef mx[MAXG], mx_next[MAXG];
+    LLVMValueRef mx[MAXG];
     for (int j = 0; j < g; j++) mx[j] = LLVMBuildPhi(b, e->f32, "");
     LLVMValueRef masked = NULL;
-    if (!k->k.fp16 && k->k.fmt.masked) {
+    if (masked_fmt) {
         LLVMValueRef bit = LLVMBuildAdd(b, a[A_KMBIT], t, "");
         LLVMValueRef byte = load(e, e->i8, gep(e, a[A_KMASK], LLVMBuildZExt(b, LLVMBuildLShr(b, bit, ci32(e, 3), ""),
                                                                              e->i64, "")), 1);
@@ -367,57 +935,54 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMValueRef m1 = LLVMBuildAnd(b, LLVMBuildLShr(b, byte, sh, ""), LLVMConstInt(e->i8, 1, 0), "");
         masked = LLVMBuildICmp(b, LLVMIntNE, m1, LLVMConstInt(e->i8, 0, 0), "");
     }
-    /* Each head's dot product in P interleaved partial sums (blocks b = c mod P), so that the FMA chains are
-     * short: an FMA's latency is ~4 cycles and two issue per cycle, so about 8 independent chains keep the
-     * units busy. */
-    int P = g >= 8 ? 1 : 8 / g;
-    if (P > 4) P = 4;
-    if (P > NB) P = NB;
-    LLVMValueRef part[MAXG][4];
-    for (int bl = 0; bl < NB; bl++) {
-        LLVMValueRef kv;
-        if (fold) {
-            LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
-            LLVMValueRef row =
-                gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
-            kv = codes_f32(e, &k->k.fmt, row, bl * W);
-        } else {
-            kv = row_f32(e, &k->k, D, a[A_K], a[A_KS], a[A_KZ], a[A_KF], t, bl * W);
-        }
-        for (int j = 0; j < g; j++) {
-            LLVMValueRef *pc = &part[j][bl % P];
-            *pc = bl >= P ? fma_sum(e, *pc, qv[j][bl], kv) : fm(LLVMBuildFMul(b, qv[j][bl], kv, ""));
-        }
-    }
+    LLVMValueRef dv[MAXG], hv[MAXG], lv[MAXG], sums[MAXG], lsums[MAXG];
+    k_token(e, &kp, t, dv, hv, lv);
+    hsum_many(e, kp.vn ? hv : dv, g, sums);
+    if (kp.vn) hsum_many(e, lv, g, lsums);
     LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
-    LLVMValueRef dots[MAXG], sums[MAXG];
-    for (int j = 0; j < g; j++) {
-        for (int w = P; w > 1; w = (w + 1) / 2) /* a tree over the partial sums */
-            for (int c = 0; c + (w + 1) / 2 < w; c++) part[j][c] = fm(LLVMBuildFAdd(b, part[j][c], part[j][c + (w + 1) / 2], ""));
-        dots[j] = part[j][0];
-    }
-    hsum_many(e, dots, g, sums);
     for (int j = 0; j < g; j++) {
         LLVMValueRef s = sums[j];
+        if (kp.vn) {
+            s = LLVMBuildFMul(b, LLVMBuildSIToFP(b, s, e->f32, ""), kp.sq[j], "");
+            s = fm(LLVMBuildFAdd(b, s, fm(LLVMBuildFMul(b, LLVMBuildSIToFP(b, lsums[j], e->f32, ""), kp.sql[j], "")), ""));
+        }
         if (fold) s = fm(LLVMBuildFAdd(b, s, qz[j], ""));
-        if (masked) s = LLVMBuildSelect(b, masked, cf(e, -__builtin_inf()), s, "");
+        if (masked) s = LLVMBuildSelect(b, masked, ninf, s, "");
         LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, t64, ci64(e, (long)j * N), ""), ci64(e, 4), "");
         store(e, s, gep(e, a[A_P], off), 4);
         mx_next[j] = fmax_sel(e, mx[j], s);
     }
     LLVMValueRef t1 = LLVMBuildAdd(b, t, ci32(e, 1), "");
+    LLVMBasicBlockRef klast = LLVMGetInsertBlock(b);
     LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t1, n, ""), kloop, soft);
-    LLVMValueRef zero_i = ci32(e, 0);
-    LLVMAddIncoming(t, &zero_i, &entry, 1);
-    LLVMAddIncoming(t, &t1, &kloop, 1);
+    LLVMAddIncoming(t, &t_start, &from, 1);
+    LLVMAddIncoming(t, &t1, &klast, 1);
     for (int j = 0; j < g; j++) {
-        LLVMValueRef ninf = cf(e, -__builtin_inf());
-        LLVMAddIncoming(mx[j], &ninf, &entry, 1);
-        LLVMAddIncoming(mx[j], &mx_next[j], &kloop, 1);
+        LLVMAddIncoming(mx[j], &ninf, &from, 1);
+        LLVMAddIncoming(mx[j], &mx_next[j], &klast, 1);
+    }
+
+    /* The tile's max per head: the token loop's and the blocks'. */
+    LLVMPositionBuilderAtEnd(b, soft);
+    for (int j = 0; j < g; j++) {
+        if (TB == 1) {
+            mtile[j] = mx_next[j];
+            continue;
+        }
+        LLVMValueRef ph = LLVMBuildPhi(b, e->f32, "");
+        LLVMValueRef ins[2] = {ninf, mx_next[j]};
+        LLVMBasicBlockRef fr[2] = {kbend, klast};
+        LLVMAddIncoming(ph, ins, fr, 2);
+        mtile[j] = ph;
+    }
+    for (int j = 0; j < g && TB > 1; j++) {
+        LLVMValueRef idx[16];
+        for (int t = 0; t < TB; t++) idx[t] = ci32(e, t * kp.g2 + j);
+        LLVMValueRef lanes = LLVMBuildShuffleVector(b, mxv_fin, LLVMGetPoison(e->vf), LLVMConstVector(idx, (unsigned)TB), "");
+        mtile[j] = fmax_sel(e, mtile[j], TB > 1 ? hmax(e, lanes) : LLVMBuildExtractElement(b, lanes, ci32(e, 0), ""));
     }
 
     /* Softmax: once per tile and head. Lanes past n are not tokens: p = 0. */
-    LLVMPositionBuilderAtEnd(b, soft);
     LLVMValueRef iota[16];
     for (int i = 0; i < W; i++) iota[i] = ci32(e, i);
     LLVMValueRef iota_v = LLVMConstVector(iota, (unsigned)W), n_v = splat(e, n);
@@ -425,7 +990,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     for (int j = 0; j < g; j++) {
         LLVMValueRef mlp = gepc(e, a[A_ML], (long)j * 8);
         LLVMValueRef m_old = load(e, e->f32, mlp, 4), l_old = load(e, e->f32, gepc(e, mlp, 4), 4);
-        LLVMValueRef m_new = fmax_sel(e, m_old, mx_next[j]); /* the max after the last token */
+        LLVMValueRef m_new = fmax_sel(e, m_old, mtile[j]); /* the max after the last token */
         LLVMValueRef mn_v = splat(e, m_new);
         LLVMValueRef alpha_v = vexp(e, LLVMBuildFSub(b, splat(e, m_old), mn_v, ""));
         LLVMValueRef sum = NULL;
@@ -462,6 +1027,12 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         store(e, m_new, mlp, 4);
         store(e, l_new, gepc(e, mlp, 4), 4);
         alpha_h[j] = alpha_v; /* acc's rescale happens where the V phase loads it */
+    }
+
+    if (vq) {
+        v_phase_int16(e, k, a, alpha_h, vq_wh, vq_wl);
+        LLVMBuildRetVoid(b);
+        return;
     }
 
     /* V phase: per group of blocks of W channels, a token loop with the group's g x nb accumulators in registers
@@ -566,60 +1137,9 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     LLVMBuildRetVoid(b);
 }
 
-/* ----------------------------------------------------- module, key, object, JIT (and kvqc build --target cpu) -- */
+/* ------------------------------------------------------------------------------------------- module -- */
 
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static int init_failed;
-static void init_llvm(void)
-{
-    init_failed = LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter();
-}
-
-kvq_status emit_llvm_probe(char *msg, size_t msg_size)
-{
-    pthread_once(&init_once, init_llvm);
-    if (init_failed) {
-        snprintf(msg, msg_size, "LLVM has no native target for this host");
-        return KVQ_ERR_UNAVAILABLE;
-    }
-    return KVQ_OK;
-}
-
-/* Vector lanes for a feature string: 16 with AVX-512F, 8 with AVX2, else 4; `force` (4, 8, 16) wins. */
-static int width_for(const char *features, int force)
-{
-    if (force == 4 || force == 8 || force == 16) return force;
-    return features && strstr(features, "+avx512f") ? 16 : features && strstr(features, "+avx2") ? 8 : 4;
-}
-
-int emit_llvm_host_width(int force)
-{
-    char *f = LLVMGetHostCPUFeatures();
-    int w = width_for(f, force);
-    LLVMDisposeMessage(f);
-    return w;
-}
-
-void emit_llvm_version(char *out, size_t size)
-{
-    unsigned maj, min, patch;
-    LLVMGetVersion(&maj, &min, &patch);
-    snprintf(out, size, "%u.%u.%u", maj, min, patch);
-}
-
-struct emit_llvm_jit {
-    LLVMOrcLLJITRef jit;
-};
-
-struct emit_llvm_module {
-    LLVMContextRef ctx;
-    LLVMModuleRef m;
-    char *cpu, *features; /* kvq_malloc'd */
-    int width, n, optimised;
-    char key[65];
-};
-
-static void module_init(E *e, LLVMContextRef ctx, int width)
+static void module_init(E *e, LLVMContextRef ctx, int width, int vnni)
 {
     memset(e, 0, sizeof *e);
     e->c = ctx;
@@ -633,37 +1153,12 @@ static void module_init(E *e, LLVMContextRef ctx, int width)
     e->i64 = LLVMInt64TypeInContext(ctx);
     e->ptr = LLVMPointerTypeInContext(ctx, 0);
     e->W = width;
+    e->vnni = vnni;
     e->vf = LLVMVectorType(e->f32, (unsigned)width);
     e->vi = LLVMVectorType(e->i32, (unsigned)width);
     LLVMTypeRef fields[A_COUNT];
     for (int i = 0; i < A_COUNT; i++) fields[i] = i >= A_N ? e->i32 : e->ptr;
     e->args_ty = LLVMStructTypeInContext(ctx, fields, A_COUNT, 0);
-}
-
-static kvq_status err_msg(LLVMErrorRef err, const char *what, char *msg, size_t msg_size)
-{
-    char *m = LLVMGetErrorMessage(err);
-    snprintf(msg, msg_size, "%s: %s", what, m);
-    LLVMDisposeErrorMessage(m);
-    return KVQ_ERR_INTERNAL;
-}
-
-/* The TargetMachine of a module's target (the default triple: the host's architecture). */
-static LLVMTargetMachineRef target_machine(const emit_llvm_module *mod, char *msg, size_t msg_size)
-{
-    char *triple = LLVMGetDefaultTargetTriple(), *err = NULL;
-    LLVMTargetRef target;
-    LLVMTargetMachineRef tm = NULL;
-    if (LLVMGetTargetFromTriple(triple, &target, &err)) {
-        snprintf(msg, msg_size, "LLVM target %s: %s", triple, err ? err : "?");
-        LLVMDisposeMessage(err);
-    } else {
-        tm = LLVMCreateTargetMachine(target, triple, mod->cpu, mod->features, LLVMCodeGenLevelAggressive,
-                                     LLVMRelocPIC, LLVMCodeModelJITDefault);
-        if (!tm) snprintf(msg, msg_size, "LLVM could not create a target machine for %s", triple);
-    }
-    LLVMDisposeMessage(triple);
-    return tm;
 }
 
 int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size)
@@ -700,308 +1195,23 @@ static void build_module(E *e, const emit_llvm_kernel *ks, int n)
     }
 }
 
-static const char PIPELINE[] = "default<O3>";
-
-/* The key: everything the object depends on (DESIGN §7). */
-static void module_key(emit_llvm_module *mod)
+/* The unoptimised module of n kernels (emit_llvm_ir.h). */
+LLVMModuleRef emit_llvm_ir_module(LLVMContextRef ctx, const emit_llvm_kernel *ks, int n, int width, int vnni)
 {
-    /* The IR as bitcode: the same module gives the same bytes, and writing it is ~10x faster than printing text
-     * (which formats every float constant). */
-    LLVMMemoryBufferRef bc = LLVMWriteBitcodeToMemoryBuffer(mod->m);
-    char ver[32];
-    emit_llvm_version(ver, sizeof ver);
-    size_t nbc = bc ? LLVMGetBufferSize(bc) : 0, n = nbc + strlen(mod->cpu) + strlen(mod->features) + 128;
-    char *all = bc ? malloc(n) : NULL;
-    if (all) {
-        int len = snprintf(all, n, "%s\nLLVM %s\n%s\n%s\n%s\n", EMIT_LLVM_KVQ_VERSION, ver, mod->cpu, mod->features,
-                           PIPELINE);
-        memcpy(all + len, LLVMGetBufferStart(bc), nbc);
-        emit_cuda_sha256_hex(all, (size_t)len + nbc, mod->key);
-    } else {
-        mod->key[0] = 0; /* no key: no caching */
-    }
-    free(all);
-    if (bc) LLVMDisposeMemoryBuffer(bc);
-}
-
-static char *dup_str(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *d = kvq_malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
-void emit_llvm_module_free(emit_llvm_module *m)
-{
-    if (!m) return;
-    if (m->m) LLVMDisposeModule(m->m);
-    if (m->ctx) LLVMContextDispose(m->ctx);
-    kvq_free(m->cpu);
-    kvq_free(m->features);
-    kvq_free(m);
-}
-
-kvq_status emit_llvm_module_build(const emit_llvm_kernel *ks, int n, const emit_llvm_target *t,
-                                  emit_llvm_module **out, char *msg, size_t msg_size)
-{
-    *out = NULL;
-    kvq_status st = emit_llvm_probe(msg, msg_size);
-    if (st != KVQ_OK) return st;
-    for (int i = 0; i < n; i++)
-        if (!emit_llvm_supported(&ks[i], msg, msg_size)) return KVQ_ERR_UNSUPPORTED;
-    emit_llvm_module *mod = kvq_calloc(1, sizeof *mod);
-    if (!mod) {
-        snprintf(msg, msg_size, "out of memory");
-        return KVQ_ERR_NOMEM;
-    }
-    const char *cpu = t ? t->cpu : NULL, *feat = t ? t->features : NULL;
-    char *hcpu = cpu ? NULL : LLVMGetHostCPUName();
-    char *hfeat = feat || cpu ? NULL : LLVMGetHostCPUFeatures();
-    mod->cpu = dup_str(cpu ? cpu : hcpu);
-    mod->features = dup_str(feat ? feat : hfeat ? hfeat : "");
-    LLVMDisposeMessage(hcpu);
-    LLVMDisposeMessage(hfeat);
-    if (!mod->cpu || !mod->features) {
-        emit_llvm_module_free(mod);
-        snprintf(msg, msg_size, "out of memory");
-        return KVQ_ERR_NOMEM;
-    }
-    mod->width = width_for(mod->features, t ? t->width : 0);
-    mod->n = n;
-    mod->ctx = LLVMContextCreate();
     E e;
-    module_init(&e, mod->ctx, mod->width);
-    mod->m = e.m;
+    module_init(&e, ctx, width, vnni);
     build_module(&e, ks, n);
     LLVMDisposeBuilder(e.b);
-    char *verr = NULL;
-    if (LLVMVerifyModule(mod->m, LLVMReturnStatusAction, &verr)) {
-        snprintf(msg, msg_size, "cpu kernels: invalid IR: %.300s", verr ? verr : "?");
-        st = KVQ_ERR_INTERNAL;
-    }
-    LLVMDisposeMessage(verr);
-    if (st != KVQ_OK) {
-        emit_llvm_module_free(mod);
-        return st;
-    }
-    module_key(mod);
-    *out = mod;
-    return KVQ_OK;
-}
-
-const char *emit_llvm_module_key(const emit_llvm_module *m) { return m->key; }
-const char *emit_llvm_module_cpu(const emit_llvm_module *m) { return m->cpu; }
-const char *emit_llvm_module_features(const emit_llvm_module *m) { return m->features; }
-int emit_llvm_module_width(const emit_llvm_module *m) { return m->width; }
-
-kvq_status emit_llvm_module_object(emit_llvm_module *mod, void **obj, size_t *size, char *msg, size_t msg_size)
-{
-    *obj = NULL;
-    *size = 0;
-    if (mod->optimised) {
-        snprintf(msg, msg_size, "cpu kernels: the module was compiled already");
-        return KVQ_ERR_INTERNAL;
-    }
-    mod->optimised = 1;
-    LLVMTargetMachineRef tm = target_machine(mod, msg, msg_size);
-    if (!tm) return KVQ_ERR_UNAVAILABLE;
-    kvq_status st = KVQ_OK;
-    LLVMModuleRef m = mod->m;
-    char *triple = LLVMGetTargetMachineTriple(tm);
-    LLVMSetTarget(m, triple);
-    LLVMDisposeMessage(triple);
-    LLVMTargetDataRef dl = LLVMCreateTargetDataLayout(tm);
-    char *dls = LLVMCopyStringRepOfTargetData(dl);
-    LLVMSetDataLayout(m, dls);
-    LLVMDisposeMessage(dls);
-    LLVMDisposeTargetData(dl);
-    LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
-    LLVMErrorRef err = LLVMRunPasses(m, PIPELINE, tm, po);
-    LLVMDisposePassBuilderOptions(po);
-    if (err) st = err_msg(err, "cpu kernels: optimisation", msg, msg_size);
-    if (st == KVQ_OK) {
-        char *em = NULL;
-        LLVMMemoryBufferRef buf = NULL;
-        if (LLVMTargetMachineEmitToMemoryBuffer(tm, m, LLVMObjectFile, &em, &buf)) {
-            snprintf(msg, msg_size, "cpu kernels: code generation: %.300s", em ? em : "?");
-            st = KVQ_ERR_INTERNAL;
-        } else {
-            size_t n = LLVMGetBufferSize(buf);
-            *obj = kvq_malloc(n ? n : 1);
-            if (*obj) {
-                memcpy(*obj, LLVMGetBufferStart(buf), n);
-                *size = n;
-            } else {
-                snprintf(msg, msg_size, "out of memory");
-                st = KVQ_ERR_NOMEM;
-            }
-        }
-        if (buf) LLVMDisposeMemoryBuffer(buf);
-        LLVMDisposeMessage(em);
-    }
-    LLVMDisposeTargetMachine(tm);
-    return st;
-}
-
-kvq_status emit_llvm_load(const void *obj, size_t size, int n, emit_llvm_jit **out, emit_llvm_tile_fn *fns,
-                          char *msg, size_t msg_size)
-{
-    *out = NULL;
-    kvq_status st = emit_llvm_probe(msg, msg_size);
-    if (st != KVQ_OK) return st;
-    emit_llvm_jit *j = kvq_calloc(1, sizeof *j);
-    if (!j) {
-        snprintf(msg, msg_size, "out of memory");
-        return KVQ_ERR_NOMEM;
-    }
-    LLVMErrorRef err = LLVMOrcCreateLLJIT(&j->jit, LLVMOrcCreateLLJITBuilder());
-    if (err) {
-        j->jit = NULL;
-        st = err_msg(err, "cpu kernels: LLJIT", msg, msg_size);
-    }
-    if (st == KVQ_OK) {
-        LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(obj, size, "kvq_cpu.o");
-        err = LLVMOrcLLJITAddObjectFile(j->jit, LLVMOrcLLJITGetMainJITDylib(j->jit), buf); /* owns buf now */
-        if (err) st = err_msg(err, "cpu kernels: loading the object", msg, msg_size);
-    }
-    for (int i = 0; i < n && st == KVQ_OK; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "kvq_tile_%d", i);
-        LLVMOrcExecutorAddress addr = 0;
-        err = LLVMOrcLLJITLookup(j->jit, &addr, name);
-        if (err) st = err_msg(err, "cpu kernels: lookup", msg, msg_size);
-        else fns[i] = (emit_llvm_tile_fn)(uintptr_t)addr;
-    }
-    if (st != KVQ_OK) {
-        emit_llvm_free(j);
-        return st;
-    }
-    *out = j;
-    return KVQ_OK;
-}
-
-kvq_status emit_llvm_compile(const emit_llvm_kernel *ks, int n, int width, emit_llvm_prebuilt_fn prebuilt,
-                             void *prebuilt_arg, emit_llvm_jit **out, emit_llvm_tile_fn *fns, int *origin,
-                             char *msg, size_t msg_size)
-{
-    *out = NULL;
-    if (origin) *origin = EMIT_LLVM_FROM_JIT;
-    emit_llvm_target t = {NULL, NULL, width};
-    emit_llvm_module *mod;
-    kvq_status st = emit_llvm_module_build(ks, n, &t, &mod, msg, msg_size);
-    if (st != KVQ_OK) return st;
-    const char *key = mod->key;
-    void *obj = NULL;
-    size_t size = 0;
-    char ignored[256];
-    /* Prebuilt, then cached: a source whose object does not load is passed over. */
-    for (int from = EMIT_LLVM_FROM_PREBUILT; from >= EMIT_LLVM_FROM_CACHE && key[0] && !*out; from--) {
-        if (from == EMIT_LLVM_FROM_PREBUILT) {
-            obj = prebuilt ? prebuilt(prebuilt_arg, key, &size) : NULL;
-        } else if (!kvq_cache_get(key, "o", &obj, &size, 1)) {
-            obj = NULL;
-        }
-        if (obj && emit_llvm_load(obj, size, n, out, fns, ignored, sizeof ignored) == KVQ_OK && origin)
-            *origin = from;
-        kvq_free(obj);
-        obj = NULL;
-    }
-    if (!*out) {
-        st = emit_llvm_module_object(mod, &obj, &size, msg, msg_size);
-        if (st == KVQ_OK && key[0]) {
-            kvq_cache_section s = {obj, size};
-            kvq_cache_put(key, "o", &s, 1);
-        }
-        if (st == KVQ_OK) st = emit_llvm_load(obj, size, n, out, fns, msg, msg_size);
-        kvq_free(obj);
-    }
-    emit_llvm_module_free(mod);
-    return st;
-}
-
-void emit_llvm_free(emit_llvm_jit *j)
-{
-    if (!j) return;
-    if (j->jit) {
-        LLVMErrorRef err = LLVMOrcDisposeLLJIT(j->jit);
-        if (err) LLVMConsumeError(err);
-    }
-    kvq_free(j);
-}
-
-char *emit_llvm_ir_text(const emit_llvm_kernel *k, int width)
-{
-    char msg[256];
-    if (emit_llvm_probe(msg, sizeof msg) != KVQ_OK || !emit_llvm_supported(k, msg, sizeof msg)) return NULL;
-    LLVMContextRef ctx = LLVMContextCreate();
-    E e;
-    module_init(&e, ctx, emit_llvm_host_width(width));
-    build_module(&e, k, 1);
-    LLVMDisposeBuilder(e.b);
-    char *s = LLVMPrintModuleToString(e.m), *copy = s ? strdup(s) : NULL;
-    LLVMDisposeMessage(s);
-    LLVMDisposeModule(e.m);
-    LLVMContextDispose(ctx);
-    return copy;
+    return e.m;
 }
 
 #else /* built without LLVM */
 
-kvq_status emit_llvm_probe(char *msg, size_t msg_size)
-{
-    snprintf(msg, msg_size, "built without LLVM (install llvm-19-dev and rebuild)");
-    return KVQ_ERR_UNAVAILABLE;
-}
-int emit_llvm_host_width(int force) { return force ? force : 4; }
-void emit_llvm_version(char *out, size_t size) { snprintf(out, size, "none"); }
 int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size)
 {
     (void)k;
     emit_llvm_probe(msg, msg_size);
     return 0;
-}
-kvq_status emit_llvm_module_build(const emit_llvm_kernel *kernels, int n, const emit_llvm_target *t,
-                                  emit_llvm_module **out, char *msg, size_t msg_size)
-{
-    (void)kernels, (void)n, (void)t;
-    *out = NULL;
-    return emit_llvm_probe(msg, msg_size);
-}
-const char *emit_llvm_module_key(const emit_llvm_module *m) { return (void)m, ""; }
-const char *emit_llvm_module_cpu(const emit_llvm_module *m) { return (void)m, ""; }
-const char *emit_llvm_module_features(const emit_llvm_module *m) { return (void)m, ""; }
-int emit_llvm_module_width(const emit_llvm_module *m) { return (void)m, 4; }
-kvq_status emit_llvm_module_object(emit_llvm_module *m, void **obj, size_t *size, char *msg, size_t msg_size)
-{
-    (void)m;
-    *obj = NULL;
-    *size = 0;
-    return emit_llvm_probe(msg, msg_size);
-}
-void emit_llvm_module_free(emit_llvm_module *m) { (void)m; }
-kvq_status emit_llvm_load(const void *obj, size_t size, int n, emit_llvm_jit **out, emit_llvm_tile_fn *fns,
-                          char *msg, size_t msg_size)
-{
-    (void)obj, (void)size, (void)n, (void)fns;
-    *out = NULL;
-    return emit_llvm_probe(msg, msg_size);
-}
-kvq_status emit_llvm_compile(const emit_llvm_kernel *kernels, int n, int width, emit_llvm_prebuilt_fn prebuilt,
-                             void *prebuilt_arg, emit_llvm_jit **out, emit_llvm_tile_fn *fns, int *origin,
-                             char *msg, size_t msg_size)
-{
-    (void)kernels, (void)n, (void)width, (void)prebuilt, (void)prebuilt_arg, (void)fns;
-    if (origin) *origin = EMIT_LLVM_FROM_JIT;
-    *out = NULL;
-    return emit_llvm_probe(msg, msg_size);
-}
-void emit_llvm_free(emit_llvm_jit *j) { (void)j; }
-char *emit_llvm_ir_text(const emit_llvm_kernel *k, int width)
-{
-    (void)k;
-    (void)width;
-    return NULL;
 }
 
 #endif

@@ -20,7 +20,7 @@
 #include "plan.h"
 
 /* The code generator's version: part of the JIT cache key (bump when the IR changes meaning). */
-#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-6"
+#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-7"
 
 /* Tokens per tile: a multiple of every vector width the emitter uses (4, 8, 16). */
 #define EMIT_LLVM_TILE 64
@@ -61,8 +61,13 @@ typedef struct emit_llvm_jit emit_llvm_jit;
 /* KVQ_OK if this libkvq was built with LLVM and the host target initialises, else KVQ_ERR_UNAVAILABLE. */
 kvq_status emit_llvm_probe(char *msg, size_t msg_size);
 
+/* OR'd into a width argument (`force` below, emit_llvm_target.width, emit_llvm_compile's width): no int16 key
+ * path even where AVX-512 VNNI is there (tests run the fp32 16-lane path on a VNNI host). */
+#define EMIT_LLVM_NO_VNNI 0x100
+
 /* Lanes of the vectors the emitter uses on this host: 16 with AVX-512F, 8 with AVX2, else 4. `force` (4, 8 or
- * 16) overrides it (tests run the narrower paths on an AVX-512 host); 0 = the host's. */
+ * 16, possibly | EMIT_LLVM_NO_VNNI) overrides it (tests run the narrower paths on an AVX-512 host); 0 = the
+ * host's. With 16 lanes, AVX-512 VNNI and BW, folded (per-channel) keys take the int16 path (docs/cpu.md). */
 int emit_llvm_host_width(int force);
 
 /* 1 if the emitter can build a kernel for this pair (bits 1, 2, 3, 4, 8, 16; head_dim a multiple of 32). */
@@ -85,7 +90,8 @@ int emit_llvm_source_index(const emit_llvm_sources *s, int which, const kvq_page
 typedef struct {
     const char *cpu;      /* LLVM CPU name as LLVMGetHostCPUName spells it; NULL: this host's */
     const char *features; /* LLVM feature string; NULL: this host's when cpu is NULL, else "" (the CPU's own) */
-    int width;            /* 4, 8 or 16; 0: from the features (+avx512f: 16, +avx2: 8, else 4) */
+    int width;            /* 4, 8 or 16; 0: from the features (+avx512f: 16, +avx2: 8, else 4); may carry
+                           * EMIT_LLVM_NO_VNNI (else the int16 key path where +avx512vnni and +avx512bw) */
 } emit_llvm_target;
 
 typedef struct emit_llvm_module emit_llvm_module;

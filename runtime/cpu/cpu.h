@@ -53,6 +53,7 @@ typedef struct {
     const int *pos;        /* positions of the span's slots */
     int n, src;            /* slots; source index in the class */
     int first;             /* pos[0]: the V search reads the spans, not the pages' position arrays */
+    int consec;            /* positions are first, first + 1, ...: the tile loop reads no position array */
     /* Pages, for this kv head, resolved once per step so that the tile loop never reads the page's header:
      * slot 0's codes and parameters, the channel factors, the mask row; bytes per slot (codes, scale, zero: 0 for
      * a per-channel section) and the per-channel sections' bytes (prefetch). */

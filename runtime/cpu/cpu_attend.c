@@ -99,6 +99,7 @@ static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu
     s->pos = pg->pos + (size_t)h * (size_t)cap;
     s->n = pg->count;
     s->first = s->pos[0];
+    s->consec = s->pos[s->n - 1] - s->first == s->n - 1; /* positions ascend strictly within a span */
     if (kvq_bits_is_fp16(pg->fmt.bits)) {
         /* fp16 pages are fp16 rows: the same kernels as windows. */
         s->rows = (const uint16_t *)(pg->mem + pg->lay.codes) + (size_t)h * (size_t)cap * (size_t)pg->fmt.head_dim;
@@ -216,7 +217,7 @@ static int find_v(const cpu_head *hd, int p, int len, int hint, int *slot)
     for (int c = hint; c >= 0 && c < hd->nv && c <= hint + 1; c++) {
         const cpu_span *s = &hd->vs[c];
         int off = p - s->first;
-        if (off >= 0 && off < s->n && s->pos[off] == p) {
+        if (off >= 0 && off < s->n && (s->consec || s->pos[off] == p)) {
             *slot = off;
             return c;
         }
@@ -234,7 +235,7 @@ static int find_v(const cpu_head *hd, int p, int len, int hint, int *slot)
     if (at >= 0) {
         const cpu_span *s = &hd->vs[at];
         int off = p - s->first;
-        if (off < s->n && s->pos[off] == p) {
+        if (off < s->n && (s->consec || s->pos[off] == p)) {
             *slot = off;
             return at;
         }
@@ -347,15 +348,16 @@ static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j)
     const cpu_head *hd = t->hd;
     const cpu_span *ks = &hd->ks[t->si];
     int i = t->i, end = t->end;
-    int p = ks->pos[i], off = 0, vi = find_v(hd, p, t->len, t->vhint, &off);
+    int p = ks->consec ? ks->first + i : ks->pos[i], off = 0, vi = find_v(hd, p, t->len, t->vhint, &off);
     if (vi < 0) return -1;
     t->vhint = vi;
     const cpu_span *vs = &hd->vs[vi];
     int n = end - i;
     if (n > TILE) n = TILE;
     if (n > vs->n - off) n = vs->n - off;
-    /* Both spans ascend strictly: equal ends at distance n - 1 mean the same consecutive tokens. */
-    if (ks->pos[i + n - 1] != p + n - 1 || vs->pos[off + n - 1] != p + n - 1) {
+    /* Both spans ascend strictly: equal ends at distance n - 1 mean the same consecutive tokens (spans of
+     * consecutive positions hold them by construction: no position array is read, they are cache misses). */
+    if (!(ks->consec && vs->consec) && (ks->pos[i + n - 1] != p + n - 1 || vs->pos[off + n - 1] != p + n - 1)) {
         int m = 1;
         while (m < n && ks->pos[i + m] == vs->pos[off + m]) m++;
         n = m;

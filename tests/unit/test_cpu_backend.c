@@ -5,6 +5,7 @@
  * KVQ_ERR_UNSUPPORTED and a reason; allocation failures through create, prefill and decode. Without LLVM the
  * backend is unavailable and every case prints SKIP. */
 #include <dirent.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -30,6 +31,23 @@ static const shape shapes[] = {
 #define N_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
 static char unavailable[256];
+
+/* Adversarial data (test_adversarial): keys with outlier channels (x40) and large offsets, so that q (.) s spans
+ * a wide range across channels; values whose token scales run from 1e-2 to 1e2 around offsets of +-50, so that
+ * the P.V weights p_t s_t span eight orders of magnitude within a tile; queries that make the softmax peaky. The
+ * int16 paths quantise q (.) s and the weights against their tile maxima: this is their worst case. */
+static int adversarial;
+static void adversarial_fill(float *x, size_t n, int D, int kind)
+{
+    if (!adversarial) return;
+    for (size_t i = 0; i < n; i++) {
+        int c = (int)(i % (size_t)D);
+        size_t r = i / (size_t)D;
+        if (kind == 0) x[i] = x[i] * (c % 13 == 0 ? 40.0f : 1.0f) + (c % 7 == 0 ? 25.0f : 0.0f);
+        else if (kind == 1) x[i] = x[i] * (float)pow(10.0, (double)(r % 5) - 2.0) + (c % 2 ? 50.0f : -50.0f);
+        else x[i] *= c % 13 == 0 ? 4.0f : 1.0f;
+    }
+}
 
 static kvq_status make_engine(const kvq_scheme *sch, kvq_backend_kind be, const shape *s, int layers, kvq_engine **e,
                               char *err, size_t err_size)
@@ -97,6 +115,9 @@ static int compare_run(const char *name, const kvq_scheme *sch, const shape *s)
             tu_fill(k, kvn, 1.5f);
             tu_fill(v, kvn, 1.0f);
             tu_fill(q, qn, 3.0f);
+            adversarial_fill(k, kvn, D, 0);
+            adversarial_fill(v, kvn, D, 1);
+            adversarial_fill(q, qn, D, 2);
             for (int w = 0; w < 2; w++) {
                 kvq_prefill_item it = {seq[w][b], lens[b], k, v, q};
                 /* Every prompt is laid out for s->len tokens; a shorter item reads its first lens[b] (C order
@@ -124,6 +145,9 @@ static int compare_run(const char *name, const kvq_scheme *sch, const shape *s)
             tu_fill(dk, (size_t)B * KVH * (size_t)D, 1.5f);
             tu_fill(dv, (size_t)B * KVH * (size_t)D, 1.0f);
             tu_fill(dq, (size_t)B * (size_t)H * (size_t)D, 3.0f);
+            adversarial_fill(dk, (size_t)B * KVH * (size_t)D, D, 0);
+            adversarial_fill(dv, (size_t)B * KVH * (size_t)D, D, 1);
+            adversarial_fill(dq, (size_t)B * (size_t)H * (size_t)D, D, 2);
             for (int w = 0; w < 2 && ok; w++) {
                 for (int b = 0; b < B; b++)
                     items[b] = (kvq_decode_item){seq[w][b], dk + (size_t)b * KVH * D, dv + (size_t)b * KVH * D,
@@ -320,20 +344,23 @@ static void test_alloc_failures(const char *file)
     th_end();
 }
 
-/* The narrower vector paths (AVX2's 8 lanes, 4 lanes) on this host: KVQ_CPU_VECTOR_WIDTH. */
+/* The other vector paths on this host: AVX2's 8 lanes and 4 lanes (KVQ_CPU_VECTOR_WIDTH), and the fp32 16-lane
+ * path of an AVX-512 host without VNNI (KVQ_CPU_VNNI=0; on a VNNI host the default takes the int16 paths). */
 static void test_widths(void)
 {
     static const char *files[] = {"specs/kivi2.kvq", "specs/zipcache.kvq", "specs/ott.kvq"};
     static const shape sh[] = {{97, 2, 4, 128, 2, 110}, {40, 1, 1, 128, 1, 12}, {200, 1, 4, 128, 2, 12}};
-    for (int w = 4; w <= 8; w += 4) {
+    for (int w = 4; w <= 16; w *= 2) {
+        const char *what = w == 16 ? "16-lane fp32 vectors (KVQ_CPU_VNNI=0)" : w == 8 ? "8-lane vectors" : "4-lane vectors";
         if (unavailable[0]) {
-            printf("SKIP cpu: %d-lane vectors: %s\n", w, unavailable);
+            printf("SKIP cpu: %s: %s\n", what, unavailable);
             continue;
         }
-        th_begin("cpu: %d-lane vectors (KVQ_CPU_VECTOR_WIDTH) vs reference: kivi2, zipcache, ott", w);
+        th_begin("cpu: %s vs reference: kivi2, zipcache, ott", what);
         char val[8];
         snprintf(val, sizeof val, "%d", w);
         setenv("KVQ_CPU_VECTOR_WIDTH", val, 1);
+        if (w == 16) setenv("KVQ_CPU_VNNI", "0", 1);
         for (int i = 0; i < 3; i++) {
             kvq_spec *sp = tu_spec_file(files[i]);
             const kvq_scheme *sch = sp ? kvq_spec_scheme_at(sp, kvq_spec_scheme_count(sp) - 1) : NULL;
@@ -341,6 +368,35 @@ static void test_widths(void)
             kvq_spec_free(sp);
         }
         unsetenv("KVQ_CPU_VECTOR_WIDTH");
+        unsetenv("KVQ_CPU_VNNI");
+        th_end();
+    }
+}
+
+/* The int16 paths' accuracy argument (docs/cpu.md "Accuracy") on adversarial data, against the reference, and the
+ * fp32 path on the same data (KVQ_CPU_VNNI=0): per-channel keys (the int16 key path), per-token values in
+ * groups of 32 and 128 (the int16 P.V), odd tile lengths, GQA 1 (where the int16 paths run). */
+static void test_adversarial(void)
+{
+    static const char *files[] = {"specs/kivi2.kvq", "specs/kivi4.kvq", "specs/compare/kivi2-g128.kvq"};
+    static const shape sh[] = {{97, 2, 1, 128, 1, 45}, {201, 1, 1, 128, 2, 37}, {1000, 1, 1, 128, 1, 12}};
+    for (int path = 0; path < 2; path++) {
+        if (unavailable[0]) {
+            printf("SKIP cpu: adversarial data: %s\n", unavailable);
+            return;
+        }
+        th_begin("cpu: adversarial data (outlier channels, token scales 1e-2..1e2, peaky softmax), %s, vs reference",
+                 path ? "fp32 path (KVQ_CPU_VNNI=0)" : "host path (int16 with VNNI)");
+        if (path) setenv("KVQ_CPU_VNNI", "0", 1);
+        adversarial = 1;
+        for (int i = 0; i < 3; i++) {
+            kvq_spec *sp = tu_spec_file(files[i]);
+            const kvq_scheme *sch = sp ? kvq_spec_scheme_at(sp, kvq_spec_scheme_count(sp) - 1) : NULL;
+            if (sch) compare_run(files[i], sch, &sh[i]);
+            kvq_spec_free(sp);
+        }
+        adversarial = 0;
+        unsetenv("KVQ_CPU_VNNI");
         th_end();
     }
 }
@@ -448,6 +504,21 @@ static void test_ir(void)
         TH_CHECK(strstr(a, "fadd reassoc contract") != NULL, "the sums are not flagged");
         TH_CHECK(strstr(a, "fmul fast") == NULL && strstr(a, "nnan") == NULL && strstr(a, "ninf") == NULL,
                  "flags beyond reassoc/contract");
+        /* The int16 paths: on a 16-lane VNNI host only, never on request otherwise. */
+        int vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512f");
+        char *d = emit_llvm_ir_text(&k, 16 | EMIT_LLVM_NO_VNNI);
+        TH_CHECK(d && strstr(d, "<16 x float>") && !strstr(d, "vpdpwssd"), "16 lanes without VNNI emit vpdpwssd");
+        TH_CHECK(!strstr(a, "vpdpwssd"), "8 lanes emit vpdpwssd");
+        /* ...at GQA 1 (k is GQA 4: fp32 there). */
+        emit_llvm_kernel k1 = k;
+        k1.gqa = 1;
+        char *c1 = emit_llvm_ir_text(&k1, 16);
+        TH_CHECK(!strstr(c, "vpdpwssd"), "a GQA-4 kernel emits vpdpwssd");
+        TH_CHECK(c1 && (!vnni || strstr(c1, "llvm.x86.avx512.vpdpwssd.512")),
+                 "a VNNI host's 16-lane GQA-1 kernel has no vpdpwssd");
+        free(c1);
+        free(d);
     }
     free(a), free(b), free(c);
     th_end();
@@ -470,6 +541,7 @@ int main(void)
     test_specs();
     test_unsupported();
     test_widths();
+    test_adversarial();
     test_cache();
     test_ir();
     test_alloc_failures("specs/kivi2.kvq");

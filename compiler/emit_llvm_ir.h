@@ -1,0 +1,16 @@
+/* Internal to the cpu code generator: the IR side (emit_llvm.c) as the module side (emit_llvm_jit.c) uses it. */
+#ifndef KVQ_EMIT_LLVM_IR_H
+#define KVQ_EMIT_LLVM_IR_H
+
+#ifdef KVQ_HAVE_LLVM
+#include <llvm-c/Core.h>
+
+#include "emit_llvm.h"
+
+/* The unoptimised, unverified module of n kernels (symbols kvq_tile_0..n-1) in ctx: `width` lanes (4, 8, 16),
+ * `vnni` nonzero for the int16 paths (16 lanes with AVX-512 VNNI and BW). The kernels must be
+ * emit_llvm_supported. */
+LLVMModuleRef emit_llvm_ir_module(LLVMContextRef ctx, const emit_llvm_kernel *ks, int n, int width, int vnni);
+#endif
+
+#endif
