@@ -1,5 +1,6 @@
 #include "harness.h"
 
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,3 +62,19 @@ int th_end(void)
 }
 
 int th_summary(void) { return n_fail ? 1 : 0; }
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int th_list_files(const char *rel_dir, const char *suffix, char **names, int max)
+{
+    DIR *dir = opendir(th_path(rel_dir));
+    size_t sl = strlen(suffix);
+    int n = 0;
+    for (struct dirent *de; dir && (de = readdir(dir)) && n < max;) {
+        size_t len = strlen(de->d_name);
+        if (len > sl && !strcmp(de->d_name + len - sl, suffix) && (names[n] = strdup(de->d_name))) n++;
+    }
+    if (dir) closedir(dir);
+    qsort(names, (size_t)n, sizeof *names, by_name);
+    return n;
+}

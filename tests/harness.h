@@ -18,6 +18,9 @@ int th_end(void); /* prints PASS/FAIL, returns 1 if passed */
 void th_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int th_failed(void); /* current case failed so far */
 int th_summary(void); /* exit status for main(): 0 when nothing failed */
+/* The names of the files in <srcdir>/<rel_dir> ending in `suffix`, sorted, malloc'd into names[0..max); returns
+ * their count (0 when the folder cannot be read). The caller frees each name. */
+int th_list_files(const char *rel_dir, const char *suffix, char **names, int max);
 
 #define TH_CHECK(cond, ...)                                                                                    \
     do {                                                                                                       \

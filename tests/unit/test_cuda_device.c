@@ -8,7 +8,6 @@
  * (cu_dev_alloc); the emulator's device addresses are host addresses, so the test fills and reads them directly.
  * Also: the checks of the entry points, and a decode step on a caller's stream in capture mode. */
 #include <math.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -305,8 +304,6 @@ static void test_checks(const kvq_scheme *s, const kvq_synth *syn)
     th_end();
 }
 
-static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 int main(void)
 {
     kvq_synth_params sp = kvq_synth_params_default();
@@ -323,7 +320,7 @@ int main(void)
     if (kvq_spec_parse_file(th_path("specs/kivi2.kvq"), &k2) == KVQ_OK) {
         kvq_engine *probe = engine_for(kvq_spec_scheme_at(k2, 0), KVQ_F16, err, sizeof err);
         if (!probe) {
-            printf("skipped: %s\n", err);
+            printf("SKIP device tensors: %s\n", err);
             kvq_spec_free(k2);
             kvq_synth_free(&syn);
             return 0;
@@ -332,15 +329,8 @@ int main(void)
         test_checks(kvq_spec_scheme_at(k2, 0), &syn);
     }
     kvq_spec_free(k2);
-    DIR *dir = opendir(th_path("specs"));
     char *names[64];
-    int n = 0;
-    for (struct dirent *de; dir && (de = readdir(dir)) && n < 64;) {
-        size_t len = strlen(de->d_name);
-        if (len > 4 && !strcmp(de->d_name + len - 4, ".kvq")) names[n++] = strdup(de->d_name);
-    }
-    if (dir) closedir(dir);
-    qsort(names, (size_t)n, sizeof *names, by_name);
+    int n = th_list_files("specs", ".kvq", names, 64);
     const dcase cases[] = {{1, KVQ_F16, KVQ_F32}, {3, KVQ_BF16, KVQ_BF16}, {17, KVQ_F16, KVQ_F16}};
     for (int f = 0; f < n; f++) {
         char rel[300];

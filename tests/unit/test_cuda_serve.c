@@ -9,7 +9,6 @@
  * - the same step's device work (cu_decode_enqueue: append, plan, attend, policies, outputs left on the device)
  *   runs whole in capture mode, and its outputs and caches equal, bit for bit, those of an engine that took the
  *   host-pointer path. */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -316,8 +315,6 @@ static void test_reserve(const kvq_scheme *s, const kvq_synth *syn)
     th_end();
 }
 
-static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 int main(void)
 {
     test_counters_and_capture();
@@ -331,15 +328,8 @@ int main(void)
         th_end();
         return th_summary();
     }
-    DIR *dir = opendir(th_path("specs"));
     char *names[64];
-    int n = 0;
-    for (struct dirent *de; dir && (de = readdir(dir)) && n < 64;) {
-        size_t len = strlen(de->d_name);
-        if (len > 4 && !strcmp(de->d_name + len - 4, ".kvq")) names[n++] = strdup(de->d_name);
-    }
-    if (dir) closedir(dir);
-    qsort(names, (size_t)n, sizeof *names, by_name);
+    int n = th_list_files("specs", ".kvq", names, 64);
     th_begin("serving step: specs/ holds specs");
     TH_CHECK(n >= 8, "%d specs in %s", n, th_path("specs"));
     th_end();
