@@ -1,7 +1,7 @@
 /* ZipCache's saliency policy for the cuda/emu backends (He et al. 2024, Eq. 7-9, Algorithms 2-3), deciding exactly
  * what ref_saliency.c decides so that the classes, hence the codes, are the reference's. The decisions run in the
  * policy kernels (templates/kvq_policy.cuh); the host draws the probe positions (kvq_select_probes, a seeded
- * PRNG) and moves the few bytes of decisions the page bookkeeping needs.
+ * PRNG); only the prefill's classes come back to the host (a prefill is not a step).
  *
  * Prefill (Alg. 2): kvq_zip_stats gives each probe query's softmax over the keys it can see (the prompt's fp16
  * keys, double precision, as the reference: max logit and denominator), kvq_zip_saliency Eq. 8 (or 7) of each
