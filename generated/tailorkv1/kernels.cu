@@ -2739,6 +2739,48 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_select(con
 }
 KVQ_KERNEL_EXPORT(kvq_zip_select);
 
+/* kvq_zip_gather: the members of one page of a compression's class, from kvq_zip_select's flags, so that the
+ * classes never leave the device (docs/cuda.md "Policy decisions"). Class p.row (0: high, flag set; 1: low) of the
+ * batch of p.n tokens is its members in position order (ref_class_split), split into pages; this page holds
+ * members [p.count, p.count + p.np) of the class. Per kv head (blockIdx.x) a prefix sum of the class flags ranks
+ * each member: deterministic (integer counts, one order). Fields of kvq_zip_params: is_high the flags [H][n],
+ * work the page's gather rows int [H][np] (window ring slot (first + i) mod wcap, wcap 0: first + i), pos the
+ * page's member indices int [H][np] (batch index i: the slot's position is the batch's first position + i,
+ * derived on the host only when read_cache asks). grid (kv_heads), block KVQ_PTHREADS. */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_gather(const kvq_zip_params p)
+{
+    __shared__ int part[KVQ_PTHREADS];
+    const int h = blockIdx.x, n = p.n, t = threadIdx.x;
+    const unsigned char *hi = (const unsigned char *)p.is_high + (long long)h * n;
+    int *gather = (int *)p.work + (long long)h * p.np, *mem = (int *)p.pos + (long long)h * p.np;
+    /* thread t owns the contiguous chunk [lo, hi_) of the batch: count, exclusive scan of the counts, then rank */
+    const int chunk = (n + KVQ_PTHREADS - 1) / KVQ_PTHREADS, lo = t * chunk;
+    const int end = lo + chunk < n ? lo + chunk : n;
+    int cnt = 0;
+    for (int i = lo; i < end; i++) cnt += (hi[i] != 0) == (p.row == 0);
+    part[t] = cnt;
+    __syncthreads();
+    if (t == 0) {
+        int run = 0;
+        for (int a = 0; a < KVQ_PTHREADS; a++) {
+            int v = part[a];
+            part[a] = run;
+            run += v;
+        }
+    }
+    __syncthreads();
+    int r = part[t];
+    for (int i = lo; i < end; i++) {
+        if ((hi[i] != 0) != (p.row == 0)) continue;
+        int j = r++ - p.count;
+        if (j >= 0 && j < p.np) {
+            gather[j] = p.wcap ? (p.first + i) % p.wcap : p.first + i;
+            mem[j] = i;
+        }
+    }
+}
+KVQ_KERNEL_EXPORT(kvq_zip_gather);
+
 #endif
 
 /* ------------------------------------------------------------- TailorKV retrieval (Eq. 10, App. I) ---- */

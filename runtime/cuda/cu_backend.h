@@ -22,7 +22,9 @@
 #include "layout.h"
 #include "plan.h"
 
-/* A page on the device (layout.h), with its slots' positions on the host. */
+/* A page on the device (layout.h), with its slots' positions on the host. A page of a ZipCache compression
+ * (decode) keeps them on the device instead, as members (kvq_zip_gather: batch index of each slot, [H][capacity]
+ * ints in the pool), until read_cache derives pos = members + pos_base. */
 typedef struct {
     uint64_t addr;
     kvq_page_format fmt;
@@ -32,6 +34,8 @@ typedef struct {
     int store; /* 0 k_hi, 1 k_lo, 2 v_hi, 3 v_lo */
     int count;
     int *pos; /* [H][capacity] */
+    uint64_t members; /* 0, or device int [H][capacity] not yet turned into pos */
+    int pos_base;
 } cu_page;
 
 /* An fp16 window on the device, [H][cap][D], used as a ring: logical slot i is ring slot (head + i) % cap. */
@@ -257,7 +261,9 @@ void cu_sal_new_cycle(cu_qlayer *L);
 /* A probe step's row: kvq_zip_norm_c<cls> over the step's tiles (st), then kvq_zip_row over the window. */
 kvq_status cu_sal_record(kvq_backend_ctx *c, cu_qlayer *L, int pos, uint64_t q, const kvq_seq_tiles *st, char *msg,
                          size_t ms);
-kvq_status cu_sal_flush(kvq_backend_ctx *c, const cu_qlayer *L, int B, unsigned char *is_high, char *msg, size_t ms);
+/* Alg. 3's classes of the window's batch of B tokens, left on the device: *is_high the device flags [H][B] (in
+ * c->pol, valid until the next policy launch), for kvq_zip_gather. */
+kvq_status cu_sal_flush(kvq_backend_ctx *c, const cu_qlayer *L, int B, uint64_t *is_high, char *msg, size_t ms);
 
 /* cu_slayer.c */
 kvq_status cu_slayer_prefill(kvq_backend_ctx *c, cu_layer *L, int layer, const kvq_be_prefill *it, char *msg, size_t n);

@@ -40,6 +40,7 @@ static void page_free(kvq_backend_ctx *c, cu_page *p)
 {
     if (!p) return;
     cu_pool_put(c, p->addr, p->lay.total);
+    if (p->members) cu_pool_put(c, p->members, (size_t)c->H * p->fmt.capacity * sizeof(int));
     kvq_free(p->pos);
     kvq_free(p);
 }
@@ -116,9 +117,12 @@ static kvq_status page_write(kvq_backend_ctx *c, const cu_qlayer *L, cu_page *p,
  * them (ref_class_split). masked: 0, or the device pooled flags of an OTT competition (by key page,
  * kvq_ott_params.flags); pre: index in L->pages[w] of pages allocated ahead for this flush (key_pages_new), or -1.
  * is_high: host [H][B] ZipCache classes, or NULL: each class is its own batch, tokens in position order, read
- * through per-head gather indices (each kv head has its own members), uploaded one page at a time. */
+ * through per-head gather indices (each kv head has its own members), uploaded one page at a time. dflags: or the
+ * device flags [H][B] of a decode compression (cu_sal_flush; is_high NULL): kvq_zip_gather writes each page's
+ * gather indices and members on the device, nothing comes back (the slots' positions wait for read_cache). */
 static kvq_status flush_pages(kvq_backend_ctx *c, cu_qlayer *L, int w, const kvq_rows *src, int B, int first_pos,
-                              uint64_t masked, int pre, const unsigned char *is_high, char *msg, size_t mn)
+                              uint64_t masked, int pre, const unsigned char *is_high, uint64_t dflags, char *msg,
+                              size_t mn)
 {
     const kvq_tensor_cfg *t = tcfg(L, w);
     int H = c->H;
@@ -126,9 +130,11 @@ static kvq_status flush_pages(kvq_backend_ctx *c, cu_qlayer *L, int w, const kvq
     int *member = kvq_malloc((size_t)H * (B > 0 ? B : 1) * sizeof *member);
     int *gidx = kvq_malloc((size_t)H * (B > 0 ? B : 1) * sizeof *gidx);
     if (st == KVQ_OK && (!member || !gidx)) st = KVQ_ERR_NOMEM;
-    for (int cls = 0; cls < (is_high ? 2 : 1) && st == KVQ_OK; cls++) {
-        int nc = 0;
-        for (int h = 0; h < H; h++) {
+    int high = dflags ? kvq_saliency_high_count(&L->cfg->saliency, B) : 0;
+    if (high > B) high = B;
+    for (int cls = 0; cls < (is_high || dflags ? 2 : 1) && st == KVQ_OK; cls++) {
+        int nc = dflags ? (cls ? B - high : high) : 0; /* kvq_zip_select marks exactly high per head */
+        for (int h = 0; h < H && !dflags; h++) {
             int j = 0;
             for (int i = 0; i < B; i++)
                 if (!is_high || (is_high[(size_t)h * B + i] != 0) == (cls == 0)) member[(size_t)h * B + j++] = i;
@@ -143,13 +149,22 @@ static kvq_status flush_pages(kvq_backend_ctx *c, cu_qlayer *L, int w, const kvq
                 st = page_new(c, L, w, cls, cap, &p, msg, mn);
             if (st != KVQ_OK) break;
             kvq_rows r = *src;
-            for (int h = 0; h < H; h++)
+            for (int h = 0; h < H && !dflags; h++)
                 for (int j = 0; j < cap; j++) {
                     int i = member[(size_t)h * B + off + j];
                     p->pos[h * cap + j] = first_pos + i;
                     gidx[(size_t)h * cap + j] = src->ring ? (src->first + i) % src->ring : src->first + i;
                 }
-            if (is_high) {
+            if (dflags) {
+                st = cu_pool_get(c, (size_t)H * p->fmt.capacity * sizeof(int), &p->members, msg, mn);
+                kvq_zip_params zp;
+                memset(&zp, 0, sizeof zp);
+                zp.is_high = dflags, zp.n = B, zp.row = cls, zp.count = off, zp.np = cap;
+                zp.work = c->aux, zp.pos = p->members, zp.first = src->first, zp.wcap = src->ring;
+                p->pos_base = first_pos;
+                if (st == KVQ_OK) st = cu_launch(c, "kvq_zip_gather", (unsigned)H, 1, 1, 256, &zp, sizeof zp, msg, mn);
+                r.gather = c->aux;
+            } else if (is_high) {
                 st = cu_upload(c, c->aux, gidx, (size_t)H * cap * sizeof *gidx, msg, mn);
                 r.gather = c->aux;
             } else if (r.ring) {
@@ -196,8 +211,8 @@ static kvq_status ott_flush(kvq_backend_ctx *c, cu_qlayer *L, const kvq_rows *k,
     if (st == KVQ_OK) st = cu_ott_compete(c, L, k, v, B, first_pos, pg, &rows, &flags, msg, mn);
     size_t half = (size_t)c->H * B * c->D * 2;
     kvq_rows ok = cu_rows_f16(rows, B, 0, 0), ov = cu_rows_f16(rows + half, B, 0, 0);
-    if (st == KVQ_OK) st = flush_pages(c, L, 0, &ok, B, first_pos, flags, pg, NULL, msg, mn);
-    if (st == KVQ_OK) st = flush_pages(c, L, 1, &ov, B, first_pos, 0, -1, NULL, msg, mn);
+    if (st == KVQ_OK) st = flush_pages(c, L, 0, &ok, B, first_pos, flags, pg, NULL, 0, msg, mn);
+    if (st == KVQ_OK) st = flush_pages(c, L, 1, &ov, B, first_pos, 0, -1, NULL, 0, msg, mn);
     return st;
 }
 
@@ -274,7 +289,7 @@ kvq_status cu_qlayer_prefill(kvq_backend_ctx *c, cu_layer *RL, int layer, const 
             st = is_high ? cu_sal_prefill(c, L, &all, it->q, T, S, Bs, is_high, msg, mn) : KVQ_ERR_NOMEM;
         }
         for (int w = 0; w < 2 && st == KVQ_OK; w++)
-            st = flush_pages(c, L, w, &fr[w], quantized[w], S, 0, -1, is_high, msg, mn);
+            st = flush_pages(c, L, w, &fr[w], quantized[w], S, 0, -1, is_high, 0, msg, mn);
     }
     for (int w = 0; w < 2 && st == KVQ_OK; w++) {
         int from = S + quantized[w];
@@ -367,7 +382,7 @@ kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, const float *k, co
                 memset(is_high, kvq_saliency_high_count(&L->cfg->saliency, Bm) > 0, (size_t)H * Bm);
         }
         for (int w = 0; w < 2 && st == KVQ_OK; w++)
-            if (B[w]) st = flush_pages(c, L, w, &src[w], B[w], first[w], 0, -1, is_high, msg, mn);
+            if (B[w]) st = flush_pages(c, L, w, &src[w], B[w], first[w], 0, -1, is_high, 0, msg, mn);
         kvq_free(is_high);
     }
     for (int w = 0; w < 2 && st == KVQ_OK; w++)
@@ -385,15 +400,14 @@ kvq_status cu_qlayer_after_attend(kvq_backend_ctx *c, cu_qlayer *L, uint64_t q, 
     if (st != KVQ_OK || !L->pending_flush) return st;
     L->pending_flush = 0;
     int B = L->rule[0].batch; /* K and V share the rule */
-    unsigned char *is_high = kvq_malloc((size_t)c->H * B);
-    st = is_high ? cu_sal_flush(c, L, B, is_high, msg, mn) : KVQ_ERR_NOMEM; /* Alg. 3 with this cycle's rows */
+    uint64_t flags = 0;
+    st = cu_sal_flush(c, L, B, &flags, msg, mn); /* Alg. 3 with this cycle's rows; the classes stay on the device */
     for (int w = 0; w < 2 && st == KVQ_OK; w++) {
         cu_win *win = &L->win[w];
         kvq_rows r = cu_rows_f16(win->addr, win->cap, win->head, win->cap);
-        st = flush_pages(c, L, w, &r, B, win->pos[win->head], 0, -1, is_high, msg, mn);
+        st = flush_pages(c, L, w, &r, B, win->pos[win->head], 0, -1, NULL, flags, msg, mn);
     }
     for (int w = 0; w < 2 && st == KVQ_OK; w++) win_drop(&L->win[w], B);
-    kvq_free(is_high);
     if (st == KVQ_OK) cu_sal_new_cycle(L);
     if (st == KVQ_ERR_NOMEM) snprintf(msg, mn, "out of memory");
     return st;
@@ -512,6 +526,24 @@ static kvq_status read_window(kvq_backend_ctx *c, const cu_win *w, float *dst, i
     return st;
 }
 
+/* The slots' positions of a ZipCache compression's page, derived from its device members when read_cache asks
+ * (outside a step: the synchronous copy is allowed); the members go back to the pool. */
+static kvq_status page_positions(kvq_backend_ctx *c, cu_page *p, char *msg, size_t mn)
+{
+    if (!p->members) return KVQ_OK;
+    size_t n = (size_t)c->H * p->fmt.capacity;
+    int *m = kvq_malloc(n * sizeof *m);
+    if (!m) return KVQ_ERR_NOMEM;
+    kvq_status st = cu_dev_d2h(c->dev, m, p->members, n * sizeof *m, msg, mn);
+    for (size_t i = 0; i < n && st == KVQ_OK; i++) p->pos[i] = p->pos_base + m[i];
+    kvq_free(m);
+    if (st == KVQ_OK) {
+        cu_pool_put(c, p->members, n * sizeof(int));
+        p->members = 0;
+    }
+    return st;
+}
+
 kvq_status cu_qlayer_read(kvq_backend_ctx *c, const cu_qlayer *L, float *k, float *v, int capacity, char *msg,
                           size_t mn)
 {
@@ -521,13 +553,14 @@ kvq_status cu_qlayer_read(kvq_backend_ctx *c, const cu_qlayer *L, float *k, floa
         st = read_window(c, &L->sink[w], dst, capacity, msg, mn);
         if (st == KVQ_OK) st = read_window(c, &L->win[w], dst, capacity, msg, mn);
         for (int j = 0; j < L->n_pages[w] && st == KVQ_OK; j++) {
-            const cu_page *p = L->pages[w][j];
+            cu_page *p = L->pages[w][j];
             uint8_t *mem = kvq_malloc(p->lay.total);
             if (!mem) {
                 st = KVQ_ERR_NOMEM;
                 break;
             }
-            st = cu_dev_d2h(c->dev, mem, p->addr, p->lay.total, msg, mn);
+            st = page_positions(c, p, msg, mn);
+            if (st == KVQ_OK) st = cu_dev_d2h(c->dev, mem, p->addr, p->lay.total, msg, mn);
             for (int h = 0; h < c->H && st == KVQ_OK; h++)
                 for (int s = 0; s < p->count; s++)
                     page_read(p, mem, h, s, dst + ((size_t)h * capacity + p->pos[h * p->fmt.capacity + s]) * c->D);

@@ -1,7 +1,7 @@
 /* ZipCache's saliency policy for the cuda/emu backends (He et al. 2024, Eq. 7-9, Algorithms 2-3), deciding exactly
  * what ref_saliency.c decides so that the classes, hence the codes, are the reference's. The decisions run in the
  * policy kernels (templates/kvq_policy.cuh); the host draws the probe positions (kvq_select_probes, a seeded
- * PRNG) and moves the few bytes of decisions the page bookkeeping needs.
+ * PRNG); only the prefill's classes come back to the host (a prefill is not a step).
  *
  * Prefill (Alg. 2): kvq_zip_stats gives each probe query's softmax over the keys it can see (the prompt's fp16
  * keys, double precision, as the reference: max logit and denominator), kvq_zip_saliency Eq. 8 (or 7) of each
@@ -10,7 +10,9 @@
  * p_i = 2^(s_i * scale * log2 e - lse), with lse the log2-sum-exp2 over the whole cache that the decode kernel
  * returns for the step and s_i = q . k_i over the window's fp16 keys (kvq_zip_row, into the device rows). GQA: the
  * group's query heads' probabilities are summed (double), as the reference does. The compression every W tokens
- * classes the window's batch from the rows gathered during the cycle (kvq_zip_rowsal, kvq_zip_select). */
+ * classes the window's batch from the rows gathered during the cycle (kvq_zip_rowsal, kvq_zip_select); its flags
+ * stay on the device (cu_qlayer.c turns them into each page's gather rows and members with kvq_zip_gather), so a
+ * decode step never waits for them. */
 #include <stdio.h>
 #include <string.h>
 
@@ -58,13 +60,13 @@ static size_t class_bytes(int H, int n)
     return al16((size_t)H * n * 4) + al16((size_t)H * n) + 2 * al16((size_t)H * n * 4);
 }
 
-/* kvq_zip_select after the saliency of n tokens is in p->sal; is_high copied to the host. */
+/* kvq_zip_select after the saliency of n tokens is in p->sal; is_high (if not NULL) copied to the host. */
 static kvq_status classes(kvq_backend_ctx *c, kvq_zip_params *p, int n, int high, unsigned char *is_high, char *msg,
                           size_t ms)
 {
     p->n = n, p->n_high = high;
     kvq_status st = cu_launch(c, "kvq_zip_select", (unsigned)c->H, 1, 1, 256, p, sizeof *p, msg, ms);
-    if (st == KVQ_OK) st = cu_dev_d2h(c->dev, is_high, p->is_high, (size_t)c->H * n, msg, ms);
+    if (st == KVQ_OK && is_high) st = cu_dev_d2h(c->dev, is_high, p->is_high, (size_t)c->H * n, msg, ms);
     return st;
 }
 
@@ -134,7 +136,7 @@ kvq_status cu_sal_record(kvq_backend_ctx *c, cu_qlayer *L, int pos, uint64_t q, 
     return st;
 }
 
-kvq_status cu_sal_flush(kvq_backend_ctx *c, const cu_qlayer *L, int B, unsigned char *is_high, char *msg, size_t ms)
+kvq_status cu_sal_flush(kvq_backend_ctx *c, const cu_qlayer *L, int B, uint64_t *is_high, char *msg, size_t ms)
 {
     const kvq_saliency_cfg *s = &L->cfg->saliency;
     int nr = L->n_rows;
@@ -155,6 +157,7 @@ kvq_status cu_sal_flush(kvq_backend_ctx *c, const cu_qlayer *L, int B, unsigned 
     p.np = nr, p.n = B, p.wcap = L->rule[0].capacity, p.accumulated = s->metric == KVQ_SAL_ACCUMULATED;
     if (st == KVQ_OK)
         st = cu_launch(c, "kvq_zip_rowsal", (unsigned)((B + 255) / 256), (unsigned)c->H, 1, 256, &p, sizeof p, msg, ms);
-    if (st == KVQ_OK) st = classes(c, &p, B, kvq_saliency_high_count(s, B), is_high, msg, ms);
+    if (st == KVQ_OK) st = classes(c, &p, B, kvq_saliency_high_count(s, B), NULL, msg, ms);
+    *is_high = p.is_high;
     return st;
 }
