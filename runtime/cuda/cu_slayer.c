@@ -1,12 +1,12 @@
-/* TailorKV sparsity-friendly layers of the cuda/emu backends (Sec. 4.2, App. I; the reference is ref_sparse.c):
- * the prompt's K/V in page-locked host memory mapped for the device (KVQ_SEG_HOST), plus the prompt's K again
- * channel-major for retrieval (not counted in the stats: docs/cuda.md, "TailorKV retrieval"), sinks + recent of
- * the prompt and the generated tokens on the device. Retrieval runs in the policy kernels where the keys live: kvq_tk_absmax
- * takes Eq. 10's max_t |K_t,i| over the prompt once; each step kvq_tk_select reduces the group's query (App. I
- * reduce_q), picks the critical channels (Eq. 10), scores every candidate on those channels only, reading just
- * them from host memory (App. I approximate_attn), and writes the top-k rows' indices, which kvq_store_f16 then
- * gathers from host memory into a device buffer the decode kernel attends over with the local and generated
- * tokens. Decisions equal policy.h's (docs/cuda.md, "Determinism"). */
+/* TailorKV sparsity-friendly layers of the cuda/emu backends (Sec. 4.2, App. I; the reference is ref_sparse.c): the
+ * prompt's K/V in page-locked host memory mapped for the device (KVQ_SEG_HOST), plus the prompt's K again
+ * channel-major for retrieval (not counted in the stats: docs/cuda.md, "TailorKV retrieval"), sinks + recent of the
+ * prompt and the generated tokens on the device. Retrieval runs in the policy kernels where the keys live:
+ * kvq_tk_absmax takes Eq. 10's max_t |K_t,i| over the prompt once; each step kvq_tk_select reduces the group's
+ * query (App. I reduce_q), picks the critical channels (Eq. 10), scores every candidate on those channels only,
+ * reading just them from host memory (App. I approximate_attn), and writes the top-k rows' indices, which
+ * kvq_store_f16 then gathers from host memory into a device buffer the decode kernel attends over with the local
+ * and generated tokens. Decisions equal policy.h's (docs/cuda.md, "Determinism"). */
 #include <stdio.h>
 #include <string.h>
 
