@@ -543,11 +543,11 @@ KVQ_KERNEL_EXPORT(kvq_zip_gather);
 extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_absmax(const kvq_tk_params p)
 {
     const int h = blockIdx.x;
-    const kvq_half *k = (const kvq_half *)p.k + (long long)h * p.T * KVQ_D;
+    const kvq_half *k = (const kvq_half *)p.k + (long long)h * KVQ_D * p.T; /* channel-major: [D][T] */
     for (int d = threadIdx.x; d < KVQ_D; d += KVQ_PTHREADS) {
         float m = 0.0f;
         for (int t = 0; t < p.T; t++) {
-            float a = fabsf(kvq_h2f(k[(long long)t * KVQ_D + d]));
+            float a = fabsf(kvq_h2f(k[(long long)d * p.T + t]));
             if (a > m) m = a;
         }
         ((float *)p.absmax)[(long long)h * KVQ_D + d] = m;
@@ -557,7 +557,7 @@ KVQ_KERNEL_EXPORT(kvq_tk_absmax);
 
 /* One kv head's retrieval: App. I reduce_q (kvq_reduce_q_group), Eq. 10's critical channels
  * (kvq_critical_channels), approximate_attn on them (kvq_critical_scores, reading only those channels of the
- * candidates in host memory), and the top nf (kvq_topk) as gather rows for kvq_store_f16. */
+ * candidates from the channel-major copy in host memory), and the top nf (kvq_topk) as gather rows for kvq_store_f16. */
 extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_select(const kvq_tk_params p)
 {
     __shared__ float qm[KVQ_D];
@@ -581,10 +581,12 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_select(cons
     __syncthreads();
     unsigned *keys = (unsigned *)p.work + (long long)h * nc;
     int *sel = (int *)p.work + (long long)KVQ_HKV * nc + (long long)h * nc;
-    const kvq_half *k = (const kvq_half *)p.k + ((long long)h * p.T + p.first) * KVQ_D;
+    /* channel-major [D][T]: consecutive threads read consecutive tokens of one critical channel, so each
+     * channel's candidates are one contiguous run over PCIe */
+    const kvq_half *k = (const kvq_half *)p.k + (long long)h * KVQ_D * p.T + p.first;
     for (int t = tid; t < nc; t += KVQ_PTHREADS) {
         double s = 0.0; /* in the channels' rank order, as the host sums them */
-        for (int c = 0; c < nch; c++) s += (double)qm[ch[c]] * (double)kvq_h2f(k[(long long)t * KVQ_D + ch[c]]);
+        for (int c = 0; c < nch; c++) s += (double)qm[ch[c]] * (double)kvq_h2f(k[(long long)ch[c] * p.T + t]);
         keys[t] = kvq_fkey((float)s);
     }
     __syncthreads();

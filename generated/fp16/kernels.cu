@@ -505,7 +505,7 @@ typedef struct {
  * on them, and the top nf candidates as gather rows. */
 typedef struct {
     kvq_u64 q;      /* const float [heads][D]: the step's query */
-    kvq_u64 k;      /* fp16 prompt keys [kv_heads][T][D] (page-locked host memory) */
+    kvq_u64 k;      /* fp16 prompt keys channel-major [kv_heads][D][T] (page-locked host memory) */
     kvq_u64 absmax; /* float [kv_heads][D] */
     kvq_u64 gather; /* int [kv_heads][nf]: prompt rows to fetch, in rank order */
     kvq_u64 work;   /* u32 [kv_heads][nc] keys, then int [kv_heads][nc] */

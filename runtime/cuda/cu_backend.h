@@ -85,6 +85,8 @@ typedef struct {
     uint16_t *host[2]; /* prompt K, V in page-locked host memory [H][T][D] fp16 */
     uint64_t host_dev[2];
     size_t host_bytes;
+    uint16_t *host_kc; /* the prompt K again, channel-major [H][D][T] fp16, page-locked: what retrieval reads */
+    uint64_t host_kc_dev;
     cu_win local[2]; /* sinks + recent of the prompt */
     cu_win *gen;     /* [2 * n_gen] generated tokens, KVQ_APPEND_PAGE_TOKENS per page, K then V */
     int n_gen, gen_cap;

@@ -1,11 +1,12 @@
-/* TailorKV sparsity-friendly layers of the cuda/emu backends (Sec. 4.2, App. I; the reference is ref_sparse.c):
- * the prompt's K/V in page-locked host memory mapped for the device (KVQ_SEG_HOST), sinks + recent of the prompt
- * and the generated tokens on the device. Retrieval runs in the policy kernels where the keys live: kvq_tk_absmax
- * takes Eq. 10's max_t |K_t,i| over the prompt once; each step kvq_tk_select reduces the group's query (App. I
- * reduce_q), picks the critical channels (Eq. 10), scores every candidate on those channels only, reading just
- * them from host memory (App. I approximate_attn), and writes the top-k rows' indices, which kvq_store_f16 then
- * gathers from host memory into a device buffer the decode kernel attends over with the local and generated
- * tokens. Decisions equal policy.h's (docs/cuda.md, "Determinism"). */
+/* TailorKV sparsity-friendly layers of the cuda/emu backends (Sec. 4.2, App. I; the reference is ref_sparse.c): the
+ * prompt's K/V in page-locked host memory mapped for the device (KVQ_SEG_HOST), plus the prompt's K again
+ * channel-major for retrieval (not counted in the stats: docs/cuda.md, "TailorKV retrieval"), sinks + recent of the
+ * prompt and the generated tokens on the device. Retrieval runs in the policy kernels where the keys live:
+ * kvq_tk_absmax takes Eq. 10's max_t |K_t,i| over the prompt once; each step kvq_tk_select reduces the group's
+ * query (App. I reduce_q), picks the critical channels (Eq. 10), scores every candidate on those channels only,
+ * reading just them from host memory (App. I approximate_attn), and writes the top-k rows' indices, which
+ * kvq_store_f16 then gathers from host memory into a device buffer the decode kernel attends over with the local
+ * and generated tokens. Decisions equal policy.h's (docs/cuda.md, "Determinism"). */
 #include <stdio.h>
 #include <string.h>
 
@@ -38,6 +39,13 @@ kvq_status cu_slayer_prefill(kvq_backend_ctx *c, cu_layer *RL, int layer, const 
         if (st == KVQ_OK) kvq_f16_from_f32_n(L->host[w], w ? it->v : it->k, (size_t)H * T * D);
         if (st == KVQ_OK) st = cu_win_init(c, &L->local[w], cap, msg, mn);
     }
+    /* Retrieval reads n_ch channels of every candidate: channel-major, each channel is one contiguous run of T
+     * halves over PCIe instead of n_ch scattered 2-byte reads per 2*D-byte row (docs/cuda.md, "TailorKV"). */
+    if (st == KVQ_OK) st = cu_dev_alloc_host(c->dev, L->host_bytes, (void **)&L->host_kc, &L->host_kc_dev, msg, mn);
+    for (int h = 0; st == KVQ_OK && h < H; h++)
+        for (int t = 0; t < T; t++)
+            for (int d = 0; d < D; d++)
+                L->host_kc[((size_t)h * D + d) * T + t] = L->host[0][((size_t)h * T + t) * D + d];
     L->fetch_cap = L->cfg->topk > 0 ? L->cfg->topk : 1;
     for (int w = 0; w < 2 && st == KVQ_OK; w++)
         st = cu_dev_alloc(c->dev, (size_t)H * L->fetch_cap * D * 2, &L->fetch[w], msg, mn);
@@ -53,9 +61,9 @@ kvq_status cu_slayer_prefill(kvq_backend_ctx *c, cu_layer *RL, int layer, const 
         r = host_rows(L, w, tail_from);
         if (st == KVQ_OK) st = cu_win_push(c, &L->local[w], &r, T - tail_from, pos ? pos + tail_from : NULL, msg, mn);
     }
-    kvq_tk_params p; /* App. I absmax_k over the prompt's (fp16) keys, read from host memory */
+    kvq_tk_params p; /* App. I absmax_k over the prompt's (fp16) keys, read from host memory (channel-major) */
     memset(&p, 0, sizeof p);
-    p.k = L->host_dev[0], p.absmax = L->absmax, p.T = T;
+    p.k = L->host_kc_dev, p.absmax = L->absmax, p.T = T;
     if (st == KVQ_OK) st = cu_launch(c, "kvq_tk_absmax", (unsigned)H, 1, 1, 256, &p, sizeof p, msg, mn);
     kvq_free(pos);
     if (st != KVQ_OK) {
@@ -124,7 +132,7 @@ kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, const float *k, co
     st = cu_scratch(c, &c->pol, &c->pol_bytes, gb + wb, msg, mn);
     kvq_tk_params p;
     memset(&p, 0, sizeof p);
-    p.q = q, p.k = L->host_dev[0], p.absmax = L->absmax, p.gather = c->pol, p.work = c->pol + gb;
+    p.q = q, p.k = L->host_kc_dev, p.absmax = L->absmax, p.gather = c->pol, p.work = c->pol + gb;
     p.T = L->T, p.first = first, p.nc = nc, p.nf = nf, p.n_ch = n_ch;
     if (st == KVQ_OK) st = cu_launch(c, "kvq_tk_select", (unsigned)H, 1, 1, 256, &p, sizeof p, msg, mn);
     for (int w = 0; w < 2 && st == KVQ_OK; w++) {
@@ -196,6 +204,7 @@ void cu_slayer_free(kvq_backend_ctx *c, cu_slayer *L)
 {
     for (int w = 0; w < 2; w++) {
         cu_dev_free_host(c->dev, L->host[w]);
+        if (w == 0) cu_dev_free_host(c->dev, L->host_kc);
         cu_win_free(c, &L->local[w]);
         cu_dev_free(c->dev, L->fetch[w]);
     }

@@ -243,6 +243,92 @@ static void run_case(const be_case *c)
     th_end();
 }
 
+/* TailorKV retrieval reads the prompt's keys from the channel-major host copy (cu_slayer.c): planted "needles",
+ * one per step and kv head, all in the prompt's second half, each a key large on one channel only, with a value
+ * far from the rest. Step s's query asks for needle s's channel, so the top-1 fetch must be that needle: a copy
+ * that were stale (a part of the prompt missing), of another head or sequence, or strided wrongly, would fetch
+ * another row and move the output by far more than 1e-3. Decode appends a token between steps. */
+static const char tk_needle[] = "scheme tk_needle {\n"
+                                "  classify dense_preference { queries 32; top 5%; tau 0.2; }\n"
+                                "  when quantize { key { bits 4; per channel; group 64; } value { bits 4; per token; "
+                                "group 64; } residual 128; }\n"
+                                "  when sparse { host_offload; sinks 2; recent 2; topk 1; critical_channels 2; }\n"
+                                "  layers 0..0 { mode sparse; }\n"
+                                "}\n";
+
+static void test_tk_needles(void)
+{
+    enum { NH = 4, NKV = 2, NB = 2, NSTEP = 6 };
+    static const int plen[NB] = {61, 97};
+    th_begin("emu backend: TailorKV top-1 retrieval finds a needle per step in the channel-major host keys");
+    kvq_spec *spec = NULL;
+    char err[1024] = "";
+    TH_CHECK(kvq_spec_parse_string("<test>", tk_needle, strlen(tk_needle), &spec) == KVQ_OK, "spec");
+    const kvq_scheme *sch = spec ? kvq_spec_scheme(spec, "tk_needle") : NULL;
+    kvq_engine *e[2] = {NULL, NULL};
+    for (int w = 0; w < 2 && sch; w++) {
+        kvq_engine_config cfg;
+        kvq_engine_config_init(&cfg);
+        cfg.dims = (kvq_dims){1, NH, NKV, D};
+        cfg.dtype = KVQ_F32;
+        cfg.backend = w ? CU_TEST_BACKEND : KVQ_BACKEND_REFERENCE;
+        TH_CHECK(kvq_engine_create(sch, &cfg, &e[w], err, sizeof err) == KVQ_OK, "engine: %s", err);
+    }
+    kvq_seq *sq[2][NB] = {{0}};
+    for (int w = 0; w < 2 && e[1]; w++)
+        for (int b = 0; b < NB; b++) TH_CHECK(kvq_seq_create(e[w], &sq[w][b]) == KVQ_OK, "seq");
+    unsigned rng = 7;
+    float *k[NB], *v[NB], *q[NB];
+    for (int b = 0; b < NB; b++) {
+        int T = plen[b];
+        k[b] = kvq_malloc((size_t)NKV * T * D * 4), v[b] = kvq_malloc((size_t)NKV * T * D * 4);
+        q[b] = kvq_malloc((size_t)NH * T * D * 4);
+        for (size_t i = 0; i < (size_t)NKV * T * D; i++) {
+            rng = rng * 1103515245u + 12345u;
+            k[b][i] = ((float)(rng >> 9 & 1023) - 512.0f) / 8192.0f;
+            v[b][i] = ((float)(rng >> 19 & 1023) - 512.0f) / 4096.0f;
+        }
+        for (size_t i = 0; i < (size_t)NH * T * D; i++) q[b][i] = 0.01f;
+        for (int h = 0; h < NKV; h++)
+            for (int s = 0; s < NSTEP; s++) { /* needle s of head h: a candidate (not sink, not recent) */
+                int t = T / 2 + (s * 5 + h * 3 + b) % (T / 2 - 3), c = (s * 13 + h * 29 + b * 7) % D;
+                k[b][((size_t)h * T + t) * D + c] = 3.0f;
+                for (int d = 0; d < D; d++) v[b][((size_t)h * T + t) * D + d] = 6.0f + (float)s;
+            }
+    }
+    kvq_prefill_item it[2][NB];
+    for (int w = 0; w < 2; w++)
+        for (int b = 0; b < NB; b++) it[w][b] = (kvq_prefill_item){sq[w][b], plen[b], k[b], v[b], q[b]};
+    for (int w = 0; w < 2 && !th_failed(); w++)
+        TH_CHECK(kvq_prefill(e[w], 0, it[w], NB) == KVQ_OK, "prefill: %s", kvq_engine_errmsg(e[w]));
+    TH_CHECK(th_failed() || kvq_engine_layer_state(e[1], 0) == KVQ_LAYER_SPARSE, "layer 0 is not sparse");
+    float nk[NB][NKV * D], nv[NB][NKV * D], nq[NB][NH * D], out[2][NB][NH * D];
+    for (int s = 0; s < NSTEP && !th_failed(); s++) {
+        kvq_decode_item di[2][NB];
+        for (int b = 0; b < NB; b++) {
+            int T = plen[b];
+            for (int i = 0; i < NKV * D; i++) nk[b][i] = k[b][i % D] * 0.5f, nv[b][i] = v[b][i % D];
+            for (int hq = 0; hq < NH; hq++) {
+                int h = hq / (NH / NKV), c = (s * 13 + h * 29 + b * 7) % D;
+                for (int d = 0; d < D; d++) nq[b][hq * D + d] = d == c ? 4.0f : 0.01f;
+            }
+            (void)T;
+            for (int w = 0; w < 2; w++) di[w][b] = (kvq_decode_item){sq[w][b], nk[b], nv[b], nq[b], out[w][b]};
+        }
+        for (int w = 0; w < 2 && !th_failed(); w++)
+            TH_CHECK(kvq_decode(e[w], 0, di[w], NB) == KVQ_OK, "decode: %s", kvq_engine_errmsg(e[w]));
+        for (int b = 0; b < NB && !th_failed(); b++) compare_out(out[1][b], out[0][b], NH, "tk_needle", 0, s);
+        /* the needle dominates: the reference fetched it (else the test would not test the fetch) */
+        for (int b = 0; b < NB && !th_failed(); b++)
+            TH_CHECK(out[0][b][0] > 1.0f, "sequence %d step %d: needle not attended (%g)", b, s, out[0][b][0]);
+    }
+    for (int b = 0; b < NB; b++) kvq_free(k[b]), kvq_free(v[b]), kvq_free(q[b]);
+    kvq_engine_free(e[0]);
+    kvq_engine_free(e[1]);
+    kvq_spec_free(spec);
+    th_end();
+}
+
 int main(void)
 {
     kvq_spec *spec = NULL;
@@ -282,6 +368,7 @@ int main(void)
     for (int w = 0; w < 2; w++)
         if (pid[w] > 0) waitpid(pid[w], NULL, 0);
     for (int i = 0; i < N_CASES; i++) run_case(&cases[i]);
+    test_tk_needles();
 
     return th_summary();
 }

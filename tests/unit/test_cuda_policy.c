@@ -141,11 +141,17 @@ static void test_tailorkv_select(void)
         int *ch = kvq_malloc(HD * 4);
         fill_keys(k16, T, cs[ci].pattern);
         kvq_f32_from_f16_n(kf, k16, (size_t)NKV * T * HD);
+        /* the kernels read the keys channel-major [h][d][t], as cu_slayer.c keeps them in host memory; the host
+         * references below read the token-major k16/kf, so a kernel reading the wrong layout fails them */
+        uint16_t *kc16 = kvq_malloc((size_t)NKV * T * HD * 2);
+        for (int h = 0; h < NKV; h++)
+            for (int t = 0; t < T; t++)
+                for (int d = 0; d < HD; d++) kc16[((size_t)h * HD + d) * T + t] = k16[((size_t)h * T + t) * HD + d];
         for (int i = 0; i < NQ * HD; i++) q[i] = srand1() * (i % 5 == 0 ? 4.0f : 1.0f);
         if (cs[ci].pattern == 1) q[3] = -q[3 + HD]; /* reduced query 0 in a channel: ties among channel scores */
         kvq_tk_params p;
         memset(&p, 0, sizeof p);
-        p.q = A(q), p.k = A(k16), p.absmax = A(am), p.gather = A(gidx), p.work = A(work);
+        p.q = A(q), p.k = A(kc16), p.absmax = A(am), p.gather = A(gidx), p.work = A(work);
         p.T = T, p.first = first, p.nc = nc, p.nf = nf, p.n_ch = n_ch;
         if (launch("kvq_tk_absmax", NKV, 1, NT, &p, sizeof p) && launch("kvq_tk_select", NKV, 1, NT, &p, sizeof p))
             for (int h = 0; h < NKV; h++) {
@@ -163,7 +169,7 @@ static void test_tailorkv_select(void)
                          bad >= 0 ? gidx[h * nf + bad] : 0, bad >= 0 ? first + want[bad] : 0);
             }
         kvq_free(k16), kvq_free(kf), kvq_free(q), kvq_free(am), kvq_free(am_want), kvq_free(gidx), kvq_free(want);
-        kvq_free(work), kvq_free(qm), kvq_free(score), kvq_free(ch);
+        kvq_free(kc16), kvq_free(work), kvq_free(qm), kvq_free(score), kvq_free(ch);
     }
     th_end();
 }
