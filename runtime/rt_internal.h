@@ -50,4 +50,8 @@ kvq_status rt_check_kv(kvq_engine *e, const char *fn, int item, int layer, const
                        int n_tokens, int pos0);
 kvq_status rt_check_q(kvq_engine *e, const char *fn, int item, int layer, const float *q, int n_tokens, int pos0);
 
+/* The folder of a scheme's kernels built ahead of time (kvqc build): $KVQ_GENERATED_DIR/<scheme>, else
+ * kvq_data_dir()/generated/<scheme>. Used by the cpu and cuda backends alike. */
+void kvq_generated_dir(const char *scheme, char *out, size_t size);
+
 #endif

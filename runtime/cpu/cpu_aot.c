@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "alloc.h"
+#include "read_file.h"
 #include "cpu.h"
 #include "cpu_aot.h"
 #include "emit_cuda.h" /* emit_cuda_sha256_hex: the one SHA-256 of the project */
@@ -15,46 +16,8 @@
 
 extern const kvq_backend kvq_backend_cpu;
 
-void cpu_aot_dir(const char *scheme, char *out, size_t size)
-{
-    const char *gen = getenv("KVQ_GENERATED_DIR");
-    if (gen && *gen) snprintf(out, size, "%s/%s", gen, scheme);
-    else snprintf(out, size, "%s/generated/%s", kvq_data_dir(), scheme);
-}
+void cpu_aot_dir(const char *scheme, char *out, size_t size) { kvq_generated_dir(scheme, out, size); }
 
-/* A whole file, NUL-terminated (kvq_malloc'd), or NULL. */
-static char *read_all(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t len = 0, cap = 0, k;
-    char tmp[65536];
-    while ((k = fread(tmp, 1, sizeof tmp, f)) > 0) {
-        if (len + k + 1 > cap) {
-            cap = (len + k + 1) * 2;
-            char *t = kvq_realloc(buf, cap);
-            if (!t) {
-                kvq_free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = t;
-        }
-        memcpy(buf + len, tmp, k);
-        len += k;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        kvq_free(buf);
-        return NULL;
-    }
-    if (!buf) buf = kvq_calloc(1, 1);
-    if (buf) buf[len] = 0;
-    *size = len;
-    return buf;
-}
 
 /* The string value of "name": "..." within [line, end) into out; 0 when absent or too long. */
 static int field_str(const char *line, const char *end, const char *name, char *out, size_t size)
@@ -93,7 +56,7 @@ void *cpu_aot_find(const char *dir, const char *key, size_t *size)
     char path[4400], name[256], sha[80], got[65];
     size_t n = 0;
     snprintf(path, sizeof path, "%s/cpu.json", dir);
-    char *text = read_all(path, &n);
+    char *text = kvq_read_file(path, &n);
     if (!text) return NULL;
     const char *line, *end, *sz;
     int ok = find_line(text, key, &line, &end) && field_str(line, end, "object", name, sizeof name) &&
@@ -103,7 +66,7 @@ void *cpu_aot_find(const char *dir, const char *key, size_t *size)
     kvq_free(text);
     if (!ok) return NULL;
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    void *obj = read_all(path, &n);
+    void *obj = kvq_read_file(path, &n);
     if (!obj) return NULL;
     emit_cuda_sha256_hex(obj, n, got);
     if ((long long)n != want || strcmp(got, sha)) {
@@ -183,7 +146,7 @@ int cpu_aot_write(const char *dir, const emit_llvm_module *m, const kvq_plan *p,
     emit_buf_printf(&out, "{\"scheme\": \"%s\", \"objects\": [\n", p->scheme);
     snprintf(path, sizeof path, "%s/cpu.json", dir);
     size_t n = 0;
-    char *old = read_all(path, &n);
+    char *old = kvq_read_file(path, &n);
     for (const char *l = old; l && *l;) {
         const char *e = strchr(l, '\n');
         if (!e) e = l + strlen(l);

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "read_file.h"
+#include "rt_internal.h"
 #include "cu_dev.h"
 #include "emit_cuda.h"
 
@@ -242,51 +244,19 @@ static kvq_status drv_sync(cu_dev *d, char *msg, size_t ms)
 }
 
 /* generated/<scheme>/<arch>.cubin, when generated/<scheme>/kernels.cu is exactly this source. */
-static unsigned char *read_all(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    unsigned char *buf = NULL;
-    size_t len = 0, cap = 0, k;
-    char tmp[65536];
-    while ((k = fread(tmp, 1, sizeof tmp, f)) > 0) {
-        if (len + k + 1 > cap) {
-            cap = (len + k + 1) * 2;
-            unsigned char *t = kvq_realloc(buf, cap);
-            if (!t) {
-                kvq_free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = t;
-        }
-        memcpy(buf + len, tmp, k);
-        len += k;
-    }
-    fclose(f);
-    if (!buf) buf = kvq_calloc(1, 1);
-    if (buf) buf[len] = 0;
-    *size = len;
-    return buf;
-}
-
 static unsigned char *generated_cubin(const char *src, const char *scheme, const char *arch, size_t *size)
 {
     if (!scheme) return NULL;
-    const char *gen = getenv("KVQ_GENERATED_DIR");
     char dir[4200], path[4400];
-    if (gen && *gen)
-        snprintf(dir, sizeof dir, "%s/%s", gen, scheme);
-    else
-        snprintf(dir, sizeof dir, "%s/generated/%s", cu_source_dir(), scheme);
+    kvq_generated_dir(scheme, dir, sizeof dir);
     snprintf(path, sizeof path, "%s/kernels.cu", dir);
     size_t n = 0;
-    unsigned char *text = read_all(path, &n);
+    char *text = kvq_read_file(path, &n);
     int same = text && n == strlen(src) && memcmp(text, src, n) == 0;
     kvq_free(text);
     if (!same) return NULL;
     snprintf(path, sizeof path, "%s/%s.cubin", dir, arch);
-    return read_all(path, size);
+    return (unsigned char *)kvq_read_file(path, size);
 }
 
 static kvq_status drv_load(cu_dev *d, const char *src, const char *scheme, cu_module **out, char *msg, size_t n)

@@ -53,3 +53,10 @@ const char *kvq_data_dir(void)
     pthread_once(&installed_once, find_installed);
     return installed_dir[0] ? installed_dir : KVQ_SOURCE_DIR;
 }
+
+void kvq_generated_dir(const char *scheme, char *out, size_t size)
+{
+    const char *gen = getenv("KVQ_GENERATED_DIR");
+    if (gen && *gen) snprintf(out, size, "%s/%s", gen, scheme);
+    else snprintf(out, size, "%s/generated/%s", kvq_data_dir(), scheme);
+}
