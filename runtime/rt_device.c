@@ -29,26 +29,15 @@ static int rows_disjoint(const kvq_dev_tensor *t, int n, int heads, int D)
     return (hs >= D && ts >= (long long)heads * hs) || (ts >= D && hs >= (long long)n * ts);
 }
 
+static kvq_seq *seq_of(const void *seqs, int i) { return ((kvq_seq *const *)seqs)[i]; }
+
 static kvq_status check_seqs(kvq_engine *e, const char *fn, int layer, kvq_seq *const *seqs, int n, int prefill)
 {
-    if (layer < 0 || layer >= e->cfg.dims.layers)
-        return rt_error(e, KVQ_ERR_INVALID, "%s: layer %d is out of range (the engine has %d)", fn, layer,
-                        e->cfg.dims.layers);
-    if (!seqs || n < 1) return rt_error(e, KVQ_ERR_INVALID, "%s: no sequences (seqs %p, n_seqs %d)", fn,
-                                        (const void *)seqs, n);
-    for (int i = 0; i < n; i++) {
-        if (!seqs[i]) return rt_error(e, KVQ_ERR_INVALID, "%s: sequence %d is NULL", fn, i);
-        if (seqs[i]->engine != e)
-            return rt_error(e, KVQ_ERR_INVALID, "%s: sequence %d belongs to another engine", fn, i);
-        if (!prefill && !seqs[i]->prefilled[layer])
-            return rt_error(e, KVQ_ERR_STATE, "%s: sequence %d: layer %d has not been prefilled", fn, i, layer);
-        for (int j = 0; j < i; j++)
-            if (seqs[j] == seqs[i]) return rt_error(e, KVQ_ERR_INVALID, "%s: sequences %d and %d are the same", fn, j, i);
-    }
-    if (!e->be->decode_device || !e->be->download)
-        return rt_error(e, KVQ_ERR_UNSUPPORTED, "%s: the %s backend has no device tensors (use cuda or emu)", fn,
-                        e->be->name);
-    return KVQ_OK;
+    kvq_status st = rt_check_batch(e, fn, layer, seqs, n, seq_of, prefill);
+    if (st == KVQ_OK && (!e->be->decode_device || !e->be->download))
+        st = rt_error(e, KVQ_ERR_UNSUPPORTED, "%s: the %s backend has no device tensors (use cuda or emu)", fn,
+                      e->be->name);
+    return st;
 }
 
 kvq_status kvq_decode_device(kvq_engine *e, int layer, const kvq_dev_decode *b)

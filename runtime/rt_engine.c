@@ -230,6 +230,34 @@ static kvq_status check_layer(kvq_engine *e, const char *fn, int layer)
     return KVQ_OK;
 }
 
+kvq_status rt_check_batch(kvq_engine *e, const char *fn, int layer, const void *items, int n,
+                          kvq_seq *(*seq_at)(const void *items, int i), int prefill)
+{
+    kvq_status st = check_layer(e, fn, layer);
+    if (st != KVQ_OK) return st;
+    if (!items || n < 1)
+        return rt_error(e, KVQ_ERR_INVALID, "%s: no items (items %p, n_items %d)", fn, items, n);
+    for (int i = 0; i < n; i++) {
+        const kvq_seq *s = seq_at(items, i);
+        if (!s) return rt_error(e, KVQ_ERR_INVALID, "%s: item %d: seq is NULL", fn, i);
+        if (s->engine != e)
+            return rt_error(e, KVQ_ERR_INVALID, "%s: item %d: the sequence belongs to another engine", fn, i);
+        if (prefill && s->prefilled[layer])
+            return rt_error(e, KVQ_ERR_STATE, "%s: item %d: layer %d of this sequence is already prefilled", fn, i,
+                            layer);
+        if (!prefill && !s->prefilled[layer])
+            return rt_error(e, KVQ_ERR_STATE, "%s: item %d: layer %d of this sequence has not been prefilled", fn, i,
+                            layer);
+        for (int j = 0; j < i; j++)
+            if (seq_at(items, j) == s)
+                return rt_error(e, KVQ_ERR_INVALID, "%s: items %d and %d are the same sequence", fn, j, i);
+    }
+    return KVQ_OK;
+}
+
+static kvq_seq *prefill_seq(const void *items, int i) { return ((const kvq_prefill_item *)items)[i].seq; }
+static kvq_seq *decode_seq(const void *items, int i) { return ((const kvq_decode_item *)items)[i].seq; }
+
 /* TailorKV Eq. 6-9 for the engine's layer: P_l from the last n_q queries of one prompt. A backend that has it
  * computes it (the cuda/emu backends' kvq_tk_dense kernel, equal to the host's value bit for bit). */
 static kvq_status dense_preference(kvq_engine *e, const float *q, const float *k, int n, float *scratch, double *out,
@@ -256,28 +284,17 @@ kvq_status kvq_prefill(kvq_engine *e, int layer, const kvq_prefill_item *items, 
 {
     static const char fn[] = "kvq_prefill";
     if (!e) return KVQ_ERR_INVALID;
-    kvq_status st = check_layer(e, fn, layer);
+    kvq_status st = rt_check_batch(e, fn, layer, items, n_items, prefill_seq, 1);
     if (st != KVQ_OK) return st;
-    if (!items || n_items < 1) return rt_error(e, KVQ_ERR_INVALID, "%s: no items (items %p, n_items %d)", fn,
-                                               (const void *)items, n_items);
     int need_q = layer_needs_q(e, layer);
     for (int i = 0; i < n_items; i++) {
         const kvq_prefill_item *it = &items[i];
-        if (!it->seq) return rt_error(e, KVQ_ERR_INVALID, "%s: item %d: seq is NULL", fn, i);
-        if (it->seq->engine != e)
-            return rt_error(e, KVQ_ERR_INVALID, "%s: item %d: the sequence belongs to another engine", fn, i);
         if (it->n_tokens < 1)
             return rt_error(e, KVQ_ERR_SHAPE, "%s: item %d: n_tokens is %d, must be at least 1", fn, i, it->n_tokens);
         if (!it->k || !it->v) return rt_error(e, KVQ_ERR_INVALID, "%s: item %d: %s is NULL", fn, i, it->k ? "v" : "k");
         if (need_q && !it->q)
             return rt_error(e, KVQ_ERR_INVALID, "%s: item %d: layer %d needs the prompt's queries (%s), q is NULL", fn,
                             i, layer, e->layer_decided[layer] ? "saliency probes" : "calibration");
-        if (it->seq->prefilled[layer])
-            return rt_error(e, KVQ_ERR_STATE, "%s: item %d: layer %d of this sequence is already prefilled", fn, i,
-                            layer);
-        for (int j = 0; j < i; j++)
-            if (items[j].seq == it->seq)
-                return rt_error(e, KVQ_ERR_INVALID, "%s: items %d and %d are the same sequence", fn, j, i);
     }
 
     const kvq_dims *d = &e->cfg.dims;
@@ -363,24 +380,13 @@ kvq_status kvq_decode(kvq_engine *e, int layer, const kvq_decode_item *items, in
 {
     static const char fn[] = "kvq_decode";
     if (!e) return KVQ_ERR_INVALID;
-    kvq_status st = check_layer(e, fn, layer);
+    kvq_status st = rt_check_batch(e, fn, layer, items, n_items, decode_seq, 0);
     if (st != KVQ_OK) return st;
-    if (!items || n_items < 1) return rt_error(e, KVQ_ERR_INVALID, "%s: no items (items %p, n_items %d)", fn,
-                                               (const void *)items, n_items);
     for (int i = 0; i < n_items; i++) {
         const kvq_decode_item *it = &items[i];
-        if (!it->seq) return rt_error(e, KVQ_ERR_INVALID, "%s: item %d: seq is NULL", fn, i);
-        if (it->seq->engine != e)
-            return rt_error(e, KVQ_ERR_INVALID, "%s: item %d: the sequence belongs to another engine", fn, i);
         if (!it->k || !it->v || !it->q || !it->out)
             return rt_error(e, KVQ_ERR_INVALID, "%s: item %d: %s is NULL", fn, i,
                             !it->k ? "k" : !it->v ? "v" : !it->q ? "q" : "out");
-        if (!it->seq->prefilled[layer])
-            return rt_error(e, KVQ_ERR_STATE, "%s: item %d: layer %d of this sequence has not been prefilled", fn, i,
-                            layer);
-        for (int j = 0; j < i; j++)
-            if (items[j].seq == it->seq)
-                return rt_error(e, KVQ_ERR_INVALID, "%s: items %d and %d are the same sequence", fn, j, i);
     }
     const kvq_dims *d = &e->cfg.dims;
     size_t nkv = (size_t)d->kv_heads * (size_t)d->head_dim, nq = (size_t)d->heads * (size_t)d->head_dim;

@@ -38,6 +38,11 @@ kvq_status rt_backend_register(kvq_backend_kind kind, const kvq_backend *backend
 
 /* Sets the engine's message and returns st. */
 kvq_status rt_error(kvq_engine *e, kvq_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The checks every batched call (kvq_prefill, kvq_decode and their device forms) makes of its sequences: the
+ * layer in range, at least one item, each sequence non-NULL, of this engine, not yet prefilled (prefill) or
+ * prefilled (decode) in that layer, none twice. seq_at(items, i) reads item i's sequence. */
+kvq_status rt_check_batch(kvq_engine *e, const char *fn, int layer, const void *items, int n,
+                          kvq_seq *(*seq_at)(const void *items, int i), int prefill);
 
 /* rt_convert.c: n elements of dtype to fp32. */
 void rt_to_f32(kvq_dtype dt, const void *src, size_t n, float *dst);
