@@ -23,7 +23,6 @@ typedef struct {
 } cu_dev_counters;
 
 void cu_dev_counters_get(cu_dev_counters *out);
-void cu_dev_counters_reset(void);
 /* d = a - b, field by field. */
 void cu_dev_counters_diff(const cu_dev_counters *a, const cu_dev_counters *b, cu_dev_counters *d);
 /* On (1) or off (0); affects emulated devices only. */

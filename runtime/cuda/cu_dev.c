@@ -68,12 +68,6 @@ void cu_dev_counters_get(cu_dev_counters *out)
     for (size_t i = 0; i < sizeof counters / sizeof(long); i++) o[i] = __atomic_load_n(&c[i], __ATOMIC_RELAXED);
 }
 
-void cu_dev_counters_reset(void)
-{
-    long *c = (long *)&counters;
-    for (size_t i = 0; i < sizeof counters / sizeof(long); i++) __atomic_store_n(&c[i], 0, __ATOMIC_RELAXED);
-}
-
 void cu_dev_counters_diff(const cu_dev_counters *a, const cu_dev_counters *b, cu_dev_counters *d)
 {
     const long *x = (const long *)a, *y = (const long *)b;
