@@ -41,6 +41,7 @@ typedef struct {
     LLVMTypeRef f32, f16, i1, i8, i32, i64, ptr, vf, vi, args_ty;
     int W;
     int vnni; /* AVX-512 VNNI + BW: the folded key dot products in int16 (vpdpwssd) */
+    int int8; /* ...and those of 2-bit keys in int8 pieces (vpdpbusd) */
     LLVMValueRef fn;
 } E;
 
@@ -369,6 +370,103 @@ static void quant_q16(E *e, LLVMValueRef *q, int nb, LLVMValueRef *hi, LLVMValue
     }
 }
 
+/* acc + the products of 64 unsigned bytes (a) and 64 signed bytes (b), four adjacent products to an i32 lane
+ * (vpdpbusd: 64 MACs, exact in int32). */
+static LLVMValueRef dpbusd(E *e, LLVMValueRef acc, LLVMValueRef a, LLVMValueRef b)
+{
+    static const char name[] = "llvm.x86.avx512.vpdpbusd.512";
+    unsigned id = LLVMLookupIntrinsicID(name, sizeof name - 1);
+    LLVMValueRef f = LLVMGetIntrinsicDeclaration(e->m, id, NULL, 0);
+    LLVMTypeRef ft = LLVMIntrinsicGetType(e->c, id, NULL, 0);
+    LLVMValueRef args[3] = {acc, a, b};
+    return LLVMBuildCall2(e->b, ft, f, args, 3, "");
+}
+
+/* The int8 key path's byte order: the 2-bit codes of a token (32 bytes, byte j = channels 4j..4j+3, layout.h)
+ * become two vectors of 64 unsigned bytes by shifts and a mask, without moving a byte: A = codes of channels 4j
+ * (bytes 0..31) and 4j+1 (bytes 32..63), B = channels 4j+2 and 4j+3. The query's pieces are laid out in the same
+ * order once per tile, so each vpdpbusd lane multiplies matching channels. */
+static int q8_channel(int byte, int vec) { return 4 * (byte % 32) + 2 * vec + byte / 32; }
+
+static void codes8(E *e, LLVMValueRef row, LLVMValueRef *A, LLVMValueRef *B)
+{
+    LLVMTypeRef b32 = LLVMVectorType(e->i8, 32), b64 = LLVMVectorType(e->i8, 64);
+    LLVMTypeRef i16 = LLVMInt16TypeInContext(e->c), w32 = LLVMVectorType(i16, 32);
+    LLVMValueRef bytes = load(e, b32, row, 1), idx[64], sa[32], sb[32], m3[64];
+    for (int i = 0; i < 64; i++) {
+        idx[i] = ci32(e, i % 32);
+        m3[i] = LLVMConstInt(e->i8, 3, 0);
+    }
+    for (int i = 0; i < 32; i++) {
+        sa[i] = LLVMConstInt(i16, i < 16 ? 0 : 2, 0); /* 16-bit lanes 0..15 are bytes 0..31 */
+        sb[i] = LLVMConstInt(i16, i < 16 ? 4 : 6, 0);
+    }
+    LLVMValueRef x = LLVMBuildBitCast(e->b, LLVMBuildShuffleVector(e->b, bytes, LLVMGetPoison(b32), LLVMConstVector(idx, 64), ""),
+                                      w32, "");
+    /* (x >> s) & 3 per byte with 16-bit shifts: s <= 6, so bits s, s+1 of a byte come from that byte */
+    LLVMValueRef a = LLVMBuildBitCast(e->b, LLVMBuildLShr(e->b, x, LLVMConstVector(sa, 32), ""), b64, "");
+    LLVMValueRef bb = LLVMBuildBitCast(e->b, LLVMBuildLShr(e->b, x, LLVMConstVector(sb, 32), ""), b64, "");
+    *A = LLVMBuildBitCast(e->b, LLVMBuildAnd(e->b, a, LLVMConstVector(m3, 64), ""), e->vi, "");
+    *B = LLVMBuildBitCast(e->b, LLVMBuildAnd(e->b, bb, LLVMConstVector(m3, 64), ""), e->vi, "");
+}
+
+/* The folded query q' (8 vectors of 16: head_dim 128) as three signed 7-bit pieces in codes8's byte order:
+ *   x_c = rint(q'_c / sq), sq = max|q'| / (127 2^14), so |x_c| <= 127 2^14 < 2^21 (exact in fp32);
+ *   x = hi 2^14 + mid 2^7 + lo, hi = rint(x 2^-14) in [-127, 127], mid, lo in [-64, 64] (exact).
+ * So q'_c = sq x_c within sq / 2 = max|q'| 2^-22 / 1.016, and sum_c q'_c code_c = sq (2^14 H + 2^7 M + L) with H, M,
+ * L the exact integer dot products of the pieces (|.| <= 128 3 127 2^14 < 2^31 after the combination: 2-bit
+ * codes only). Error per logit at most max|q'| 2^-22 sum_c code_c, against the int16 pair's 2^-31: ~1e-5 of
+ * max|q'| at 128 channels, below the 1e-3 the tests hold every path to (docs/cpu.md "Accuracy"). */
+static void quant_q8(E *e, LLVMValueRef *q, int nb, LLVMValueRef *qa, LLVMValueRef *qb, LLVMValueRef *sq)
+{
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef mx = NULL;
+    for (int i = 0; i < nb; i++) {
+        LLVMValueRef a[1] = {q[i]};
+        LLVMValueRef ab = call_intrinsic(e, "llvm.fabs", e->vf, a, 1);
+        mx = mx ? fmax_sel(e, mx, ab) : ab;
+    }
+    const double R = 127.0 * 16384.0;
+    LLVMValueRef amax = hmax(e, mx);
+    LLVMValueRef pos = LLVMBuildFCmp(b, LLVMRealOGT, amax, cf(e, 0.0), "");
+    LLVMValueRef inv = LLVMBuildSelect(b, pos, LLVMBuildFDiv(b, cf(e, R), amax, ""), cf(e, 0.0), "");
+    *sq = LLVMBuildFDiv(b, amax, cf(e, R), "");
+    LLVMValueRef iv = splat(e, inv), piece[3][16];
+    for (int i = 0; i < nb; i++) {
+        LLVMValueRef ra[1] = {LLVMBuildFMul(b, q[i], iv, "")};
+        LLVMValueRef x = call_intrinsic(e, "llvm.rint", e->vf, ra, 1);
+        LLVMValueRef ha[1] = {LLVMBuildFMul(b, x, vfc(e, 1.0 / 16384.0), "")};
+        LLVMValueRef hi = call_intrinsic(e, "llvm.rint", e->vf, ha, 1);
+        LLVMValueRef r = LLVMBuildFSub(b, x, LLVMBuildFMul(b, hi, vfc(e, 16384.0), ""), "");
+        LLVMValueRef ma[1] = {LLVMBuildFMul(b, r, vfc(e, 1.0 / 128.0), "")};
+        LLVMValueRef mid = call_intrinsic(e, "llvm.rint", e->vf, ma, 1);
+        LLVMValueRef lo = LLVMBuildFSub(b, r, LLVMBuildFMul(b, mid, vfc(e, 128.0), ""), "");
+        LLVMValueRef ps[3] = {hi, mid, lo};
+        for (int p = 0; p < 3; p++) piece[p][i] = LLVMBuildTrunc(b, LLVMBuildFPToSI(b, ps[p], e->vi, ""),
+                                                                 LLVMVectorType(e->i8, 16), "");
+    }
+    for (int p = 0; p < 3; p++) {
+        /* the 128 channels' bytes in one vector, then codes8's order */
+        LLVMValueRef cur[16];
+        int n = nb;
+        for (int i = 0; i < n; i++) cur[i] = piece[p][i];
+        for (int w = 16; n > 1; w *= 2, n /= 2)
+            for (int i = 0; i < n / 2; i++) {
+                LLVMValueRef cat[256];
+                for (int l = 0; l < 2 * w; l++) cat[l] = ci32(e, l);
+                cur[i] = LLVMBuildShuffleVector(b, cur[2 * i], cur[2 * i + 1], LLVMConstVector(cat, (unsigned)(2 * w)), "");
+            }
+        LLVMValueRef ia[64], ib[64];
+        for (int l = 0; l < 64; l++) {
+            ia[l] = ci32(e, q8_channel(l, 0));
+            ib[l] = ci32(e, q8_channel(l, 1));
+        }
+        LLVMValueRef all = cur[0], pz = LLVMGetPoison(LLVMTypeOf(all));
+        qa[p] = LLVMBuildBitCast(b, LLVMBuildShuffleVector(b, all, pz, LLVMConstVector(ia, 64), ""), e->vi, "");
+        qb[p] = LLVMBuildBitCast(b, LLVMBuildShuffleVector(b, all, pz, LLVMConstVector(ib, 64), ""), e->vi, "");
+    }
+}
+
 /* A parameter stored in `bytes` (2: fp16, 4: fp32) as fp32: element `idx` (an i64) of the section at sec. */
 static LLVMValueRef param_scalar(E *e, LLVMValueRef sec, LLVMValueRef idx, int bytes)
 {
@@ -454,10 +552,12 @@ static int src_fold(const emit_llvm_src *s) { return !s->fp16 && s->fmt.gran == 
 typedef struct {
     const emit_llvm_kernel *k;
     LLVMValueRef *a;      /* the argument fields */
-    int fold, vn, g2, P;  /* folded keys; int16 path; g rounded up to a power of two; partial sums per head */
+    int fold, vn, v8, g2, P; /* folded keys; int16 path; int8 path (2-bit, within vn); g rounded up to a power of
+                              * two; partial sums per head */
     LLVMValueRef qv[MAXG][MAXB];                               /* q (times s when folded), fp32 */
     LLVMValueRef qhi[MAXG][MAXB / 4], qlo[MAXG][MAXB / 4];     /* vn: q' as int16 pairs per 32 channels */
     LLVMValueRef sq[MAXG], sql[MAXG];                          /* vn: their scales */
+    LLVMValueRef qa[MAXG][3], qb[MAXG][3];                     /* v8: q' as three byte pieces (quant_q8) */
 } KPhase;
 
 /* One token t (i32) of the K phase for all g heads: per head either an fp32 vector whose lane sum is the dot
@@ -470,6 +570,20 @@ static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef *dv, LL
     LLVMBuilderRef b = e->b;
     LLVMValueRef *a = kp->a;
     LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
+    if (kp->v8) {
+        LLVMValueRef row = gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
+        LLVMValueRef A, B;
+        codes8(e, row, &A, &B);
+        for (int j = 0; j < g; j++) {
+            LLVMValueRef s[3];
+            for (int p = 0; p < 3; p++)
+                s[p] = dpbusd(e, dpbusd(e, LLVMConstNull(e->vi), A, kp->qa[j][p]), B, kp->qb[j][p]);
+            /* 2^14 H + 2^7 M + L: exact (quant_q8) */
+            LLVMValueRef x = LLVMBuildAdd(b, LLVMBuildShl(b, s[0], vic(e, 7), ""), s[1], "");
+            hv[j] = LLVMBuildAdd(b, LLVMBuildShl(b, x, vic(e, 7), ""), s[2], "");
+        }
+        return;
+    }
     if (kp->vn) {
         LLVMValueRef row = gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
         for (int u = 0; u < D / 32; u++) {
@@ -833,6 +947,9 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     kp.a = a;
     kp.fold = fold;
     kp.vn = e->vnni && fold && W == 16 && g == 1; /* GQA 1 only: see v_int16 */
+    /* 2-bit keys at head_dim 128 take int8 pieces (vpdpbusd: 64 MACs, codes unpacked by two shifts and a mask per
+     * token); the combined integer sum fits int32 only for 2-bit codes (quant_q8) */
+    kp.v8 = kp.vn && e->int8 && k->k.fmt.bits == 2 && D == 128;
     kp.g2 = 1;
     while (kp.g2 < g) kp.g2 *= 2;
     int masked_fmt = !k->k.fp16 && k->k.fmt.masked;
@@ -845,7 +962,9 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     if (kp.P > NB) kp.P = NB;
     for (int j = 0; j < g; j++)
         for (int bl = 0; bl < NB; bl++) kp.qv[j][bl] = qv[j][bl];
-    if (kp.vn)
+    if (kp.v8)
+        for (int j = 0; j < g; j++) quant_q8(e, qv[j], NB, kp.qa[j], kp.qb[j], &kp.sq[j]);
+    else if (kp.vn)
         for (int j = 0; j < g; j++) quant_q16(e, qv[j], NB, kp.qhi[j], kp.qlo[j], &kp.sq[j], &kp.sql[j]);
 
     LLVMValueRef ninf = cf(e, -__builtin_inf()), zero_i = ci32(e, 0);
@@ -858,10 +977,8 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMValueRef sqv = LLVMGetPoison(e->vf), sqlv = LLVMGetPoison(e->vf), qzv = LLVMGetPoison(e->vf);
         for (int l = 0; l < W; l++) {
             int j = l % kp.g2 < g ? l % kp.g2 : 0;
-            if (kp.vn) {
-                sqv = LLVMBuildInsertElement(b, sqv, kp.sq[j], ci32(e, l), "");
-                sqlv = LLVMBuildInsertElement(b, sqlv, kp.sql[j], ci32(e, l), "");
-            }
+            if (kp.vn) sqv = LLVMBuildInsertElement(b, sqv, kp.sq[j], ci32(e, l), "");
+            if (kp.vn && !kp.v8) sqlv = LLVMBuildInsertElement(b, sqlv, kp.sql[j], ci32(e, l), "");
             if (fold) qzv = LLVMBuildInsertElement(b, qzv, qz[j], ci32(e, l), "");
         }
         LLVMBasicBlockRef kblk = LLVMAppendBasicBlockInContext(e->c, e->fn, "kblock");
@@ -876,13 +993,14 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
             for (int j = 0; j < kp.g2; j++) {
                 LLVMValueRef zero = LLVMConstNull(kp.vn ? e->vi : e->vf);
                 tree_push(e, &th, j < g ? (kp.vn ? hv[j] : dv[j]) : zero);
-                if (kp.vn) tree_push(e, &tl, j < g ? lv[j] : zero);
+                if (kp.vn && !kp.v8) tree_push(e, &tl, j < g ? lv[j] : zero);
             }
         }
         LLVMValueRef x;
         if (kp.vn) {
             x = LLVMBuildFMul(b, LLVMBuildSIToFP(b, th.v[0], e->vf, ""), sqv, "");
-            x = fm(LLVMBuildFAdd(b, x, fm(LLVMBuildFMul(b, LLVMBuildSIToFP(b, tl.v[0], e->vf, ""), sqlv, "")), ""));
+            if (!kp.v8)
+                x = fm(LLVMBuildFAdd(b, x, fm(LLVMBuildFMul(b, LLVMBuildSIToFP(b, tl.v[0], e->vf, ""), sqlv, "")), ""));
         } else {
             x = th.v[0];
         }
@@ -938,13 +1056,14 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     LLVMValueRef dv[MAXG], hv[MAXG], lv[MAXG], sums[MAXG], lsums[MAXG];
     k_token(e, &kp, t, dv, hv, lv);
     hsum_many(e, kp.vn ? hv : dv, g, sums);
-    if (kp.vn) hsum_many(e, lv, g, lsums);
+    if (kp.vn && !kp.v8) hsum_many(e, lv, g, lsums);
     LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
     for (int j = 0; j < g; j++) {
         LLVMValueRef s = sums[j];
         if (kp.vn) {
             s = LLVMBuildFMul(b, LLVMBuildSIToFP(b, s, e->f32, ""), kp.sq[j], "");
-            s = fm(LLVMBuildFAdd(b, s, fm(LLVMBuildFMul(b, LLVMBuildSIToFP(b, lsums[j], e->f32, ""), kp.sql[j], "")), ""));
+            if (!kp.v8)
+                s = fm(LLVMBuildFAdd(b, s, fm(LLVMBuildFMul(b, LLVMBuildSIToFP(b, lsums[j], e->f32, ""), kp.sql[j], "")), ""));
         }
         if (fold) s = fm(LLVMBuildFAdd(b, s, qz[j], ""));
         if (masked) s = LLVMBuildSelect(b, masked, ninf, s, "");
@@ -1153,7 +1272,8 @@ static void module_init(E *e, LLVMContextRef ctx, int width, int vnni)
     e->i64 = LLVMInt64TypeInContext(ctx);
     e->ptr = LLVMPointerTypeInContext(ctx, 0);
     e->W = width;
-    e->vnni = vnni;
+    e->vnni = (vnni & EMIT_LLVM_IR_VNNI) != 0;
+    e->int8 = e->vnni && (vnni & EMIT_LLVM_IR_INT8);
     e->vf = LLVMVectorType(e->f32, (unsigned)width);
     e->vi = LLVMVectorType(e->i32, (unsigned)width);
     LLVMTypeRef fields[A_COUNT];

@@ -20,7 +20,7 @@
 #include "plan.h"
 
 /* The code generator's version: part of the JIT cache key (bump when the IR changes meaning). */
-#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-7"
+#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-8"
 
 /* Tokens per tile: a multiple of every vector width the emitter uses (4, 8, 16). */
 #define EMIT_LLVM_TILE 64
@@ -69,6 +69,8 @@ kvq_status emit_llvm_probe(char *msg, size_t msg_size);
  * 16, possibly | EMIT_LLVM_NO_VNNI) overrides it (tests run the narrower paths on an AVX-512 host); 0 = the
  * host's. With 16 lanes, AVX-512 VNNI and BW, folded (per-channel) keys take the int16 path (docs/cpu.md). */
 int emit_llvm_host_width(int force);
+/* OR'd into a width argument like EMIT_LLVM_NO_VNNI: no int8 key path (2-bit keys then take the int16 one). */
+#define EMIT_LLVM_NO_INT8 0x200
 
 /* 1 if the emitter can build a kernel for this pair (bits 1, 2, 3, 4, 8, 16; head_dim a multiple of 32). */
 int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size);

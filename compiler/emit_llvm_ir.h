@@ -8,8 +8,9 @@
 #include "emit_llvm.h"
 
 /* The unoptimised, unverified module of n kernels (symbols kvq_tile_0..n-1) in ctx: `width` lanes (4, 8, 16),
- * `vnni` nonzero for the int16 paths (16 lanes with AVX-512 VNNI and BW). The kernels must be
- * emit_llvm_supported. */
+ * `vnni` EMIT_LLVM_IR_VNNI for the int16 paths (16 lanes with AVX-512 VNNI and BW), | EMIT_LLVM_IR_INT8 for the
+ * int8 keys (2-bit, emit_llvm.c), 0 for neither. The kernels must be emit_llvm_supported. */
+enum { EMIT_LLVM_IR_VNNI = 1, EMIT_LLVM_IR_INT8 = 2 };
 LLVMModuleRef emit_llvm_ir_module(LLVMContextRef ctx, const emit_llvm_kernel *ks, int n, int width, int vnni);
 #endif
 

@@ -46,16 +46,18 @@ kvq_status emit_llvm_probe(char *msg, size_t msg_size)
 /* Vector lanes for a feature string: 16 with AVX-512F, 8 with AVX2, else 4; `force` (4, 8, 16) wins. */
 static int width_for(const char *features, int force)
 {
-    force &= ~EMIT_LLVM_NO_VNNI;
+    force &= ~(EMIT_LLVM_NO_VNNI | EMIT_LLVM_NO_INT8);
     if (force == 4 || force == 8 || force == 16) return force;
     return features && strstr(features, "+avx512f") ? 16 : features && strstr(features, "+avx2") ? 8 : 4;
 }
 
-/* The int16 key path: 16 lanes, AVX-512 VNNI and BW (vpdpwssd, 16-bit shifts), not turned off by `force`. */
+/* The integer key paths (emit_llvm_ir_module's vnni): 16 lanes, AVX-512 VNNI and BW (vpdpwssd, vpdpbusd, 16-bit
+ * shifts), not turned off by `force`: EMIT_LLVM_IR_VNNI, and EMIT_LLVM_IR_INT8 unless `force` says no int8. */
 static int vnni_for(const char *features, int width, int force)
 {
-    return width == 16 && !(force & EMIT_LLVM_NO_VNNI) && features && strstr(features, "+avx512vnni") &&
-           strstr(features, "+avx512bw");
+    int on = width == 16 && !(force & EMIT_LLVM_NO_VNNI) && features && strstr(features, "+avx512vnni") &&
+             strstr(features, "+avx512bw");
+    return on ? EMIT_LLVM_IR_VNNI | (force & EMIT_LLVM_NO_INT8 ? 0 : EMIT_LLVM_IR_INT8) : 0;
 }
 
 int emit_llvm_host_width(int force)

@@ -16,12 +16,14 @@ int cpu_class_source(const cpu_class *c, int which, const kvq_page_format *f)
     return emit_llvm_source_index(&c->src, which, f);
 }
 
-/* KVQ_CPU_VECTOR_WIDTH (4, 8 or 16) narrows the vectors and KVQ_CPU_VNNI=0 turns the int16 key path off, so the
- * generic paths can be tested on a wide host. */
+/* KVQ_CPU_VECTOR_WIDTH (4, 8 or 16) narrows the vectors, KVQ_CPU_VNNI=0 turns the integer paths off and
+ * KVQ_CPU_INT8=0 the int8 keys only (2-bit keys then take the int16 path), so the other paths can be tested and
+ * timed on a wide VNNI host. */
 static int forced_width(void)
 {
-    const char *w = getenv("KVQ_CPU_VECTOR_WIDTH"), *v = getenv("KVQ_CPU_VNNI");
-    return (w ? atoi(w) & 0xff : 0) | (v && !strcmp(v, "0") ? EMIT_LLVM_NO_VNNI : 0);
+    const char *w = getenv("KVQ_CPU_VECTOR_WIDTH"), *v = getenv("KVQ_CPU_VNNI"), *i8 = getenv("KVQ_CPU_INT8");
+    return (w ? atoi(w) & 0xff : 0) | (v && !strcmp(v, "0") ? EMIT_LLVM_NO_VNNI : 0) |
+           (i8 && !strcmp(i8, "0") ? EMIT_LLVM_NO_INT8 : 0);
 }
 
 static void *prebuilt(void *arg, const char *key, size_t *size)

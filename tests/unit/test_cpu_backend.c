@@ -380,14 +380,17 @@ static void test_adversarial(void)
 {
     static const char *files[] = {"specs/kivi2.kvq", "specs/kivi4.kvq", "specs/compare/kivi2-g128.kvq"};
     static const shape sh[] = {{97, 2, 1, 128, 1, 45}, {201, 1, 1, 128, 2, 37}, {1000, 1, 1, 128, 1, 12}};
-    for (int path = 0; path < 2; path++) {
+    static const char *paths[] = {"host path (int8 2-bit keys, int16 with VNNI)",
+                                  "int16 keys (KVQ_CPU_INT8=0)", "fp32 path (KVQ_CPU_VNNI=0)"};
+    for (int path = 0; path < 3; path++) {
         if (unavailable[0]) {
             printf("SKIP cpu: adversarial data: %s\n", unavailable);
             return;
         }
         th_begin("cpu: adversarial data (outlier channels, token scales 1e-2..1e2, peaky softmax), %s, vs reference",
-                 path ? "fp32 path (KVQ_CPU_VNNI=0)" : "host path (int16 with VNNI)");
-        if (path) setenv("KVQ_CPU_VNNI", "0", 1);
+                 paths[path]);
+        if (path == 1) setenv("KVQ_CPU_INT8", "0", 1);
+        if (path == 2) setenv("KVQ_CPU_VNNI", "0", 1);
         adversarial = 1;
         for (int i = 0; i < 3; i++) {
             kvq_spec *sp = tu_spec_file(files[i]);
@@ -397,6 +400,7 @@ static void test_adversarial(void)
         }
         adversarial = 0;
         unsetenv("KVQ_CPU_VNNI");
+        unsetenv("KVQ_CPU_INT8");
         th_end();
     }
 }
@@ -517,7 +521,21 @@ static void test_ir(void)
         TH_CHECK(!strstr(c, "vpdpwssd"), "a GQA-4 kernel emits vpdpwssd");
         TH_CHECK(c1 && (!vnni || strstr(c1, "llvm.x86.avx512.vpdpwssd.512")),
                  "a VNNI host's 16-lane GQA-1 kernel has no vpdpwssd");
-        free(c1);
+        /* The int8 keys: 2-bit per-channel keys at GQA 1 on a VNNI host (vpdpbusd), not with EMIT_LLVM_NO_INT8
+         * (the int16 keys then), not at GQA 4, not for 4-bit keys. */
+        char *c8 = emit_llvm_ir_text(&k1, 16 | EMIT_LLVM_NO_INT8);
+        emit_llvm_kernel k4 = k1;
+        kvq_tensor_cfg kc4 = {4, KVQ_GRAN_CHANNEL, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+        kvq_page_format_init(&k4.k.fmt, &kc4, 4, 0, 8, 128, 32);
+        char *c4 = emit_llvm_ir_text(&k4, 16);
+        TH_CHECK(c1 && (!vnni || strstr(c1, "llvm.x86.avx512.vpdpbusd.512")),
+                 "a VNNI host's 16-lane GQA-1 2-bit kernel has no vpdpbusd");
+        TH_CHECK(c8 && !strstr(c8, "vpdpbusd") && (!vnni || strstr(c8, "vpdpwssd")),
+                 "EMIT_LLVM_NO_INT8: vpdpbusd, or no int16 keys");
+        TH_CHECK(!strstr(c, "vpdpbusd") && !strstr(a, "vpdpbusd") && d && !strstr(d, "vpdpbusd"),
+                 "vpdpbusd at GQA 4, at 8 lanes or without VNNI");
+        TH_CHECK(c4 && !strstr(c4, "vpdpbusd"), "a 4-bit key kernel emits vpdpbusd");
+        free(c1), free(c8), free(c4);
         free(d);
     }
     free(a), free(b), free(c);
