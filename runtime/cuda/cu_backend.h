@@ -148,6 +148,8 @@ typedef struct {
     uint64_t q, out, lse, kvin, part, tables; /* in mem */
     size_t tables_bytes;                      /* for max_batch */
     unsigned char *host[2];                   /* page-locked staging of the tables, alternate plans */
+    void *copied[2];                          /* events recorded after the copy from host[i] */
+    int pending[2];                           /* copied[i] recorded and not yet waited for */
     int slot;
     /* the plan in force */
     int planned, n;

@@ -25,6 +25,7 @@ typedef struct {
     long syncs, allocs, frees, host_allocs, host_frees, h2d, d2h, memsets, launches, loads;
     long capture_refused;
     long replays, replayed_nodes; /* cu_dev_graph_replay calls, and the nodes they ran (not counted above) */
+    long event_waits;             /* cuEventSynchronize: the host waits for the stream up to an event */
 } cu_dev_counters;
 
 void cu_dev_counters_get(cu_dev_counters *out);

@@ -292,6 +292,27 @@ kvq_status cu_dev_memset(cu_dev *d, uint64_t dst, int byte, size_t n, char *msg,
     return st == KVQ_OK ? record(&nd, NULL, msg, ms) : st;
 }
 
+kvq_status cu_dev_event_create(cu_dev *d, void **ev, char *msg, size_t ms)
+{
+    *ev = NULL;
+    if (refused(d, "cuEventCreate", msg, ms)) return KVQ_ERR_INTERNAL;
+    return d->ops->event_create(d, ev, msg, ms);
+}
+void cu_dev_event_destroy(cu_dev *d, void *ev)
+{
+    if (ev) d->ops->event_destroy(d, ev);
+}
+kvq_status cu_dev_event_record(cu_dev *d, void *ev, char *msg, size_t ms)
+{
+    return d->ops->event_record(d, ev, msg, ms);
+}
+kvq_status cu_dev_event_wait(cu_dev *d, void *ev, char *msg, size_t ms)
+{
+    if (refused(d, "cuEventSynchronize", msg, ms)) return KVQ_ERR_INTERNAL;
+    COUNT(event_waits);
+    return d->ops->event_wait(d, ev, msg, ms);
+}
+
 void cu_dev_set_stream(cu_dev *d, void *stream) { d->stream = stream ? stream : d->own_stream; }
 void *cu_dev_stream(const cu_dev *d) { return d->stream; }
 

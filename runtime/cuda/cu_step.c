@@ -59,7 +59,13 @@ void cu_step_free(kvq_backend_ctx *c)
 {
     cu_step *S = &c->step;
     cu_dev_free(c->dev, S->mem);
-    for (int i = 0; i < 2; i++) cu_dev_free_host(c->dev, S->host[i]);
+    for (int i = 0; i < 2; i++) {
+        /* a copy from the staging may still be queued: it must have read it before the memory goes */
+        char m[256];
+        if (S->pending[i]) cu_dev_event_wait(c->dev, S->copied[i], m, sizeof m);
+        cu_dev_free_host(c->dev, S->host[i]);
+        cu_dev_event_destroy(c->dev, S->copied[i]);
+    }
     kvq_free(S->seqs);
     memset(S, 0, sizeof *S);
 }
@@ -137,10 +143,11 @@ kvq_status cu_step_reserve(kvq_backend_ctx *c, int max_batch, int max_tokens, ch
         void *h = NULL;
         st = cu_dev_alloc_host(c->dev, S.tables_bytes, &h, &unused, msg, ms);
         S.host[i] = h;
+        if (st == KVQ_OK) st = cu_dev_event_create(c->dev, &S.copied[i], msg, ms);
     }
     if (st != KVQ_OK) { /* the reservation in force, if any, stays */
         cu_dev_free(c->dev, S.mem);
-        for (int i = 0; i < 2; i++) cu_dev_free_host(c->dev, S.host[i]);
+        for (int i = 0; i < 2; i++) cu_dev_free_host(c->dev, S.host[i]), cu_dev_event_destroy(c->dev, S.copied[i]);
         kvq_free(S.seqs);
         if (st == KVQ_ERR_NOMEM) snprintf(msg, ms, "out of memory");
         return st;
@@ -310,8 +317,16 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
     tbl_off o;
     tbl_layout(S, n, &o);
     size_t bytes = o.layer * (size_t)layers;
-    /* the other page-locked buffer than the last plan's: its copy may still be queued (docs/cuda.md) */
-    unsigned char *tb = S->host[S->slot ^ 1];
+    /* the other page-locked buffer than the last plan's, whose copy may still be queued; the copy made from this
+     * one two plans ago must have run before it is written (its event; at once in a decode loop, which waited
+     * for that step's outputs) */
+    int k = S->slot ^ 1;
+    unsigned char *tb = S->host[k];
+    if (S->pending[k]) {
+        st = cu_dev_event_wait(c->dev, S->copied[k], msg, ms);
+        if (st != KVQ_OK) return st;
+        S->pending[k] = 0;
+    }
     memset(tb, 0, bytes); /* unused items: n = 0, nothing to do */
     cu_snap *snap = kvq_calloc((size_t)layers * n, sizeof *snap);
     if (!snap) {
@@ -327,6 +342,12 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
         void *prev = cu_dev_stream(c->dev);
         if (stream) cu_dev_set_stream(c->dev, stream);
         st = cu_dev_h2d_async(c->dev, S->tables, tb, bytes, msg, ms); /* the step's one copy */
+        if (st == KVQ_OK) {
+            kvq_status er = cu_dev_event_record(c->dev, S->copied[k], msg, ms);
+            /* without the event the next reuse waits for the whole stream instead */
+            if (er == KVQ_OK) S->pending[k] = 1;
+            else st = cu_dev_sync(c->dev, msg, ms);
+        }
         cu_dev_set_stream(c->dev, prev);
     }
     if (st == KVQ_OK) {

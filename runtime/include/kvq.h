@@ -282,8 +282,9 @@ kvq_status kvq_engine_reserve_step(kvq_engine *engine, int max_batch, int max_to
  * copy queued on stream (NULL: the engine's own). All-or-nothing: on failure every layer of every sequence is as
  * it was. KVQ_ERR_STATE without a reservation, KVQ_ERR_SHAPE beyond it. Lengths (kvq_seq_length) count the
  * planned token at once; its device work is done by the runs, which must follow before the next plan (read_cache
- * after they ran). The copy reads one of two page-locked buffers, used in turn: plan step s + 2 only after step s's
- * copy has run (a host that read step s's outputs has waited for it). */
+ * after they ran). The copy reads one of two page-locked buffers, used in turn: before writing one again the plan
+ * waits for the event recorded after the copy that read it two plans ago (at once in a loop that read that step's
+ * outputs). */
 kvq_status kvq_decode_plan(kvq_engine *engine, kvq_seq *const *seqs, int n_seqs, void *stream);
 /* The device half of layer `layer` of the planned step: batch->seqs must be the planned sequences in the planned
  * order; q, k, v, out, lse and stream as kvq_decode_device. Queues the work and returns; changes no host state, so

@@ -226,11 +226,11 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
         else
             TH_CHECK(x.syncs == 0 && x.allocs == 0 && x.frees == 0 && x.host_allocs == 0 && x.d2h == 0 &&
                          x.launches == 0 && x.memsets == 0 && x.loads == 0 && x.h2d == 1 && x.replays == 1 &&
-                         x.replayed_nodes == cu_dev_graph_nodes(),
+                         x.replayed_nodes == cu_dev_graph_nodes() && x.event_waits == (st >= 2),
                      "replayed step %d: syncs %ld allocs %ld frees %ld d2h %ld launches %ld memsets %ld h2d %ld "
-                     "replays %ld nodes %ld",
+                     "replays %ld nodes %ld event waits %ld",
                      st, x.syncs, x.allocs, x.frees, x.d2h, x.launches, x.memsets, x.h2d, x.replays,
-                     x.replayed_nodes);
+                     x.replayed_nodes, x.event_waits);
         /* engine A, layer by layer, through host pointers; B's outputs must be the same bits */
         for (int l = 0; l < LAYERS && !th_failed(); l++) {
             for (int i = 0; i < B; i++) {
