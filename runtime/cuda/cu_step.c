@@ -20,20 +20,30 @@
 
 static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-/* Offsets of one layer's tables for a batch of n, and the bytes of one layer. */
+/* The tables of a batch of n: per layer at layer offset l * `layer`, the sequences' tile counts and splits and the
+ * store and quantize items (fixed sizes); after every layer's, from `tiles`, the tiles of every layer and sequence
+ * packed as the plan writes them (each sequence's entry holds its tiles' address), so the step's one copy sends
+ * the tiles there are, not the capacity's. */
 typedef struct {
-    size_t seqs, tiles, st1, st2, q[CU_STEP_STORES], layer;
+    size_t seqs, st1, st2, q[CU_STEP_STORES], layer, tiles;
 } tbl_off;
 
-static void tbl_layout(const cu_step *S, int n, tbl_off *o)
+static void tbl_layout(const cu_step *S, int n, int layers, tbl_off *o)
 {
     size_t at = 0;
     o->seqs = at, at += al16((size_t)n * sizeof(kvq_seq_tiles));
-    o->tiles = at, at += al16((size_t)n * S->tiles_cap * sizeof(kvq_tile));
     o->st1 = at, at += al16((size_t)n * S->st1_cap * sizeof(kvq_store_params));
     o->st2 = at, at += al16((size_t)n * S->st2_cap * sizeof(kvq_store_params));
     for (int s = 0; s < CU_STEP_STORES; s++) o->q[s] = at, at += al16((size_t)n * S->q_cap[s] * sizeof(kvq_quant_params));
     o->layer = at;
+    o->tiles = at * (size_t)layers;
+}
+/* Bytes of the tables at batch n with every sequence at its tile capacity. */
+static size_t tbl_bytes_max(const cu_step *S, int n, int layers)
+{
+    tbl_off o;
+    tbl_layout(S, n, layers, &o);
+    return o.tiles + (size_t)layers * n * S->tiles_cap * sizeof(kvq_tile);
 }
 
 static const plan_store *class_store(const kvq_backend_ctx *c, int cls, int s)
@@ -114,7 +124,7 @@ kvq_status cu_step_reserve(kvq_backend_ctx *c, int max_batch, int max_tokens, ch
         layer_bounds(c, &lc->quant, c->plan->layer_class[l], max_tokens, &S);
     }
     if (S.tiles_cap < 1) S.tiles_cap = 1;
-    /* gridDim.z of the list launches, and the tiles' int counts */
+    /* gridDim.z of the list launches: the items of the whole batch */
     int zmax = imax(imax(S.st1_cap, S.st2_cap), imax(imax(S.q_cap[0], S.q_cap[1]), imax(S.q_cap[2], S.q_cap[3])));
     if ((long long)max_batch * zmax > CU_GRID_YZ_MAX) {
         snprintf(msg, ms, "a batch of %d needs %lld work items per launch, more than gridDim.z's %u", max_batch,
@@ -130,9 +140,7 @@ kvq_status cu_step_reserve(kvq_backend_ctx *c, int max_batch, int max_tokens, ch
             size_t b = (size_t)n * Hq * ch * (D + 1) * sizeof(float);
             if (b > part) part = b;
         }
-    tbl_off o;
-    tbl_layout(&S, max_batch, &o);
-    S.tables_bytes = o.layer * (size_t)c->e.dims.layers;
+    S.tables_bytes = tbl_bytes_max(&S, max_batch, c->e.dims.layers);
     size_t qb = al16((size_t)max_batch * Hq * D * sizeof(float)), lb = al16((size_t)max_batch * Hq * sizeof(float));
     size_t kb = al16((size_t)max_batch * 2 * H * D * 2);
     S.mem_bytes = 2 * qb + lb + kb + al16(part) + S.tables_bytes;
@@ -245,12 +253,11 @@ static kvq_status check_plannable(const kvq_backend_ctx *c, kvq_backend_seq *con
 
 /* Layer l of every sequence: the token's work recorded, the tiles and the split into the host tables. */
 static kvq_status plan_layer(kvq_backend_ctx *c, int l, kvq_backend_seq *const *seqs, int n, unsigned char *tb,
-                             const tbl_off *o, char *msg, size_t ms)
+                             const tbl_off *o, size_t *tiles_at, char *msg, size_t ms)
 {
     cu_step *S = &c->step;
     int cls = c->plan->layer_class[l], H = c->H, D = c->D;
     size_t kvi = (size_t)2 * H * D * 2;
-    uint64_t dbase = S->tables + (uint64_t)l * o->layer;
     unsigned char *hb = tb + (size_t)l * o->layer;
     kvq_seq_tiles *sq = (kvq_seq_tiles *)(hb + o->seqs);
     int max_tiles = 1;
@@ -291,9 +298,10 @@ static kvq_status plan_layer(kvq_backend_ctx *c, int l, kvq_backend_seq *const *
                          c->htiles[j].n, c->plan->cls[cls].tile);
                 st = KVQ_ERR_INTERNAL;
             }
-        memcpy(hb + o->tiles + (size_t)i * S->tiles_cap * sizeof(kvq_tile), c->htiles, (size_t)nt * sizeof(kvq_tile));
-        sq[i].tiles = dbase + o->tiles + (uint64_t)i * S->tiles_cap * sizeof(kvq_tile);
+        memcpy(tb + *tiles_at, c->htiles, (size_t)nt * sizeof(kvq_tile));
+        sq[i].tiles = S->tables + *tiles_at;
         sq[i].n_tiles = nt;
+        *tiles_at += (size_t)nt * sizeof(kvq_tile);
         if (nt > max_tiles) max_tiles = nt;
     }
     if (st != KVQ_OK) return st;
@@ -315,8 +323,8 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
     cu_step *S = &c->step;
     int layers = c->e.dims.layers;
     tbl_off o;
-    tbl_layout(S, n, &o);
-    size_t bytes = o.layer * (size_t)layers;
+    tbl_layout(S, n, layers, &o);
+    size_t tiles_at = o.tiles;
     /* the other page-locked buffer than the last plan's, whose copy may still be queued; the copy made from this
      * one two plans ago must have run before it is written (its event; at once in a decode loop, which waited
      * for that step's outputs) */
@@ -327,7 +335,7 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
         if (st != KVQ_OK) return st;
         S->pending[k] = 0;
     }
-    memset(tb, 0, bytes); /* unused items: n = 0, nothing to do */
+    memset(tb, 0, o.tiles); /* unused items: n = 0, nothing to do */
     cu_snap *snap = kvq_calloc((size_t)layers * n, sizeof *snap);
     if (!snap) {
         snprintf(msg, ms, "out of memory");
@@ -337,11 +345,11 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
     for (int l = 0; l < layers && st == KVQ_OK; l++)
         for (int i = 0; i < n && st == KVQ_OK; i++)
             if ((st = cu_qlayer_save(&seqs[i]->layers[l]->q, &snap[(size_t)l * n + i])) == KVQ_OK) saved++;
-    for (int l = 0; l < layers && st == KVQ_OK; l++, done++) st = plan_layer(c, l, seqs, n, tb, &o, msg, ms);
+    for (int l = 0; l < layers && st == KVQ_OK; l++, done++) st = plan_layer(c, l, seqs, n, tb, &o, &tiles_at, msg, ms);
     if (st == KVQ_OK) {
         void *prev = cu_dev_stream(c->dev);
         if (stream) cu_dev_set_stream(c->dev, stream);
-        st = cu_dev_h2d_async(c->dev, S->tables, tb, bytes, msg, ms); /* the step's one copy */
+        st = cu_dev_h2d_async(c->dev, S->tables, tb, tiles_at, msg, ms); /* the step's one copy */
         if (st == KVQ_OK) {
             kvq_status er = cu_dev_event_record(c->dev, S->copied[k], msg, ms);
             /* without the event the next reuse waits for the whole stream instead */
@@ -390,7 +398,7 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
     const cu_step *S = &c->step;
     int H = c->H, Hq = c->Hq, D = c->D, cls = c->plan->layer_class[layer];
     tbl_off o;
-    tbl_layout(S, n, &o);
+    tbl_layout(S, n, c->e.dims.layers, &o);
     uint64_t base = S->tables + (uint64_t)layer * o.layer;
     /* q to fp32 [n][Hq][D], k and v to fp16 rows [n][2][H][D], as decode_run converts them */
     kvq_status st = cu_convert_rows(c, dev_addr(dv->q.data), dv->q.dtype, dv->q.token_stride, dv->q.head_stride, S->q,

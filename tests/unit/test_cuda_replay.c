@@ -359,6 +359,12 @@ static void test_failures(const kvq_scheme *s, const kvq_synth *syn)
                 memcpy(din + (size_t)i * ROW * D, r, (size_t)ROW * D * 2);
                 di[i] = (kvq_decode_item){sa[i], r + HQ * D, r + (HQ + H) * D, r, hout + (size_t)i * HQ * D};
             }
+            if (st == 0 && l == 0) { /* the run takes the planned batch only */
+                kvq_dev_decode bad = dd;
+                bad.n_seqs = B - 1;
+                TH_CHECK(kvq_decode_run(eb, l, &bad) == KVQ_ERR_INVALID && strstr(kvq_engine_errmsg(eb), "planned"),
+                         "run of another batch: %s", kvq_engine_errmsg(eb));
+            }
             TH_CHECK(kvq_decode_run(eb, l, &dd) == KVQ_OK, "step %d layer %d: run: %s", st, l, kvq_engine_errmsg(eb));
             TH_CHECK(kvq_decode(ea, l, di, B) == KVQ_OK, "host decode: %s", kvq_engine_errmsg(ea));
             for (size_t j = 0; j < (size_t)B * HQ * D; j++) mismatches += memcmp(&hout[j], &dout[j], 4) != 0;
@@ -374,6 +380,16 @@ static void test_failures(const kvq_scheme *s, const kvq_synth *syn)
             state_free(&x), state_free(&y);
         }
     printf("  %ld failed plans, each leaving every layer as it was\n", failures);
+    /* a backend without planned steps says so */
+    kvq_engine_config rc;
+    kvq_engine_config_init(&rc);
+    rc.dims = (kvq_dims){LAYERS, HQ, H, D};
+    kvq_engine *r = NULL;
+    TH_CHECK(kvq_engine_create(s, &rc, &r, err, sizeof err) == KVQ_OK, "reference: %s", err);
+    TH_CHECK(!r || (kvq_engine_reserve_step(r, 1, 100) == KVQ_ERR_UNSUPPORTED &&
+                    strstr(kvq_engine_errmsg(r), "no planned steps")),
+             "reference: %s", r ? kvq_engine_errmsg(r) : "");
+    kvq_engine_free(r);
     kvq_free(hout), kvq_free(hin);
     if (eb) dev_free(eb, din), dev_free(eb, dout);
     kvq_engine_free(ea);
