@@ -1,14 +1,17 @@
 /* Planned decode steps replayed as a graph (kvq.h "Planned decode steps", docs/cuda.md "Planned steps") under the
- * emulator. For every spec in specs/ and batches of 1, 3 and 17 sequences of different prompt lengths (varlen
- * prefill): engine A takes every step through the host-pointer kvq_decode; engine B plans step 1
- * (kvq_decode_plan), runs every layer (kvq_decode_run) in capture mode, which records the emulated graph, and for
- * every later step only writes the step's q, k, v into the same device buffers, plans, and replays the recorded
- * graph (cu_dev_graph_replay), with KIVI flushes at R = 32 and 128 and new pages on the way. Each step's outputs of
- * every layer, the final caches (read_cache) and statistics of B equal A's bit for bit, and a replayed step makes
- * no synchronisation, allocation, device-to-host copy or launch by the host: the plan's one copy and the replay.
- * Specs with step policies (OTT, ZipCache, TailorKV's sparse layers) are refused by the plan with a message that
- * names the policy. Also: a batch or a length beyond the reserved capacity is refused and changes nothing, and a
- * plan failed at every allocation and at its device copy in turn leaves every layer of every sequence as it was. */
+ * emulator (or on a GPU: tests/gpu/test_gpu_replay.c builds this file for the cuda backend and the driver's
+ * graphs). For every spec in specs/ and batches of 1, 3 and 17 sequences of different prompt lengths (varlen
+ * prefill), 3 layers: engine A takes every step through the host-pointer kvq_decode; engine B plans every step
+ * (kvq_decode_plan), runs step 0's layers eagerly (kvq_decode_run; warm-up), captures step 1's runs of every layer
+ * (the emulator's capture mode records them), and for the 40 steps after only writes the step's q, k, v into the
+ * same device buffers, plans and replays the graph (cu_dev_graph_replay), with KIVI flushes at R = 32 and 128 and
+ * new pages on the way. Each step's outputs of every layer, the final caches (read_cache) and statistics of B
+ * equal A's bit for bit, and a replayed step makes no synchronisation, allocation, device-to-host copy or launch
+ * by the host: the plan's one copy and the replay. Specs with step policies (OTT's pool layer, ZipCache,
+ * TailorKV's sparse layers) are refused by the plan with a message that names the policy. Also: a batch or a
+ * length beyond the reserved capacity is refused and changes nothing, and a plan failed at every allocation and
+ * at its device copy in turn leaves every layer of every sequence as it was. */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +32,7 @@
 #define HQ 4
 #define D 128
 #define TOK 240
-#define STEPS 42 /* step 1 captured, 41 replayed */
+#define STEPS 42 /* step 0 eager (warm-up), step 1 captured, 40 replayed */
 #define ROW (HQ + 2 * H) /* heads of a fused qkv row */
 
 /* ---- "device" memory of the engine's emulated device (its addresses are host addresses) ---- */
@@ -53,13 +56,93 @@ static void dev_free(kvq_engine *e, void *p)
     cu_dev_leave(e->ctx->dev, &s);
 }
 
+/* Bytes to and from device memory (synchronous copies: outside the measured calls). */
+static int dev_copy(kvq_engine *e, void *dst, const void *src, size_t bytes, int to_device)
+{
+    cu_ctx_scope s;
+    char msg[256];
+    cu_dev_enter(e->ctx->dev, &s);
+    kvq_status st = to_device ? cu_dev_h2d(e->ctx->dev, (uint64_t)(uintptr_t)dst, src, bytes, msg, sizeof msg)
+                              : cu_dev_d2h(e->ctx->dev, dst, (uint64_t)(uintptr_t)src, bytes, msg, sizeof msg);
+    cu_dev_leave(e->ctx->dev, &s);
+    return st == KVQ_OK;
+}
+
+/* ---- the graph: the emulator's recorded one (cu_counters.h), or on a GPU the driver's stream capture of the
+ * engine's own stream, instantiated and launched (libcuda through dlopen, CUDA 12 entry points) ---- */
+
+#ifndef CU_TEST_BACKEND
+#define CU_TEST_BACKEND KVQ_BACKEND_EMU
+#endif
+#define ON_GPU (CU_TEST_BACKEND == KVQ_BACKEND_CUDA)
+
+static struct {
+    int (*begin)(void *, int);
+    int (*end)(void *, void **);
+    int (*inst)(void **, void *, unsigned long long);
+    int (*launch)(void *, void *);
+    int (*exec_destroy)(void *);
+    int (*destroy)(void *);
+    void *graph, *exec;
+} gr;
+
+static int graph_begin(kvq_engine *e)
+{
+    if (!ON_GPU) {
+        cu_dev_capture(1); /* records the emulated graph */
+        return 1;
+    }
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return 0;
+    *(void **)&gr.begin = dlsym(h, "cuStreamBeginCapture_v2");
+    *(void **)&gr.end = dlsym(h, "cuStreamEndCapture");
+    *(void **)&gr.inst = dlsym(h, "cuGraphInstantiateWithFlags");
+    *(void **)&gr.launch = dlsym(h, "cuGraphLaunch");
+    *(void **)&gr.exec_destroy = dlsym(h, "cuGraphExecDestroy");
+    *(void **)&gr.destroy = dlsym(h, "cuGraphDestroy");
+    if (!gr.begin || !gr.end || !gr.inst || !gr.launch || !gr.exec_destroy || !gr.destroy) return 0;
+    return gr.begin(cu_dev_stream(e->ctx->dev), 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */) == 0;
+}
+
+static int graph_end(kvq_engine *e)
+{
+    if (!ON_GPU) {
+        cu_dev_capture(0);
+        return cu_dev_graph_nodes() > 0;
+    }
+    gr.graph = gr.exec = NULL;
+    return gr.end(cu_dev_stream(e->ctx->dev), &gr.graph) == 0 && gr.inst(&gr.exec, gr.graph, 0) == 0;
+}
+
+static int graph_launch(kvq_engine *e, char *msg, size_t n)
+{
+    if (!ON_GPU) return cu_dev_graph_replay(msg, n) == KVQ_OK;
+    snprintf(msg, n, "cuGraphLaunch failed");
+    cu_ctx_scope s;
+    cu_dev_enter(e->ctx->dev, &s);
+    int ok = gr.launch(gr.exec, cu_dev_stream(e->ctx->dev)) == 0;
+    cu_dev_leave(e->ctx->dev, &s);
+    return ok;
+}
+
+static void graph_free(void)
+{
+    if (!ON_GPU) {
+        cu_dev_graph_reset();
+        return;
+    }
+    if (gr.exec) gr.exec_destroy(gr.exec);
+    if (gr.graph) gr.destroy(gr.graph);
+    gr.exec = gr.graph = NULL;
+}
+
 static kvq_engine *engine_for(const kvq_scheme *s, char *err, size_t n)
 {
     kvq_engine_config cfg;
     kvq_engine_config_init(&cfg);
     cfg.dims = (kvq_dims){LAYERS, HQ, H, D};
     cfg.dtype = KVQ_F16;
-    cfg.backend = KVQ_BACKEND_EMU;
+    cfg.backend = CU_TEST_BACKEND;
     kvq_engine *e = NULL;
     return kvq_engine_create(s, &cfg, &e, err, n) == KVQ_OK ? e : NULL;
 }
@@ -150,7 +233,7 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
 {
     th_begin("replay: %s (%s), batch %d: a step planned and captured once, then %d steps of plan + graph replay, "
              "equal to the host path bit for bit with no sync, alloc, D2H or host launch in a replayed step",
-             kvq_scheme_name(s), file, B, STEPS - 1);
+             kvq_scheme_name(s), file, B, STEPS - 2);
     char err[1024];
     kvq_engine *ea = engine_for(s, err, sizeof err), *eb = ea ? engine_for(s, err, sizeof err) : NULL;
     TH_CHECK(ea && eb, "engines: %s", err);
@@ -180,7 +263,7 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
     for (int l = 0; l < LAYERS; l++)
         dd[l] = (kvq_dev_decode){sb, B, view(din[l], 0), view(din[l], HQ), view(din[l], HQ + H),
                                  {dout[l], KVQ_F32, (long long)HQ * D, D}, NULL, NULL};
-    float *hout = kvq_malloc((size_t)B * HQ * D * 4);
+    float *hout = kvq_malloc((size_t)B * HQ * D * 4), *bout = kvq_malloc((size_t)B * HQ * D * 4);
     uint16_t *hin = kvq_malloc((size_t)B * ROW * D * 2);
     kvq_decode_item *di = kvq_calloc((size_t)B, sizeof *di);
     long mismatches = 0, flushes = 0;
@@ -191,8 +274,10 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
         uint64_t resid0 = 0;
         kvq_mem_stats ms0;
         if (kvq_engine_stats(eb, &ms0) == KVQ_OK) resid0 = ms0.tokens[KVQ_SEG_RESIDUAL];
-        for (int l = 0; l < LAYERS; l++)
-            for (int i = 0; i < B; i++) fill_row(din[l] + (size_t)i * ROW * D, syn, l, len[i] + st + i % 7);
+        for (int l = 0; l < LAYERS && !th_failed(); l++) {
+            for (int i = 0; i < B; i++) fill_row(hin + (size_t)i * ROW * D, syn, l, len[i] + st + i % 7);
+            TH_CHECK(dev_copy(eb, din[l], hin, (size_t)B * ROW * D * 2, 1), "inputs");
+        }
         cu_dev_counters c0, c1, x;
         cu_dev_counters_get(&c0);
         kvq_status ps = kvq_decode_plan(eb, sb, B, NULL);
@@ -207,26 +292,26 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
             break;
         }
         TH_CHECK(ps == KVQ_OK, "step %d: plan: %s", st, kvq_engine_errmsg(eb));
-        if (st == 0) {
-            cu_dev_capture(1); /* records the emulated graph */
+        /* step 0 runs eagerly (warm-up: every kernel looked up), step 1 is captured (and runs), then replays */
+        if (st <= 1) {
+            TH_CHECK(st == 0 || graph_begin(eb), "begin capture");
             for (int l = 0; l < LAYERS && !th_failed(); l++)
-                TH_CHECK(kvq_decode_run(eb, l, &dd[l]) == KVQ_OK, "capture: layer %d: %s", l, kvq_engine_errmsg(eb));
-            cu_dev_capture(0);
-            TH_CHECK(cu_dev_graph_nodes() > 0, "nothing recorded");
-        } else {
-            char m[512] = "";
-            TH_CHECK(cu_dev_graph_replay(m, sizeof m) == KVQ_OK, "step %d: replay: %s", st, m);
+                TH_CHECK(kvq_decode_run(eb, l, &dd[l]) == KVQ_OK, "step %d: layer %d: %s", st, l,
+                         kvq_engine_errmsg(eb));
+            TH_CHECK(st == 0 || graph_end(eb), "end capture: nothing recorded");
         }
+        if (st == 1 && ON_GPU) TH_CHECK(graph_launch(eb, err, sizeof err), "%s", err); /* a GPU graph runs now */
+        if (st >= 2) TH_CHECK(graph_launch(eb, err, sizeof err), "step %d: replay: %s", st, err);
         cu_dev_counters_get(&c1);
         cu_dev_counters_diff(&c1, &c0, &x);
-        if (st == 0)
+        if (st == 1)
             TH_CHECK(x.capture_refused == 0 && x.syncs == 0 && x.allocs == 0 && x.d2h == 0 && x.h2d == 1,
                      "captured step: refused %ld syncs %ld allocs %ld d2h %ld h2d %ld", x.capture_refused, x.syncs,
                      x.allocs, x.d2h, x.h2d);
-        else
+        else if (st >= 2)
             TH_CHECK(x.syncs == 0 && x.allocs == 0 && x.frees == 0 && x.host_allocs == 0 && x.d2h == 0 &&
-                         x.launches == 0 && x.memsets == 0 && x.loads == 0 && x.h2d == 1 && x.replays == 1 &&
-                         x.replayed_nodes == cu_dev_graph_nodes() && x.event_waits == (st >= 2),
+                         x.launches == 0 && x.memsets == 0 && x.loads == 0 && x.h2d == 1 && x.replays == !ON_GPU &&
+                         (ON_GPU || x.replayed_nodes == cu_dev_graph_nodes()) && x.event_waits == 1,
                      "replayed step %d: syncs %ld allocs %ld frees %ld d2h %ld launches %ld memsets %ld h2d %ld "
                      "replays %ld nodes %ld event waits %ld",
                      st, x.syncs, x.allocs, x.frees, x.d2h, x.launches, x.memsets, x.h2d, x.replays,
@@ -239,8 +324,9 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
                 di[i] = (kvq_decode_item){sa[i], r + HQ * D, r + (HQ + H) * D, r, hout + (size_t)i * HQ * D};
             }
             TH_CHECK(kvq_decode(ea, l, di, B) == KVQ_OK, "host decode: %s", kvq_engine_errmsg(ea));
+            TH_CHECK(dev_copy(eb, bout, dout[l], (size_t)B * HQ * D * 4, 0), "outputs");
             for (size_t j = 0; j < (size_t)B * HQ * D && !th_failed(); j++)
-                mismatches += memcmp(&hout[j], &dout[l][j], 4) != 0;
+                mismatches += memcmp(&hout[j], &bout[j], 4) != 0;
         }
         kvq_mem_stats ms1;
         if (kvq_engine_stats(eb, &ms1) == KVQ_OK && ms1.tokens[KVQ_SEG_RESIDUAL] < resid0) flushes++;
@@ -269,9 +355,9 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
                  "statistics differ");
         n_replayed++;
     }
-    cu_dev_graph_reset();
+    graph_free();
     for (int l = 0; l < LAYERS && eb; l++) dev_free(eb, din[l]), dev_free(eb, dout[l]);
-    kvq_free(hout), kvq_free(hin), kvq_free(di);
+    kvq_free(hout), kvq_free(bout), kvq_free(hin), kvq_free(di);
     kvq_free(sa), kvq_free(sb), kvq_free(len);
     kvq_engine_free(ea);
     kvq_engine_free(eb);
@@ -312,7 +398,7 @@ static void test_failures(const kvq_scheme *s, const kvq_synth *syn)
     kvq_dev_decode dd = {sb, B, view(din, 0), view(din, HQ), view(din, HQ + H), {dout, KVQ_F32, HQ * D, D}, NULL, NULL};
     TH_CHECK(th_failed() || (kvq_decode_run(eb, 0, &dd) == KVQ_ERR_STATE && strstr(kvq_engine_errmsg(eb), "plan")),
              "run without a plan: %s", kvq_engine_errmsg(eb));
-    float *hout = kvq_malloc((size_t)B * HQ * D * 4);
+    float *hout = kvq_malloc((size_t)B * HQ * D * 4), *bout = kvq_malloc((size_t)B * HQ * D * 4);
     uint16_t *hin = kvq_malloc((size_t)B * ROW * D * 2);
     kvq_decode_item di[B];
     long failures = 0, mismatches = 0;
@@ -356,7 +442,6 @@ static void test_failures(const kvq_scheme *s, const kvq_synth *syn)
             for (int i = 0; i < B; i++) {
                 uint16_t *r = hin + (size_t)i * ROW * D;
                 fill_row(r, syn, l, len[i] + st + i % 7);
-                memcpy(din + (size_t)i * ROW * D, r, (size_t)ROW * D * 2);
                 di[i] = (kvq_decode_item){sa[i], r + HQ * D, r + (HQ + H) * D, r, hout + (size_t)i * HQ * D};
             }
             if (st == 0 && l == 0) { /* the run takes the planned batch only */
@@ -365,9 +450,11 @@ static void test_failures(const kvq_scheme *s, const kvq_synth *syn)
                 TH_CHECK(kvq_decode_run(eb, l, &bad) == KVQ_ERR_INVALID && strstr(kvq_engine_errmsg(eb), "planned"),
                          "run of another batch: %s", kvq_engine_errmsg(eb));
             }
+            TH_CHECK(dev_copy(eb, din, hin, (size_t)B * ROW * D * 2, 1), "inputs");
             TH_CHECK(kvq_decode_run(eb, l, &dd) == KVQ_OK, "step %d layer %d: run: %s", st, l, kvq_engine_errmsg(eb));
             TH_CHECK(kvq_decode(ea, l, di, B) == KVQ_OK, "host decode: %s", kvq_engine_errmsg(ea));
-            for (size_t j = 0; j < (size_t)B * HQ * D; j++) mismatches += memcmp(&hout[j], &dout[j], 4) != 0;
+            TH_CHECK(dev_copy(eb, bout, dout, (size_t)B * HQ * D * 4, 0), "outputs");
+            for (size_t j = 0; j < (size_t)B * HQ * D; j++) mismatches += memcmp(&hout[j], &bout[j], 4) != 0;
         }
     }
     TH_CHECK(failures > NSTEPS, "only %ld failures injected", failures);
@@ -390,7 +477,7 @@ static void test_failures(const kvq_scheme *s, const kvq_synth *syn)
                     strstr(kvq_engine_errmsg(r), "no planned steps")),
              "reference: %s", r ? kvq_engine_errmsg(r) : "");
     kvq_engine_free(r);
-    kvq_free(hout), kvq_free(hin);
+    kvq_free(hout), kvq_free(bout), kvq_free(hin);
     if (eb) dev_free(eb, din), dev_free(eb, dout);
     kvq_engine_free(ea);
     kvq_engine_free(eb);
