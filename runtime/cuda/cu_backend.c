@@ -380,14 +380,9 @@ static kvq_status layer_save(cu_layer *L, cu_snap *s)
     return KVQ_OK;
 }
 
-/* A decode step, all-or-nothing per sequence (backend.h): each item's layer metadata is saved first; the step then
- * writes on the device only where nothing lives yet (new pages, free window slots, the free copy of OTT's pool
- * state, free probe rows) while it updates the host metadata in place; when everything succeeded the items adopt
- * OTT's new copies (cu_qlayer_commit), otherwise every item is put back from its snapshot, which frees what the
- * step created and undoes OTT's unmasking (the only device write that is undone rather than avoided). */
 kvq_status cu_convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long sts, long long shs, uint64_t dst,
-                               int ddt, long long dts, long long dhs, int n, int heads, int dim, float mul, char *msg,
-                               size_t ms)
+                           int ddt, long long dts, long long dhs, int n, int heads, int dim, float mul, char *msg,
+                           size_t ms)
 {
     kvq_convert_params p;
     memset(&p, 0, sizeof p);
@@ -398,6 +393,11 @@ kvq_status cu_convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long 
 
 static uint64_t dev_addr(const void *p) { return (uint64_t)(uintptr_t)p; }
 
+/* A decode step, all-or-nothing per sequence (backend.h): each item's layer metadata is saved first; the step then
+ * writes on the device only where nothing lives yet (new pages, free window slots, the free copy of OTT's pool
+ * state, free probe rows) while it updates the host metadata in place; when everything succeeded the items adopt
+ * OTT's new copies (cu_qlayer_commit), otherwise every item is put back from its snapshot, which frees what the
+ * step created and undoes OTT's unmasking (the only device write that is undone rather than avoided). */
 /* A decode step (host items, or the device tensors dv: items then carry only their sequences). */
 static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode *items, int n, const kvq_dev_decode *dv,
                              uint64_t *out_dev, int download, char *msg, size_t ms)

@@ -93,8 +93,7 @@ static void layer_bounds(kvq_backend_ctx *c, const kvq_quant_cfg *q, int cls, in
         kvq_window_rule_of(q, w, &r);
         int B = r.capacity == 0 ? 1 : r.batch, fp16 = kvq_bits_is_fp16(t->bits);
         int append = r.batch == 1 && (fp16 || (t->gran == KVQ_GRAN_TOKEN && !t->channel_separable));
-        int per_page = t->gran == KVQ_GRAN_CHANNEL && !fp16 ? kvq_channel_group_tokens(t, B) : B;
-        if (per_page > B) per_page = B;
+        int per_page = kvq_flush_page_tokens(t, B); /* flush_pages' cut: one page, or channel groups */
         if (per_page < 1) per_page = 1;
         int pages = append ? 1 : cdiv(B, per_page), maxn = append ? 1 : per_page;
         /* the runs a tile may end at: the pages (at least per_page tokens but for the prefill's and the append

@@ -523,8 +523,28 @@ int main(void)
         kvq_spec_free(spec);
         free(names[f]);
     }
+    /* the other paths of the planned tables and list kernels, at batch 3: sinks; quantized keys beside fp16 values
+     * (fp16 tensors keep no window: their pages take the new token's own store); a group flush (values in pages of
+     * G, not appended); channel-separable values in hidden groups (the factor list, a hidden quantize list,
+     * one-token pages); values quantized on arrival (no window) */
+    static const char extra[] =
+        "scheme win_sinks { key { bits 2; per channel; group 32; } value { bits 2; per token; group 32; }\n"
+        "  sinks 4; residual 32; flush kivi; }\n"
+        "scheme fp16_values { key { bits 2; per channel; group 32; } value { bits 16; } residual 32; }\n"
+        "scheme group_flush { key { bits 4; per channel; group 32; } value { bits 4; per token; group 32; }\n"
+        "  residual 32; flush group; }\n"
+        "scheme sep_hidden { key { bits 2; per channel; group 32; }\n"
+        "  value { bits 4; per token; channel_separable; group hidden; } residual 32; flush kivi; }\n"
+        "scheme no_window { key { bits 2; per channel; group 32; } value { bits 2; per token; group 32; } }\n";
+    kvq_spec *xs = NULL;
+    th_begin("replay: the extra schemes parse");
+    TH_CHECK(kvq_spec_parse_string("extra", extra, sizeof extra - 1, &xs) == KVQ_OK && kvq_spec_scheme_count(xs) == 5,
+             "extra schemes");
+    th_end();
+    for (int i = 0; xs && i < kvq_spec_scheme_count(xs); i++) run_case("inline", kvq_spec_scheme_at(xs, i), &syn, 3);
+    kvq_spec_free(xs);
     th_begin("replay: the specs with step policies were refused, the others replayed");
-    TH_CHECK(n_replayed >= 4 * 3 && n_refused >= 2 * 3, "%d cases replayed, %d refused", n_replayed, n_refused);
+    TH_CHECK(n_replayed >= 4 * 3 + 5 && n_refused >= 2 * 3, "%d cases replayed, %d refused", n_replayed, n_refused);
     th_end();
     kvq_synth_free(&syn);
     return th_summary();
