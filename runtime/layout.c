@@ -137,6 +137,9 @@ int kvq_channel_group_tokens(const kvq_tensor_cfg *t, int n) { return t->group >
 
 int kvq_flush_page_tokens(const kvq_tensor_cfg *t, int remaining)
 {
-    int cap = t->gran == KVQ_GRAN_CHANNEL ? kvq_channel_group_tokens(t, remaining) : remaining;
+    /* bits 16 is not quantized: no group to cut at, whatever the granularity says (the default key is per channel,
+     * group 32: a prefill of fp16 keys in 32-token pages read, per kv head, 1/H of each page and jumped) */
+    int cap = t->gran == KVQ_GRAN_CHANNEL && !kvq_bits_is_fp16(t->bits) ? kvq_channel_group_tokens(t, remaining)
+                                                                        : remaining;
     return cap < remaining ? cap : remaining;
 }

@@ -101,8 +101,8 @@ int kvq_saliency_high_count(const kvq_saliency_cfg *s, int n);
 int kvq_channel_group_tokens(const kvq_tensor_cfg *t, int n);
 
 /* Capacity of the next page of a flush class with `remaining` tokens left to store (a page holds one group):
- * per channel the group (the whole flush for group all), at most what remains; per token one page of all of
- * them. So a class of n tokens is n / c pages of c = kvq_flush_page_tokens(t, n) and one of n % c. The one rule
+ * per channel the group (the whole flush for group all), at most what remains; per token, and for bits 16 (not
+ * quantized, so no groups), one page of all of them. So a class of n tokens is n / c pages of c = kvq_flush_page_tokens(t, n) and one of n % c. The one rule
  * the backends' page writes and the accounting share. */
 int kvq_flush_page_tokens(const kvq_tensor_cfg *t, int remaining);
 

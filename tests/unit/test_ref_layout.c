@@ -149,6 +149,22 @@ static void test_bit_order(void)
     th_end();
 }
 
+/* The page cut of a flush (kvq_flush_page_tokens, layout.md "What a prefill allocates"): per channel the group,
+ * per token everything, and bits 16 everything whatever the granularity (fp16 keys default to per channel). */
+static void test_page_cut(void)
+{
+    th_begin("layout.md: a flush's page capacities (per channel: the group; per token and bits 16: all of it)");
+    kvq_tensor_cfg ch = {2, KVQ_GRAN_CHANNEL, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+    kvq_tensor_cfg tok = {2, KVQ_GRAN_TOKEN, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+    kvq_tensor_cfg f16 = {16, KVQ_GRAN_CHANNEL, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+    TH_CHECK(kvq_flush_page_tokens(&ch, 1000) == 32 && kvq_flush_page_tokens(&ch, 5) == 5, "per channel: %d %d",
+             kvq_flush_page_tokens(&ch, 1000), kvq_flush_page_tokens(&ch, 5));
+    TH_CHECK(kvq_flush_page_tokens(&tok, 1000) == 1000, "per token: %d", kvq_flush_page_tokens(&tok, 1000));
+    TH_CHECK(kvq_flush_page_tokens(&f16, 65536) == 65536, "bits 16 per channel: %d",
+             kvq_flush_page_tokens(&f16, 65536));
+    th_end();
+}
+
 int main(void)
 {
     const char *doc = read_doc();
@@ -160,5 +176,6 @@ int main(void)
         test_caches(doc);
     }
     test_bit_order();
+    test_page_cut();
     return th_summary();
 }
