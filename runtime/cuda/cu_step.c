@@ -340,11 +340,11 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
         snprintf(msg, ms, "out of memory");
         return KVQ_ERR_NOMEM;
     }
-    int saved = 0, done = 0;
+    int saved = 0;
     for (int l = 0; l < layers && st == KVQ_OK; l++)
         for (int i = 0; i < n && st == KVQ_OK; i++)
             if ((st = cu_qlayer_save(&seqs[i]->layers[l]->q, &snap[(size_t)l * n + i])) == KVQ_OK) saved++;
-    for (int l = 0; l < layers && st == KVQ_OK; l++, done++) st = plan_layer(c, l, seqs, n, tb, &o, &tiles_at, msg, ms);
+    for (int l = 0; l < layers && st == KVQ_OK; l++) st = plan_layer(c, l, seqs, n, tb, &o, &tiles_at, msg, ms);
     if (st == KVQ_OK) {
         void *prev = cu_dev_stream(c->dev);
         if (stream) cu_dev_set_stream(c->dev, stream);
@@ -374,7 +374,6 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
     }
     for (int x = 0; x < layers * n; x++) kvq_free(snap[x].probe_pos);
     kvq_free(snap);
-    (void)done;
     return st;
 }
 
