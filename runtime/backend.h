@@ -82,6 +82,14 @@ typedef struct kvq_backend {
      * (kvq_prefill_device). */
     kvq_status (*download)(kvq_backend_ctx *ctx, void *stream, void *dst, const void *src, size_t bytes, char *msg,
                            size_t msg_size);
+    /* Optional (NULL: no planned steps): kvq_engine_reserve_step, kvq_decode_plan (the host half of the next step
+     * of every layer; all-or-nothing over every layer of every sequence) and kvq_decode_run (the device half of
+     * one layer of the planned step; no host state changes), after the engine's checks. */
+    kvq_status (*reserve_step)(kvq_backend_ctx *ctx, int max_batch, int max_tokens, char *msg, size_t msg_size);
+    kvq_status (*decode_plan)(kvq_backend_ctx *ctx, kvq_backend_seq *const *seqs, int n, void *stream, char *msg,
+                              size_t msg_size);
+    kvq_status (*decode_run)(kvq_backend_ctx *ctx, int layer, kvq_backend_seq *const *seqs, int n,
+                             const kvq_dev_decode *batch, char *msg, size_t msg_size);
 } kvq_backend;
 
 extern const kvq_backend kvq_backend_reference;

@@ -40,10 +40,9 @@ static kvq_status check_seqs(kvq_engine *e, const char *fn, int layer, kvq_seq *
     return st;
 }
 
-kvq_status kvq_decode_device(kvq_engine *e, int layer, const kvq_dev_decode *b)
+/* The checks of a device decode batch (kvq_decode_device, kvq_decode_run). */
+static kvq_status check_decode(kvq_engine *e, const char *fn, int layer, const kvq_dev_decode *b)
 {
-    static const char fn[] = "kvq_decode_device";
-    if (!e) return KVQ_ERR_INVALID;
     if (!b) return rt_error(e, KVQ_ERR_INVALID, "%s: batch is NULL", fn);
     kvq_status st = check_seqs(e, fn, layer, b->seqs, b->n_seqs, 0);
     const kvq_dims *d = &e->cfg.dims;
@@ -54,6 +53,14 @@ kvq_status kvq_decode_device(kvq_engine *e, int layer, const kvq_dev_decode *b)
     if (st == KVQ_OK && !rows_disjoint(&b->out, b->n_seqs, d->heads, d->head_dim))
         st = rt_error(e, KVQ_ERR_INVALID, "%s: out's rows overlap (token stride %lld, head stride %lld)", fn,
                       b->out.token_stride, b->out.head_stride);
+    return st;
+}
+
+kvq_status kvq_decode_device(kvq_engine *e, int layer, const kvq_dev_decode *b)
+{
+    static const char fn[] = "kvq_decode_device";
+    if (!e) return KVQ_ERR_INVALID;
+    kvq_status st = check_decode(e, fn, layer, b);
     if (st != KVQ_OK) return st;
     kvq_backend_seq **bs = kvq_malloc((size_t)b->n_seqs * sizeof *bs);
     if (!bs) return rt_error(e, KVQ_ERR_NOMEM, "%s: out of memory", fn);
@@ -139,5 +146,68 @@ kvq_status kvq_prefill_device(kvq_engine *e, int layer, const kvq_dev_prefill *b
     for (int i = 0; bufs && i < 3 * n; i++) kvq_free(bufs[i]);
     kvq_free(bufs);
     kvq_free(items);
+    return st;
+}
+
+/* ---- planned steps (kvq.h "Planned decode steps"; cu_step.c) ---- */
+
+static kvq_status no_steps(kvq_engine *e, const char *fn)
+{
+    return rt_error(e, KVQ_ERR_UNSUPPORTED, "%s: the %s backend has no planned steps (use cuda or emu)", fn,
+                    e->be->name);
+}
+
+kvq_status kvq_engine_reserve_step(kvq_engine *e, int max_batch, int max_tokens)
+{
+    static const char fn[] = "kvq_engine_reserve_step";
+    if (!e) return KVQ_ERR_INVALID;
+    if (!e->be->reserve_step) return no_steps(e, fn);
+    if (max_batch < 1 || max_tokens < 1)
+        return rt_error(e, KVQ_ERR_INVALID, "%s: max_batch %d and max_tokens %d must be at least 1", fn, max_batch,
+                        max_tokens);
+    char msg[RT_ERRMSG_MAX] = "";
+    kvq_status st = e->be->reserve_step(e->ctx, max_batch, max_tokens, msg, sizeof msg);
+    if (st != KVQ_OK) rt_error(e, st, "%s: %d x %d: %s", fn, max_batch, max_tokens, msg[0] ? msg : kvq_status_str(st));
+    return st;
+}
+
+static kvq_status backend_seqs(kvq_engine *e, const char *fn, kvq_seq *const *seqs, int n, kvq_backend_seq ***out)
+{
+    *out = kvq_malloc((size_t)n * sizeof **out);
+    if (!*out) return rt_error(e, KVQ_ERR_NOMEM, "%s: out of memory", fn);
+    for (int i = 0; i < n; i++) (*out)[i] = seqs[i]->bseq;
+    return KVQ_OK;
+}
+
+kvq_status kvq_decode_plan(kvq_engine *e, kvq_seq *const *seqs, int n_seqs, void *stream)
+{
+    static const char fn[] = "kvq_decode_plan";
+    if (!e) return KVQ_ERR_INVALID;
+    if (!e->be->decode_plan) return no_steps(e, fn);
+    kvq_status st = KVQ_OK;
+    for (int l = 0; l < e->cfg.dims.layers && st == KVQ_OK; l++) st = rt_check_batch(e, fn, l, seqs, n_seqs, seq_of, 0);
+    kvq_backend_seq **bs = NULL;
+    if (st == KVQ_OK) st = backend_seqs(e, fn, seqs, n_seqs, &bs);
+    if (st != KVQ_OK) return st;
+    char msg[RT_ERRMSG_MAX] = "";
+    st = e->be->decode_plan(e->ctx, bs, n_seqs, stream, msg, sizeof msg);
+    kvq_free(bs);
+    if (st != KVQ_OK) rt_error(e, st, "%s: %s", fn, msg[0] ? msg : kvq_status_str(st));
+    return st;
+}
+
+kvq_status kvq_decode_run(kvq_engine *e, int layer, const kvq_dev_decode *b)
+{
+    static const char fn[] = "kvq_decode_run";
+    if (!e) return KVQ_ERR_INVALID;
+    if (!e->be->decode_run) return no_steps(e, fn);
+    kvq_status st = check_decode(e, fn, layer, b);
+    kvq_backend_seq **bs = NULL;
+    if (st == KVQ_OK) st = backend_seqs(e, fn, b->seqs, b->n_seqs, &bs);
+    if (st != KVQ_OK) return st;
+    char msg[RT_ERRMSG_MAX] = "";
+    st = e->be->decode_run(e->ctx, layer, bs, b->n_seqs, b, msg, sizeof msg);
+    kvq_free(bs);
+    if (st != KVQ_OK) rt_error(e, st, "%s: layer %d: %s", fn, layer, msg[0] ? msg : kvq_status_str(st));
     return st;
 }

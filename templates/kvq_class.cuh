@@ -40,13 +40,17 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm));
 #endif
 
-/* One quantize kernel per quantized store; the granularity picks the body (a constant). */
-#define KVQ_QUANT_KERNEL(NAME, FMT)                                                                            \
+/* One quantize kernel per quantized store; the granularity picks the body (a constant). The _list form is the
+ * same kernel over the items of a planned step (kvq_list_params): item blockIdx.z, n 0 = nothing; a per-channel
+ * body runs on blockIdx.y 0 only and a hidden one on blockIdx.x 0 only, since the list's grid is the widest one. */
+#define KVQ_QUANT_SHARED                                                                                       \
+    __shared__ float xs[KVQ_QTOK * KVQ_D];                                                                     \
+    __shared__ float ps[KVQ_QTOK * KVQ_D], pz[KVQ_QTOK * KVQ_D], fill[KVQ_D];                                 \
+    __shared__ int ri[2 * KVQ_QTHREADS]
+#define KVQ_QUANT_KERNEL(NAME, LNAME, FMT)                                                                     \
     extern "C" __global__ void __launch_bounds__(KVQ_QTHREADS, 4) KVQ_C(NAME)(const kvq_quant_params p)        \
     {                                                                                                          \
-        __shared__ float xs[KVQ_QTOK * KVQ_D];                                                                 \
-        __shared__ float ps[KVQ_QTOK * KVQ_D], pz[KVQ_QTOK * KVQ_D], fill[KVQ_D];                             \
-        __shared__ int ri[2 * KVQ_QTHREADS];                                                                   \
+        KVQ_QUANT_SHARED;                                                                                      \
         const kvq_fmt f = FMT;                                                                                 \
         if (f.gran == 0)                                                                                       \
             kvq_quant_channel_body(&p, f, ps, pz, fill);                                                       \
@@ -55,39 +59,64 @@ KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm));
         else                                                                                                   \
             kvq_quant_token_body(&p, f, xs, ps, pz);                                                           \
     }                                                                                                          \
-    KVQ_KERNEL_EXPORT(KVQ_C(NAME))
-#define KVQ_FACTOR_KERNEL(NAME, FMT)                                                                           \
+    KVQ_KERNEL_EXPORT(KVQ_C(NAME));                                                                            \
+    extern "C" __global__ void __launch_bounds__(KVQ_QTHREADS, 4) KVQ_C(LNAME)(const kvq_list_params lp)       \
+    {                                                                                                          \
+        KVQ_QUANT_SHARED;                                                                                      \
+        if ((int)blockIdx.z >= lp.n_items) return;                                                             \
+        const kvq_quant_params p = ((const kvq_quant_params *)lp.items)[blockIdx.z];                           \
+        const kvq_fmt f = FMT;                                                                                 \
+        if (p.n <= 0) return;                                                                                  \
+        if (f.gran == 0) {                                                                                     \
+            if (blockIdx.y == 0) kvq_quant_channel_body(&p, f, ps, pz, fill);                                  \
+        } else if (f.hidden) {                                                                                 \
+            if (blockIdx.x == 0) kvq_quant_hidden_body(&p, f, ps, ri);                                         \
+        } else {                                                                                               \
+            kvq_quant_token_body(&p, f, xs, ps, pz);                                                           \
+        }                                                                                                      \
+    }                                                                                                          \
+    KVQ_KERNEL_EXPORT(KVQ_C(LNAME))
+#define KVQ_FACTOR_KERNEL(NAME, LNAME, FMT)                                                                    \
     extern "C" __global__ void __launch_bounds__(KVQ_QTHREADS, 4) KVQ_C(NAME)(const kvq_quant_params p)        \
     {                                                                                                          \
         const kvq_fmt f = FMT;                                                                                 \
         kvq_factor_body(&p, f);                                                                                \
     }                                                                                                          \
-    KVQ_KERNEL_EXPORT(KVQ_C(NAME))
+    KVQ_KERNEL_EXPORT(KVQ_C(NAME));                                                                            \
+    extern "C" __global__ void __launch_bounds__(KVQ_QTHREADS, 4) KVQ_C(LNAME)(const kvq_list_params lp)       \
+    {                                                                                                          \
+        if ((int)blockIdx.z >= lp.n_items) return;                                                             \
+        const kvq_quant_params p = ((const kvq_quant_params *)lp.items)[blockIdx.z];                           \
+        const kvq_fmt f = FMT;                                                                                 \
+        if (p.n > 0 && blockIdx.y == 0) kvq_factor_body(&p, f);                                                \
+    }                                                                                                          \
+    KVQ_KERNEL_EXPORT(KVQ_C(LNAME))
 
 #if KVQ_C_KHI_Q
-KVQ_QUANT_KERNEL(kvq_quant_k_hi, KVQ_C_KHI);
+KVQ_QUANT_KERNEL(kvq_quant_k_hi, kvq_quant_list_k_hi, KVQ_C_KHI);
 #endif
 #if KVQ_C_KLO_Q
-KVQ_QUANT_KERNEL(kvq_quant_k_lo, KVQ_C_KLO);
+KVQ_QUANT_KERNEL(kvq_quant_k_lo, kvq_quant_list_k_lo, KVQ_C_KLO);
 #endif
 #if KVQ_C_VHI_Q
-KVQ_QUANT_KERNEL(kvq_quant_v_hi, KVQ_C_VHI);
+KVQ_QUANT_KERNEL(kvq_quant_v_hi, kvq_quant_list_v_hi, KVQ_C_VHI);
 #endif
 #if KVQ_C_VLO_Q
-KVQ_QUANT_KERNEL(kvq_quant_v_lo, KVQ_C_VLO);
+KVQ_QUANT_KERNEL(kvq_quant_v_lo, kvq_quant_list_v_lo, KVQ_C_VLO);
 #endif
 #if KVQ_C_KHI_SEP
-KVQ_FACTOR_KERNEL(kvq_factor_k_hi, KVQ_C_KHI);
+KVQ_FACTOR_KERNEL(kvq_factor_k_hi, kvq_factor_list_k_hi, KVQ_C_KHI);
 #endif
 #if KVQ_C_KLO_SEP
-KVQ_FACTOR_KERNEL(kvq_factor_k_lo, KVQ_C_KLO);
+KVQ_FACTOR_KERNEL(kvq_factor_k_lo, kvq_factor_list_k_lo, KVQ_C_KLO);
 #endif
 #if KVQ_C_VHI_SEP
-KVQ_FACTOR_KERNEL(kvq_factor_v_hi, KVQ_C_VHI);
+KVQ_FACTOR_KERNEL(kvq_factor_v_hi, kvq_factor_list_v_hi, KVQ_C_VHI);
 #endif
 #if KVQ_C_VLO_SEP
-KVQ_FACTOR_KERNEL(kvq_factor_v_lo, KVQ_C_VLO);
+KVQ_FACTOR_KERNEL(kvq_factor_v_lo, kvq_factor_list_v_lo, KVQ_C_VLO);
 #endif
 
 #undef KVQ_QUANT_KERNEL
 #undef KVQ_FACTOR_KERNEL
+#undef KVQ_QUANT_SHARED

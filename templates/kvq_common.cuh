@@ -12,6 +12,16 @@ KVQ_KERNEL_EXPORT(kvq_merge);
 extern "C" __global__ void __launch_bounds__(128) kvq_store_f16(const kvq_store_params p) { kvq_store_f16_body(&p); }
 KVQ_KERNEL_EXPORT(kvq_store_f16);
 
+/* A planned step's fp16 row stores (kvq_list_params): the new tokens into their windows, sinks or fp16 pages, and
+ * fp16 page writes of a flush. grid (kv_heads, 1, n_items). */
+extern "C" __global__ void __launch_bounds__(128) kvq_store_f16_list(const kvq_list_params p)
+{
+    if ((int)blockIdx.z >= p.n_items) return;
+    const kvq_store_params sp = ((const kvq_store_params *)p.items)[blockIdx.z];
+    if (sp.n > 0) kvq_store_f16_body(&sp);
+}
+KVQ_KERNEL_EXPORT(kvq_store_f16_list);
+
 /* Strided fp32/fp16/bf16 rows to strided fp32/fp16/bf16 rows (kvq_convert_params): the device-tensor entry
  * points' q, k, v in, outputs and lse out. The conversions are the host's (exact widening, round to nearest even
  * narrowing), so the device path stores and attends to what the host-pointer path does, bit for bit. */

@@ -406,8 +406,9 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     const int tid = tx + KVQ_TX * (ty + KVQ_TY * tz);
     const int hk = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;
     const kvq_seq_tiles st = ((const kvq_seq_tiles *)p->seqs)[b];
-    const int t0 = chunk * p->tiles_per_chunk;
-    const int t1 = min(st.n_tiles, t0 + p->tiles_per_chunk);
+    const int tpc = st.tiles_per_chunk > 0 ? st.tiles_per_chunk : p->tiles_per_chunk;
+    const int t0 = chunk * tpc;
+    const int t1 = min(st.n_tiles, t0 + tpc);
     if (t0 >= t1 && t0 > 0) return; /* a chunk past this sequence's tiles: kvq_merge ignores it */
     const int c0 = tx * KVQ_VEC, act = c0 < D, hl0 = ty * KVQ_HPT;
     const int part = tid % g.split, lane1 = tid / g.split;
@@ -623,7 +624,8 @@ KVQ_DEV void kvq_merge_body(const kvq_decode_params *p)
 {
     const int head = blockIdx.x, b = blockIdx.y, c = threadIdx.x;
     const kvq_seq_tiles st = ((const kvq_seq_tiles *)p->seqs)[b];
-    int nch = (st.n_tiles + p->tiles_per_chunk - 1) / p->tiles_per_chunk;
+    const int tpc = st.tiles_per_chunk > 0 ? st.tiles_per_chunk : p->tiles_per_chunk;
+    int nch = (st.n_tiles + tpc - 1) / tpc;
     if (nch < 1) nch = 1;
     if (nch > p->n_chunks) nch = p->n_chunks;
     long long pi = ((long long)b * KVQ_HQ + head) * p->n_chunks;

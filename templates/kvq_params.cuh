@@ -59,7 +59,9 @@ typedef struct {
 typedef struct {
     kvq_u64 tiles;      /* const kvq_tile[n_tiles] */
     kvq_i32 n_tiles;
-    kvq_i32 reserved;
+    kvq_i32 tiles_per_chunk; /* 0: kvq_decode_params.tiles_per_chunk; else this sequence's split (a planned step,
+                              * kvq_decode_plan: the grid's n_chunks is fixed by the step capacity, the split of
+                              * the step's tiles is sent with them, so a replayed launch reads the current one) */
 } kvq_seq_tiles;
 
 /* kvq_decode_c<k>: grid (kv_heads, n_chunks, batch); block (TX, TY, TZ) of the plan.
@@ -107,6 +109,17 @@ typedef struct {
     kvq_u64 dst;
     kvq_i32 dst_cap, slot, dst_ring, n;
 } kvq_store_params;
+
+/* A planned step's lists of work (kvq_decode_plan, docs/cuda.md "Planned steps"): kvq_store_f16_list reads
+ * kvq_store_params, kvq_quant_list_<store>_c<k> and kvq_factor_list_<store>_c<k> read kvq_quant_params, item
+ * blockIdx.z of `items` (written by the plan's one upload at a fixed address); an item with n = 0 does nothing. So
+ * the launch, its grid and its parameter bytes are the same at every step of a batch size, and a captured graph
+ * replays whatever the current step's plan holds. grid (kv_heads, y, n_items), y and block as the direct kernel. */
+typedef struct {
+    kvq_u64 items;
+    kvq_i32 n_items;
+    kvq_i32 reserved;
+} kvq_list_params;
 
 /* kvq_convert_rows (kvq_common.cuh): the device-tensor entry points' inputs and outputs (kvq.h, docs/cuda.md
  * "Device tensors"): n x heads rows of `dim` elements, element d of row (t, h) at t * ts + h * hs + d elements
@@ -247,8 +260,9 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_zip_params, count), (long long)KVQ_RT_OFFSETOF(kvq_tk_params, n_ch),       \
         (long long)KVQ_RT_OFFSETOF(kvq_dense_params, kk), (long long)sizeof(kvq_zip_norm_params),              \
         (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles), (long long)sizeof(kvq_convert_params),       \
-        (long long)KVQ_RT_OFFSETOF(kvq_convert_params, mul)
-#define KVQ_PARAMS_SIG_N 24
+        (long long)KVQ_RT_OFFSETOF(kvq_convert_params, mul), (long long)sizeof(kvq_list_params),                \
+        (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk)
+#define KVQ_PARAMS_SIG_N 26
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -276,5 +290,7 @@ KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
 KVQ_PARAMS_CHECK(kvq_convert_params, 72);
 KVQ_OFFSET_ASSERT(kvq_convert_params, mul, 64);
 KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
+KVQ_PARAMS_CHECK(kvq_list_params, 16);
+KVQ_OFFSET_ASSERT(kvq_seq_tiles, tiles_per_chunk, 12);
 
 #endif

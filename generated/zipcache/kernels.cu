@@ -354,7 +354,9 @@ typedef struct {
 typedef struct {
     kvq_u64 tiles;      /* const kvq_tile[n_tiles] */
     kvq_i32 n_tiles;
-    kvq_i32 reserved;
+    kvq_i32 tiles_per_chunk; /* 0: kvq_decode_params.tiles_per_chunk; else this sequence's split (a planned step,
+                              * kvq_decode_plan: the grid's n_chunks is fixed by the step capacity, the split of
+                              * the step's tiles is sent with them, so a replayed launch reads the current one) */
 } kvq_seq_tiles;
 
 /* kvq_decode_c<k>: grid (kv_heads, n_chunks, batch); block (TX, TY, TZ) of the plan.
@@ -402,6 +404,17 @@ typedef struct {
     kvq_u64 dst;
     kvq_i32 dst_cap, slot, dst_ring, n;
 } kvq_store_params;
+
+/* A planned step's lists of work (kvq_decode_plan, docs/cuda.md "Planned steps"): kvq_store_f16_list reads
+ * kvq_store_params, kvq_quant_list_<store>_c<k> and kvq_factor_list_<store>_c<k> read kvq_quant_params, item
+ * blockIdx.z of `items` (written by the plan's one upload at a fixed address); an item with n = 0 does nothing. So
+ * the launch, its grid and its parameter bytes are the same at every step of a batch size, and a captured graph
+ * replays whatever the current step's plan holds. grid (kv_heads, y, n_items), y and block as the direct kernel. */
+typedef struct {
+    kvq_u64 items;
+    kvq_i32 n_items;
+    kvq_i32 reserved;
+} kvq_list_params;
 
 /* kvq_convert_rows (kvq_common.cuh): the device-tensor entry points' inputs and outputs (kvq.h, docs/cuda.md
  * "Device tensors"): n x heads rows of `dim` elements, element d of row (t, h) at t * ts + h * hs + d elements
@@ -542,8 +555,9 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_zip_params, count), (long long)KVQ_RT_OFFSETOF(kvq_tk_params, n_ch),       \
         (long long)KVQ_RT_OFFSETOF(kvq_dense_params, kk), (long long)sizeof(kvq_zip_norm_params),              \
         (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles), (long long)sizeof(kvq_convert_params),       \
-        (long long)KVQ_RT_OFFSETOF(kvq_convert_params, mul)
-#define KVQ_PARAMS_SIG_N 24
+        (long long)KVQ_RT_OFFSETOF(kvq_convert_params, mul), (long long)sizeof(kvq_list_params),                \
+        (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk)
+#define KVQ_PARAMS_SIG_N 26
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -571,6 +585,8 @@ KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
 KVQ_PARAMS_CHECK(kvq_convert_params, 72);
 KVQ_OFFSET_ASSERT(kvq_convert_params, mul, 64);
 KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
+KVQ_PARAMS_CHECK(kvq_list_params, 16);
+KVQ_OFFSET_ASSERT(kvq_seq_tiles, tiles_per_chunk, 12);
 
 #endif
 /* ======== templates/kvq_layout.cuh ======== */
@@ -1530,8 +1546,9 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     const int tid = tx + KVQ_TX * (ty + KVQ_TY * tz);
     const int hk = blockIdx.x, chunk = blockIdx.y, b = blockIdx.z;
     const kvq_seq_tiles st = ((const kvq_seq_tiles *)p->seqs)[b];
-    const int t0 = chunk * p->tiles_per_chunk;
-    const int t1 = min(st.n_tiles, t0 + p->tiles_per_chunk);
+    const int tpc = st.tiles_per_chunk > 0 ? st.tiles_per_chunk : p->tiles_per_chunk;
+    const int t0 = chunk * tpc;
+    const int t1 = min(st.n_tiles, t0 + tpc);
     if (t0 >= t1 && t0 > 0) return; /* a chunk past this sequence's tiles: kvq_merge ignores it */
     const int c0 = tx * KVQ_VEC, act = c0 < D, hl0 = ty * KVQ_HPT;
     const int part = tid % g.split, lane1 = tid / g.split;
@@ -1747,7 +1764,8 @@ KVQ_DEV void kvq_merge_body(const kvq_decode_params *p)
 {
     const int head = blockIdx.x, b = blockIdx.y, c = threadIdx.x;
     const kvq_seq_tiles st = ((const kvq_seq_tiles *)p->seqs)[b];
-    int nch = (st.n_tiles + p->tiles_per_chunk - 1) / p->tiles_per_chunk;
+    const int tpc = st.tiles_per_chunk > 0 ? st.tiles_per_chunk : p->tiles_per_chunk;
+    int nch = (st.n_tiles + tpc - 1) / tpc;
     if (nch < 1) nch = 1;
     if (nch > p->n_chunks) nch = p->n_chunks;
     long long pi = ((long long)b * KVQ_HQ + head) * p->n_chunks;
@@ -2063,6 +2081,16 @@ KVQ_KERNEL_EXPORT(kvq_merge);
 
 extern "C" __global__ void __launch_bounds__(128) kvq_store_f16(const kvq_store_params p) { kvq_store_f16_body(&p); }
 KVQ_KERNEL_EXPORT(kvq_store_f16);
+
+/* A planned step's fp16 row stores (kvq_list_params): the new tokens into their windows, sinks or fp16 pages, and
+ * fp16 page writes of a flush. grid (kv_heads, 1, n_items). */
+extern "C" __global__ void __launch_bounds__(128) kvq_store_f16_list(const kvq_list_params p)
+{
+    if ((int)blockIdx.z >= p.n_items) return;
+    const kvq_store_params sp = ((const kvq_store_params *)p.items)[blockIdx.z];
+    if (sp.n > 0) kvq_store_f16_body(&sp);
+}
+KVQ_KERNEL_EXPORT(kvq_store_f16_list);
 
 /* Strided fp32/fp16/bf16 rows to strided fp32/fp16/bf16 rows (kvq_convert_params): the device-tensor entry
  * points' q, k, v in, outputs and lse out. The conversions are the host's (exact widening, round to nearest even
@@ -2995,13 +3023,17 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm));
 #endif
 
-/* One quantize kernel per quantized store; the granularity picks the body (a constant). */
-#define KVQ_QUANT_KERNEL(NAME, FMT)                                                                            \
+/* One quantize kernel per quantized store; the granularity picks the body (a constant). The _list form is the
+ * same kernel over the items of a planned step (kvq_list_params): item blockIdx.z, n 0 = nothing; a per-channel
+ * body runs on blockIdx.y 0 only and a hidden one on blockIdx.x 0 only, since the list's grid is the widest one. */
+#define KVQ_QUANT_SHARED                                                                                       \
+    __shared__ float xs[KVQ_QTOK * KVQ_D];                                                                     \
+    __shared__ float ps[KVQ_QTOK * KVQ_D], pz[KVQ_QTOK * KVQ_D], fill[KVQ_D];                                 \
+    __shared__ int ri[2 * KVQ_QTHREADS]
+#define KVQ_QUANT_KERNEL(NAME, LNAME, FMT)                                                                     \
     extern "C" __global__ void __launch_bounds__(KVQ_QTHREADS, 4) KVQ_C(NAME)(const kvq_quant_params p)        \
     {                                                                                                          \
-        __shared__ float xs[KVQ_QTOK * KVQ_D];                                                                 \
-        __shared__ float ps[KVQ_QTOK * KVQ_D], pz[KVQ_QTOK * KVQ_D], fill[KVQ_D];                             \
-        __shared__ int ri[2 * KVQ_QTHREADS];                                                                   \
+        KVQ_QUANT_SHARED;                                                                                      \
         const kvq_fmt f = FMT;                                                                                 \
         if (f.gran == 0)                                                                                       \
             kvq_quant_channel_body(&p, f, ps, pz, fill);                                                       \
@@ -3010,42 +3042,67 @@ KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm));
         else                                                                                                   \
             kvq_quant_token_body(&p, f, xs, ps, pz);                                                           \
     }                                                                                                          \
-    KVQ_KERNEL_EXPORT(KVQ_C(NAME))
-#define KVQ_FACTOR_KERNEL(NAME, FMT)                                                                           \
+    KVQ_KERNEL_EXPORT(KVQ_C(NAME));                                                                            \
+    extern "C" __global__ void __launch_bounds__(KVQ_QTHREADS, 4) KVQ_C(LNAME)(const kvq_list_params lp)       \
+    {                                                                                                          \
+        KVQ_QUANT_SHARED;                                                                                      \
+        if ((int)blockIdx.z >= lp.n_items) return;                                                             \
+        const kvq_quant_params p = ((const kvq_quant_params *)lp.items)[blockIdx.z];                           \
+        const kvq_fmt f = FMT;                                                                                 \
+        if (p.n <= 0) return;                                                                                  \
+        if (f.gran == 0) {                                                                                     \
+            if (blockIdx.y == 0) kvq_quant_channel_body(&p, f, ps, pz, fill);                                  \
+        } else if (f.hidden) {                                                                                 \
+            if (blockIdx.x == 0) kvq_quant_hidden_body(&p, f, ps, ri);                                         \
+        } else {                                                                                               \
+            kvq_quant_token_body(&p, f, xs, ps, pz);                                                           \
+        }                                                                                                      \
+    }                                                                                                          \
+    KVQ_KERNEL_EXPORT(KVQ_C(LNAME))
+#define KVQ_FACTOR_KERNEL(NAME, LNAME, FMT)                                                                    \
     extern "C" __global__ void __launch_bounds__(KVQ_QTHREADS, 4) KVQ_C(NAME)(const kvq_quant_params p)        \
     {                                                                                                          \
         const kvq_fmt f = FMT;                                                                                 \
         kvq_factor_body(&p, f);                                                                                \
     }                                                                                                          \
-    KVQ_KERNEL_EXPORT(KVQ_C(NAME))
+    KVQ_KERNEL_EXPORT(KVQ_C(NAME));                                                                            \
+    extern "C" __global__ void __launch_bounds__(KVQ_QTHREADS, 4) KVQ_C(LNAME)(const kvq_list_params lp)       \
+    {                                                                                                          \
+        if ((int)blockIdx.z >= lp.n_items) return;                                                             \
+        const kvq_quant_params p = ((const kvq_quant_params *)lp.items)[blockIdx.z];                           \
+        const kvq_fmt f = FMT;                                                                                 \
+        if (p.n > 0 && blockIdx.y == 0) kvq_factor_body(&p, f);                                                \
+    }                                                                                                          \
+    KVQ_KERNEL_EXPORT(KVQ_C(LNAME))
 
 #if KVQ_C_KHI_Q
-KVQ_QUANT_KERNEL(kvq_quant_k_hi, KVQ_C_KHI);
+KVQ_QUANT_KERNEL(kvq_quant_k_hi, kvq_quant_list_k_hi, KVQ_C_KHI);
 #endif
 #if KVQ_C_KLO_Q
-KVQ_QUANT_KERNEL(kvq_quant_k_lo, KVQ_C_KLO);
+KVQ_QUANT_KERNEL(kvq_quant_k_lo, kvq_quant_list_k_lo, KVQ_C_KLO);
 #endif
 #if KVQ_C_VHI_Q
-KVQ_QUANT_KERNEL(kvq_quant_v_hi, KVQ_C_VHI);
+KVQ_QUANT_KERNEL(kvq_quant_v_hi, kvq_quant_list_v_hi, KVQ_C_VHI);
 #endif
 #if KVQ_C_VLO_Q
-KVQ_QUANT_KERNEL(kvq_quant_v_lo, KVQ_C_VLO);
+KVQ_QUANT_KERNEL(kvq_quant_v_lo, kvq_quant_list_v_lo, KVQ_C_VLO);
 #endif
 #if KVQ_C_KHI_SEP
-KVQ_FACTOR_KERNEL(kvq_factor_k_hi, KVQ_C_KHI);
+KVQ_FACTOR_KERNEL(kvq_factor_k_hi, kvq_factor_list_k_hi, KVQ_C_KHI);
 #endif
 #if KVQ_C_KLO_SEP
-KVQ_FACTOR_KERNEL(kvq_factor_k_lo, KVQ_C_KLO);
+KVQ_FACTOR_KERNEL(kvq_factor_k_lo, kvq_factor_list_k_lo, KVQ_C_KLO);
 #endif
 #if KVQ_C_VHI_SEP
-KVQ_FACTOR_KERNEL(kvq_factor_v_hi, KVQ_C_VHI);
+KVQ_FACTOR_KERNEL(kvq_factor_v_hi, kvq_factor_list_v_hi, KVQ_C_VHI);
 #endif
 #if KVQ_C_VLO_SEP
-KVQ_FACTOR_KERNEL(kvq_factor_v_lo, KVQ_C_VLO);
+KVQ_FACTOR_KERNEL(kvq_factor_v_lo, kvq_factor_list_v_lo, KVQ_C_VLO);
 #endif
 
 #undef KVQ_QUANT_KERNEL
 #undef KVQ_FACTOR_KERNEL
+#undef KVQ_QUANT_SHARED
 #undef KVQ_C
 #undef KVQ_C_TILE
 #undef KVQ_C_KROW

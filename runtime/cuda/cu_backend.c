@@ -29,6 +29,7 @@ kvq_status cu_scratch(kvq_backend_ctx *c, uint64_t *buf, size_t *have, size_t ne
 kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                      const void *params, size_t size, char *msg, size_t n)
 {
+    if (c->rec) return cu_step_record(c, kernel, gx, gy, params, size, msg, n); /* a plan: into its tables */
     const unsigned g[3] = {gx, gy, gz}, b[3] = {bx, 1, 1};
     return cu_dev_launch(c->dev, c->mod, kernel, g, b, params, size, msg, n);
 }
@@ -203,6 +204,7 @@ static void ctx_free(kvq_backend_ctx *c)
     cu_dev_free(c->dev, c->aux);
     cu_dev_free(c->dev, c->pol);
     cu_dev_free(c->dev, c->kvin);
+    cu_step_free(c);
     cu_pool_free(c);
     cu_dev_free_host(c->dev, c->hst);
     cu_module_free(c->mod);
@@ -349,7 +351,7 @@ static kvq_status cu_prefill(kvq_backend_ctx *c, int layer, const kvq_be_prefill
  * floor of KVQ_CHUNK_MIN_TOKENS: below it the merge and the per-chunk setup cost more than the parallelism
  * gains. One chunk when the batch alone fills the device. */
 #define KVQ_CHUNK_MIN_TOKENS 256
-static int choose_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_tiles)
+int cu_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_tiles)
 {
     int occ = c->decode_blocks_per_sm[cls];
     long want = (long)(occ > 0 ? occ : 1) * c->sm_count, blocks = (long)c->H * n_items;
@@ -362,6 +364,15 @@ static int choose_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items
     return tpc < 1 ? 1 : tpc;
 }
 
+/* The most chunks cu_tiles_per_chunk can give at n_items: it splits into at most this many, whatever the tiles. */
+int cu_chunks_max(const kvq_backend_ctx *c, int cls, int n_items)
+{
+    int occ = c->decode_blocks_per_sm[cls];
+    long want = (long)(occ > 0 ? occ : 1) * c->sm_count, blocks = (long)c->H * n_items;
+    long chunks = blocks >= want ? 1 : (want + blocks - 1) / blocks;
+    return chunks < 1 ? 1 : (int)chunks;
+}
+
 static kvq_status layer_save(cu_layer *L, cu_snap *s)
 {
     if (!L->sparse) return cu_qlayer_save(&L->q, s);
@@ -369,15 +380,9 @@ static kvq_status layer_save(cu_layer *L, cu_snap *s)
     return KVQ_OK;
 }
 
-/* A decode step, all-or-nothing per sequence (backend.h): each item's layer metadata is saved first; the step then
- * writes on the device only where nothing lives yet (new pages, free window slots, the free copy of OTT's pool
- * state, free probe rows) while it updates the host metadata in place; when everything succeeded the items adopt
- * OTT's new copies (cu_qlayer_commit), otherwise every item is put back from its snapshot, which frees what the
- * step created and undoes OTT's unmasking (the only device write that is undone rather than avoided). */
-/* kvq_convert_rows of n tokens x heads rows of dim elements (kvq_params.cuh). */
-static kvq_status convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long sts, long long shs, uint64_t dst,
-                               int ddt, long long dts, long long dhs, int n, int heads, int dim, float mul, char *msg,
-                               size_t ms)
+kvq_status cu_convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long sts, long long shs, uint64_t dst,
+                           int ddt, long long dts, long long dhs, int n, int heads, int dim, float mul, char *msg,
+                           size_t ms)
 {
     kvq_convert_params p;
     memset(&p, 0, sizeof p);
@@ -388,6 +393,11 @@ static kvq_status convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long l
 
 static uint64_t dev_addr(const void *p) { return (uint64_t)(uintptr_t)p; }
 
+/* A decode step, all-or-nothing per sequence (backend.h): each item's layer metadata is saved first; the step then
+ * writes on the device only where nothing lives yet (new pages, free window slots, the free copy of OTT's pool
+ * state, free probe rows) while it updates the host metadata in place; when everything succeeded the items adopt
+ * OTT's new copies (cu_qlayer_commit), otherwise every item is put back from its snapshot, which frees what the
+ * step created and undoes OTT's unmasking (the only device write that is undone rather than avoided). */
 /* A decode step (host items, or the device tensors dv: items then carry only their sequences). */
 static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode *items, int n, const kvq_dev_decode *dv,
                              uint64_t *out_dev, int download, char *msg, size_t ms)
@@ -417,13 +427,13 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
         /* device tensors: q to fp32 [n][Hq][D], k and v to fp16 rows [n][2][H][D], as the host path rounds them */
         if (st == KVQ_OK) st = cu_scratch(c, &c->kvin, &c->kvin_bytes, (size_t)n * kvi, msg, ms);
         if (st == KVQ_OK)
-            st = convert_rows(c, dev_addr(dv->q.data), dv->q.dtype, dv->q.token_stride, dv->q.head_stride, c->qbuf,
+            st = cu_convert_rows(c, dev_addr(dv->q.data), dv->q.dtype, dv->q.token_stride, dv->q.head_stride, c->qbuf,
                               KVQ_F32, (long long)Hq * D, D, n, Hq, D, 1.0f, msg, ms);
         if (st == KVQ_OK)
-            st = convert_rows(c, dev_addr(dv->k.data), dv->k.dtype, dv->k.token_stride, dv->k.head_stride, c->kvin,
+            st = cu_convert_rows(c, dev_addr(dv->k.data), dv->k.dtype, dv->k.token_stride, dv->k.head_stride, c->kvin,
                               KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
         if (st == KVQ_OK)
-            st = convert_rows(c, dev_addr(dv->v.data), dv->v.dtype, dv->v.token_stride, dv->v.head_stride,
+            st = cu_convert_rows(c, dev_addr(dv->v.data), dv->v.dtype, dv->v.token_stride, dv->v.head_stride,
                               c->kvin + (uint64_t)H * D * 2, KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
     }
     uint64_t outd = c->qbuf + qd * sizeof(float), lsed = outd + qd * sizeof(float);
@@ -458,7 +468,7 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
                      c->plan->cls[cls].tile);
             st = KVQ_ERR_INTERNAL;
         }
-    int tpc = choose_tiles_per_chunk(c, cls, n, max_tiles), nch = (max_tiles + tpc - 1) / tpc;
+    int tpc = cu_tiles_per_chunk(c, cls, n, max_tiles), nch = (max_tiles + tpc - 1) / tpc;
     if (nch < 1) nch = 1;
     if (st == KVQ_OK)
         st = cu_scratch(c, &c->tiles, &c->tiles_bytes, (size_t)(nt > 0 ? nt : 1) * sizeof(kvq_tile), msg, ms);
@@ -498,10 +508,10 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
     }
     /* 6. device tensors: the outputs in the caller's dtype and strides; lse from base 2 to natural logarithms */
     if (st == KVQ_OK && dv)
-        st = convert_rows(c, outd, KVQ_F32, (long long)Hq * D, D, dev_addr(dv->out.data), dv->out.dtype,
+        st = cu_convert_rows(c, outd, KVQ_F32, (long long)Hq * D, D, dev_addr(dv->out.data), dv->out.dtype,
                           dv->out.token_stride, dv->out.head_stride, n, Hq, D, 1.0f, msg, ms);
     if (st == KVQ_OK && dv && dv->lse)
-        st = convert_rows(c, lsed, KVQ_F32, Hq, 1, dev_addr(dv->lse), KVQ_F32, Hq, 1, n, Hq, 1,
+        st = cu_convert_rows(c, lsed, KVQ_F32, Hq, 1, dev_addr(dv->lse), KVQ_F32, Hq, 1, n, Hq, 1,
                           0.69314718055994531f, msg, ms);
     /* 7. the host-pointer API: the outputs through the staging, and the step's one synchronisation */
     float *oh_pinned = NULL;
@@ -673,6 +683,36 @@ static kvq_status be_reserve(kvq_backend_ctx *c, size_t bytes, char *msg, size_t
     return st;
 }
 
+/* Planned steps (cu_step.c): kvq_engine_reserve_step, kvq_decode_plan, kvq_decode_run. */
+static kvq_status be_reserve_step(kvq_backend_ctx *c, int max_batch, int max_tokens, char *msg, size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    kvq_status st = cu_step_reserve(c, max_batch, max_tokens, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
+static kvq_status be_decode_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n, void *stream, char *msg,
+                                 size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    kvq_status st = cu_step_plan(c, seqs, n, stream, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
+static kvq_status be_decode_run(kvq_backend_ctx *c, int layer, kvq_backend_seq *const *seqs, int n,
+                                const kvq_dev_decode *b, char *msg, size_t ms)
+{
+    cu_ctx_scope cs;
+    cu_dev_enter(c->dev, &cs);
+    kvq_status st = cu_step_run(c, layer, seqs, n, b, msg, ms);
+    cu_dev_leave(c->dev, &cs);
+    return st;
+}
+
 const kvq_backend kvq_backend_cuda = {
     .name = "cuda",
     .probe = probe_cuda,
@@ -690,6 +730,9 @@ const kvq_backend kvq_backend_cuda = {
     .reserve = be_reserve,
     .decode_device = be_decode_device,
     .download = be_download,
+    .reserve_step = be_reserve_step,
+    .decode_plan = be_decode_plan,
+    .decode_run = be_decode_run,
 };
 
 const kvq_backend kvq_backend_emu = {
@@ -709,4 +752,7 @@ const kvq_backend kvq_backend_emu = {
     .reserve = be_reserve,
     .decode_device = be_decode_device,
     .download = be_download,
+    .reserve_step = be_reserve_step,
+    .decode_plan = be_decode_plan,
+    .decode_run = be_decode_run,
 };

@@ -132,6 +132,39 @@ typedef struct {
     size_t total, used;
 } cu_pool;
 
+/* cu_step.c: planned decode steps (kvq_decode_plan / kvq_decode_run, docs/cuda.md "Planned steps"). The step
+ * buffers are one allocation made by kvq_engine_reserve_step, so their addresses never change: the queries,
+ * new K/V rows, outputs and split-KV partials of a layer's run, and the tables the plan uploads (per layer: the
+ * sequences' tile counts and splits, their tiles, the store and quantize items). */
+#define CU_STEP_STORES 4 /* k_hi, k_lo, v_hi, v_lo */
+typedef struct {
+    int max_batch, max_tokens; /* 0: no capacity reserved */
+    int tiles_cap;             /* tiles of one sequence's layer */
+    int st1_cap, st2_cap;      /* store items per sequence and layer: the new token's rows, a flush's fp16 pages */
+    int q_cap[CU_STEP_STORES]; /* quantize items per sequence and layer, by store */
+    int q_maxn[PLAN_MAX_CLASSES][CU_STEP_STORES]; /* most tokens one quantize item of a class's store writes */
+    uint64_t mem;
+    size_t mem_bytes;
+    uint64_t q, out, lse, kvin, part, tables; /* in mem */
+    size_t tables_bytes;                      /* for max_batch */
+    unsigned char *host[2];                   /* page-locked staging of the tables, alternate plans */
+    void *copied[2];                          /* events recorded after the copy from host[i] */
+    int pending[2];                           /* copied[i] recorded and not yet waited for */
+    int slot;
+    /* the plan in force */
+    int planned, n;
+    kvq_backend_seq **seqs; /* [max_batch] */
+} cu_step;
+
+/* Where a plan's store and quantize launches go instead of the device (cu_launch while c->rec is set). */
+typedef struct {
+    kvq_store_params *st1, *st2;
+    kvq_quant_params *q[CU_STEP_STORES];
+    int n1, n2, nq[CU_STEP_STORES];
+    uint64_t kvin, kvin_end; /* the new rows: a store from them is the token's own (st1) */
+    int cls;
+} cu_rec;
+
 struct kvq_backend_seq {
     int n_layers;
     cu_layer **layers;
@@ -174,6 +207,8 @@ struct kvq_backend_ctx {
      * every step's split-KV without a driver call. */
     int decode_blocks_per_sm[PLAN_MAX_CLASSES];
     int sm_count;
+    cu_step step;
+    cu_rec *rec; /* set while kvq_decode_plan records a layer's work */
 };
 
 /* cu_pool.c: zero-filled device memory from the engine's pool (cu_pool_put zeroes a block when it comes back). */
@@ -196,6 +231,14 @@ kvq_status cu_stage_take(kvq_backend_ctx *c, size_t bytes, void **out, char *msg
  * brackets it with cu_dev_enter / cu_dev_leave. */
 kvq_status cu_decode_enqueue(kvq_backend_ctx *c, int layer, const kvq_be_decode *items, int n, uint64_t *out_dev,
                              char *msg, size_t ms);
+/* Split-KV of a decode launch of class cls over n sequences whose longest has max_tiles tiles: tiles per chunk
+ * (the chunks are then at most cu_chunks_max(c, cls, n)). */
+int cu_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_tiles);
+int cu_chunks_max(const kvq_backend_ctx *c, int cls, int n_items);
+/* kvq_convert_rows of n tokens x heads rows of dim elements (kvq_params.cuh). */
+kvq_status cu_convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long sts, long long shs, uint64_t dst,
+                           int ddt, long long dts, long long dhs, int n, int heads, int dim, float mul, char *msg,
+                           size_t ms);
 kvq_status cu_scratch(kvq_backend_ctx *c, uint64_t *buf, size_t *have, size_t need, char *msg, size_t n);
 kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                      const void *params, size_t size, char *msg, size_t n);
@@ -279,6 +322,16 @@ kvq_status cu_slayer_read(kvq_backend_ctx *c, const cu_slayer *L, float *k, floa
                           size_t n);
 void cu_slayer_save(const cu_slayer *L, cu_snap *s);
 void cu_slayer_restore(kvq_backend_ctx *c, cu_slayer *L, const cu_snap *s);
+
+/* cu_step.c (ctx entry points bracket the device themselves) */
+kvq_status cu_step_reserve(kvq_backend_ctx *c, int max_batch, int max_tokens, char *msg, size_t ms);
+kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n, void *stream, char *msg, size_t ms);
+kvq_status cu_step_run(kvq_backend_ctx *c, int layer, kvq_backend_seq *const *seqs, int n, const kvq_dev_decode *d,
+                       char *msg, size_t ms);
+/* A launch while a plan records (c->rec): the store or quantize item goes into the plan's tables. */
+kvq_status cu_step_record(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, const void *params,
+                          size_t size, char *msg, size_t ms);
+void cu_step_free(kvq_backend_ctx *c);
 
 /* cu_calib.c: TailorKV Eq. 6-9 (calibration) with kvq_tk_dense */
 kvq_status cu_dense_preference(kvq_backend_ctx *c, const float *q, const float *k, int n, int n_q, double top,

@@ -28,9 +28,11 @@ kvq_status cu_dev_open(cu_dev_kind kind, cu_dev **out, char *msg, size_t n)
     return KVQ_OK;
 }
 
+static int graph_uses(const cu_dev *d);
 void cu_dev_close(cu_dev *d)
 {
     if (!d) return;
+    if (graph_uses(d)) cu_dev_graph_reset(); /* a recorded graph must not outlive a device it runs on */
     d->ops->close(d);
     kvq_free(d->pinned);
     kvq_free(d);
@@ -75,7 +77,95 @@ void cu_dev_counters_diff(const cu_dev_counters *a, const cu_dev_counters *b, cu
     for (size_t i = 0; i < sizeof *d / sizeof(long); i++) z[i] = x[i] - y[i];
 }
 
-void cu_dev_capture(int on) { __atomic_store_n(&capture_on, on != 0, __ATOMIC_RELAXED); }
+/* ---- the emulated graph: what capture mode recorded, replayed by cu_dev_graph_replay ---- */
+
+typedef enum { NODE_LAUNCH, NODE_H2D, NODE_D2H, NODE_MEMSET } node_kind;
+typedef struct {
+    node_kind kind;
+    cu_dev *dev;
+    cu_module *mod;
+    char kernel[64];
+    unsigned grid[3], block[3], smem;
+    void *params; /* a copy of the parameter bytes, as cuLaunchKernel's node keeps them */
+    size_t size;
+    uint64_t daddr;
+    void *host; /* H2D / D2H: the page-locked host side, read / written at replay time */
+    size_t bytes;
+    int byte;
+} cu_node;
+static cu_node *graph;
+static int n_graph, cap_graph;
+
+void cu_dev_graph_reset(void)
+{
+    for (int i = 0; i < n_graph; i++) kvq_free(graph[i].params);
+    kvq_free(graph);
+    graph = NULL, n_graph = cap_graph = 0;
+}
+
+int cu_dev_graph_nodes(void) { return n_graph; }
+
+static int graph_uses(const cu_dev *d)
+{
+    for (int i = 0; i < n_graph; i++)
+        if (graph[i].dev == d) return 1;
+    return 0;
+}
+
+/* Appends a node when an emulated device is capturing; a node that cannot be stored (out of host memory) makes the
+ * call fail, as a capture that cannot record its node fails the call. */
+static kvq_status record(const cu_node *nd, const void *params, char *msg, size_t n)
+{
+    if (nd->dev->kind != CU_DEV_EMU || !cu_dev_capturing()) return KVQ_OK;
+    if (n_graph == cap_graph) {
+        int cap = cap_graph ? 2 * cap_graph : 64;
+        cu_node *ng = kvq_realloc(graph, (size_t)cap * sizeof *ng);
+        if (!ng) goto nomem;
+        graph = ng, cap_graph = cap;
+    }
+    cu_node x = *nd;
+    x.params = NULL;
+    if (nd->kind == NODE_LAUNCH) {
+        x.params = kvq_malloc(nd->size ? nd->size : 1);
+        if (!x.params) goto nomem;
+        memcpy(x.params, params, nd->size);
+    }
+    graph[n_graph++] = x;
+    return KVQ_OK;
+nomem:
+    snprintf(msg, n, "emu: out of host memory recording the captured graph");
+    return KVQ_ERR_NOMEM;
+}
+
+kvq_status cu_dev_graph_replay(char *msg, size_t n)
+{
+    COUNT(replays);
+    kvq_status st = KVQ_OK;
+    for (int i = 0; i < n_graph && st == KVQ_OK; i++) {
+        cu_node *x = &graph[i];
+        cu_ctx_scope cs;
+        cu_dev_enter(x->dev, &cs);
+        const cu_dev_ops *o = x->dev->ops;
+        switch (x->kind) {
+        case NODE_LAUNCH:
+            st = o->launch(x->dev, x->mod, x->kernel, x->grid, x->block, x->smem, x->params, x->size, msg, n);
+            break;
+        case NODE_H2D: st = o->h2d_async(x->dev, x->daddr, x->host, x->bytes, msg, n); break;
+        case NODE_D2H: st = o->d2h_async(x->dev, x->host, x->daddr, x->bytes, msg, n); break;
+        case NODE_MEMSET: st = o->memset(x->dev, x->daddr, x->byte, x->bytes, msg, n); break;
+        }
+        cu_dev_leave(x->dev, &cs);
+        COUNT(replayed_nodes);
+    }
+    return st;
+}
+
+/* Capture on starts a new graph: the one recorded before is dropped. */
+void cu_dev_capture(int on)
+{
+    if (on) cu_dev_graph_reset();
+    __atomic_store_n(&capture_on, on != 0, __ATOMIC_RELAXED);
+}
 int cu_dev_capturing(void) { return __atomic_load_n(&capture_on, __ATOMIC_RELAXED); }
 
 /* A call stream capture refuses, made on an emulated device in capture mode: counted, and an error. */
@@ -153,7 +243,9 @@ kvq_status cu_dev_h2d_async(cu_dev *d, uint64_t dst, const void *src, size_t n, 
         return KVQ_ERR_INTERNAL;
     COUNT(h2d);
     if (!pinned) COUNT(syncs);
-    return d->ops->h2d_async(d, dst, src, n, msg, ms);
+    kvq_status st = d->ops->h2d_async(d, dst, src, n, msg, ms);
+    cu_node nd = {.kind = NODE_H2D, .dev = d, .daddr = dst, .host = (void *)(uintptr_t)src, .bytes = n};
+    return st == KVQ_OK ? record(&nd, NULL, msg, ms) : st;
 }
 kvq_status cu_dev_d2h_async(cu_dev *d, void *dst, uint64_t src, size_t n, char *msg, size_t ms)
 {
@@ -163,7 +255,9 @@ kvq_status cu_dev_d2h_async(cu_dev *d, void *dst, uint64_t src, size_t n, char *
         return KVQ_ERR_INTERNAL;
     COUNT(d2h);
     if (!pinned) COUNT(syncs);
-    return d->ops->d2h_async(d, dst, src, n, msg, ms);
+    kvq_status st = d->ops->d2h_async(d, dst, src, n, msg, ms);
+    cu_node nd = {.kind = NODE_D2H, .dev = d, .daddr = src, .host = dst, .bytes = n};
+    return st == KVQ_OK ? record(&nd, NULL, msg, ms) : st;
 }
 kvq_status cu_dev_sync(cu_dev *d, char *msg, size_t ms)
 {
@@ -191,8 +285,32 @@ kvq_status cu_dev_d2h(cu_dev *d, void *dst, uint64_t src, size_t n, char *msg, s
 kvq_status cu_dev_memset(cu_dev *d, uint64_t dst, int byte, size_t n, char *msg, size_t ms)
 {
     if (n && injected(msg, ms)) return KVQ_ERR_INTERNAL;
-    if (n) COUNT(memsets);
-    return n ? d->ops->memset(d, dst, byte, n, msg, ms) : KVQ_OK;
+    if (!n) return KVQ_OK;
+    COUNT(memsets);
+    kvq_status st = d->ops->memset(d, dst, byte, n, msg, ms);
+    cu_node nd = {.kind = NODE_MEMSET, .dev = d, .daddr = dst, .bytes = n, .byte = byte};
+    return st == KVQ_OK ? record(&nd, NULL, msg, ms) : st;
+}
+
+kvq_status cu_dev_event_create(cu_dev *d, void **ev, char *msg, size_t ms)
+{
+    *ev = NULL;
+    if (refused(d, "cuEventCreate", msg, ms)) return KVQ_ERR_INTERNAL;
+    return d->ops->event_create(d, ev, msg, ms);
+}
+void cu_dev_event_destroy(cu_dev *d, void *ev)
+{
+    if (ev) d->ops->event_destroy(d, ev);
+}
+kvq_status cu_dev_event_record(cu_dev *d, void *ev, char *msg, size_t ms)
+{
+    return d->ops->event_record(d, ev, msg, ms);
+}
+kvq_status cu_dev_event_wait(cu_dev *d, void *ev, char *msg, size_t ms)
+{
+    if (refused(d, "cuEventSynchronize", msg, ms)) return KVQ_ERR_INTERNAL;
+    COUNT(event_waits);
+    return d->ops->event_wait(d, ev, msg, ms);
 }
 
 void cu_dev_set_stream(cu_dev *d, void *stream) { d->stream = stream ? stream : d->own_stream; }
@@ -231,7 +349,11 @@ kvq_status cu_dev_launch_smem(cu_dev *d, cu_module *m, const char *kernel, const
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return KVQ_OK; /* nothing to do */
     if (injected(msg, n)) return KVQ_ERR_INTERNAL;
     COUNT(launches);
-    return d->ops->launch(d, m, kernel, grid, block, smem, params, size, msg, n);
+    kvq_status st = d->ops->launch(d, m, kernel, grid, block, smem, params, size, msg, n);
+    cu_node nd = {.kind = NODE_LAUNCH, .dev = d, .mod = m, .smem = smem, .size = size};
+    snprintf(nd.kernel, sizeof nd.kernel, "%s", kernel);
+    memcpy(nd.grid, grid, sizeof nd.grid), memcpy(nd.block, block, sizeof nd.block);
+    return st == KVQ_OK ? record(&nd, params, msg, n) : st;
 }
 
 kvq_status cu_dev_launch(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3], const unsigned block[3],

@@ -53,6 +53,13 @@ kvq_status cu_dev_h2d_async(cu_dev *d, uint64_t dst, const void *src, size_t n, 
 kvq_status cu_dev_d2h_async(cu_dev *d, void *dst, uint64_t src, size_t n, char *msg, size_t msg_size);
 /* cuStreamSynchronize: the host waits for everything queued so far; a kernel's failure shows here. */
 kvq_status cu_dev_sync(cu_dev *d, char *msg, size_t msg_size);
+/* Events (cuEventCreate without timing, cuEventRecord on the stream, cuEventSynchronize): the host waits for the
+ * stream's work up to the record only (a planned step's staging is written again only after the copy that read it
+ * has run). Counted in event_waits; refused in capture mode like the other host waits. */
+kvq_status cu_dev_event_create(cu_dev *d, void **ev, char *msg, size_t msg_size);
+void cu_dev_event_destroy(cu_dev *d, void *ev);
+kvq_status cu_dev_event_record(cu_dev *d, void *ev, char *msg, size_t msg_size);
+kvq_status cu_dev_event_wait(cu_dev *d, void *ev, char *msg, size_t msg_size);
 /* Whether [p, p + n) lies in one page-locked allocation of d. */
 int cu_dev_is_pinned(const cu_dev *d, const void *p, size_t n);
 /* Peak memory bandwidth from the device's memory clock and bus width, GB/s (0 when unknown, e.g. emulator). */
@@ -117,6 +124,10 @@ typedef struct {
     kvq_status (*h2d_async)(cu_dev *, uint64_t, const void *, size_t, char *, size_t);
     kvq_status (*d2h_async)(cu_dev *, void *, uint64_t, size_t, char *, size_t);
     kvq_status (*sync)(cu_dev *, char *, size_t);
+    kvq_status (*event_create)(cu_dev *, void **, char *, size_t);
+    void (*event_destroy)(cu_dev *, void *);
+    kvq_status (*event_record)(cu_dev *, void *, char *, size_t); /* on the stream */
+    kvq_status (*event_wait)(cu_dev *, void *, char *, size_t);
     kvq_status (*load)(cu_dev *, const char *, const char *, cu_module **, char *, size_t);
     void (*module_free)(cu_module *);
     kvq_status (*launch)(cu_dev *, cu_module *, const char *, const unsigned[3], const unsigned[3], unsigned,

@@ -18,6 +18,7 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
 typedef unsigned long long CUdeviceptr;
 
 #define CU_ATTR_SM_COUNT 16
@@ -64,6 +65,10 @@ static struct {
     CUresult (*stream_create)(CUstream *, unsigned);
     CUresult (*stream_destroy)(CUstream);
     CUresult (*ctx_device)(CUdevice *);
+    CUresult (*event_create)(CUevent *, unsigned);
+    CUresult (*event_record)(CUevent, CUstream);
+    CUresult (*event_sync)(CUevent);
+    CUresult (*event_destroy)(CUevent);
 } cu;
 
 typedef struct {
@@ -83,6 +88,7 @@ typedef struct {
 } drv_mod;
 
 #define CU_STREAM_NON_BLOCKING 1
+#define CU_EVENT_DISABLE_TIMING 2
 
 static CUresult drv_function(drv_mod *dm, const char *kernel, CUfunction *out)
 {
@@ -160,6 +166,10 @@ static kvq_status load_driver(char *msg, size_t n)
         {&cu.stream_create, "cuStreamCreate"},
         {&cu.stream_destroy, "cuStreamDestroy_v2"},
         {&cu.ctx_device, "cuCtxGetDevice"},
+        {&cu.event_create, "cuEventCreate"},
+        {&cu.event_record, "cuEventRecord"},
+        {&cu.event_sync, "cuEventSynchronize"},
+        {&cu.event_destroy, "cuEventDestroy_v2"},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         void *f = dlsym(h, syms[i].name);
@@ -235,6 +245,33 @@ static kvq_status drv_memset(cu_dev *d, uint64_t dst, int byte, size_t n, char *
 {
     CUresult r = cu.memset8_async(dst, (unsigned char)byte, n, (CUstream)d->stream);
     return r ? fail(r, "cuMemsetD8Async", msg, ms) : KVQ_OK;
+}
+
+/* Events without timing (cuEventCreate(CU_EVENT_DISABLE_TIMING)): recorded on the stream, waited for by the host. */
+static kvq_status drv_event_create(cu_dev *d, void **ev, char *msg, size_t ms)
+{
+    (void)d;
+    CUevent e = NULL;
+    CUresult r = cu.event_create(&e, CU_EVENT_DISABLE_TIMING);
+    if (r) return fail(r, "cuEventCreate", msg, ms);
+    *ev = e;
+    return KVQ_OK;
+}
+static void drv_event_destroy(cu_dev *d, void *ev)
+{
+    (void)d;
+    cu.event_destroy((CUevent)ev);
+}
+static kvq_status drv_event_record(cu_dev *d, void *ev, char *msg, size_t ms)
+{
+    CUresult r = cu.event_record((CUevent)ev, (CUstream)d->stream);
+    return r ? fail(r, "cuEventRecord", msg, ms) : KVQ_OK;
+}
+static kvq_status drv_event_wait(cu_dev *d, void *ev, char *msg, size_t ms)
+{
+    (void)d;
+    CUresult r = cu.event_sync((CUevent)ev);
+    return r ? fail(r, "cuEventSynchronize", msg, ms) : KVQ_OK;
 }
 
 static kvq_status drv_sync(cu_dev *d, char *msg, size_t ms)
@@ -397,6 +434,10 @@ static const cu_dev_ops drv_ops = {
     .h2d_async = drv_h2d_async,
     .d2h_async = drv_d2h_async,
     .sync = drv_sync,
+    .event_create = drv_event_create,
+    .event_destroy = drv_event_destroy,
+    .event_record = drv_event_record,
+    .event_wait = drv_event_wait,
     .load = drv_load,
     .module_free = drv_module_free,
     .launch = drv_launch,

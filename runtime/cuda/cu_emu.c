@@ -151,6 +151,33 @@ static kvq_status emu_sync(cu_dev *d, char *msg, size_t ms)
     return no_context(d, "cuStreamSynchronize", msg, ms) ? KVQ_ERR_INTERNAL : KVQ_OK;
 }
 
+/* Events: the emulator runs every call when it is made, so a recorded event has always completed. */
+static kvq_status emu_event_create(cu_dev *d, void **ev, char *msg, size_t ms)
+{
+    if (no_context(d, "cuEventCreate", msg, ms)) return KVQ_ERR_INTERNAL;
+    *ev = kvq_malloc(1);
+    if (!*ev) {
+        snprintf(msg, ms, "emu: out of memory");
+        return KVQ_ERR_NOMEM;
+    }
+    return KVQ_OK;
+}
+static void emu_event_destroy(cu_dev *d, void *ev)
+{
+    (void)d;
+    kvq_free(ev);
+}
+static kvq_status emu_event_record(cu_dev *d, void *ev, char *msg, size_t ms)
+{
+    (void)ev;
+    return no_context(d, "cuEventRecord", msg, ms) ? KVQ_ERR_INTERNAL : KVQ_OK;
+}
+static kvq_status emu_event_wait(cu_dev *d, void *ev, char *msg, size_t ms)
+{
+    (void)ev;
+    return no_context(d, "cuEventSynchronize", msg, ms) ? KVQ_ERR_INTERNAL : KVQ_OK;
+}
+
 /* ---- building ---- */
 
 /* Runs argv with stdout/stderr to `log`; returns the exit status (-1: could not start). */
@@ -544,6 +571,10 @@ static const cu_dev_ops emu_ops = {
     .h2d_async = emu_h2d,
     .d2h_async = emu_d2h,
     .sync = emu_sync,
+    .event_create = emu_event_create,
+    .event_destroy = emu_event_destroy,
+    .event_record = emu_event_record,
+    .event_wait = emu_event_wait,
     .load = emu_load,
     .module_free = emu_module_free,
     .launch = emu_launch_k,

@@ -263,6 +263,34 @@ kvq_status kvq_prefill_device(kvq_engine *engine, int layer, const kvq_dev_prefi
  * graph; docs/cuda.md "The host protocol"). Without a reservation the pool grows by slabs of at least 16 MiB,
  * doubling, when it runs out. Other backends: does nothing. KVQ_ERR_NOMEM when the device has not that much. */
 kvq_status kvq_engine_reserve_device(kvq_engine *engine, size_t bytes);
+/* ---- Planned decode steps: a step that replays as a CUDA graph (GPU backends; docs/cuda.md "Planned steps") ----
+ * FlashInfer's model: kvq_decode_plan makes the host half of the next decode step of EVERY layer for a batch
+ * (each layer's bookkeeping advances by one token: window slots, flush decisions, pages from the engine's pool,
+ * tiles and split-KV) and sends it with one async copy from page-locked memory into step tables at fixed device
+ * addresses; kvq_decode_run(layer) then queues that layer's device work, whose kernels, grids and parameter bytes
+ * are the same at every step for a given batch size and tensors. So a host program captures the runs of every
+ * layer once into a CUDA graph and, at each later step, writes the step's q/k/v into the same buffers, calls
+ * kvq_decode_plan and launches the graph. Outputs, caches and statistics equal kvq_decode_device's bit for bit.
+ * Covers quantized layers without step policies (KIVI, fp16, per-token / per-channel specs, windows, sinks);
+ * OTT, ZipCache and sparse TailorKV layers are refused (KVQ_ERR_UNSUPPORTED): capture those steps one at a time
+ * with kvq_decode_device. */
+
+/* Allocates the step tables and buffers once, for batches of up to max_batch sequences of up to max_tokens tokens
+ * (after the step): their addresses never change. A later call replaces them (capture again). */
+kvq_status kvq_engine_reserve_step(kvq_engine *engine, int max_batch, int max_tokens);
+/* The host half of the next step of every layer for seqs[0 .. n_seqs) (each prefilled in every layer), its one
+ * copy queued on stream (NULL: the engine's own). All-or-nothing: on failure every layer of every sequence is as
+ * it was. KVQ_ERR_STATE without a reservation, KVQ_ERR_SHAPE beyond it. Lengths (kvq_seq_length) count the
+ * planned token at once; its device work is done by the runs, which must follow before the next plan (read_cache
+ * after they ran). The copy reads one of two page-locked buffers, used in turn: before writing one again the plan
+ * waits for the event recorded after the copy that read it two plans ago (at once in a loop that read that step's
+ * outputs). */
+kvq_status kvq_decode_plan(kvq_engine *engine, kvq_seq *const *seqs, int n_seqs, void *stream);
+/* The device half of layer `layer` of the planned step: batch->seqs must be the planned sequences in the planned
+ * order; q, k, v, out, lse and stream as kvq_decode_device. Queues the work and returns; changes no host state, so
+ * what it queues may be captured once and replayed at every later step of the same batch. */
+kvq_status kvq_decode_run(kvq_engine *engine, int layer, const kvq_dev_decode *batch);
+
 /* Writes the decided per-layer map as a .kvq scheme `name` inheriting the engine's scheme (which must come from
  * a file: the output includes it). KVQ_ERR_STATE when the scheme has no classify block (no map to write) or a
  * layer is undecided. */

@@ -463,7 +463,7 @@ static void test_decode(const loaded *Ld, const emu_case *c)
                          fe[b].nf);
             st[b].tiles = (uint64_t)(uintptr_t)ts[b].t;
             st[b].n_tiles = ts[b].n;
-            st[b].reserved = 0;
+            st[b].tiles_per_chunk = 0; /* the launch's */
             if (ts[b].n > max_tiles) max_tiles = ts[b].n;
         }
         /* one chunk, then split over chunks of 2 tiles with the merge */

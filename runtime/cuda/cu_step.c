@@ -1,0 +1,477 @@
+/* Planned decode steps (kvq.h kvq_engine_reserve_step / kvq_decode_plan / kvq_decode_run; docs/cuda.md "Planned
+ * steps"): FlashInfer's split of a step into a host plan, made once per step outside any graph, and a device run
+ * per layer whose launches are the same at every step of a batch size, so a captured run of every layer replays.
+ *
+ * The plan advances each layer's host bookkeeping by one token with the same code as a decode step
+ * (cu_qlayer_append: window slots, flush decisions, pages from the engine's pool) while cu_launch records the
+ * store and quantize launches it would make as items of the step's tables (cu_step_record) instead of launching
+ * them; it then builds every layer's tiles and split-KV (cu_qlayer_tiles, cu_tiles_per_chunk, as decode_run does)
+ * and uploads all the tables with one async copy from page-locked memory to the fixed device addresses
+ * kvq_engine_reserve_step allocated. The run converts the caller's q, k, v into fixed buffers and launches the
+ * list forms of the store and quantize kernels over the items (an unused item does nothing), the decode kernel
+ * with a grid fixed by the capacity (each sequence's split read from the tables) and the merge: kernels, grids
+ * and parameter bytes depend on the layer and the batch size only. Every output, cache and statistic equals the
+ * decode_run path's bit for bit: the same items, tiles and splits, in the same kernels' bodies. */
+#include <stdio.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "cu_backend.h"
+
+static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* The tables of a batch of n: per layer at layer offset l * `layer`, the sequences' tile counts and splits and the
+ * store and quantize items (fixed sizes); after every layer's, from `tiles`, the tiles of every layer and sequence
+ * packed as the plan writes them (each sequence's entry holds its tiles' address), so the step's one copy sends
+ * the tiles there are, not the capacity's. */
+typedef struct {
+    size_t seqs, st1, st2, q[CU_STEP_STORES], layer, tiles;
+} tbl_off;
+
+static void tbl_layout(const cu_step *S, int n, int layers, tbl_off *o)
+{
+    size_t at = 0;
+    o->seqs = at, at += al16((size_t)n * sizeof(kvq_seq_tiles));
+    o->st1 = at, at += al16((size_t)n * S->st1_cap * sizeof(kvq_store_params));
+    o->st2 = at, at += al16((size_t)n * S->st2_cap * sizeof(kvq_store_params));
+    for (int s = 0; s < CU_STEP_STORES; s++) o->q[s] = at, at += al16((size_t)n * S->q_cap[s] * sizeof(kvq_quant_params));
+    o->layer = at;
+    o->tiles = at * (size_t)layers;
+}
+/* Bytes of the tables at batch n with every sequence at its tile capacity. */
+static size_t tbl_bytes_max(const cu_step *S, int n, int layers)
+{
+    tbl_off o;
+    tbl_layout(S, n, layers, &o);
+    return o.tiles + (size_t)layers * n * S->tiles_cap * sizeof(kvq_tile);
+}
+
+static const plan_store *class_store(const kvq_backend_ctx *c, int cls, int s)
+{
+    const plan_class *pc = &c->plan->cls[cls];
+    return s == 0 ? &pc->k_hi : s == 1 ? &pc->k_lo : s == 2 ? &pc->v_hi : &pc->v_lo;
+}
+static int store_quantized(const plan_store *st) { return st->bits >= 1 && st->bits <= 8; }
+static const char *const store_names[CU_STEP_STORES] = {"k_hi", "k_lo", "v_hi", "v_lo"};
+
+static int imax(int a, int b) { return a > b ? a : b; }
+static int cdiv(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+/* The chunks of a planned launch at batch n: what cu_tiles_per_chunk can split into, and never more than the
+ * tiles a sequence may have (it splits at most one chunk per tile). */
+static int step_chunks(const kvq_backend_ctx *c, int cls, int n)
+{
+    int ch = cu_chunks_max(c, cls, n);
+    return ch < c->step.tiles_cap ? ch : c->step.tiles_cap;
+}
+
+void cu_step_free(kvq_backend_ctx *c)
+{
+    cu_step *S = &c->step;
+    cu_dev_free(c->dev, S->mem);
+    for (int i = 0; i < 2; i++) {
+        /* a copy from the staging may still be queued: it must have read it before the memory goes */
+        char m[256];
+        if (S->pending[i]) cu_dev_event_wait(c->dev, S->copied[i], m, sizeof m);
+        cu_dev_free_host(c->dev, S->host[i]);
+        cu_dev_event_destroy(c->dev, S->copied[i]);
+    }
+    kvq_free(S->seqs);
+    memset(S, 0, sizeof *S);
+}
+
+/* ---- capacity ---- */
+
+/* The bounds of one quantized layer's work per sequence and step (cu_qlayer_append's streaming rules: KIVI
+ * Alg. 1, flush kivi / group), for sequences of up to T tokens. */
+static void layer_bounds(kvq_backend_ctx *c, const kvq_quant_cfg *q, int cls, int T, cu_step *S)
+{
+    int st2 = 0, tiles = cdiv(T, c->plan->cls[cls].tile) + cdiv(q->sinks, c->plan->cls[cls].tile) + 16;
+    for (int w = 0; w < 2; w++) {
+        const kvq_tensor_cfg *t = w ? &q->value : &q->key;
+        kvq_window_rule r;
+        kvq_window_rule_of(q, w, &r);
+        int B = r.capacity == 0 ? 1 : r.batch, fp16 = kvq_bits_is_fp16(t->bits);
+        int append = r.batch == 1 && (fp16 || (t->gran == KVQ_GRAN_TOKEN && !t->channel_separable));
+        int per_page = kvq_flush_page_tokens(t, B); /* flush_pages' cut: one page, or channel groups */
+        if (per_page < 1) per_page = 1;
+        int pages = append ? 1 : cdiv(B, per_page), maxn = append ? 1 : per_page;
+        /* the runs a tile may end at: the pages (at least per_page tokens but for the prefill's and the append
+         * page's last), the window's two ring runs */
+        tiles += cdiv(T, append ? KVQ_APPEND_PAGE_TOKENS : per_page) + 4;
+        if (fp16) {
+            if (r.capacity) st2 += pages; /* without a window the token's own store (st1) writes the page */
+        } else {
+            int s = w ? 2 : 0;
+            S->q_cap[s] = imax(S->q_cap[s], pages);
+            S->q_maxn[cls][s] = imax(S->q_maxn[cls][s], maxn);
+        }
+    }
+    S->st2_cap = imax(S->st2_cap, st2);
+    S->tiles_cap = imax(S->tiles_cap, tiles);
+}
+
+kvq_status cu_step_reserve(kvq_backend_ctx *c, int max_batch, int max_tokens, char *msg, size_t ms)
+{
+    cu_step S;
+    memset(&S, 0, sizeof S);
+    S.max_batch = max_batch, S.max_tokens = max_tokens;
+    S.st1_cap = 2; /* the new token's K and V: into a sink, the window, or (no window) an fp16 page */
+    for (int l = 0; l < c->e.dims.layers; l++) {
+        const kvq_layer_cfg *lc = kvq_scheme_layer(c->e.scheme, l);
+        if (lc->mode == KVQ_MODE_SPARSE) continue; /* refused by the plan */
+        layer_bounds(c, &lc->quant, c->plan->layer_class[l], max_tokens, &S);
+    }
+    if (S.tiles_cap < 1) S.tiles_cap = 1;
+    /* gridDim.z of the list launches: the items of the whole batch */
+    int zmax = imax(imax(S.st1_cap, S.st2_cap), imax(imax(S.q_cap[0], S.q_cap[1]), imax(S.q_cap[2], S.q_cap[3])));
+    if ((long long)max_batch * zmax > CU_GRID_YZ_MAX) {
+        snprintf(msg, ms, "a batch of %d needs %lld work items per launch, more than gridDim.z's %u", max_batch,
+                 (long long)max_batch * zmax, CU_GRID_YZ_MAX);
+        return KVQ_ERR_SHAPE;
+    }
+    int H = c->H, Hq = c->Hq, D = c->D;
+    size_t part = 0;
+    for (int k = 0; k < c->plan->n_classes; k++)
+        for (int n = 1; n <= max_batch; n++) {
+            int ch = cu_chunks_max(c, k, n);
+            if (ch > S.tiles_cap) ch = S.tiles_cap;
+            size_t b = (size_t)n * Hq * ch * (D + 1) * sizeof(float);
+            if (b > part) part = b;
+        }
+    S.tables_bytes = tbl_bytes_max(&S, max_batch, c->e.dims.layers);
+    size_t qb = al16((size_t)max_batch * Hq * D * sizeof(float)), lb = al16((size_t)max_batch * Hq * sizeof(float));
+    size_t kb = al16((size_t)max_batch * 2 * H * D * 2);
+    S.mem_bytes = 2 * qb + lb + kb + al16(part) + S.tables_bytes;
+    S.seqs = kvq_calloc((size_t)max_batch, sizeof *S.seqs);
+    kvq_status st = S.seqs ? cu_dev_alloc(c->dev, S.mem_bytes, &S.mem, msg, ms) : KVQ_ERR_NOMEM;
+    for (int i = 0; i < 2 && st == KVQ_OK; i++) {
+        uint64_t unused;
+        void *h = NULL;
+        st = cu_dev_alloc_host(c->dev, S.tables_bytes, &h, &unused, msg, ms);
+        S.host[i] = h;
+        if (st == KVQ_OK) st = cu_dev_event_create(c->dev, &S.copied[i], msg, ms);
+    }
+    if (st != KVQ_OK) { /* the reservation in force, if any, stays */
+        cu_dev_free(c->dev, S.mem);
+        for (int i = 0; i < 2; i++) cu_dev_free_host(c->dev, S.host[i]), cu_dev_event_destroy(c->dev, S.copied[i]);
+        kvq_free(S.seqs);
+        if (st == KVQ_ERR_NOMEM) snprintf(msg, ms, "out of memory");
+        return st;
+    }
+    cu_step_free(c); /* a new reservation replaces the old one (new addresses: capture again) */
+    S.q = S.mem, S.out = S.q + qb, S.lse = S.out + qb, S.kvin = S.lse + lb, S.part = S.kvin + kb;
+    S.tables = S.part + al16(part);
+    c->step = S;
+    return KVQ_OK;
+}
+
+/* ---- the plan ---- */
+
+kvq_status cu_step_record(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, const void *params,
+                          size_t size, char *msg, size_t ms)
+{
+    (void)gx, (void)gy;
+    cu_rec *r = c->rec;
+    const cu_step *S = &c->step;
+    if (!strcmp(kernel, "kvq_store_f16") && size == sizeof(kvq_store_params)) {
+        kvq_store_params sp;
+        memcpy(&sp, params, sizeof sp);
+        int own = sp.src.base >= r->kvin && sp.src.base < r->kvin_end;
+        if (own ? r->n1 == S->st1_cap : r->n2 == S->st2_cap) {
+            snprintf(msg, ms, "cuda: internal error: a planned step stores more rows than its bound (%d)",
+                     own ? S->st1_cap : S->st2_cap);
+            return KVQ_ERR_INTERNAL;
+        }
+        if (own)
+            r->st1[r->n1++] = sp;
+        else
+            r->st2[r->n2++] = sp;
+        return KVQ_OK;
+    }
+    /* a separable store's factor kernel: the run launches the factor list before the quantize list, over the
+     * same items (the factors are computed from the item's rows, as page_write's pair of launches does) */
+    if (!strncmp(kernel, "kvq_factor_", 11)) return KVQ_OK;
+    for (int s = 0; s < CU_STEP_STORES && !strncmp(kernel, "kvq_quant_", 10); s++) {
+        if (strncmp(kernel + 10, store_names[s], 4) || size != sizeof(kvq_quant_params)) continue;
+        kvq_quant_params qp;
+        memcpy(&qp, params, sizeof qp);
+        if (r->nq[s] == S->q_cap[s] || qp.n > S->q_maxn[r->cls][s]) {
+            snprintf(msg, ms,
+                     "cuda: internal error: a planned step's quantize work (%d items, %d tokens) exceeds its bound "
+                     "(%d items, %d tokens)",
+                     r->nq[s] + 1, qp.n, S->q_cap[s], S->q_maxn[r->cls][s]);
+            return KVQ_ERR_INTERNAL;
+        }
+        r->q[s][r->nq[s]++] = qp;
+        return KVQ_OK;
+    }
+    snprintf(msg, ms, "cuda: internal error: %s cannot be part of a planned step", kernel);
+    return KVQ_ERR_INTERNAL;
+}
+
+/* What a planned step cannot do: policies decide inside the step (docs/cuda.md "Planned steps"). */
+static kvq_status check_plannable(const kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n, char *msg, size_t ms)
+{
+    const cu_step *S = &c->step;
+    if (!S->max_batch) {
+        snprintf(msg, ms, "no step capacity: call kvq_engine_reserve_step first");
+        return KVQ_ERR_STATE;
+    }
+    if (n > S->max_batch) {
+        snprintf(msg, ms, "a batch of %d sequences is beyond the step capacity of %d (kvq_engine_reserve_step)", n,
+                 S->max_batch);
+        return KVQ_ERR_SHAPE;
+    }
+    for (int l = 0; l < c->e.dims.layers; l++)
+        for (int i = 0; i < n; i++) {
+            const cu_layer *L = seqs[i]->layers[l];
+            const char *why = !L            ? NULL
+                              : L->sparse   ? "is sparse (TailorKV: its retrieval selects rows inside the step)"
+                              : L->q.has_pool ? "has an outlier pool (OTT: its competition decides inside the step)"
+                              : L->q.saliency ? "has saliency classes (ZipCache: probe rows and compressions decide "
+                                                "inside the step)"
+                                              : NULL;
+            if (why) {
+                snprintf(msg, ms,
+                         "layer %d %s: planned steps cover quantized layers without policies; capture such steps one "
+                         "at a time with kvq_decode_device (docs/cuda.md)",
+                         l, why);
+                return KVQ_ERR_UNSUPPORTED;
+            }
+            if (L && L->q.length + 1 > S->max_tokens) {
+                snprintf(msg, ms,
+                         "sequence %d layer %d: %d tokens after the step, beyond the step capacity of %d "
+                         "(kvq_engine_reserve_step)",
+                         i, l, L->q.length + 1, S->max_tokens);
+                return KVQ_ERR_SHAPE;
+            }
+        }
+    return KVQ_OK;
+}
+
+/* Layer l of every sequence: the token's work recorded, the tiles and the split into the host tables. */
+static kvq_status plan_layer(kvq_backend_ctx *c, int l, kvq_backend_seq *const *seqs, int n, unsigned char *tb,
+                             const tbl_off *o, size_t *tiles_at, char *msg, size_t ms)
+{
+    cu_step *S = &c->step;
+    int cls = c->plan->layer_class[l], H = c->H, D = c->D;
+    size_t kvi = (size_t)2 * H * D * 2;
+    unsigned char *hb = tb + (size_t)l * o->layer;
+    kvq_seq_tiles *sq = (kvq_seq_tiles *)(hb + o->seqs);
+    int max_tiles = 1;
+    kvq_status st = KVQ_OK;
+    for (int i = 0; i < n && st == KVQ_OK; i++) {
+        cu_qlayer *L = &seqs[i]->layers[l]->q;
+        cu_rec r;
+        memset(&r, 0, sizeof r);
+        r.st1 = (kvq_store_params *)(hb + o->st1) + (size_t)i * S->st1_cap;
+        r.st2 = (kvq_store_params *)(hb + o->st2) + (size_t)i * S->st2_cap;
+        for (int s = 0; s < CU_STEP_STORES; s++) r.q[s] = (kvq_quant_params *)(hb + o->q[s]) + (size_t)i * S->q_cap[s];
+        r.kvin = S->kvin, r.kvin_end = S->kvin + (uint64_t)n * kvi, r.cls = cls;
+        c->rec = &r;
+        st = cu_qlayer_append(c, L, NULL, NULL, S->kvin + (uint64_t)i * kvi, msg, ms);
+        c->rec = NULL;
+        if (st != KVQ_OK) {
+            char tmp[512];
+            snprintf(tmp, sizeof tmp, "sequence %d layer %d: %s", i, l, msg);
+            snprintf(msg, ms, "%s", tmp);
+            break;
+        }
+        int nt = 0;
+        cu_qlayer_tiles(c, L, &nt);
+        if (nt < 0) {
+            snprintf(msg, ms, "out of memory");
+            st = KVQ_ERR_NOMEM;
+            break;
+        }
+        if (nt > S->tiles_cap) {
+            snprintf(msg, ms, "sequence %d layer %d: %d decode tiles, beyond the %d the step capacity allows", i, l, nt,
+                     S->tiles_cap);
+            st = KVQ_ERR_SHAPE;
+            break;
+        }
+        for (int j = 0; j < nt && st == KVQ_OK; j++)
+            if (c->htiles[j].n > c->plan->cls[cls].tile) {
+                snprintf(msg, ms, "cuda: internal error: a decode tile of %d tokens, the plan's tile is %d",
+                         c->htiles[j].n, c->plan->cls[cls].tile);
+                st = KVQ_ERR_INTERNAL;
+            }
+        memcpy(tb + *tiles_at, c->htiles, (size_t)nt * sizeof(kvq_tile));
+        sq[i].tiles = S->tables + *tiles_at;
+        sq[i].n_tiles = nt;
+        *tiles_at += (size_t)nt * sizeof(kvq_tile);
+        if (nt > max_tiles) max_tiles = nt;
+    }
+    if (st != KVQ_OK) return st;
+    /* decode_run's split of the same tiles (so the outputs are the same bits); the grid has step_chunks chunks */
+    int tpc = cu_tiles_per_chunk(c, cls, n, max_tiles);
+    if (cdiv(max_tiles, tpc) > step_chunks(c, cls, n)) {
+        snprintf(msg, ms, "cuda: internal error: a split of %d chunks, the planned grid has %d", cdiv(max_tiles, tpc),
+                 step_chunks(c, cls, n));
+        return KVQ_ERR_INTERNAL;
+    }
+    for (int i = 0; i < n; i++) sq[i].tiles_per_chunk = tpc;
+    return KVQ_OK;
+}
+
+kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n, void *stream, char *msg, size_t ms)
+{
+    kvq_status st = check_plannable(c, seqs, n, msg, ms);
+    if (st != KVQ_OK) return st;
+    cu_step *S = &c->step;
+    int layers = c->e.dims.layers;
+    tbl_off o;
+    tbl_layout(S, n, layers, &o);
+    size_t tiles_at = o.tiles;
+    /* the other page-locked buffer than the last plan's, whose copy may still be queued; the copy made from this
+     * one two plans ago must have run before it is written (its event; at once in a decode loop, which waited
+     * for that step's outputs) */
+    int k = S->slot ^ 1;
+    unsigned char *tb = S->host[k];
+    if (S->pending[k]) {
+        st = cu_dev_event_wait(c->dev, S->copied[k], msg, ms);
+        if (st != KVQ_OK) return st;
+        S->pending[k] = 0;
+    }
+    memset(tb, 0, o.tiles); /* unused items: n = 0, nothing to do */
+    cu_snap *snap = kvq_calloc((size_t)layers * n, sizeof *snap);
+    if (!snap) {
+        snprintf(msg, ms, "out of memory");
+        return KVQ_ERR_NOMEM;
+    }
+    int saved = 0;
+    for (int l = 0; l < layers && st == KVQ_OK; l++)
+        for (int i = 0; i < n && st == KVQ_OK; i++)
+            if ((st = cu_qlayer_save(&seqs[i]->layers[l]->q, &snap[(size_t)l * n + i])) == KVQ_OK) saved++;
+    for (int l = 0; l < layers && st == KVQ_OK; l++) st = plan_layer(c, l, seqs, n, tb, &o, &tiles_at, msg, ms);
+    if (st == KVQ_OK) {
+        void *prev = cu_dev_stream(c->dev);
+        if (stream) cu_dev_set_stream(c->dev, stream);
+        st = cu_dev_h2d_async(c->dev, S->tables, tb, tiles_at, msg, ms); /* the step's one copy */
+        if (st == KVQ_OK) {
+            kvq_status er = cu_dev_event_record(c->dev, S->copied[k], msg, ms);
+            /* without the event the next reuse waits for the whole stream instead */
+            if (er == KVQ_OK) S->pending[k] = 1;
+            else st = cu_dev_sync(c->dev, msg, ms);
+        }
+        cu_dev_set_stream(c->dev, prev);
+    }
+    if (st == KVQ_OK) {
+        for (int l = 0; l < layers; l++)
+            for (int i = 0; i < n; i++) cu_qlayer_commit(c, &seqs[i]->layers[l]->q);
+        S->slot ^= 1;
+        S->planned = 1, S->n = n;
+        memcpy(S->seqs, seqs, (size_t)n * sizeof *seqs);
+    } else {
+        if (st == KVQ_ERR_NOMEM) snprintf(msg, ms, "out of memory");
+        /* every layer of every sequence back as it was (the pages the plan took go back to the pool) */
+        for (int x = saved - 1; x >= 0; x--) {
+            char um[256];
+            cu_qlayer_restore(c, &seqs[x % n]->layers[x / n]->q, &snap[x], um, sizeof um);
+        }
+        S->planned = 0;
+    }
+    for (int x = 0; x < layers * n; x++) kvq_free(snap[x].probe_pos);
+    kvq_free(snap);
+    return st;
+}
+
+/* ---- the run of one layer ---- */
+
+static kvq_status launch_list(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, uint64_t items,
+                              int n_items, char *msg, size_t ms)
+{
+    kvq_list_params lp;
+    memset(&lp, 0, sizeof lp);
+    lp.items = items, lp.n_items = n_items;
+    const unsigned g[3] = {gx, gy, (unsigned)n_items}, b[3] = {128, 1, 1};
+    return cu_dev_launch(c->dev, c->mod, kernel, g, b, &lp, sizeof lp, msg, ms);
+}
+
+static uint64_t dev_addr(const void *p) { return (uint64_t)(uintptr_t)p; }
+
+static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_decode *dv, char *msg, size_t ms)
+{
+    const cu_step *S = &c->step;
+    int H = c->H, Hq = c->Hq, D = c->D, cls = c->plan->layer_class[layer];
+    tbl_off o;
+    tbl_layout(S, n, c->e.dims.layers, &o);
+    uint64_t base = S->tables + (uint64_t)layer * o.layer;
+    /* q to fp32 [n][Hq][D], k and v to fp16 rows [n][2][H][D], as decode_run converts them */
+    kvq_status st = cu_convert_rows(c, dev_addr(dv->q.data), dv->q.dtype, dv->q.token_stride, dv->q.head_stride, S->q,
+                                    KVQ_F32, (long long)Hq * D, D, n, Hq, D, 1.0f, msg, ms);
+    if (st == KVQ_OK)
+        st = cu_convert_rows(c, dev_addr(dv->k.data), dv->k.dtype, dv->k.token_stride, dv->k.head_stride, S->kvin,
+                             KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
+    if (st == KVQ_OK)
+        st = cu_convert_rows(c, dev_addr(dv->v.data), dv->v.dtype, dv->v.token_stride, dv->v.head_stride,
+                             S->kvin + (uint64_t)H * D * 2, KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
+    /* the new tokens into their sinks, windows or fp16 pages; then the flushes, which read the windows */
+    if (st == KVQ_OK) st = launch_list(c, "kvq_store_f16_list", (unsigned)H, 1, base + o.st1, n * S->st1_cap, msg, ms);
+    if (st == KVQ_OK && S->st2_cap)
+        st = launch_list(c, "kvq_store_f16_list", (unsigned)H, 1, base + o.st2, n * S->st2_cap, msg, ms);
+    for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++) {
+        const plan_store *ps = class_store(c, cls, s);
+        if (!S->q_cap[s] || !store_quantized(ps)) continue;
+        int maxn = S->q_maxn[cls][s] > 0 ? S->q_maxn[cls][s] : 1;
+        char name[48];
+        if (ps->sep) {
+            snprintf(name, sizeof name, "kvq_factor_list_%s_c%d", store_names[s], cls);
+            st = launch_list(c, name, (unsigned)H, 1, base + o.q[s], n * S->q_cap[s], msg, ms);
+        }
+        /* the widest grid the direct kernel takes for up to maxn tokens (page_write's) */
+        unsigned gx = (unsigned)H, gy = 1;
+        if (ps->gran == KVQ_GRAN_TOKEN && ps->hidden)
+            gx = 1, gy = cu_grid_y(maxn);
+        else if (ps->gran == KVQ_GRAN_TOKEN)
+            gy = cu_grid_y((maxn + 7) / 8);
+        snprintf(name, sizeof name, "kvq_quant_list_%s_c%d", store_names[s], cls);
+        if (st == KVQ_OK) st = launch_list(c, name, gx, gy, base + o.q[s], n * S->q_cap[s], msg, ms);
+    }
+    /* the decode kernel over the planned tiles, its chunks fixed by the capacity, and the merge */
+    int nch = step_chunks(c, cls, n);
+    kvq_decode_params dp;
+    memset(&dp, 0, sizeof dp);
+    dp.q = S->q, dp.out = S->out, dp.seqs = base + o.seqs, dp.lse = S->lse;
+    dp.part_o = S->part, dp.part_lse = S->part + (uint64_t)n * Hq * nch * D * sizeof(float);
+    dp.scale = c->e.softmax_scale * 1.4426950408889634f; /* log2(e): the kernel works in base 2 */
+    dp.batch = n, dp.n_chunks = nch, dp.tiles_per_chunk = 1; /* each sequence's split is in the tables */
+    char kname[32];
+    snprintf(kname, sizeof kname, "kvq_decode_c%d", cls);
+    const unsigned g[3] = {(unsigned)H, (unsigned)nch, (unsigned)n};
+    const unsigned b[3] = {(unsigned)c->plan->tx, (unsigned)c->plan->ty, (unsigned)c->plan->tz};
+    if (st == KVQ_OK)
+        st = cu_dev_launch_smem(c->dev, c->mod, kname, g, b, (unsigned)c->plan->cls[cls].smem, &dp, sizeof dp, msg, ms);
+    if (st == KVQ_OK && nch > 1) {
+        const unsigned mg[3] = {(unsigned)Hq, (unsigned)n, 1}, mb[3] = {(unsigned)(D < 256 ? D : 256), 1, 1};
+        st = cu_dev_launch(c->dev, c->mod, "kvq_merge", mg, mb, &dp, sizeof dp, msg, ms);
+    }
+    /* the outputs in the caller's dtype and strides; lse from base 2 to natural logarithms */
+    if (st == KVQ_OK)
+        st = cu_convert_rows(c, S->out, KVQ_F32, (long long)Hq * D, D, dev_addr(dv->out.data), dv->out.dtype,
+                             dv->out.token_stride, dv->out.head_stride, n, Hq, D, 1.0f, msg, ms);
+    if (st == KVQ_OK && dv->lse)
+        st = cu_convert_rows(c, S->lse, KVQ_F32, Hq, 1, dev_addr(dv->lse), KVQ_F32, Hq, 1, n, Hq, 1,
+                             0.69314718055994531f, msg, ms);
+    return st;
+}
+
+kvq_status cu_step_run(kvq_backend_ctx *c, int layer, kvq_backend_seq *const *seqs, int n, const kvq_dev_decode *d,
+                       char *msg, size_t ms)
+{
+    const cu_step *S = &c->step;
+    if (!S->planned) {
+        snprintf(msg, ms, "no planned step: call kvq_decode_plan first");
+        return KVQ_ERR_STATE;
+    }
+    if (n != S->n || memcmp(seqs, S->seqs, (size_t)n * sizeof *seqs)) {
+        snprintf(msg, ms, "the batch is not the one planned (%d sequences planned, in that order)", S->n);
+        return KVQ_ERR_INVALID;
+    }
+    void *prev = cu_dev_stream(c->dev);
+    if (d->stream) cu_dev_set_stream(c->dev, d->stream);
+    kvq_status st = run_layer(c, layer, n, d, msg, ms);
+    cu_dev_set_stream(c->dev, prev);
+    return st;
+}

@@ -1,0 +1,551 @@
+/* Planned decode steps replayed as a graph (kvq.h "Planned decode steps", docs/cuda.md "Planned steps") under the
+ * emulator (or on a GPU: tests/gpu/test_gpu_replay.c builds this file for the cuda backend and the driver's
+ * graphs). For every spec in specs/ and batches of 1, 3 and 17 sequences of different prompt lengths (varlen
+ * prefill), 3 layers: engine A takes every step through the host-pointer kvq_decode; engine B plans every step
+ * (kvq_decode_plan), runs step 0's layers eagerly (kvq_decode_run; warm-up), captures step 1's runs of every layer
+ * (the emulator's capture mode records them), and for the 40 steps after only writes the step's q, k, v into the
+ * same device buffers, plans and replays the graph (cu_dev_graph_replay), with KIVI flushes at R = 32 and 128 and
+ * new pages on the way. Each step's outputs of every layer, the final caches (read_cache) and statistics of B
+ * equal A's bit for bit, and a replayed step makes no synchronisation, allocation, device-to-host copy or launch
+ * by the host: the plan's one copy and the replay. Specs with step policies (OTT's pool layer, ZipCache,
+ * TailorKV's sparse layers) are refused by the plan with a message that names the policy. Also: a batch or a
+ * length beyond the reserved capacity is refused and changes nothing, and a plan failed at every allocation and
+ * at its device copy in turn leaves every layer of every sequence as it was. */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "cuda/cu_backend.h"
+#include "cuda/cu_counters.h"
+#include "cuda/cu_dev.h"
+#include "half.h"
+#include "harness.h"
+#include "kvq.h"
+#include "rt_internal.h"
+#include "synth.h"
+
+#define LAYERS 3 /* ott.kvq: layers 0..1 without a pool, layer 2 with one (refused) */
+#define H 2
+#define HQ 4
+#define D 128
+#define TOK 240
+#define STEPS 42 /* step 0 eager (warm-up), step 1 captured, 40 replayed */
+#define ROW (HQ + 2 * H) /* heads of a fused qkv row */
+
+/* ---- "device" memory of the engine's emulated device (its addresses are host addresses) ---- */
+
+static void *dev_alloc(kvq_engine *e, size_t bytes)
+{
+    cu_ctx_scope s;
+    uint64_t a = 0;
+    char msg[256];
+    cu_dev_enter(e->ctx->dev, &s);
+    kvq_status st = cu_dev_alloc(e->ctx->dev, bytes, &a, msg, sizeof msg);
+    cu_dev_leave(e->ctx->dev, &s);
+    return st == KVQ_OK ? (void *)(uintptr_t)a : NULL;
+}
+
+static void dev_free(kvq_engine *e, void *p)
+{
+    cu_ctx_scope s;
+    cu_dev_enter(e->ctx->dev, &s);
+    cu_dev_free(e->ctx->dev, (uint64_t)(uintptr_t)p);
+    cu_dev_leave(e->ctx->dev, &s);
+}
+
+/* Bytes to and from device memory (synchronous copies: outside the measured calls). */
+static int dev_copy(kvq_engine *e, void *dst, const void *src, size_t bytes, int to_device)
+{
+    cu_ctx_scope s;
+    char msg[256];
+    cu_dev_enter(e->ctx->dev, &s);
+    kvq_status st = to_device ? cu_dev_h2d(e->ctx->dev, (uint64_t)(uintptr_t)dst, src, bytes, msg, sizeof msg)
+                              : cu_dev_d2h(e->ctx->dev, dst, (uint64_t)(uintptr_t)src, bytes, msg, sizeof msg);
+    cu_dev_leave(e->ctx->dev, &s);
+    return st == KVQ_OK;
+}
+
+/* ---- the graph: the emulator's recorded one (cu_counters.h), or on a GPU the driver's stream capture of the
+ * engine's own stream, instantiated and launched (libcuda through dlopen, CUDA 12 entry points) ---- */
+
+#ifndef CU_TEST_BACKEND
+#define CU_TEST_BACKEND KVQ_BACKEND_EMU
+#endif
+#define ON_GPU (CU_TEST_BACKEND == KVQ_BACKEND_CUDA)
+
+static struct {
+    int (*begin)(void *, int);
+    int (*end)(void *, void **);
+    int (*inst)(void **, void *, unsigned long long);
+    int (*launch)(void *, void *);
+    int (*exec_destroy)(void *);
+    int (*destroy)(void *);
+    void *graph, *exec;
+} gr;
+
+static int graph_begin(kvq_engine *e)
+{
+    if (!ON_GPU) {
+        cu_dev_capture(1); /* records the emulated graph */
+        return 1;
+    }
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return 0;
+    *(void **)&gr.begin = dlsym(h, "cuStreamBeginCapture_v2");
+    *(void **)&gr.end = dlsym(h, "cuStreamEndCapture");
+    *(void **)&gr.inst = dlsym(h, "cuGraphInstantiateWithFlags");
+    *(void **)&gr.launch = dlsym(h, "cuGraphLaunch");
+    *(void **)&gr.exec_destroy = dlsym(h, "cuGraphExecDestroy");
+    *(void **)&gr.destroy = dlsym(h, "cuGraphDestroy");
+    if (!gr.begin || !gr.end || !gr.inst || !gr.launch || !gr.exec_destroy || !gr.destroy) return 0;
+    return gr.begin(cu_dev_stream(e->ctx->dev), 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */) == 0;
+}
+
+static int graph_end(kvq_engine *e)
+{
+    if (!ON_GPU) {
+        cu_dev_capture(0);
+        return cu_dev_graph_nodes() > 0;
+    }
+    gr.graph = gr.exec = NULL;
+    return gr.end(cu_dev_stream(e->ctx->dev), &gr.graph) == 0 && gr.inst(&gr.exec, gr.graph, 0) == 0;
+}
+
+static int graph_launch(kvq_engine *e, char *msg, size_t n)
+{
+    if (!ON_GPU) return cu_dev_graph_replay(msg, n) == KVQ_OK;
+    snprintf(msg, n, "cuGraphLaunch failed");
+    cu_ctx_scope s;
+    cu_dev_enter(e->ctx->dev, &s);
+    int ok = gr.launch(gr.exec, cu_dev_stream(e->ctx->dev)) == 0;
+    cu_dev_leave(e->ctx->dev, &s);
+    return ok;
+}
+
+static void graph_free(void)
+{
+    if (!ON_GPU) {
+        cu_dev_graph_reset();
+        return;
+    }
+    if (gr.exec) gr.exec_destroy(gr.exec);
+    if (gr.graph) gr.destroy(gr.graph);
+    gr.exec = gr.graph = NULL;
+}
+
+static kvq_engine *engine_for(const kvq_scheme *s, char *err, size_t n)
+{
+    kvq_engine_config cfg;
+    kvq_engine_config_init(&cfg);
+    cfg.dims = (kvq_dims){LAYERS, HQ, H, D};
+    cfg.dtype = KVQ_F16;
+    cfg.backend = CU_TEST_BACKEND;
+    kvq_engine *e = NULL;
+    return kvq_engine_create(s, &cfg, &e, err, n) == KVQ_OK ? e : NULL;
+}
+
+/* token t of layer l: [heads][D] of tensor w (0 k, 1 v, 2 q); sequences start at different offsets */
+static float syn_at(const kvq_synth *syn, int w, int l, int h, int t, int d)
+{
+    int heads = w == 2 ? HQ : H;
+    const float *base = w == 0 ? syn->k : w == 1 ? syn->v : syn->q;
+    return base[(((size_t)l * heads + h) * TOK + (size_t)(t % TOK)) * D + d];
+}
+
+static void fill_row(uint16_t *row, const kvq_synth *syn, int l, int t)
+{
+    for (int h = 0; h < HQ; h++)
+        for (int d = 0; d < D; d++) row[h * D + d] = kvq_f16_from_f32(syn_at(syn, 2, l, h, t, d));
+    for (int w = 0; w < 2; w++)
+        for (int h = 0; h < H; h++)
+            for (int d = 0; d < D; d++) row[(HQ + w * H + h) * D + d] = kvq_f16_from_f32(syn_at(syn, w, l, h, t, d));
+}
+
+static kvq_dev_tensor view(void *base, int head0)
+{
+    kvq_dev_tensor t = {(uint16_t *)base + (size_t)head0 * D, KVQ_F16, ROW * D, D};
+    return t;
+}
+
+/* Prefills every layer of seqs with prompts of len[i] tokens (sequence i's tokens start at i % 7). */
+static int prefill(kvq_engine *e, kvq_seq **seqs, const int *len, int B, const kvq_synth *syn)
+{
+    int ok = 1;
+    for (int l = 0; l < LAYERS && ok; l++) {
+        kvq_prefill_item *it = kvq_calloc((size_t)B, sizeof *it);
+        uint16_t **hb = kvq_calloc((size_t)B * 3, sizeof *hb);
+        for (int i = 0; i < B; i++) {
+            int T = len[i];
+            for (int w = 0; w < 3; w++) {
+                int heads = w == 2 ? HQ : H;
+                hb[3 * i + w] = kvq_malloc((size_t)heads * T * D * 2);
+                for (int h = 0; h < heads; h++)
+                    for (int t = 0; t < T; t++)
+                        for (int d = 0; d < D; d++)
+                            hb[3 * i + w][((size_t)h * T + t) * D + d] = kvq_f16_from_f32(syn_at(syn, w, l, h, t + i % 7, d));
+            }
+            it[i] = (kvq_prefill_item){seqs[i], T, hb[3 * i], hb[3 * i + 1], hb[3 * i + 2]};
+        }
+        ok = kvq_prefill(e, l, it, B) == KVQ_OK;
+        for (int x = 0; x < 3 * B; x++) kvq_free(hb[x]);
+        kvq_free(hb), kvq_free(it);
+    }
+    return ok;
+}
+
+/* What the failure checks compare: every layer's length and cache of every sequence. */
+typedef struct {
+    int n[LAYERS];
+    float *k[LAYERS], *v[LAYERS];
+} seq_state;
+
+static int state_get(kvq_engine *e, kvq_seq *s, int cap, seq_state *o)
+{
+    int ok = 1;
+    for (int l = 0; l < LAYERS; l++) {
+        o->k[l] = kvq_calloc((size_t)H * cap * D, 4), o->v[l] = kvq_calloc((size_t)H * cap * D, 4);
+        ok &= kvq_seq_read_cache(e, s, l, o->k[l], o->v[l], cap, &o->n[l]) == KVQ_OK;
+    }
+    return ok;
+}
+
+static int state_same(const seq_state *a, const seq_state *b, int cap)
+{
+    int same = 1;
+    for (int l = 0; l < LAYERS; l++)
+        same &= a->n[l] == b->n[l] && !memcmp(a->k[l], b->k[l], (size_t)H * cap * D * 4) &&
+                !memcmp(a->v[l], b->v[l], (size_t)H * cap * D * 4);
+    return same;
+}
+
+static void state_free(seq_state *o)
+{
+    for (int l = 0; l < LAYERS; l++) kvq_free(o->k[l]), kvq_free(o->v[l]);
+}
+
+static int n_refused, n_replayed;
+
+/* Engine A (host pointers) against engine B (plan + graph replay) for one spec and batch. */
+static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn, int B)
+{
+    th_begin("replay: %s (%s), batch %d: a step planned and captured once, then %d steps of plan + graph replay, "
+             "equal to the host path bit for bit with no sync, alloc, D2H or host launch in a replayed step",
+             kvq_scheme_name(s), file, B, STEPS - 2);
+    char err[1024];
+    kvq_engine *ea = engine_for(s, err, sizeof err), *eb = ea ? engine_for(s, err, sizeof err) : NULL;
+    TH_CHECK(ea && eb, "engines: %s", err);
+    kvq_seq **sa = kvq_calloc((size_t)B, sizeof *sa), **sb = kvq_calloc((size_t)B, sizeof *sb);
+    int *len = kvq_calloc((size_t)B, sizeof *len), maxlen = 0;
+    for (int i = 0; i < B; i++) {
+        len[i] = i == 0 ? 100 : 24 + (i * 37 + 11) % 140; /* 100 crosses R = 128 during the steps */
+        if (len[i] + STEPS > maxlen) maxlen = len[i] + STEPS;
+    }
+    for (int i = 0; i < B && !th_failed(); i++)
+        TH_CHECK(kvq_seq_create(ea, &sa[i]) == KVQ_OK && kvq_seq_create(eb, &sb[i]) == KVQ_OK, "seq");
+    TH_CHECK(th_failed() || (prefill(ea, sa, len, B, syn) && prefill(eb, sb, len, B, syn)), "prefill: %s / %s",
+             kvq_engine_errmsg(ea), kvq_engine_errmsg(eb));
+    TH_CHECK(th_failed() || kvq_engine_reserve_device(eb, (size_t)64 << 20) == KVQ_OK, "reserve_device: %s",
+             kvq_engine_errmsg(eb));
+    TH_CHECK(th_failed() || kvq_engine_reserve_step(eb, B, maxlen) == KVQ_OK, "reserve_step: %s",
+             kvq_engine_errmsg(eb));
+    /* device buffers of each layer: fused q|k|v rows in, fp32 outputs */
+    uint16_t *din[LAYERS] = {0};
+    float *dout[LAYERS] = {0};
+    for (int l = 0; l < LAYERS && !th_failed(); l++) {
+        din[l] = dev_alloc(eb, (size_t)B * ROW * D * 2);
+        dout[l] = dev_alloc(eb, (size_t)B * HQ * D * 4);
+        TH_CHECK(din[l] && dout[l], "device buffers");
+    }
+    kvq_dev_decode dd[LAYERS];
+    for (int l = 0; l < LAYERS; l++)
+        dd[l] = (kvq_dev_decode){sb, B, view(din[l], 0), view(din[l], HQ), view(din[l], HQ + H),
+                                 {dout[l], KVQ_F32, (long long)HQ * D, D}, NULL, NULL};
+    float *hout = kvq_malloc((size_t)B * HQ * D * 4), *bout = kvq_malloc((size_t)B * HQ * D * 4);
+    uint16_t *hin = kvq_malloc((size_t)B * ROW * D * 2);
+    kvq_decode_item *di = kvq_calloc((size_t)B, sizeof *di);
+    long mismatches = 0, flushes = 0;
+    cu_dev_counters worst;
+    memset(&worst, 0, sizeof worst);
+    int refused = 0;
+    for (int st = 0; st < STEPS && !th_failed() && !refused; st++) {
+        uint64_t resid0 = 0;
+        kvq_mem_stats ms0;
+        if (kvq_engine_stats(eb, &ms0) == KVQ_OK) resid0 = ms0.tokens[KVQ_SEG_RESIDUAL];
+        for (int l = 0; l < LAYERS && !th_failed(); l++) {
+            for (int i = 0; i < B; i++) fill_row(hin + (size_t)i * ROW * D, syn, l, len[i] + st + i % 7);
+            TH_CHECK(dev_copy(eb, din[l], hin, (size_t)B * ROW * D * 2, 1), "inputs");
+        }
+        cu_dev_counters c0, c1, x;
+        cu_dev_counters_get(&c0);
+        kvq_status ps = kvq_decode_plan(eb, sb, B, NULL);
+        if (ps == KVQ_ERR_UNSUPPORTED) {
+            const char *m = kvq_engine_errmsg(eb);
+            TH_CHECK(st == 0 && (strstr(m, "OTT") || strstr(m, "ZipCache") || strstr(m, "TailorKV")) &&
+                         strstr(m, "kvq_decode_device"),
+                     "the refusal names the policy and the per-step path: %s", m);
+            printf("  refused (as it should be): %s\n", m);
+            refused = 1;
+            n_refused++;
+            break;
+        }
+        TH_CHECK(ps == KVQ_OK, "step %d: plan: %s", st, kvq_engine_errmsg(eb));
+        /* step 0 runs eagerly (warm-up: every kernel looked up), step 1 is captured (and runs), then replays */
+        if (st <= 1) {
+            TH_CHECK(st == 0 || graph_begin(eb), "begin capture");
+            for (int l = 0; l < LAYERS && !th_failed(); l++)
+                TH_CHECK(kvq_decode_run(eb, l, &dd[l]) == KVQ_OK, "step %d: layer %d: %s", st, l,
+                         kvq_engine_errmsg(eb));
+            TH_CHECK(st == 0 || graph_end(eb), "end capture: nothing recorded");
+        }
+        if (st == 1 && ON_GPU) TH_CHECK(graph_launch(eb, err, sizeof err), "%s", err); /* a GPU graph runs now */
+        if (st >= 2) TH_CHECK(graph_launch(eb, err, sizeof err), "step %d: replay: %s", st, err);
+        cu_dev_counters_get(&c1);
+        cu_dev_counters_diff(&c1, &c0, &x);
+        if (st == 1)
+            TH_CHECK(x.capture_refused == 0 && x.syncs == 0 && x.allocs == 0 && x.d2h == 0 && x.h2d == 1,
+                     "captured step: refused %ld syncs %ld allocs %ld d2h %ld h2d %ld", x.capture_refused, x.syncs,
+                     x.allocs, x.d2h, x.h2d);
+        else if (st >= 2)
+            TH_CHECK(x.syncs == 0 && x.allocs == 0 && x.frees == 0 && x.host_allocs == 0 && x.d2h == 0 &&
+                         x.launches == 0 && x.memsets == 0 && x.loads == 0 && x.h2d == 1 && x.replays == !ON_GPU &&
+                         (ON_GPU || x.replayed_nodes == cu_dev_graph_nodes()) && x.event_waits == 1,
+                     "replayed step %d: syncs %ld allocs %ld frees %ld d2h %ld launches %ld memsets %ld h2d %ld "
+                     "replays %ld nodes %ld event waits %ld",
+                     st, x.syncs, x.allocs, x.frees, x.d2h, x.launches, x.memsets, x.h2d, x.replays,
+                     x.replayed_nodes, x.event_waits);
+        /* engine A, layer by layer, through host pointers; B's outputs must be the same bits */
+        for (int l = 0; l < LAYERS && !th_failed(); l++) {
+            for (int i = 0; i < B; i++) {
+                uint16_t *r = hin + (size_t)i * ROW * D;
+                fill_row(r, syn, l, len[i] + st + i % 7);
+                di[i] = (kvq_decode_item){sa[i], r + HQ * D, r + (HQ + H) * D, r, hout + (size_t)i * HQ * D};
+            }
+            TH_CHECK(kvq_decode(ea, l, di, B) == KVQ_OK, "host decode: %s", kvq_engine_errmsg(ea));
+            TH_CHECK(dev_copy(eb, bout, dout[l], (size_t)B * HQ * D * 4, 0), "outputs");
+            for (size_t j = 0; j < (size_t)B * HQ * D && !th_failed(); j++)
+                mismatches += memcmp(&hout[j], &bout[j], 4) != 0;
+        }
+        kvq_mem_stats ms1;
+        if (kvq_engine_stats(eb, &ms1) == KVQ_OK && ms1.tokens[KVQ_SEG_RESIDUAL] < resid0) flushes++;
+    }
+    if (!refused) {
+        TH_CHECK(mismatches == 0, "%ld output elements differ from the host path's", mismatches);
+        /* a spec with a residual window flushed it on the way (KIVI at R = 32 or 128) */
+        const kvq_layer_cfg *lc = kvq_scheme_layer(s, 0);
+        TH_CHECK(lc->quant.residual == 0 || flushes > 0, "no flush happened during the steps");
+        for (int l = 0; l < LAYERS && !th_failed(); l++)
+            for (int i = 0; i < B; i++) {
+                int cap = len[i] + STEPS, n1 = 0, n2 = 0;
+                size_t sz = (size_t)H * cap * D;
+                float *k1 = kvq_calloc(sz, 4), *v1 = kvq_calloc(sz, 4), *k2 = kvq_calloc(sz, 4),
+                      *v2 = kvq_calloc(sz, 4);
+                TH_CHECK(kvq_seq_read_cache(ea, sa[i], l, k1, v1, cap, &n1) == KVQ_OK &&
+                             kvq_seq_read_cache(eb, sb[i], l, k2, v2, cap, &n2) == KVQ_OK,
+                         "read_cache");
+                TH_CHECK(n1 == cap && n2 == cap && !memcmp(k1, k2, sz * 4) && !memcmp(v1, v2, sz * 4),
+                         "layer %d sequence %d: caches differ (%d / %d tokens)", l, i, n1, n2);
+                kvq_free(k1), kvq_free(v1), kvq_free(k2), kvq_free(v2);
+            }
+        kvq_mem_stats a, b;
+        TH_CHECK(th_failed() || (kvq_engine_stats(ea, &a) == KVQ_OK && kvq_engine_stats(eb, &b) == KVQ_OK &&
+                                 !memcmp(&a, &b, sizeof a)),
+                 "statistics differ");
+        n_replayed++;
+    }
+    graph_free();
+    for (int l = 0; l < LAYERS && eb; l++) dev_free(eb, din[l]), dev_free(eb, dout[l]);
+    kvq_free(hout), kvq_free(bout), kvq_free(hin), kvq_free(di);
+    kvq_free(sa), kvq_free(sb), kvq_free(len);
+    kvq_engine_free(ea);
+    kvq_engine_free(eb);
+    th_end();
+}
+
+/* Capacity refusals and a plan failed at every allocation and at its device copy, step after step; each refusal
+ * or failure leaves every layer of every sequence as it was, and the steps then continue equal to engine A's. */
+static void test_failures(const kvq_scheme *s, const kvq_synth *syn)
+{
+    enum { B = 3, NSTEPS = 36 };
+    th_begin("replay: %s: plans beyond the capacity are refused, plans failed at each allocation and at the device "
+             "copy leave every layer as it was, over %d steps crossing flushes",
+             kvq_scheme_name(s), NSTEPS);
+    char err[1024];
+    kvq_engine *ea = engine_for(s, err, sizeof err), *eb = ea ? engine_for(s, err, sizeof err) : NULL;
+    TH_CHECK(ea && eb, "engines: %s", err);
+    kvq_seq *sa[B] = {0}, *sb[B] = {0};
+    int len[B] = {61, 30, 95}, cap = 95 + NSTEPS + 1;
+    for (int i = 0; i < B && !th_failed(); i++)
+        TH_CHECK(kvq_seq_create(ea, &sa[i]) == KVQ_OK && kvq_seq_create(eb, &sb[i]) == KVQ_OK, "seq");
+    TH_CHECK(th_failed() || (prefill(ea, sa, len, B, syn) && prefill(eb, sb, len, B, syn)), "prefill");
+    /* no reservation yet */
+    TH_CHECK(th_failed() || (kvq_decode_plan(eb, sb, B, NULL) == KVQ_ERR_STATE &&
+                             strstr(kvq_engine_errmsg(eb), "kvq_engine_reserve_step")),
+             "plan without a reservation: %s", kvq_engine_errmsg(eb));
+    TH_CHECK(th_failed() || kvq_engine_reserve_step(eb, B - 1, 95 + NSTEPS) == KVQ_OK, "reserve_step: %s",
+             kvq_engine_errmsg(eb));
+    TH_CHECK(th_failed() || (kvq_decode_plan(eb, sb, B, NULL) == KVQ_ERR_SHAPE &&
+                             strstr(kvq_engine_errmsg(eb), "beyond the step capacity")),
+             "batch beyond the capacity: %s", kvq_engine_errmsg(eb));
+    TH_CHECK(th_failed() || kvq_engine_reserve_step(eb, B, 95 + NSTEPS) == KVQ_OK, "reserve_step: %s",
+             kvq_engine_errmsg(eb));
+    TH_CHECK(th_failed() || kvq_engine_reserve_step(eb, 0, 10) == KVQ_ERR_INVALID, "max_batch 0 accepted");
+    uint16_t *din = th_failed() ? NULL : dev_alloc(eb, (size_t)B * ROW * D * 2);
+    float *dout = th_failed() ? NULL : dev_alloc(eb, (size_t)B * HQ * D * 4);
+    TH_CHECK(th_failed() || (din && dout), "device buffers");
+    kvq_dev_decode dd = {sb, B, view(din, 0), view(din, HQ), view(din, HQ + H), {dout, KVQ_F32, HQ * D, D}, NULL, NULL};
+    TH_CHECK(th_failed() || (kvq_decode_run(eb, 0, &dd) == KVQ_ERR_STATE && strstr(kvq_engine_errmsg(eb), "plan")),
+             "run without a plan: %s", kvq_engine_errmsg(eb));
+    float *hout = kvq_malloc((size_t)B * HQ * D * 4), *bout = kvq_malloc((size_t)B * HQ * D * 4);
+    uint16_t *hin = kvq_malloc((size_t)B * ROW * D * 2);
+    kvq_decode_item di[B];
+    long failures = 0, mismatches = 0;
+    for (int st = 0; st <= NSTEPS && !th_failed(); st++) {
+        seq_state before[B];
+        for (int i = 0; i < B; i++) TH_CHECK(state_get(eb, sb[i], cap, &before[i]), "read_cache");
+        /* the plan's device copy fails, then every allocation of the plan in turn */
+        cu_dev_fail_after(1);
+        kvq_status ps = kvq_decode_plan(eb, sb, B, NULL);
+        cu_dev_fail_after(0);
+        for (long k = 1; k < 1000 && !th_failed(); k++) {
+            if (ps == KVQ_OK || ps == KVQ_ERR_SHAPE) break;
+            failures++;
+            for (int i = 0; i < B && !th_failed(); i++) {
+                seq_state now;
+                TH_CHECK(state_get(eb, sb[i], cap, &now) && state_same(&before[i], &now, cap),
+                         "step %d: a failed plan (%s) changed sequence %d", st, kvq_engine_errmsg(eb), i);
+                state_free(&now);
+            }
+            kvq_alloc_fail_after(k);
+            ps = kvq_decode_plan(eb, sb, B, NULL);
+            kvq_alloc_fail_after(0);
+        }
+        if (st == NSTEPS) {
+            /* the longest sequence is at the reserved length: the next token is beyond it, and nothing changes */
+            TH_CHECK(ps == KVQ_ERR_SHAPE && strstr(kvq_engine_errmsg(eb), "beyond the step capacity"),
+                     "length beyond the capacity: %d %s", (int)ps, kvq_engine_errmsg(eb));
+            for (int i = 0; i < B && !th_failed(); i++) {
+                seq_state now;
+                TH_CHECK(state_get(eb, sb[i], cap, &now) && state_same(&before[i], &now, cap),
+                         "the refusal changed sequence %d", i);
+                state_free(&now);
+            }
+        } else {
+            TH_CHECK(ps == KVQ_OK, "step %d: plan: %s", st, kvq_engine_errmsg(eb));
+        }
+        for (int i = 0; i < B; i++) state_free(&before[i]);
+        if (st == NSTEPS || th_failed()) break;
+        /* the planned step, run eagerly layer by layer, against engine A */
+        for (int l = 0; l < LAYERS && !th_failed(); l++) {
+            for (int i = 0; i < B; i++) {
+                uint16_t *r = hin + (size_t)i * ROW * D;
+                fill_row(r, syn, l, len[i] + st + i % 7);
+                di[i] = (kvq_decode_item){sa[i], r + HQ * D, r + (HQ + H) * D, r, hout + (size_t)i * HQ * D};
+            }
+            if (st == 0 && l == 0) { /* the run takes the planned batch only */
+                kvq_dev_decode bad = dd;
+                bad.n_seqs = B - 1;
+                TH_CHECK(kvq_decode_run(eb, l, &bad) == KVQ_ERR_INVALID && strstr(kvq_engine_errmsg(eb), "planned"),
+                         "run of another batch: %s", kvq_engine_errmsg(eb));
+            }
+            TH_CHECK(dev_copy(eb, din, hin, (size_t)B * ROW * D * 2, 1), "inputs");
+            TH_CHECK(kvq_decode_run(eb, l, &dd) == KVQ_OK, "step %d layer %d: run: %s", st, l, kvq_engine_errmsg(eb));
+            TH_CHECK(kvq_decode(ea, l, di, B) == KVQ_OK, "host decode: %s", kvq_engine_errmsg(ea));
+            TH_CHECK(dev_copy(eb, bout, dout, (size_t)B * HQ * D * 4, 0), "outputs");
+            for (size_t j = 0; j < (size_t)B * HQ * D; j++) mismatches += memcmp(&hout[j], &bout[j], 4) != 0;
+        }
+    }
+    TH_CHECK(failures > NSTEPS, "only %ld failures injected", failures);
+    TH_CHECK(mismatches == 0, "%ld output elements differ from the host path's", mismatches);
+    for (int l = 0; l < LAYERS && !th_failed(); l++)
+        for (int i = 0; i < B; i++) {
+            seq_state x, y;
+            TH_CHECK(state_get(ea, sa[i], cap, &x) && state_get(eb, sb[i], cap, &y) && state_same(&x, &y, cap),
+                     "sequence %d: caches differ from the host path's", i);
+            state_free(&x), state_free(&y);
+        }
+    printf("  %ld failed plans, each leaving every layer as it was\n", failures);
+    /* a backend without planned steps says so */
+    kvq_engine_config rc;
+    kvq_engine_config_init(&rc);
+    rc.dims = (kvq_dims){LAYERS, HQ, H, D};
+    kvq_engine *r = NULL;
+    TH_CHECK(kvq_engine_create(s, &rc, &r, err, sizeof err) == KVQ_OK, "reference: %s", err);
+    TH_CHECK(!r || (kvq_engine_reserve_step(r, 1, 100) == KVQ_ERR_UNSUPPORTED &&
+                    strstr(kvq_engine_errmsg(r), "no planned steps")),
+             "reference: %s", r ? kvq_engine_errmsg(r) : "");
+    kvq_engine_free(r);
+    kvq_free(hout), kvq_free(bout), kvq_free(hin);
+    if (eb) dev_free(eb, din), dev_free(eb, dout);
+    kvq_engine_free(ea);
+    kvq_engine_free(eb);
+    th_end();
+}
+
+int main(void)
+{
+    kvq_synth_params sp = kvq_synth_params_default();
+    sp.layers = LAYERS, sp.kv_heads = H, sp.heads = HQ, sp.head_dim = D, sp.tokens = TOK, sp.seed = 11;
+    kvq_synth syn;
+    char err[512];
+    if (kvq_synth_generate(&sp, &syn, err, sizeof err) != KVQ_OK) {
+        th_begin("replay: synthetic data");
+        TH_CHECK(0, "synth: %s", err);
+        th_end();
+        return th_summary();
+    }
+    kvq_spec *k2 = NULL;
+    if (kvq_spec_parse_file(th_path("specs/kivi2-r32.kvq"), &k2) == KVQ_OK) {
+        kvq_engine *probe = engine_for(kvq_spec_scheme_at(k2, 0), err, sizeof err);
+        if (!probe) {
+            printf("SKIP replay: %s\n", err);
+            kvq_spec_free(k2);
+            kvq_synth_free(&syn);
+            return 0;
+        }
+        kvq_engine_free(probe);
+        test_failures(kvq_spec_scheme_at(k2, 0), &syn);
+    }
+    kvq_spec_free(k2);
+    char *names[64];
+    int n = th_list_files("specs", ".kvq", names, 64);
+    const int batches[] = {1, 3, 17};
+    for (int f = 0; f < n; f++) {
+        char rel[300];
+        snprintf(rel, sizeof rel, "specs/%s", names[f]);
+        kvq_spec *spec = NULL;
+        if (kvq_spec_parse_file(th_path(rel), &spec) == KVQ_OK)
+            for (int i = 0; i < kvq_spec_scheme_count(spec); i++)
+                for (size_t x = 0; x < sizeof batches / sizeof batches[0]; x++)
+                    run_case(rel, kvq_spec_scheme_at(spec, i), &syn, batches[x]);
+        kvq_spec_free(spec);
+        free(names[f]);
+    }
+    /* the other paths of the planned tables and list kernels, at batch 3: sinks; quantized keys beside fp16 values
+     * (fp16 tensors keep no window: their pages take the new token's own store); a group flush (values in pages of
+     * G, not appended); channel-separable values in hidden groups (the factor list, a hidden quantize list,
+     * one-token pages); values quantized on arrival (no window) */
+    static const char extra[] =
+        "scheme win_sinks { key { bits 2; per channel; group 32; } value { bits 2; per token; group 32; }\n"
+        "  sinks 4; residual 32; flush kivi; }\n"
+        "scheme fp16_values { key { bits 2; per channel; group 32; } value { bits 16; } residual 32; }\n"
+        "scheme group_flush { key { bits 4; per channel; group 32; } value { bits 4; per token; group 32; }\n"
+        "  residual 32; flush group; }\n"
+        "scheme sep_hidden { key { bits 2; per channel; group 32; }\n"
+        "  value { bits 4; per token; channel_separable; group hidden; } residual 32; flush kivi; }\n"
+        "scheme no_window { key { bits 2; per channel; group 32; } value { bits 2; per token; group 32; } }\n";
+    kvq_spec *xs = NULL;
+    th_begin("replay: the extra schemes parse");
+    TH_CHECK(kvq_spec_parse_string("extra", extra, sizeof extra - 1, &xs) == KVQ_OK && kvq_spec_scheme_count(xs) == 5,
+             "extra schemes");
+    th_end();
+    for (int i = 0; xs && i < kvq_spec_scheme_count(xs); i++) run_case("inline", kvq_spec_scheme_at(xs, i), &syn, 3);
+    kvq_spec_free(xs);
+    th_begin("replay: the specs with step policies were refused, the others replayed");
+    TH_CHECK(n_replayed >= 4 * 3 + 5 && n_refused >= 2 * 3, "%d cases replayed, %d refused", n_replayed, n_refused);
+    th_end();
+    kvq_synth_free(&syn);
+    return th_summary();
+}
