@@ -312,15 +312,20 @@ static LLVMValueRef codes16(E *e, const kvq_page_format *f, LLVMValueRef row, in
     return LLVMBuildBitCast(e->b, v, e->vi, "");
 }
 
-/* acc + the pairwise products of two vectors of 32 signed 16-bit lanes (vpdpwssd: 32 MACs, exact in int32). */
-static LLVMValueRef dpwssd(E *e, LLVMValueRef acc, LLVMValueRef a, LLVMValueRef b)
+/* acc + a VNNI dot product of a and b (three <16 x i32>): the intrinsic `name` (not overloaded). */
+static LLVMValueRef vnni_dot(E *e, const char *name, LLVMValueRef acc, LLVMValueRef a, LLVMValueRef b)
 {
-    static const char name[] = "llvm.x86.avx512.vpdpwssd.512";
-    unsigned id = LLVMLookupIntrinsicID(name, sizeof name - 1);
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
     LLVMValueRef f = LLVMGetIntrinsicDeclaration(e->m, id, NULL, 0);
     LLVMTypeRef ft = LLVMIntrinsicGetType(e->c, id, NULL, 0);
     LLVMValueRef args[3] = {acc, a, b};
     return LLVMBuildCall2(e->b, ft, f, args, 3, "");
+}
+
+/* acc + the pairwise products of two vectors of 32 signed 16-bit lanes (vpdpwssd: 32 MACs, exact in int32). */
+static LLVMValueRef dpwssd(E *e, LLVMValueRef acc, LLVMValueRef a, LLVMValueRef b)
+{
+    return vnni_dot(e, "llvm.x86.avx512.vpdpwssd.512", acc, a, b);
 }
 
 /* Two 16-lane i32 vectors (values in int16 range) as the 32 16-bit lanes of one vector, viewed as 16 i32 lanes. */
@@ -374,12 +379,7 @@ static void quant_q16(E *e, LLVMValueRef *q, int nb, LLVMValueRef *hi, LLVMValue
  * (vpdpbusd: 64 MACs, exact in int32). */
 static LLVMValueRef dpbusd(E *e, LLVMValueRef acc, LLVMValueRef a, LLVMValueRef b)
 {
-    static const char name[] = "llvm.x86.avx512.vpdpbusd.512";
-    unsigned id = LLVMLookupIntrinsicID(name, sizeof name - 1);
-    LLVMValueRef f = LLVMGetIntrinsicDeclaration(e->m, id, NULL, 0);
-    LLVMTypeRef ft = LLVMIntrinsicGetType(e->c, id, NULL, 0);
-    LLVMValueRef args[3] = {acc, a, b};
-    return LLVMBuildCall2(e->b, ft, f, args, 3, "");
+    return vnni_dot(e, "llvm.x86.avx512.vpdpbusd.512", acc, a, b);
 }
 
 /* The int8 key path's byte order: the 2-bit codes of a token (32 bytes, byte j = channels 4j..4j+3, layout.h)

@@ -380,6 +380,29 @@ static kvq_status layer_save(cu_layer *L, cu_snap *s)
     return KVQ_OK;
 }
 
+kvq_status cu_decode_launch(kvq_backend_ctx *c, int cls, int n, int nch, int tpc, uint64_t q, uint64_t seqs,
+                            uint64_t out, uint64_t lse, uint64_t part, char *msg, size_t ms)
+{
+    int H = c->H, Hq = c->Hq, D = c->D;
+    kvq_decode_params dp;
+    memset(&dp, 0, sizeof dp);
+    dp.q = q, dp.out = out, dp.seqs = seqs, dp.lse = lse;
+    dp.part_o = part, dp.part_lse = part + (uint64_t)n * Hq * nch * D * sizeof(float);
+    dp.scale = c->e.softmax_scale * 1.4426950408889634f; /* log2(e): the kernel works in base 2 */
+    dp.batch = n, dp.n_chunks = nch, dp.tiles_per_chunk = tpc;
+    char kname[32];
+    snprintf(kname, sizeof kname, "kvq_decode_c%d", cls);
+    const unsigned g[3] = {(unsigned)H, (unsigned)nch, (unsigned)n};
+    const unsigned b[3] = {(unsigned)c->plan->tx, (unsigned)c->plan->ty, (unsigned)c->plan->tz};
+    kvq_status st =
+        cu_dev_launch_smem(c->dev, c->mod, kname, g, b, (unsigned)c->plan->cls[cls].smem, &dp, sizeof dp, msg, ms);
+    if (st == KVQ_OK && nch > 1) {
+        const unsigned mg[3] = {(unsigned)Hq, (unsigned)n, 1}, mb[3] = {(unsigned)(D < 256 ? D : 256), 1, 1};
+        st = cu_dev_launch(c->dev, c->mod, "kvq_merge", mg, mb, &dp, sizeof dp, msg, ms);
+    }
+    return st;
+}
+
 kvq_status cu_convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long sts, long long shs, uint64_t dst,
                            int ddt, long long dts, long long dhs, int n, int heads, int dim, float mul, char *msg,
                            size_t ms)
@@ -482,22 +505,7 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
     if (st == KVQ_OK) st = cu_upload(c, c->tiles, c->htiles, (size_t)nt * sizeof(kvq_tile), msg, ms);
     if (st == KVQ_OK) st = cu_upload(c, c->seqs, sq, (size_t)n * sizeof *sq, msg, ms);
     /* 4. the fused decode kernel for the whole batch, then the merge of the chunks */
-    kvq_decode_params dp;
-    memset(&dp, 0, sizeof dp);
-    dp.q = c->qbuf, dp.out = outd, dp.seqs = c->seqs, dp.lse = lsed;
-    dp.part_o = c->part, dp.part_lse = c->part + (uint64_t)n * Hq * nch * D * sizeof(float);
-    dp.scale = c->e.softmax_scale * 1.4426950408889634f; /* log2(e): the kernel works in base 2 */
-    dp.batch = n, dp.n_chunks = nch, dp.tiles_per_chunk = tpc;
-    char kname[32];
-    snprintf(kname, sizeof kname, "kvq_decode_c%d", cls);
-    const unsigned g[3] = {(unsigned)H, (unsigned)nch, (unsigned)n};
-    const unsigned b[3] = {(unsigned)c->plan->tx, (unsigned)c->plan->ty, (unsigned)c->plan->tz};
-    if (st == KVQ_OK)
-        st = cu_dev_launch_smem(c->dev, c->mod, kname, g, b, (unsigned)c->plan->cls[cls].smem, &dp, sizeof dp, msg, ms);
-    if (st == KVQ_OK && nch > 1) {
-        const unsigned mg[3] = {(unsigned)Hq, (unsigned)n, 1}, mb[3] = {(unsigned)(D < 256 ? D : 256), 1, 1};
-        st = cu_dev_launch(c->dev, c->mod, "kvq_merge", mg, mb, &dp, sizeof dp, msg, ms);
-    }
+    if (st == KVQ_OK) st = cu_decode_launch(c, cls, n, nch, tpc, c->qbuf, c->seqs, outd, lsed, c->part, msg, ms);
     /* 5. ZipCache: probe rows over this step's tiles (its query on the device, docs/cuda.md "Determinism"),
      *    compression every W */
     for (int i = 0; i < n && st == KVQ_OK; i++) {

@@ -235,6 +235,11 @@ kvq_status cu_decode_enqueue(kvq_backend_ctx *c, int layer, const kvq_be_decode 
  * (the chunks are then at most cu_chunks_max(c, cls, n)). */
 int cu_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_tiles);
 int cu_chunks_max(const kvq_backend_ctx *c, int cls, int n_items);
+/* The fused decode kernel of class cls over n sequences (their kvq_seq_tiles at seqs), split into nch chunks of
+ * tpc tiles (tpc 1 with each sequence's split in its kvq_seq_tiles: planned steps), then the merge of the chunks
+ * when nch > 1. q: [n][Hq][D] fp32; out, lse: [n][Hq][D] and [n][Hq] fp32; part: the chunks' partials. */
+kvq_status cu_decode_launch(kvq_backend_ctx *c, int cls, int n, int nch, int tpc, uint64_t q, uint64_t seqs,
+                            uint64_t out, uint64_t lse, uint64_t part, char *msg, size_t ms);
 /* kvq_convert_rows of n tokens x heads rows of dim elements (kvq_params.cuh). */
 kvq_status cu_convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long sts, long long shs, uint64_t dst,
                            int ddt, long long dts, long long dhs, int n, int heads, int dim, float mul, char *msg,

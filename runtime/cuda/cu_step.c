@@ -431,22 +431,8 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
     }
     /* the decode kernel over the planned tiles, its chunks fixed by the capacity, and the merge */
     int nch = step_chunks(c, cls, n);
-    kvq_decode_params dp;
-    memset(&dp, 0, sizeof dp);
-    dp.q = S->q, dp.out = S->out, dp.seqs = base + o.seqs, dp.lse = S->lse;
-    dp.part_o = S->part, dp.part_lse = S->part + (uint64_t)n * Hq * nch * D * sizeof(float);
-    dp.scale = c->e.softmax_scale * 1.4426950408889634f; /* log2(e): the kernel works in base 2 */
-    dp.batch = n, dp.n_chunks = nch, dp.tiles_per_chunk = 1; /* each sequence's split is in the tables */
-    char kname[32];
-    snprintf(kname, sizeof kname, "kvq_decode_c%d", cls);
-    const unsigned g[3] = {(unsigned)H, (unsigned)nch, (unsigned)n};
-    const unsigned b[3] = {(unsigned)c->plan->tx, (unsigned)c->plan->ty, (unsigned)c->plan->tz};
-    if (st == KVQ_OK)
-        st = cu_dev_launch_smem(c->dev, c->mod, kname, g, b, (unsigned)c->plan->cls[cls].smem, &dp, sizeof dp, msg, ms);
-    if (st == KVQ_OK && nch > 1) {
-        const unsigned mg[3] = {(unsigned)Hq, (unsigned)n, 1}, mb[3] = {(unsigned)(D < 256 ? D : 256), 1, 1};
-        st = cu_dev_launch(c->dev, c->mod, "kvq_merge", mg, mb, &dp, sizeof dp, msg, ms);
-    }
+    /* tpc 1: each sequence's split is in the tables */
+    if (st == KVQ_OK) st = cu_decode_launch(c, cls, n, nch, 1, S->q, base + o.seqs, S->out, S->lse, S->part, msg, ms);
     /* the outputs in the caller's dtype and strides; lse from base 2 to natural logarithms */
     if (st == KVQ_OK)
         st = cu_convert_rows(c, S->out, KVQ_F32, (long long)Hq * D, D, dev_addr(dv->out.data), dv->out.dtype,
