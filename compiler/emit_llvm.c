@@ -338,6 +338,18 @@ static LLVMValueRef pack16(E *e, LLVMValueRef a, LLVMValueRef b)
     return LLVMBuildBitCast(e->b, v, e->vi, "");
 }
 
+/* max |q[i] lane| over nb vectors: what the integer splits of q' scale against. */
+static LLVMValueRef abs_max(E *e, LLVMValueRef *q, int nb)
+{
+    LLVMValueRef mx = NULL;
+    for (int i = 0; i < nb; i++) {
+        LLVMValueRef a[1] = {q[i]};
+        LLVMValueRef ab = call_intrinsic(e, "llvm.fabs", e->vf, a, 1);
+        mx = mx ? fmax_sel(e, mx, ab) : ab;
+    }
+    return hmax(e, mx);
+}
+
 /* The folded query q' (nb vectors of 16) as a pair of int16 vectors per 32 channels:
  *   x = q' 32767 / max|q'|,  hi = rint(x),  lo = rint((x - hi) 2^15),  q' ~ sq hi + sql lo,
  * sq = max|q'| / 32767, sql = sq 2^-15. |hi| <= 32767 and |lo| <= 2^14 fit int16; the pair's error is at most
@@ -348,13 +360,7 @@ static void quant_q16(E *e, LLVMValueRef *q, int nb, LLVMValueRef *hi, LLVMValue
                       LLVMValueRef *sql)
 {
     LLVMBuilderRef b = e->b;
-    LLVMValueRef mx = NULL;
-    for (int i = 0; i < nb; i++) {
-        LLVMValueRef a[1] = {q[i]};
-        LLVMValueRef ab = call_intrinsic(e, "llvm.fabs", e->vf, a, 1);
-        mx = mx ? fmax_sel(e, mx, ab) : ab;
-    }
-    LLVMValueRef amax = hmax(e, mx);
+    LLVMValueRef amax = abs_max(e, q, nb);
     LLVMValueRef pos = LLVMBuildFCmp(b, LLVMRealOGT, amax, cf(e, 0.0), "");
     LLVMValueRef inv = LLVMBuildSelect(b, pos, LLVMBuildFDiv(b, cf(e, 32767.0), amax, ""), cf(e, 0.0), "");
     *sq = LLVMBuildFDiv(b, amax, cf(e, 32767.0), "");
@@ -420,14 +426,8 @@ static void codes8(E *e, LLVMValueRef row, LLVMValueRef *A, LLVMValueRef *B)
 static void quant_q8(E *e, LLVMValueRef *q, int nb, LLVMValueRef *qa, LLVMValueRef *qb, LLVMValueRef *sq)
 {
     LLVMBuilderRef b = e->b;
-    LLVMValueRef mx = NULL;
-    for (int i = 0; i < nb; i++) {
-        LLVMValueRef a[1] = {q[i]};
-        LLVMValueRef ab = call_intrinsic(e, "llvm.fabs", e->vf, a, 1);
-        mx = mx ? fmax_sel(e, mx, ab) : ab;
-    }
     const double R = 127.0 * 16384.0;
-    LLVMValueRef amax = hmax(e, mx);
+    LLVMValueRef amax = abs_max(e, q, nb);
     LLVMValueRef pos = LLVMBuildFCmp(b, LLVMRealOGT, amax, cf(e, 0.0), "");
     LLVMValueRef inv = LLVMBuildSelect(b, pos, LLVMBuildFDiv(b, cf(e, R), amax, ""), cf(e, 0.0), "");
     *sq = LLVMBuildFDiv(b, amax, cf(e, R), "");

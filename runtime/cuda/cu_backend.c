@@ -380,6 +380,35 @@ static kvq_status layer_save(cu_layer *L, cu_snap *s)
     return KVQ_OK;
 }
 
+static uint64_t dev_addr(const void *p) { return (uint64_t)(uintptr_t)p; }
+
+kvq_status cu_convert_qkv(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t q, uint64_t kv, char *msg,
+                          size_t ms)
+{
+    int H = c->H, Hq = c->Hq, D = c->D;
+    kvq_status st = cu_convert_rows(c, dev_addr(dv->q.data), dv->q.dtype, dv->q.token_stride, dv->q.head_stride, q,
+                                    KVQ_F32, (long long)Hq * D, D, n, Hq, D, 1.0f, msg, ms);
+    if (st == KVQ_OK)
+        st = cu_convert_rows(c, dev_addr(dv->k.data), dv->k.dtype, dv->k.token_stride, dv->k.head_stride, kv, KVQ_F16,
+                             2LL * H * D, D, n, H, D, 1.0f, msg, ms);
+    if (st == KVQ_OK)
+        st = cu_convert_rows(c, dev_addr(dv->v.data), dv->v.dtype, dv->v.token_stride, dv->v.head_stride,
+                             kv + (uint64_t)H * D * 2, KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
+    return st;
+}
+
+kvq_status cu_convert_out(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t out, uint64_t lse, char *msg,
+                          size_t ms)
+{
+    int Hq = c->Hq, D = c->D;
+    kvq_status st = cu_convert_rows(c, out, KVQ_F32, (long long)Hq * D, D, dev_addr(dv->out.data), dv->out.dtype,
+                                    dv->out.token_stride, dv->out.head_stride, n, Hq, D, 1.0f, msg, ms);
+    if (st == KVQ_OK && dv->lse)
+        st = cu_convert_rows(c, lse, KVQ_F32, Hq, 1, dev_addr(dv->lse), KVQ_F32, Hq, 1, n, Hq, 1, 0.69314718055994531f,
+                             msg, ms);
+    return st;
+}
+
 kvq_status cu_decode_launch(kvq_backend_ctx *c, int cls, int n, int nch, int tpc, uint64_t q, uint64_t seqs,
                             uint64_t out, uint64_t lse, uint64_t part, char *msg, size_t ms)
 {
@@ -414,7 +443,6 @@ kvq_status cu_convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long 
     return cu_launch(c, "kvq_convert_rows", (unsigned)heads, cu_grid_y(n), 1, 128, &p, sizeof p, msg, ms);
 }
 
-static uint64_t dev_addr(const void *p) { return (uint64_t)(uintptr_t)p; }
 
 /* A decode step, all-or-nothing per sequence (backend.h): each item's layer metadata is saved first; the step then
  * writes on the device only where nothing lives yet (new pages, free window slots, the free copy of OTT's pool
@@ -449,15 +477,7 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
     } else {
         /* device tensors: q to fp32 [n][Hq][D], k and v to fp16 rows [n][2][H][D], as the host path rounds them */
         if (st == KVQ_OK) st = cu_scratch(c, &c->kvin, &c->kvin_bytes, (size_t)n * kvi, msg, ms);
-        if (st == KVQ_OK)
-            st = cu_convert_rows(c, dev_addr(dv->q.data), dv->q.dtype, dv->q.token_stride, dv->q.head_stride, c->qbuf,
-                              KVQ_F32, (long long)Hq * D, D, n, Hq, D, 1.0f, msg, ms);
-        if (st == KVQ_OK)
-            st = cu_convert_rows(c, dev_addr(dv->k.data), dv->k.dtype, dv->k.token_stride, dv->k.head_stride, c->kvin,
-                              KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
-        if (st == KVQ_OK)
-            st = cu_convert_rows(c, dev_addr(dv->v.data), dv->v.dtype, dv->v.token_stride, dv->v.head_stride,
-                              c->kvin + (uint64_t)H * D * 2, KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
+        if (st == KVQ_OK) st = cu_convert_qkv(c, dv, n, c->qbuf, c->kvin, msg, ms);
     }
     uint64_t outd = c->qbuf + qd * sizeof(float), lsed = outd + qd * sizeof(float);
     /* 2. append each sequence's token (quantize-and-append, flushes, policies) */
@@ -515,12 +535,7 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
         if (st != KVQ_OK) bad = i;
     }
     /* 6. device tensors: the outputs in the caller's dtype and strides; lse from base 2 to natural logarithms */
-    if (st == KVQ_OK && dv)
-        st = cu_convert_rows(c, outd, KVQ_F32, (long long)Hq * D, D, dev_addr(dv->out.data), dv->out.dtype,
-                          dv->out.token_stride, dv->out.head_stride, n, Hq, D, 1.0f, msg, ms);
-    if (st == KVQ_OK && dv && dv->lse)
-        st = cu_convert_rows(c, lsed, KVQ_F32, Hq, 1, dev_addr(dv->lse), KVQ_F32, Hq, 1, n, Hq, 1,
-                          0.69314718055994531f, msg, ms);
+    if (st == KVQ_OK && dv) st = cu_convert_out(c, dv, n, outd, lsed, msg, ms);
     /* 7. the host-pointer API: the outputs through the staging, and the step's one synchronisation */
     float *oh_pinned = NULL;
     if (st == KVQ_OK && download) {

@@ -235,6 +235,14 @@ kvq_status cu_decode_enqueue(kvq_backend_ctx *c, int layer, const kvq_be_decode 
  * (the chunks are then at most cu_chunks_max(c, cls, n)). */
 int cu_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_tiles);
 int cu_chunks_max(const kvq_backend_ctx *c, int cls, int n_items);
+/* A device batch's q as fp32 [n][Hq][D] at q, its k and v as fp16 rows [n][2][H][D] at kv (K then V of each
+ * item), as the host path rounds them. */
+kvq_status cu_convert_qkv(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t q, uint64_t kv, char *msg,
+                          size_t ms);
+/* The batch's outputs (fp32 [n][Hq][D] at out, base-2 lse [n][Hq] at lse) into the caller's dtype and strides,
+ * lse as natural logarithms. */
+kvq_status cu_convert_out(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t out, uint64_t lse, char *msg,
+                          size_t ms);
 /* The fused decode kernel of class cls over n sequences (their kvq_seq_tiles at seqs), split into nch chunks of
  * tpc tiles (tpc 1 with each sequence's split in its kvq_seq_tiles: planned steps), then the merge of the chunks
  * when nch > 1. q: [n][Hq][D] fp32; out, lse: [n][Hq][D] and [n][Hq] fp32; part: the chunks' partials. */

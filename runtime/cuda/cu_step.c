@@ -389,24 +389,16 @@ static kvq_status launch_list(kvq_backend_ctx *c, const char *kernel, unsigned g
     return cu_dev_launch(c->dev, c->mod, kernel, g, b, &lp, sizeof lp, msg, ms);
 }
 
-static uint64_t dev_addr(const void *p) { return (uint64_t)(uintptr_t)p; }
 
 static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_decode *dv, char *msg, size_t ms)
 {
     const cu_step *S = &c->step;
-    int H = c->H, Hq = c->Hq, D = c->D, cls = c->plan->layer_class[layer];
+    int H = c->H, cls = c->plan->layer_class[layer];
     tbl_off o;
     tbl_layout(S, n, c->e.dims.layers, &o);
     uint64_t base = S->tables + (uint64_t)layer * o.layer;
     /* q to fp32 [n][Hq][D], k and v to fp16 rows [n][2][H][D], as decode_run converts them */
-    kvq_status st = cu_convert_rows(c, dev_addr(dv->q.data), dv->q.dtype, dv->q.token_stride, dv->q.head_stride, S->q,
-                                    KVQ_F32, (long long)Hq * D, D, n, Hq, D, 1.0f, msg, ms);
-    if (st == KVQ_OK)
-        st = cu_convert_rows(c, dev_addr(dv->k.data), dv->k.dtype, dv->k.token_stride, dv->k.head_stride, S->kvin,
-                             KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
-    if (st == KVQ_OK)
-        st = cu_convert_rows(c, dev_addr(dv->v.data), dv->v.dtype, dv->v.token_stride, dv->v.head_stride,
-                             S->kvin + (uint64_t)H * D * 2, KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
+    kvq_status st = cu_convert_qkv(c, dv, n, S->q, S->kvin, msg, ms);
     /* the new tokens into their sinks, windows or fp16 pages; then the flushes, which read the windows */
     if (st == KVQ_OK) st = launch_list(c, "kvq_store_f16_list", (unsigned)H, 1, base + o.st1, n * S->st1_cap, msg, ms);
     if (st == KVQ_OK && S->st2_cap)
@@ -434,12 +426,7 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
     /* tpc 1: each sequence's split is in the tables */
     if (st == KVQ_OK) st = cu_decode_launch(c, cls, n, nch, 1, S->q, base + o.seqs, S->out, S->lse, S->part, msg, ms);
     /* the outputs in the caller's dtype and strides; lse from base 2 to natural logarithms */
-    if (st == KVQ_OK)
-        st = cu_convert_rows(c, S->out, KVQ_F32, (long long)Hq * D, D, dev_addr(dv->out.data), dv->out.dtype,
-                             dv->out.token_stride, dv->out.head_stride, n, Hq, D, 1.0f, msg, ms);
-    if (st == KVQ_OK && dv->lse)
-        st = cu_convert_rows(c, S->lse, KVQ_F32, Hq, 1, dev_addr(dv->lse), KVQ_F32, Hq, 1, n, Hq, 1,
-                             0.69314718055994531f, msg, ms);
+    if (st == KVQ_OK) st = cu_convert_out(c, dv, n, S->out, S->lse, msg, ms);
     return st;
 }
 
