@@ -154,6 +154,12 @@ typedef struct {
     /* the plan in force */
     int planned, n;
     kvq_backend_seq **seqs; /* [max_batch] */
+    /* policy layers (cu_step_policy.c): their items per sequence and layer (TailorKV's retrieval and its two
+     * gathers, OTT's competition and the mask addresses of its key pages), the retrieval's gather grid, and each
+     * sequence's device scratch (the policy kernels' outputs and work, reused layer after layer) */
+    int tk_cap, tkst_cap, ott_cap, ottm_cap, tk_gy;
+    size_t pol_seq;
+    uint64_t pol; /* in mem: [max_batch][pol_seq] */
 } cu_step;
 
 /* Where a plan's store and quantize launches go instead of the device (cu_launch while c->rec is set). */
@@ -163,6 +169,15 @@ typedef struct {
     int n1, n2, nq[CU_STEP_STORES];
     uint64_t kvin, kvin_end; /* the new rows: a store from them is the token's own (st1) */
     int cls;
+    /* policy items of the sequence (cu_step_policy.c), and where its policy kernels write and work */
+    kvq_tk_params *tk;
+    kvq_store_params *tkst; /* TailorKV's gathers of the fetched rows */
+    kvq_ott_params *ott;
+    uint64_t *ottm_host; /* the mask addresses of an OTT flush's key pages, in the tables at ottm_dev */
+    uint64_t ottm_dev;
+    int ntk, ntkst, nott;
+    uint64_t pol;
+    size_t pol_bytes;
 } cu_rec;
 
 struct kvq_backend_seq {
@@ -345,6 +360,22 @@ kvq_status cu_step_run(kvq_backend_ctx *c, int layer, kvq_backend_seq *const *se
 kvq_status cu_step_record(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, const void *params,
                           size_t size, char *msg, size_t ms);
 void cu_step_free(kvq_backend_ctx *c);
+
+/* cu_step_policy.c: the policy layers of planned steps (TailorKV's sparse layers, OTT's pools) */
+/* The bounds of layer configuration lc's policy work per sequence and step, for sequences of up to T tokens. */
+void cu_step_policy_bounds(kvq_backend_ctx *c, const kvq_layer_cfg *lc, int cls, int T, cu_step *S);
+/* A recorded launch of a policy kernel: 1 when it is one (*st its outcome), 0 otherwise. */
+int cu_step_policy_record(kvq_backend_ctx *c, const char *kernel, const void *params, size_t size, kvq_status *st,
+                          char *msg, size_t ms);
+/* Layer `layer`'s policy launches of a run over n sequences, after the new tokens' stores: items at tk, tkst,
+ * ott in the tables (fixed per layer and batch size). */
+kvq_status cu_step_policy_run(kvq_backend_ctx *c, int layer, int n, uint64_t tk, uint64_t tkst, uint64_t ott,
+                              char *msg, size_t ms);
+/* A layer of any mode in a plan: save before, put back when the plan fails (nothing of it ran on the device),
+ * adopt when it succeeded. */
+kvq_status cu_step_layer_save(cu_layer *L, cu_snap *s);
+void cu_step_layer_restore(kvq_backend_ctx *c, cu_layer *L, cu_snap *s);
+void cu_step_layer_commit(kvq_backend_ctx *c, cu_layer *L);
 
 /* cu_calib.c: TailorKV Eq. 6-9 (calibration) with kvq_tk_dense */
 kvq_status cu_dense_preference(kvq_backend_ctx *c, const float *q, const float *k, int n, int n_q, double top,

@@ -63,15 +63,24 @@ kvq_status cu_ott_compete(kvq_backend_ctx *c, cu_qlayer *L, const kvq_rows *k, c
     /* c->pol: rows to quantize [2][H][B][D] fp16 | pooled flags | key pages' mask sections | work */
     size_t rows_b = 2 * (size_t)H * B * D * 2, flags_b = ((size_t)H * B + 15) & ~(size_t)15;
     size_t mask_b = (size_t)n_pages * 8, work_b = (size_t)H * (2 * (size_t)B + 4 * (size_t)N + 8) * 4;
-    kvq_status st = cu_scratch(c, &c->pol, &c->pol_bytes, rows_b + flags_b + mask_b + work_b, msg, n);
+    /* the engine's policy scratch, or in a plan the sequence's (cu_step_policy.c) */
+    size_t need = rows_b + flags_b + mask_b + work_b;
+    cu_rec *rec = c->rec;
+    if (rec && (need > rec->pol_bytes || n_pages > c->step.ottm_cap)) {
+        snprintf(msg, n, "cuda: internal error: a planned competition needs %zu bytes and %d pages, %zu and %d reserved",
+                 need, n_pages, rec->pol_bytes, c->step.ottm_cap);
+        return KVQ_ERR_INTERNAL;
+    }
+    kvq_status st = rec ? KVQ_OK : cu_scratch(c, &c->pol, &c->pol_bytes, need, msg, n);
     if (st != KVQ_OK) return st;
+    uint64_t pol = rec ? rec->pol : c->pol;
     kvq_ott_params p;
     memset(&p, 0, sizeof p);
     p.k = *k, p.v = *v;
     p.meta_in = o->meta[o->cur], p.meta_out = o->meta[o->cur ^ 1];
     p.pool_in = o->rows[o->cur], p.pool_out = o->rows[o->cur ^ 1], p.spill = o->srows;
-    p.out_k = c->pol, p.out_v = c->pol + rows_b / 2, p.flags = c->pol + rows_b;
-    p.work = c->pol + rows_b + flags_b + mask_b;
+    p.out_k = pol, p.out_v = pol + rows_b / 2, p.flags = pol + rows_b;
+    p.work = pol + rows_b + flags_b + mask_b;
     p.B = B, p.first_pos = first_pos, p.keep = N, p.spill_cap = o->spill;
     p.largest = L->cfg->outliers.metric == KVQ_OUTLIER_KEY_L1_LARGEST;
     p.group = G;
@@ -87,8 +96,13 @@ kvq_status cu_ott_compete(kvq_backend_ctx *c, cu_qlayer *L, const kvq_rows *k, c
             const cu_page *pgp = L->pages[0][pg + j];
             mb[j] = pgp->addr + (uint64_t)pgp->lay.mask;
         }
-        p.mask = c->pol + rows_b + flags_b;
-        st = cu_upload(c, p.mask, mb, mask_b, msg, n);
+        if (rec) { /* a plan: the addresses travel in its tables (its one copy) */
+            memcpy(rec->ottm_host, mb, mask_b);
+            p.mask = rec->ottm_dev;
+        } else {
+            p.mask = pol + rows_b + flags_b;
+            st = cu_upload(c, p.mask, mb, mask_b, msg, n);
+        }
         kvq_free(mb);
     }
     if (st == KVQ_OK) st = cu_launch(c, "kvq_ott_compete", (unsigned)H, 1, 1, 256, &p, sizeof p, msg, n);
@@ -97,7 +111,7 @@ kvq_status cu_ott_compete(kvq_backend_ctx *c, cu_qlayer *L, const kvq_rows *k, c
      * when asked (cu_ott_account) */
     o->pending = 1;
     o->unmasked = o->spill == 0;
-    *rows = c->pol;
+    *rows = pol;
     *flags = p.flags;
     return st;
 }

@@ -129,17 +129,25 @@ kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, const float *k, co
     if (nf == 0) return KVQ_OK;
     int n_ch = L->cfg->critical_channels > 0 && L->cfg->critical_channels < D ? L->cfg->critical_channels : D;
     size_t gb = ((size_t)H * nf * 4 + 15) & ~(size_t)15, wb = 2 * (size_t)H * nc * 4;
-    st = cu_scratch(c, &c->pol, &c->pol_bytes, gb + wb, msg, mn);
+    /* the gather rows and the work: the engine's policy scratch, or in a plan the sequence's (cu_step_policy.c) */
+    uint64_t pol = c->rec ? c->rec->pol : 0;
+    if (!c->rec)
+        st = cu_scratch(c, &c->pol, &c->pol_bytes, gb + wb, msg, mn), pol = c->pol;
+    else if (gb + wb > c->rec->pol_bytes) {
+        snprintf(msg, mn, "cuda: internal error: a planned retrieval needs %zu bytes of scratch, %zu reserved",
+                 gb + wb, c->rec->pol_bytes);
+        st = KVQ_ERR_INTERNAL;
+    }
     kvq_tk_params p;
     memset(&p, 0, sizeof p);
-    p.q = q, p.k = L->host_kc_dev, p.absmax = L->absmax, p.gather = c->pol, p.work = c->pol + gb;
+    p.q = q, p.k = L->host_kc_dev, p.absmax = L->absmax, p.gather = pol, p.work = pol + gb;
     p.T = L->T, p.first = first, p.nc = nc, p.nf = nf, p.n_ch = n_ch;
     if (st == KVQ_OK) st = cu_launch(c, "kvq_tk_select", (unsigned)H, 1, 1, 256, &p, sizeof p, msg, mn);
     for (int w = 0; w < 2 && st == KVQ_OK; w++) {
         kvq_store_params sp;
         memset(&sp, 0, sizeof sp);
         sp.src = host_rows(L, w, 0);
-        sp.src.gather = c->pol;
+        sp.src.gather = pol;
         sp.dst = L->fetch[w], sp.dst_cap = L->fetch_cap, sp.n = nf;
         st = cu_launch(c, "kvq_store_f16", (unsigned)H, cu_grid_y(nf), 1, 128, &sp, sizeof sp, msg, mn);
     }

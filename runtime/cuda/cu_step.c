@@ -25,7 +25,7 @@ static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
  * packed as the plan writes them (each sequence's entry holds its tiles' address), so the step's one copy sends
  * the tiles there are, not the capacity's. */
 typedef struct {
-    size_t seqs, st1, st2, q[CU_STEP_STORES], layer, tiles;
+    size_t seqs, st1, st2, q[CU_STEP_STORES], tk, tkst, ott, ottm, layer, tiles;
 } tbl_off;
 
 static void tbl_layout(const cu_step *S, int n, int layers, tbl_off *o)
@@ -35,6 +35,11 @@ static void tbl_layout(const cu_step *S, int n, int layers, tbl_off *o)
     o->st1 = at, at += al16((size_t)n * S->st1_cap * sizeof(kvq_store_params));
     o->st2 = at, at += al16((size_t)n * S->st2_cap * sizeof(kvq_store_params));
     for (int s = 0; s < CU_STEP_STORES; s++) o->q[s] = at, at += al16((size_t)n * S->q_cap[s] * sizeof(kvq_quant_params));
+    /* the policy layers' items (cu_step_policy.c) */
+    o->tk = at, at += al16((size_t)n * S->tk_cap * sizeof(kvq_tk_params));
+    o->tkst = at, at += al16((size_t)n * S->tkst_cap * sizeof(kvq_store_params));
+    o->ott = at, at += al16((size_t)n * S->ott_cap * sizeof(kvq_ott_params));
+    o->ottm = at, at += al16((size_t)n * S->ottm_cap * sizeof(uint64_t));
     o->layer = at;
     o->tiles = at * (size_t)layers;
 }
@@ -119,12 +124,13 @@ kvq_status cu_step_reserve(kvq_backend_ctx *c, int max_batch, int max_tokens, ch
     S.st1_cap = 2; /* the new token's K and V: into a sink, the window, or (no window) an fp16 page */
     for (int l = 0; l < c->e.dims.layers; l++) {
         const kvq_layer_cfg *lc = kvq_scheme_layer(c->e.scheme, l);
-        if (lc->mode == KVQ_MODE_SPARSE) continue; /* refused by the plan */
-        layer_bounds(c, &lc->quant, c->plan->layer_class[l], max_tokens, &S);
+        if (lc->mode != KVQ_MODE_SPARSE) layer_bounds(c, &lc->quant, c->plan->layer_class[l], max_tokens, &S);
+        cu_step_policy_bounds(c, lc, c->plan->layer_class[l], max_tokens, &S);
     }
     if (S.tiles_cap < 1) S.tiles_cap = 1;
     /* gridDim.z of the list launches: the items of the whole batch */
     int zmax = imax(imax(S.st1_cap, S.st2_cap), imax(imax(S.q_cap[0], S.q_cap[1]), imax(S.q_cap[2], S.q_cap[3])));
+    zmax = imax(zmax, imax(imax(S.tk_cap, S.tkst_cap), S.ott_cap));
     if ((long long)max_batch * zmax > CU_GRID_YZ_MAX) {
         snprintf(msg, ms, "a batch of %d needs %lld work items per launch, more than gridDim.z's %u", max_batch,
                  (long long)max_batch * zmax, CU_GRID_YZ_MAX);
@@ -142,7 +148,7 @@ kvq_status cu_step_reserve(kvq_backend_ctx *c, int max_batch, int max_tokens, ch
     S.tables_bytes = tbl_bytes_max(&S, max_batch, c->e.dims.layers);
     size_t qb = al16((size_t)max_batch * Hq * D * sizeof(float)), lb = al16((size_t)max_batch * Hq * sizeof(float));
     size_t kb = al16((size_t)max_batch * 2 * H * D * 2);
-    S.mem_bytes = 2 * qb + lb + kb + al16(part) + S.tables_bytes;
+    S.mem_bytes = 2 * qb + lb + kb + al16(part) + S.tables_bytes + (size_t)max_batch * S.pol_seq;
     S.seqs = kvq_calloc((size_t)max_batch, sizeof *S.seqs);
     kvq_status st = S.seqs ? cu_dev_alloc(c->dev, S.mem_bytes, &S.mem, msg, ms) : KVQ_ERR_NOMEM;
     for (int i = 0; i < 2 && st == KVQ_OK; i++) {
@@ -162,6 +168,7 @@ kvq_status cu_step_reserve(kvq_backend_ctx *c, int max_batch, int max_tokens, ch
     cu_step_free(c); /* a new reservation replaces the old one (new addresses: capture again) */
     S.q = S.mem, S.out = S.q + qb, S.lse = S.out + qb, S.kvin = S.lse + lb, S.part = S.kvin + kb;
     S.tables = S.part + al16(part);
+    S.pol = S.tables + S.tables_bytes;
     c->step = S;
     return KVQ_OK;
 }
@@ -174,6 +181,8 @@ kvq_status cu_step_record(kvq_backend_ctx *c, const char *kernel, unsigned gx, u
     (void)gx, (void)gy;
     cu_rec *r = c->rec;
     const cu_step *S = &c->step;
+    kvq_status pst;
+    if (cu_step_policy_record(c, kernel, params, size, &pst, msg, ms)) return pst; /* TailorKV's, OTT's */
     if (!strcmp(kernel, "kvq_store_f16") && size == sizeof(kvq_store_params)) {
         kvq_store_params sp;
         memcpy(&sp, params, sizeof sp);
@@ -210,7 +219,8 @@ kvq_status cu_step_record(kvq_backend_ctx *c, const char *kernel, unsigned gx, u
     return KVQ_ERR_INTERNAL;
 }
 
-/* What a planned step cannot do: policies decide inside the step (docs/cuda.md "Planned steps"). */
+/* What a planned step cannot do: ZipCache's probe rows and compressions after the attention (docs/cuda.md
+ * "Planned steps"), capacities beyond the reservation. */
 static kvq_status check_plannable(const kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n, char *msg, size_t ms)
 {
     const cu_step *S = &c->step;
@@ -226,24 +236,20 @@ static kvq_status check_plannable(const kvq_backend_ctx *c, kvq_backend_seq *con
     for (int l = 0; l < c->e.dims.layers; l++)
         for (int i = 0; i < n; i++) {
             const cu_layer *L = seqs[i]->layers[l];
-            const char *why = !L            ? NULL
-                              : L->sparse   ? "is sparse (TailorKV: its retrieval selects rows inside the step)"
-                              : L->q.has_pool ? "has an outlier pool (OTT: its competition decides inside the step)"
-                              : L->q.saliency ? "has saliency classes (ZipCache: probe rows and compressions decide "
-                                                "inside the step)"
-                                              : NULL;
-            if (why) {
+            if (L && !L->sparse && L->q.saliency) {
                 snprintf(msg, ms,
-                         "layer %d %s: planned steps cover quantized layers without policies; capture such steps one "
+                         "layer %d has saliency classes (ZipCache: probe rows and compressions decide after the "
+                         "attention): planned steps cover quantized, OTT and TailorKV layers; capture such steps one "
                          "at a time with kvq_decode_device (docs/cuda.md)",
-                         l, why);
+                         l);
                 return KVQ_ERR_UNSUPPORTED;
             }
-            if (L && L->q.length + 1 > S->max_tokens) {
+            int len = !L ? 0 : L->sparse ? L->s.length : L->q.length;
+            if (L && len + 1 > S->max_tokens) {
                 snprintf(msg, ms,
                          "sequence %d layer %d: %d tokens after the step, beyond the step capacity of %d "
                          "(kvq_engine_reserve_step)",
-                         i, l, L->q.length + 1, S->max_tokens);
+                         i, l, len + 1, S->max_tokens);
                 return KVQ_ERR_SHAPE;
             }
         }
@@ -262,15 +268,28 @@ static kvq_status plan_layer(kvq_backend_ctx *c, int l, kvq_backend_seq *const *
     int max_tiles = 1;
     kvq_status st = KVQ_OK;
     for (int i = 0; i < n && st == KVQ_OK; i++) {
-        cu_qlayer *L = &seqs[i]->layers[l]->q;
+        cu_layer *L = seqs[i]->layers[l];
         cu_rec r;
         memset(&r, 0, sizeof r);
         r.st1 = (kvq_store_params *)(hb + o->st1) + (size_t)i * S->st1_cap;
         r.st2 = (kvq_store_params *)(hb + o->st2) + (size_t)i * S->st2_cap;
         for (int s = 0; s < CU_STEP_STORES; s++) r.q[s] = (kvq_quant_params *)(hb + o->q[s]) + (size_t)i * S->q_cap[s];
         r.kvin = S->kvin, r.kvin_end = S->kvin + (uint64_t)n * kvi, r.cls = cls;
+        if (S->tk_cap && L->sparse) {
+            r.tk = (kvq_tk_params *)(hb + o->tk) + (size_t)i * S->tk_cap;
+            r.tkst = (kvq_store_params *)(hb + o->tkst) + (size_t)i * S->tkst_cap;
+        }
+        if (S->ott_cap && !L->sparse) {
+            r.ott = (kvq_ott_params *)(hb + o->ott) + (size_t)i * S->ott_cap;
+            r.ottm_host = (uint64_t *)(hb + o->ottm) + (size_t)i * S->ottm_cap;
+            r.ottm_dev = S->tables + (uint64_t)(hb - tb) + o->ottm + (uint64_t)i * S->ottm_cap * sizeof(uint64_t);
+        }
+        r.pol = S->pol + (uint64_t)i * S->pol_seq, r.pol_bytes = S->pol_seq;
         c->rec = &r;
-        st = cu_qlayer_append(c, L, NULL, NULL, S->kvin + (uint64_t)i * kvi, msg, ms);
+        /* the step's query (TailorKV's retrieval reads it) is converted into S->q by the run */
+        st = L->sparse ? cu_slayer_append(c, &L->s, NULL, NULL, S->kvin + (uint64_t)i * kvi,
+                                          S->q + (uint64_t)i * c->Hq * D * sizeof(float), msg, ms)
+                       : cu_qlayer_append(c, &L->q, NULL, NULL, S->kvin + (uint64_t)i * kvi, msg, ms);
         c->rec = NULL;
         if (st != KVQ_OK) {
             char tmp[512];
@@ -279,7 +298,10 @@ static kvq_status plan_layer(kvq_backend_ctx *c, int l, kvq_backend_seq *const *
             break;
         }
         int nt = 0;
-        cu_qlayer_tiles(c, L, &nt);
+        if (L->sparse)
+            cu_slayer_tiles(c, &L->s, &nt);
+        else
+            cu_qlayer_tiles(c, &L->q, &nt);
         if (nt < 0) {
             snprintf(msg, ms, "out of memory");
             st = KVQ_ERR_NOMEM;
@@ -343,7 +365,7 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
     int saved = 0;
     for (int l = 0; l < layers && st == KVQ_OK; l++)
         for (int i = 0; i < n && st == KVQ_OK; i++)
-            if ((st = cu_qlayer_save(&seqs[i]->layers[l]->q, &snap[(size_t)l * n + i])) == KVQ_OK) saved++;
+            if ((st = cu_step_layer_save(seqs[i]->layers[l], &snap[(size_t)l * n + i])) == KVQ_OK) saved++;
     for (int l = 0; l < layers && st == KVQ_OK; l++) st = plan_layer(c, l, seqs, n, tb, &o, &tiles_at, msg, ms);
     if (st == KVQ_OK) {
         void *prev = cu_dev_stream(c->dev);
@@ -359,17 +381,14 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
     }
     if (st == KVQ_OK) {
         for (int l = 0; l < layers; l++)
-            for (int i = 0; i < n; i++) cu_qlayer_commit(c, &seqs[i]->layers[l]->q);
+            for (int i = 0; i < n; i++) cu_step_layer_commit(c, seqs[i]->layers[l]);
         S->slot ^= 1;
         S->planned = 1, S->n = n;
         memcpy(S->seqs, seqs, (size_t)n * sizeof *seqs);
     } else {
         if (st == KVQ_ERR_NOMEM) snprintf(msg, ms, "out of memory");
         /* every layer of every sequence back as it was (the pages the plan took go back to the pool) */
-        for (int x = saved - 1; x >= 0; x--) {
-            char um[256];
-            cu_qlayer_restore(c, &seqs[x % n]->layers[x / n]->q, &snap[x], um, sizeof um);
-        }
+        for (int x = saved - 1; x >= 0; x--) cu_step_layer_restore(c, seqs[x % n]->layers[x / n], &snap[x]);
         S->planned = 0;
     }
     for (int x = 0; x < layers * n; x++) kvq_free(snap[x].probe_pos);
@@ -401,6 +420,8 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
     kvq_status st = cu_convert_qkv(c, dv, n, S->q, S->kvin, msg, ms);
     /* the new tokens into their sinks, windows or fp16 pages; then the flushes, which read the windows */
     if (st == KVQ_OK) st = launch_list(c, "kvq_store_f16_list", (unsigned)H, 1, base + o.st1, n * S->st1_cap, msg, ms);
+    /* the policy layers' retrievals or competitions, which read the windows the new tokens are in */
+    if (st == KVQ_OK) st = cu_step_policy_run(c, layer, n, base + o.tk, base + o.tkst, base + o.ott, msg, ms);
     if (st == KVQ_OK && S->st2_cap)
         st = launch_list(c, "kvq_store_f16_list", (unsigned)H, 1, base + o.st2, n * S->st2_cap, msg, ms);
     for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++) {
