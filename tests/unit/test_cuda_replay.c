@@ -8,10 +8,14 @@
  * same device buffers, plans and replays the graph (cu_dev_graph_replay), with KIVI flushes at R = 32 and 128 and
  * new pages on the way. Each step's outputs of every layer, the final caches (read_cache) and statistics of B
  * equal A's bit for bit, and a replayed step makes no synchronisation, allocation, device-to-host copy or launch
- * by the host: the plan's one copy and the replay. Specs with step policies (OTT's pool layer, ZipCache,
- * TailorKV's sparse layers) are refused by the plan with a message that names the policy. Also: a batch or a
- * length beyond the reserved capacity is refused and changes nothing, and a plan failed at every allocation and
- * at its device copy in turn leaves every layer of every sequence as it was. */
+ * by the host: the plan's one copy and the replay. The policy specs replay too, with prompts chosen so that the
+ * steps cross what their policies decide: OTT's pool layer (prompts of 250 to 283 tokens: a competition in the
+ * prefill, then one per sequence at steps 5, 18 and 38, so the pool-state copies flip while other sequences'
+ * items are empty), TailorKV's sparse layers (prompts of 215 to 240: every step retrieves the top 128 of 151 to
+ * 176 candidates; its quantized layers flush at steps 16 to 41). ZipCache is refused by the plan with a message
+ * that names it. Also: a batch or a length beyond the reserved capacity is refused and changes nothing, and a plan
+ * failed at every allocation and at its device copy in turn leaves every layer of every sequence as it was
+ * (KIVI-2, and OTT and TailorKV across a competition and retrievals). */
 #include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
@@ -28,7 +32,7 @@
 #include "rt_internal.h"
 #include "synth.h"
 
-#define LAYERS 3 /* ott.kvq: layers 0..1 without a pool, layer 2 with one (refused) */
+#define LAYERS 3 /* ott.kvq: layers 0..1 without a pool, layer 2 with one */
 #define H 2
 #define HQ 4
 #define D 128
@@ -227,7 +231,45 @@ static void state_free(seq_state *o)
     for (int l = 0; l < LAYERS; l++) kvq_free(o->k[l]), kvq_free(o->v[l]);
 }
 
-static int n_refused, n_replayed;
+static int n_refused, n_replayed, n_policy;
+
+/* The scheme's policies: 1 an OTT pool, 2 layers forced sparse, 4 layers TailorKV's calibration decides (0:
+ * none) */
+static int policy_of(const kvq_scheme *s)
+{
+    int p = 0;
+    for (int l = 0; l < LAYERS; l++) {
+        const kvq_layer_cfg *lc = kvq_scheme_layer(s, l);
+        if (lc->mode != KVQ_MODE_SPARSE && lc->quant.outliers.keep > 0) p |= 1;
+        if (lc->mode == KVQ_MODE_SPARSE) p |= 2;
+        if (lc->mode == KVQ_MODE_AUTO) p |= 4;
+    }
+    return p;
+}
+
+/* TailorKV (specs/tailorkv*.kvq's quantized and sparse configurations) with layers 1 and 2 forced sparse: the
+ * calibration of the synthetic layers decides sparse for the specs' short prompts (100 and 24-163 tokens, fewer
+ * candidates than the top 128), and this one's prompts of 215-240 tokens leave 151-176 candidates. */
+static const char tk_sparse[] =
+    "scheme tk_sparse {\n"
+    "  classify dense_preference { queries 32; top 5%; tau 0.2; }\n"
+    "  when quantize { key { bits 2; per channel; group 64; } value { bits 2; per token; group 64; } residual 128; }\n"
+    "  when sparse { host_offload; sinks 8; recent 56; topk 128; critical_channels 8; }\n"
+    "  layers 1..2 { mode sparse; }\n"
+    "}\n";
+
+/* Prompt lengths: OTT (window of R = 32 plus G = 128; a prefill of T quantizes 128 when 160 <= T < 288):
+ * competitions in the prefill and at steps 18, 38, 5; TailorKV's forced sparse layers (sinks 8 + recent 56, top
+ * 128; KIVI keys flushed at R = 128): every step retrieves the top 128 of 151-176 candidates, the quantized layer
+ * flushes at steps 28, 41, 16; otherwise 100 (crossing R = 128) and 24-163. */
+static int prompt_len(const kvq_scheme *s, int i)
+{
+    static const int ott[3] = {270, 250, 283}, tk[3] = {228, 215, 240};
+    int p = policy_of(s);
+    if (p & 1) return ott[i % 3];
+    if (p & 2) return tk[i % 3];
+    return i == 0 ? 100 : 24 + (i * 37 + 11) % 140; /* 100 crosses R = 128 during the steps */
+}
 
 /* Engine A (host pointers) against engine B (plan + graph replay) for one spec and batch. */
 static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn, int B)
@@ -241,7 +283,7 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
     kvq_seq **sa = kvq_calloc((size_t)B, sizeof *sa), **sb = kvq_calloc((size_t)B, sizeof *sb);
     int *len = kvq_calloc((size_t)B, sizeof *len), maxlen = 0;
     for (int i = 0; i < B; i++) {
-        len[i] = i == 0 ? 100 : 24 + (i * 37 + 11) % 140; /* 100 crosses R = 128 during the steps */
+        len[i] = prompt_len(s, i);
         if (len[i] + STEPS > maxlen) maxlen = len[i] + STEPS;
     }
     for (int i = 0; i < B && !th_failed(); i++)
@@ -267,14 +309,15 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
     float *hout = kvq_malloc((size_t)B * HQ * D * 4), *bout = kvq_malloc((size_t)B * HQ * D * 4);
     uint16_t *hin = kvq_malloc((size_t)B * ROW * D * 2);
     kvq_decode_item *di = kvq_calloc((size_t)B, sizeof *di);
-    long mismatches = 0, flushes = 0;
+    long mismatches = 0, flushes = 0, pool_changes = 0;
     cu_dev_counters worst;
     memset(&worst, 0, sizeof worst);
     int refused = 0;
     for (int st = 0; st < STEPS && !th_failed() && !refused; st++) {
-        uint64_t resid0 = 0;
+        uint64_t resid0 = 0, body0 = 0;
         kvq_mem_stats ms0;
-        if (kvq_engine_stats(eb, &ms0) == KVQ_OK) resid0 = ms0.tokens[KVQ_SEG_RESIDUAL];
+        if (kvq_engine_stats(eb, &ms0) == KVQ_OK)
+            resid0 = ms0.tokens[KVQ_SEG_RESIDUAL], body0 = ms0.tokens[KVQ_SEG_OUTLIER] + ms0.tokens[KVQ_SEG_SPILL];
         for (int l = 0; l < LAYERS && !th_failed(); l++) {
             for (int i = 0; i < B; i++) fill_row(hin + (size_t)i * ROW * D, syn, l, len[i] + st + i % 7);
             TH_CHECK(dev_copy(eb, din[l], hin, (size_t)B * ROW * D * 2, 1), "inputs");
@@ -331,12 +374,26 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
         }
         kvq_mem_stats ms1;
         if (kvq_engine_stats(eb, &ms1) == KVQ_OK && ms1.tokens[KVQ_SEG_RESIDUAL] < resid0) flushes++;
+        if (ms1.tokens[KVQ_SEG_OUTLIER] + ms1.tokens[KVQ_SEG_SPILL] != body0) pool_changes++;
     }
     if (!refused) {
         TH_CHECK(mismatches == 0, "%ld output elements differ from the host path's", mismatches);
         /* a spec with a residual window flushed it on the way (KIVI at R = 32 or 128) */
         const kvq_layer_cfg *lc = kvq_scheme_layer(s, 0);
-        TH_CHECK(lc->quant.residual == 0 || flushes > 0, "no flush happened during the steps");
+        int pol = policy_of(s), sparse = 0, quant = 0;
+        for (int l = 0; l < LAYERS; l++) {
+            sparse += kvq_engine_layer_state(eb, l) == KVQ_LAYER_SPARSE;
+            quant += kvq_engine_layer_state(eb, l) == KVQ_LAYER_QUANTIZED;
+        }
+        TH_CHECK(lc->quant.residual == 0 || flushes > 0 || (sparse > 0 && !(pol & 2)), "no flush happened during the "
+                 "steps (%d quantized layers)", quant);
+        /* OTT: the pool layer's competitions during the steps changed the pools (spill 32: evicted members spill) */
+        TH_CHECK(!(pol & 1) || pool_changes > 0, "no competition changed the outlier pools during the steps");
+        /* TailorKV: the steps ran through sparse layers (every step retrieves) */
+        TH_CHECK(!(pol & 2) || sparse > 0, "no layer is sparse");
+        if (pol) printf("  %s: %ld flushes, %ld steps changed the pools, %d sparse layers\n", kvq_scheme_name(s),
+                        flushes, pool_changes, sparse);
+        n_policy += pol != 0;
         for (int l = 0; l < LAYERS && !th_failed(); l++)
             for (int i = 0; i < B; i++) {
                 int cap = len[i] + STEPS, n1 = 0, n2 = 0;
@@ -367,17 +424,19 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
 
 /* Capacity refusals and a plan failed at every allocation and at its device copy, step after step; each refusal
  * or failure leaves every layer of every sequence as it was, and the steps then continue equal to engine A's. */
-static void test_failures(const kvq_scheme *s, const kvq_synth *syn)
+static void test_failures(const kvq_scheme *s, const kvq_synth *syn, const int *lens, int NSTEPS, const char *what)
 {
-    enum { B = 3, NSTEPS = 36 };
+    enum { B = 3 };
     th_begin("replay: %s: plans beyond the capacity are refused, plans failed at each allocation and at the device "
-             "copy leave every layer as it was, over %d steps crossing flushes",
-             kvq_scheme_name(s), NSTEPS);
+             "copy leave every layer as it was, over %d steps crossing %s",
+             kvq_scheme_name(s), NSTEPS, what);
     char err[1024];
     kvq_engine *ea = engine_for(s, err, sizeof err), *eb = ea ? engine_for(s, err, sizeof err) : NULL;
     TH_CHECK(ea && eb, "engines: %s", err);
     kvq_seq *sa[B] = {0}, *sb[B] = {0};
-    int len[B] = {61, 30, 95}, cap = 95 + NSTEPS + 1;
+    int len[B] = {lens[0], lens[1], lens[2]}, maxl = 0;
+    for (int i = 0; i < B; i++) maxl = len[i] > maxl ? len[i] : maxl;
+    int cap = maxl + NSTEPS + 1;
     for (int i = 0; i < B && !th_failed(); i++)
         TH_CHECK(kvq_seq_create(ea, &sa[i]) == KVQ_OK && kvq_seq_create(eb, &sb[i]) == KVQ_OK, "seq");
     TH_CHECK(th_failed() || (prefill(ea, sa, len, B, syn) && prefill(eb, sb, len, B, syn)), "prefill");
@@ -385,12 +444,12 @@ static void test_failures(const kvq_scheme *s, const kvq_synth *syn)
     TH_CHECK(th_failed() || (kvq_decode_plan(eb, sb, B, NULL) == KVQ_ERR_STATE &&
                              strstr(kvq_engine_errmsg(eb), "kvq_engine_reserve_step")),
              "plan without a reservation: %s", kvq_engine_errmsg(eb));
-    TH_CHECK(th_failed() || kvq_engine_reserve_step(eb, B - 1, 95 + NSTEPS) == KVQ_OK, "reserve_step: %s",
+    TH_CHECK(th_failed() || kvq_engine_reserve_step(eb, B - 1, maxl + NSTEPS) == KVQ_OK, "reserve_step: %s",
              kvq_engine_errmsg(eb));
     TH_CHECK(th_failed() || (kvq_decode_plan(eb, sb, B, NULL) == KVQ_ERR_SHAPE &&
                              strstr(kvq_engine_errmsg(eb), "beyond the step capacity")),
              "batch beyond the capacity: %s", kvq_engine_errmsg(eb));
-    TH_CHECK(th_failed() || kvq_engine_reserve_step(eb, B, 95 + NSTEPS) == KVQ_OK, "reserve_step: %s",
+    TH_CHECK(th_failed() || kvq_engine_reserve_step(eb, B, maxl + NSTEPS) == KVQ_OK, "reserve_step: %s",
              kvq_engine_errmsg(eb));
     TH_CHECK(th_failed() || kvq_engine_reserve_step(eb, 0, 10) == KVQ_ERR_INVALID, "max_batch 0 accepted");
     uint16_t *din = th_failed() ? NULL : dev_alloc(eb, (size_t)B * ROW * D * 2);
@@ -507,9 +566,28 @@ int main(void)
             return 0;
         }
         kvq_engine_free(probe);
-        test_failures(kvq_spec_scheme_at(k2, 0), &syn);
+        static const int lens[3] = {61, 30, 95};
+        if (!getenv("PLPOL_QUICK")) test_failures(kvq_spec_scheme_at(k2, 0), &syn, lens, 36, "flushes");
     }
     kvq_spec_free(k2);
+    /* the policy layers' plans: OTT's competition of sequence 0 at step 4 (its prompt of 283 leaves 155 of the
+     * 160 the window takes), TailorKV's retrieval at every step */
+    static const struct {
+        const char *file;
+        int lens[3], steps;
+        const char *what;
+    } pf[] = {{"specs/ott.kvq", {283, 100, 60}, 7, "an OTT competition"},
+              {NULL, {228, 100, 70}, 4, "TailorKV retrievals"}};
+    for (size_t f = 0; f < sizeof pf / sizeof pf[0]; f++) {
+        kvq_spec *ps = NULL;
+        th_begin("replay: %s parses", pf[f].file ? pf[f].file : "tk_sparse");
+        TH_CHECK(pf[f].file ? kvq_spec_parse_file(th_path(pf[f].file), &ps) == KVQ_OK
+                            : kvq_spec_parse_string("tk_sparse", tk_sparse, sizeof tk_sparse - 1, &ps) == KVQ_OK,
+                 "spec");
+        th_end();
+        if (ps) test_failures(kvq_spec_scheme_at(ps, 0), &syn, pf[f].lens, pf[f].steps, pf[f].what);
+        kvq_spec_free(ps);
+    }
     char *names[64];
     int n = th_list_files("specs", ".kvq", names, 64);
     const int batches[] = {1, 3, 17};
@@ -521,7 +599,7 @@ int main(void)
         if (kvq_spec_parse_file(th_path(rel), &spec) == KVQ_OK)
             for (int i = 0; i < kvq_spec_scheme_count(spec); i++)
                 for (size_t x = 0; x < sizeof batches / sizeof batches[0]; x++)
-                    if (batches[x] < 17 || !strcmp(names[f], "kivi2.kvq")) {
+                    if ((batches[x] < 17 || !strcmp(names[f], "kivi2.kvq")) && (!getenv("PLPOL_QUICK") || policy_of(kvq_spec_scheme_at(spec, i)))) {
                         n_batch17 += batches[x] == 17;
                         run_case(rel, kvq_spec_scheme_at(spec, i), &syn, batches[x]);
                     }
@@ -546,11 +624,19 @@ int main(void)
     TH_CHECK(kvq_spec_parse_string("extra", extra, sizeof extra - 1, &xs) == KVQ_OK && kvq_spec_scheme_count(xs) == 5,
              "extra schemes");
     th_end();
-    for (int i = 0; xs && i < kvq_spec_scheme_count(xs); i++) run_case("inline", kvq_spec_scheme_at(xs, i), &syn, 3);
+    for (int i = 0; xs && !getenv("PLPOL_QUICK") && i < kvq_spec_scheme_count(xs); i++) run_case("inline", kvq_spec_scheme_at(xs, i), &syn, 3);
     kvq_spec_free(xs);
-    th_begin("replay: the specs with step policies were refused, the others replayed");
-    TH_CHECK(n_replayed >= 4 * 2 + 1 + 5 && n_refused >= 2 * 2 && n_batch17 == 1, "%d cases replayed, %d refused, %d at batch 17",
-             n_replayed, n_refused, n_batch17);
+    /* TailorKV's sparse layers retrieving from more candidates than the top k */
+    kvq_spec *tks = NULL;
+    th_begin("replay: tk_sparse parses");
+    TH_CHECK(kvq_spec_parse_string("tk_sparse", tk_sparse, sizeof tk_sparse - 1, &tks) == KVQ_OK, "tk_sparse");
+    th_end();
+    for (int b = 1; tks && b <= 3; b += 2) run_case("inline", kvq_spec_scheme_at(tks, 0), &syn, b);
+    kvq_spec_free(tks);
+    th_begin("replay: OTT and TailorKV replayed, ZipCache refused");
+    TH_CHECK(n_replayed >= 7 * 2 + 1 + 5 + 2 && n_policy >= 4 * 2 && n_refused >= 2 && n_batch17 == 1,
+             "%d cases replayed (%d with policies), %d refused, %d at batch 17", n_replayed, n_policy, n_refused,
+             n_batch17);
     th_end();
     kvq_synth_free(&syn);
     return th_summary();
