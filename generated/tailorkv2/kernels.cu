@@ -2365,10 +2365,9 @@ KVQ_DEV kvq_half kvq_ott_src16(const kvq_ott_params *p, int w, int h, int src, i
     return ((const kvq_half *)p->pool_in)[(w ? (long long)KVQ_HKV * p->keep * KVQ_D : 0) + off];
 }
 
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_ott_compete(const kvq_ott_params p)
+/* The competition of one kv head (blockIdx.x) of one flush; smp and nsh: the block's shared memory. */
+KVQ_DEV void kvq_ott_compete_body(const kvq_ott_params p, kvq_sel_smem *smp, int *nsh)
 {
-    __shared__ kvq_sel_smem sm;
-    __shared__ int nsh[2];
     const int h = blockIdx.x, tid = threadIdx.x, B = p.B, N = p.keep, S = p.spill_cap, D = KVQ_D;
     const int G = p.group > 0 ? p.group : B;
     int *wk = (int *)p.work + (long long)h * (2 * B + 4 * N + 8);
@@ -2392,7 +2391,7 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_ott_compete(co
     /* 2. the flush in rank order (kvq_bottomk): a competition admits at most `keep` tokens, so at most keep + 1
      *    of them are ever looked at (docs/cuda.md) */
     const int m = min(B, N + 1);
-    kvq_block_select(keys, B, m, sel, &sm);
+    kvq_block_select(keys, B, m, sel, smp);
     __syncthreads();
     kvq_block_rank(keys, sel, m, ord, 0);
     __syncthreads();
@@ -2503,7 +2502,28 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_ott_compete(co
         }
     }
 }
+
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_ott_compete(const kvq_ott_params p)
+{
+    __shared__ kvq_sel_smem sm;
+    __shared__ int nsh[2];
+    kvq_ott_compete_body(p, &sm, nsh);
+}
 KVQ_KERNEL_EXPORT(kvq_ott_compete);
+
+/* A planned step's competitions (kvq_list_params over kvq_ott_params, docs/cuda.md "Planned steps"): item
+ * blockIdx.z is one sequence's flush of an OTT layer, B = 0 when the step flushes nothing there. Launched at every
+ * step of an OTT layer with the same grid (kv_heads, 1, items) and parameter bytes; which copy of the pool state
+ * an item reads and writes is in its parameters, decided by the plan. */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_ott_compete_list(const kvq_list_params lp)
+{
+    __shared__ kvq_sel_smem sm;
+    __shared__ int nsh[2];
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_ott_params p = ((const kvq_ott_params *)lp.items)[blockIdx.z];
+    if (p.B > 0) kvq_ott_compete_body(p, &sm, nsh);
+}
+KVQ_KERNEL_EXPORT(kvq_ott_compete_list);
 
 extern "C" __global__ void kvq_ott_undo(const kvq_ott_params p)
 {
@@ -2833,12 +2853,9 @@ KVQ_KERNEL_EXPORT(kvq_tk_absmax);
 /* One kv head's retrieval: App. I reduce_q (kvq_reduce_q_group), Eq. 10's critical channels
  * (kvq_critical_channels), approximate_attn on them (kvq_critical_scores, reading only those channels of the
  * candidates from the channel-major copy in host memory), and the top nf (kvq_topk) as gather rows for kvq_store_f16. */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_select(const kvq_tk_params p)
+KVQ_DEV void kvq_tk_select_body(const kvq_tk_params p, float *qm, unsigned *ck, int *csel, int *ch,
+                                 kvq_sel_smem *smp)
 {
-    __shared__ float qm[KVQ_D];
-    __shared__ unsigned ck[KVQ_D];
-    __shared__ int csel[KVQ_D], ch[KVQ_D];
-    __shared__ kvq_sel_smem sm;
     const int h = blockIdx.x, tid = threadIdx.x, nc = p.nc;
     const float *q = (const float *)p.q;
     for (int d = tid; d < KVQ_D; d += KVQ_PTHREADS) {
@@ -2850,7 +2867,7 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_select(cons
     for (int d = tid; d < KVQ_D; d += KVQ_PTHREADS)
         ck[d] = kvq_fkey(__fmul_rn(fabsf(qm[d]), ((const float *)p.absmax)[(long long)h * KVQ_D + d]));
     __syncthreads();
-    const int nch = kvq_block_select(ck, KVQ_D, p.n_ch, csel, &sm);
+    const int nch = kvq_block_select(ck, KVQ_D, p.n_ch, csel, smp);
     __syncthreads();
     kvq_block_rank(ck, csel, nch, ch, 0);
     __syncthreads();
@@ -2865,11 +2882,34 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_select(cons
         keys[t] = kvq_fkey((float)s);
     }
     __syncthreads();
-    const int m = kvq_block_select(keys, nc, p.nf, sel, &sm);
+    const int m = kvq_block_select(keys, nc, p.nf, sel, smp);
     __syncthreads();
     kvq_block_rank(keys, sel, m, (int *)p.gather + (long long)h * p.nf, p.first);
 }
+
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_select(const kvq_tk_params p)
+{
+    __shared__ float qm[KVQ_D];
+    __shared__ unsigned ck[KVQ_D];
+    __shared__ int csel[KVQ_D], ch[KVQ_D];
+    __shared__ kvq_sel_smem sm;
+    kvq_tk_select_body(p, qm, ck, csel, ch, &sm);
+}
 KVQ_KERNEL_EXPORT(kvq_tk_select);
+
+/* A planned step's retrievals (kvq_list_params over kvq_tk_params): item blockIdx.z is one sequence's retrieval
+ * of a sparse layer, nf = 0 when it fetches nothing. grid (kv_heads, 1, items), the same at every step. */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_select_list(const kvq_list_params lp)
+{
+    __shared__ float qm[KVQ_D];
+    __shared__ unsigned ck[KVQ_D];
+    __shared__ int csel[KVQ_D], ch[KVQ_D];
+    __shared__ kvq_sel_smem sm;
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_tk_params p = ((const kvq_tk_params *)lp.items)[blockIdx.z];
+    if (p.nf > 0) kvq_tk_select_body(p, qm, ck, csel, ch, &sm);
+}
+KVQ_KERNEL_EXPORT(kvq_tk_select_list);
 
 #endif
 
