@@ -567,7 +567,7 @@ int main(void)
         }
         kvq_engine_free(probe);
         static const int lens[3] = {61, 30, 95};
-        if (!getenv("PLPOL_QUICK")) test_failures(kvq_spec_scheme_at(k2, 0), &syn, lens, 36, "flushes");
+        test_failures(kvq_spec_scheme_at(k2, 0), &syn, lens, 36, "flushes");
     }
     kvq_spec_free(k2);
     /* the policy layers' plans: OTT's competition of sequence 0 at step 4 (its prompt of 283 leaves 155 of the
@@ -599,7 +599,7 @@ int main(void)
         if (kvq_spec_parse_file(th_path(rel), &spec) == KVQ_OK)
             for (int i = 0; i < kvq_spec_scheme_count(spec); i++)
                 for (size_t x = 0; x < sizeof batches / sizeof batches[0]; x++)
-                    if ((batches[x] < 17 || !strcmp(names[f], "kivi2.kvq")) && (!getenv("PLPOL_QUICK") || policy_of(kvq_spec_scheme_at(spec, i)))) {
+                    if (batches[x] < 17 || !strcmp(names[f], "kivi2.kvq")) {
                         n_batch17 += batches[x] == 17;
                         run_case(rel, kvq_spec_scheme_at(spec, i), &syn, batches[x]);
                     }
@@ -624,7 +624,7 @@ int main(void)
     TH_CHECK(kvq_spec_parse_string("extra", extra, sizeof extra - 1, &xs) == KVQ_OK && kvq_spec_scheme_count(xs) == 5,
              "extra schemes");
     th_end();
-    for (int i = 0; xs && !getenv("PLPOL_QUICK") && i < kvq_spec_scheme_count(xs); i++) run_case("inline", kvq_spec_scheme_at(xs, i), &syn, 3);
+    for (int i = 0; xs && i < kvq_spec_scheme_count(xs); i++) run_case("inline", kvq_spec_scheme_at(xs, i), &syn, 3);
     kvq_spec_free(xs);
     /* TailorKV's sparse layers retrieving from more candidates than the top k */
     kvq_spec *tks = NULL;
