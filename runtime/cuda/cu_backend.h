@@ -160,6 +160,11 @@ typedef struct {
     int tk_cap, tkst_cap, ott_cap, ottm_cap, tk_gy;
     size_t pol_seq;
     uint64_t pol; /* in mem: [max_batch][pol_seq] */
+    /* ZipCache layers, after the decode kernel: a probe's normaliser and row, a compression's classes (one item
+     * for kvq_zip_rowsal and kvq_zip_select), its pages' gathers, their quantize items by store, the probe
+     * positions of a cycle (host data, in the tables); rowsal's gridDim.x; the gathers' rows per sequence */
+    int zip_cap, zg_cap, zpos_cap, qp_cap[CU_STEP_STORES], zc_gx;
+    size_t zaux_seq;
 } cu_step;
 
 /* Where a plan's store and quantize launches go instead of the device (cu_launch while c->rec is set). */
@@ -178,6 +183,16 @@ typedef struct {
     int ntk, ntkst, nott;
     uint64_t pol;
     size_t pol_bytes;
+    /* ZipCache (post: recording what runs after the decode kernel) */
+    int post;
+    kvq_zip_norm_params *zn;
+    kvq_zip_params *zr, *zc, *zg;
+    kvq_quant_params *qp[CU_STEP_STORES];
+    int nzn, nzr, nzc, nzg, nqp[CU_STEP_STORES];
+    int *zpos_host;
+    uint64_t zpos_dev;
+    uint64_t zaux; /* the gathers' rows: each page's own */
+    size_t zaux_bytes, zaux_used;
 } cu_rec;
 
 struct kvq_backend_seq {
@@ -371,6 +386,11 @@ int cu_step_policy_record(kvq_backend_ctx *c, const char *kernel, const void *pa
  * ott in the tables (fixed per layer and batch size). */
 kvq_status cu_step_policy_run(kvq_backend_ctx *c, int layer, int n, uint64_t tk, uint64_t tkst, uint64_t ott,
                               char *msg, size_t ms);
+/* ZipCache's launches of a run after the decode kernel: items at zn, zr, zc, zg, qp[store]. */
+kvq_status cu_step_policy_post(kvq_backend_ctx *c, int layer, int n, uint64_t zn, uint64_t zr, uint64_t zc,
+                               uint64_t zg, const uint64_t *qp, char *msg, size_t ms);
+/* ZipCache's gather rows of a page in a plan: `bytes` of the sequence's (c->rec), or 0 with msg set. */
+uint64_t cu_step_zaux_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t ms);
 /* A layer of any mode in a plan: save before, put back when the plan fails (nothing of it ran on the device),
  * adopt when it succeeded. */
 kvq_status cu_step_layer_save(cu_layer *L, cu_snap *s);

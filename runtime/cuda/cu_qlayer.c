@@ -157,13 +157,18 @@ static kvq_status flush_pages(kvq_backend_ctx *c, cu_qlayer *L, int w, const kvq
                 }
             if (dflags) {
                 st = cu_pool_get(c, (size_t)H * p->fmt.capacity * sizeof(int), &p->members, msg, mn);
+                /* each page's gather rows: the engine's scratch (used at once), or in a plan the sequence's, one
+                 * region a page (the run gathers every page before it quantizes any) */
+                uint64_t aux = c->aux;
+                if (st == KVQ_OK && c->rec && !(aux = cu_step_zaux_take(c, (size_t)H * cap * sizeof(int), msg, mn)))
+                    st = KVQ_ERR_INTERNAL;
                 kvq_zip_params zp;
                 memset(&zp, 0, sizeof zp);
                 zp.is_high = dflags, zp.n = B, zp.row = cls, zp.count = off, zp.np = cap;
-                zp.work = c->aux, zp.pos = p->members, zp.first = src->first, zp.wcap = src->ring;
+                zp.work = aux, zp.pos = p->members, zp.first = src->first, zp.wcap = src->ring;
                 p->pos_base = first_pos;
                 if (st == KVQ_OK) st = cu_launch(c, "kvq_zip_gather", (unsigned)H, 1, 1, 256, &zp, sizeof zp, msg, mn);
-                r.gather = c->aux;
+                r.gather = aux;
             } else if (is_high) {
                 st = cu_upload(c, c->aux, gidx, (size_t)H * cap * sizeof *gidx, msg, mn);
                 r.gather = c->aux;

@@ -115,11 +115,16 @@ kvq_status cu_sal_record(kvq_backend_ctx *c, cu_qlayer *L, int pos, uint64_t q, 
                          size_t ms)
 {
     if (L->n_rows >= L->n_probes || L->probe_pos[L->n_rows] != pos) return KVQ_OK;
-    /* Eq. 9's normaliser over the whole cache as the reference computes it (docs/cuda.md "Determinism") */
-    kvq_status st = cu_scratch(c, &c->pol, &c->pol_bytes, (size_t)c->Hq * 2 * sizeof(double), msg, ms);
+    /* Eq. 9's normaliser over the whole cache as the reference computes it (docs/cuda.md "Determinism"); in a
+     * plan into the sequence's policy scratch (cu_step_policy.c) */
+    size_t nb = (size_t)c->Hq * 2 * sizeof(double);
+    kvq_status st = c->rec ? (nb <= c->rec->pol_bytes ? KVQ_OK : KVQ_ERR_INTERNAL)
+                           : cu_scratch(c, &c->pol, &c->pol_bytes, nb, msg, ms);
+    if (st == KVQ_ERR_INTERNAL) snprintf(msg, ms, "cuda: internal error: a planned probe's scratch is too small");
+    uint64_t pol = c->rec ? c->rec->pol : c->pol;
     kvq_zip_norm_params np;
     memset(&np, 0, sizeof np);
-    np.q = q, np.tiles = tiles->tiles, np.n_tiles = tiles->n_tiles, np.norm = c->pol;
+    np.q = q, np.tiles = tiles->tiles, np.n_tiles = tiles->n_tiles, np.norm = pol;
     np.scale = (double)c->e.softmax_scale;
     char kname[32];
     snprintf(kname, sizeof kname, "kvq_zip_norm_c%d", L->cls);
@@ -127,7 +132,7 @@ kvq_status cu_sal_record(kvq_backend_ctx *c, cu_qlayer *L, int pos, uint64_t q, 
     const cu_win *w = &L->win[0];
     kvq_zip_params p;
     memset(&p, 0, sizeof p);
-    p.q = q, p.norm = c->pol, p.rows = L->rows;
+    p.q = q, p.norm = pol, p.rows = L->rows;
     p.k = cu_rows_f16(w->addr, w->cap, w->head, w->cap);
     p.scale = (double)c->e.softmax_scale;
     p.row = L->n_rows, p.wcap = L->rule[0].capacity, p.count = w->count;
@@ -147,12 +152,27 @@ kvq_status cu_sal_flush(kvq_backend_ctx *c, const cu_qlayer *L, int B, uint64_t 
     }
     for (int r = 0; r < nr; r++) ppos[r] = L->probe_pos[r] - L->cycle_first; /* window slot i: cycle_first + i */
     size_t pb = al16((size_t)(nr > 0 ? nr : 1) * 4);
-    kvq_status st = cu_scratch(c, &c->pol, &c->pol_bytes, pb + class_bytes(c->H, B), msg, ms);
-    if (st == KVQ_OK) st = cu_upload(c, c->pol, ppos, (size_t)nr * 4, msg, ms);
+    cu_rec *rec = c->rec;
+    kvq_status st = KVQ_OK;
+    uint64_t pol = c->pol, pos;
+    if (rec) {
+        /* a plan: the positions travel in its tables, the rest in the sequence's policy scratch */
+        if (nr > c->step.zpos_cap || pb + class_bytes(c->H, B) > rec->pol_bytes) {
+            snprintf(msg, ms, "cuda: internal error: a planned compression exceeds its bounds");
+            st = KVQ_ERR_INTERNAL;
+        } else {
+            memcpy(rec->zpos_host, ppos, (size_t)nr * 4);
+        }
+        pol = rec->pol, pos = rec->zpos_dev;
+    } else {
+        st = cu_scratch(c, &c->pol, &c->pol_bytes, pb + class_bytes(c->H, B), msg, ms);
+        pol = c->pol, pos = pol;
+        if (st == KVQ_OK) st = cu_upload(c, pos, ppos, (size_t)nr * 4, msg, ms);
+    }
     kvq_free(ppos);
     kvq_zip_params p;
     memset(&p, 0, sizeof p);
-    p.pos = c->pol, p.rows = L->rows, p.sal = c->pol + pb;
+    p.pos = pos, p.rows = L->rows, p.sal = pol + pb;
     p.is_high = p.sal + al16((size_t)c->H * B * 4), p.work = p.is_high + al16((size_t)c->H * B);
     p.np = nr, p.n = B, p.wcap = L->rule[0].capacity, p.accumulated = s->metric == KVQ_SAL_ACCUMULATED;
     if (st == KVQ_OK)

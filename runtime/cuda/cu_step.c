@@ -25,7 +25,7 @@ static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
  * packed as the plan writes them (each sequence's entry holds its tiles' address), so the step's one copy sends
  * the tiles there are, not the capacity's. */
 typedef struct {
-    size_t seqs, st1, st2, q[CU_STEP_STORES], tk, tkst, ott, ottm, layer, tiles;
+    size_t seqs, st1, st2, q[CU_STEP_STORES], tk, tkst, ott, ottm, zn, zr, zc, zg, zpos, qp[CU_STEP_STORES], layer, tiles;
 } tbl_off;
 
 static void tbl_layout(const cu_step *S, int n, int layers, tbl_off *o)
@@ -40,6 +40,13 @@ static void tbl_layout(const cu_step *S, int n, int layers, tbl_off *o)
     o->tkst = at, at += al16((size_t)n * S->tkst_cap * sizeof(kvq_store_params));
     o->ott = at, at += al16((size_t)n * S->ott_cap * sizeof(kvq_ott_params));
     o->ottm = at, at += al16((size_t)n * S->ottm_cap * sizeof(uint64_t));
+    o->zn = at, at += al16((size_t)n * S->zip_cap * sizeof(kvq_zip_norm_params));
+    o->zr = at, at += al16((size_t)n * S->zip_cap * sizeof(kvq_zip_params));
+    o->zc = at, at += al16((size_t)n * S->zip_cap * sizeof(kvq_zip_params));
+    o->zg = at, at += al16((size_t)n * S->zg_cap * sizeof(kvq_zip_params));
+    o->zpos = at, at += al16((size_t)n * S->zpos_cap * sizeof(int));
+    for (int s = 0; s < CU_STEP_STORES; s++)
+        o->qp[s] = at, at += al16((size_t)n * S->qp_cap[s] * sizeof(kvq_quant_params));
     o->layer = at;
     o->tiles = at * (size_t)layers;
 }
@@ -130,7 +137,8 @@ kvq_status cu_step_reserve(kvq_backend_ctx *c, int max_batch, int max_tokens, ch
     if (S.tiles_cap < 1) S.tiles_cap = 1;
     /* gridDim.z of the list launches: the items of the whole batch */
     int zmax = imax(imax(S.st1_cap, S.st2_cap), imax(imax(S.q_cap[0], S.q_cap[1]), imax(S.q_cap[2], S.q_cap[3])));
-    zmax = imax(zmax, imax(imax(S.tk_cap, S.tkst_cap), S.ott_cap));
+    zmax = imax(zmax, imax(imax(S.tk_cap, S.tkst_cap), imax(S.ott_cap, S.zg_cap)));
+    for (int s = 0; s < CU_STEP_STORES; s++) zmax = imax(zmax, S.qp_cap[s]);
     if ((long long)max_batch * zmax > CU_GRID_YZ_MAX) {
         snprintf(msg, ms, "a batch of %d needs %lld work items per launch, more than gridDim.z's %u", max_batch,
                  (long long)max_batch * zmax, CU_GRID_YZ_MAX);
@@ -148,7 +156,8 @@ kvq_status cu_step_reserve(kvq_backend_ctx *c, int max_batch, int max_tokens, ch
     S.tables_bytes = tbl_bytes_max(&S, max_batch, c->e.dims.layers);
     size_t qb = al16((size_t)max_batch * Hq * D * sizeof(float)), lb = al16((size_t)max_batch * Hq * sizeof(float));
     size_t kb = al16((size_t)max_batch * 2 * H * D * 2);
-    S.mem_bytes = 2 * qb + lb + kb + al16(part) + S.tables_bytes + (size_t)max_batch * S.pol_seq;
+    S.zaux_seq = al16(S.zaux_seq);
+    S.mem_bytes = 2 * qb + lb + kb + al16(part) + S.tables_bytes + (size_t)max_batch * (S.pol_seq + S.zaux_seq);
     S.seqs = kvq_calloc((size_t)max_batch, sizeof *S.seqs);
     kvq_status st = S.seqs ? cu_dev_alloc(c->dev, S.mem_bytes, &S.mem, msg, ms) : KVQ_ERR_NOMEM;
     for (int i = 0; i < 2 && st == KVQ_OK; i++) {
@@ -219,8 +228,8 @@ kvq_status cu_step_record(kvq_backend_ctx *c, const char *kernel, unsigned gx, u
     return KVQ_ERR_INTERNAL;
 }
 
-/* What a planned step cannot do: ZipCache's probe rows and compressions after the attention (docs/cuda.md
- * "Planned steps"), capacities beyond the reservation. */
+/* What a planned step cannot do: ZipCache without a window (each token its own compression, classes decided on
+ * the host), capacities beyond the reservation (docs/cuda.md "Planned steps"). */
 static kvq_status check_plannable(const kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n, char *msg, size_t ms)
 {
     const cu_step *S = &c->step;
@@ -236,11 +245,11 @@ static kvq_status check_plannable(const kvq_backend_ctx *c, kvq_backend_seq *con
     for (int l = 0; l < c->e.dims.layers; l++)
         for (int i = 0; i < n; i++) {
             const cu_layer *L = seqs[i]->layers[l];
-            if (L && !L->sparse && L->q.saliency) {
+            if (L && !L->sparse && L->q.saliency && L->q.rule[0].capacity == 0) {
                 snprintf(msg, ms,
-                         "layer %d has saliency classes (ZipCache: probe rows and compressions decide after the "
-                         "attention): planned steps cover quantized, OTT and TailorKV layers; capture such steps one "
-                         "at a time with kvq_decode_device (docs/cuda.md)",
+                         "layer %d has saliency classes without a window (ZipCache: every token its own "
+                         "compression): planned steps cover ZipCache with a window; capture such steps one at a time "
+                         "with kvq_decode_device (docs/cuda.md)",
                          l);
                 return KVQ_ERR_UNSUPPORTED;
             }
@@ -278,6 +287,17 @@ static kvq_status plan_layer(kvq_backend_ctx *c, int l, kvq_backend_seq *const *
         if (S->tk_cap && L->sparse) {
             r.tk = (kvq_tk_params *)(hb + o->tk) + (size_t)i * S->tk_cap;
             r.tkst = (kvq_store_params *)(hb + o->tkst) + (size_t)i * S->tkst_cap;
+        }
+        if (S->zip_cap && !L->sparse && L->q.saliency) {
+            r.zn = (kvq_zip_norm_params *)(hb + o->zn) + (size_t)i * S->zip_cap;
+            r.zr = (kvq_zip_params *)(hb + o->zr) + (size_t)i * S->zip_cap;
+            r.zc = (kvq_zip_params *)(hb + o->zc) + (size_t)i * S->zip_cap;
+            r.zg = (kvq_zip_params *)(hb + o->zg) + (size_t)i * S->zg_cap;
+            for (int s = 0; s < CU_STEP_STORES; s++) r.qp[s] = (kvq_quant_params *)(hb + o->qp[s]) + (size_t)i * S->qp_cap[s];
+            r.zpos_host = (int *)(hb + o->zpos) + (size_t)i * S->zpos_cap;
+            r.zpos_dev = S->tables + (uint64_t)(hb - tb) + o->zpos + (uint64_t)i * S->zpos_cap * sizeof(int);
+            r.zaux = S->pol + (uint64_t)S->max_batch * S->pol_seq + (uint64_t)i * S->zaux_seq;
+            r.zaux_bytes = S->zaux_seq;
         }
         if (S->ott_cap && !L->sparse) {
             r.ott = (kvq_ott_params *)(hb + o->ott) + (size_t)i * S->ott_cap;
@@ -324,6 +344,19 @@ static kvq_status plan_layer(kvq_backend_ctx *c, int l, kvq_backend_seq *const *
         sq[i].n_tiles = nt;
         *tiles_at += (size_t)nt * sizeof(kvq_tile);
         if (nt > max_tiles) max_tiles = nt;
+        /* ZipCache: what runs after the attention (a probe row over the step's tiles, a compression), recorded
+         * for the run's second part */
+        if (st == KVQ_OK && !L->sparse && L->q.saliency) {
+            r.post = 1;
+            c->rec = &r;
+            st = cu_qlayer_after_attend(c, &L->q, S->q + (uint64_t)i * c->Hq * D * sizeof(float), &sq[i], msg, ms);
+            c->rec = NULL;
+            if (st != KVQ_OK) {
+                char tmp[512];
+                snprintf(tmp, sizeof tmp, "sequence %d layer %d: %s", i, l, msg);
+                snprintf(msg, ms, "%s", tmp);
+            }
+        }
     }
     if (st != KVQ_OK) return st;
     /* decode_run's split of the same tiles (so the outputs are the same bits); the grid has step_chunks chunks */
@@ -446,6 +479,11 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
     int nch = step_chunks(c, cls, n);
     /* tpc 1: each sequence's split is in the tables */
     if (st == KVQ_OK) st = cu_decode_launch(c, cls, n, nch, 1, S->q, base + o.seqs, S->out, S->lse, S->part, msg, ms);
+    /* ZipCache: probe rows and compressions after the attention, as decode_run orders them */
+    uint64_t qp[CU_STEP_STORES];
+    for (int s = 0; s < CU_STEP_STORES; s++) qp[s] = base + o.qp[s];
+    if (st == KVQ_OK)
+        st = cu_step_policy_post(c, layer, n, base + o.zn, base + o.zr, base + o.zc, base + o.zg, qp, msg, ms);
     /* the outputs in the caller's dtype and strides; lse from base 2 to natural logarithms */
     if (st == KVQ_OK) st = cu_convert_out(c, dv, n, S->out, S->lse, msg, ms);
     return st;

@@ -21,10 +21,64 @@
 
 #include "alloc.h"
 #include "cu_backend.h"
+#include "policy.h"
 
 static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 static int imax(int a, int b) { return a > b ? a : b; }
 static int cdiv(long long a, long long b) { return (int)((a + b - 1) / b); }
+static const char *const store_names[CU_STEP_STORES] = {"k_hi", "k_lo", "v_hi", "v_lo"};
+
+/* The pages flush_pages cuts a class of nc tokens of tensor t into: their count, the largest in *maxn, the
+ * bytes of their gather rows (H ints a slot, each page's 16-byte aligned) added to *rows. */
+static int class_pages(const kvq_tensor_cfg *t, int nc, int H, int *maxn, size_t *rows)
+{
+    int pages = 0;
+    for (int off = 0; off < nc; pages++) {
+        int cap = kvq_flush_page_tokens(t, nc - off);
+        if (cap < 1) cap = 1;
+        if (cap > *maxn) *maxn = cap;
+        if (rows) *rows += al16((size_t)H * cap * 4);
+        off += cap;
+    }
+    return pages;
+}
+
+/* ZipCache with a window (Alg. 3): a probe row per probe step, a compression of the window's batch B every B
+ * steps into pages of two classes, after the decode kernel. */
+static void zip_bounds(kvq_backend_ctx *c, const kvq_quant_cfg *q, int cls, int T, cu_step *S)
+{
+    int H = c->H, Hq = c->Hq, tile = c->plan->cls[cls].tile;
+    kvq_window_rule r;
+    kvq_window_rule_of(q, 0, &r);
+    if (r.capacity == 0) return; /* refused by the plan */
+    int B = r.batch, high = kvq_saliency_high_count(&q->saliency, B), gathers = 0, tiles = 0;
+    if (high > B) high = B;
+    size_t zaux = 0;
+    for (int w = 0; w < 2; w++) {
+        const kvq_tensor_cfg *t = w ? &q->value : &q->key;
+        for (int k = 0; k < 2; k++) {
+            int st = 2 * w + k, maxn = 0, mt = 0;
+            int pages = class_pages(t, k ? B - high : high, H, &maxn, &zaux);
+            gathers += pages;
+            S->qp_cap[st] = imax(S->qp_cap[st], pages);
+            S->q_maxn[cls][st] = imax(S->q_maxn[cls][st], maxn);
+            /* the pages of every compression over T tokens and of the prompt, each its own run of tiles */
+            tiles += pages * (cdiv(T, B) + 1) + class_pages(t, T, H, &mt, NULL);
+        }
+    }
+    S->tiles_cap += tiles + 8;
+    S->zip_cap = 1;
+    S->zg_cap = imax(S->zg_cap, gathers);
+    S->zpos_cap = imax(S->zpos_cap, r.capacity);
+    S->zc_gx = imax(S->zc_gx, cdiv(B, 256));
+    if (zaux > S->zaux_seq) S->zaux_seq = zaux;
+    /* the probe's normaliser [Hq][2] doubles; a compression's saliency, flags and work (cu_saliency.c) */
+    size_t cls_b = al16((size_t)H * B * 4) + al16((size_t)H * B) + 2 * al16((size_t)H * B * 4);
+    size_t pol = (size_t)Hq * 16 > al16((size_t)r.capacity * 4) + cls_b ? (size_t)Hq * 16
+                                                                         : al16((size_t)r.capacity * 4) + cls_b;
+    if (pol > S->pol_seq) S->pol_seq = al16(pol);
+    (void)tile;
+}
 
 void cu_step_policy_bounds(kvq_backend_ctx *c, const kvq_layer_cfg *lc, int cls, int T, cu_step *S)
 {
@@ -56,6 +110,73 @@ void cu_step_policy_bounds(kvq_backend_ctx *c, const kvq_layer_cfg *lc, int cls,
                      (size_t)H * (2 * (size_t)B + 4 * (size_t)N + 8) * 4;
         if (pol > S->pol_seq) S->pol_seq = al16(pol);
     }
+    if (lc->mode != KVQ_MODE_SPARSE && lc->quant.saliency.metric != KVQ_SAL_NONE)
+        zip_bounds(c, &lc->quant, cls, T, S);
+}
+
+uint64_t cu_step_zaux_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t ms)
+{
+    cu_rec *r = c->rec;
+    bytes = al16(bytes);
+    if (!r->zaux || r->zaux_used + bytes > r->zaux_bytes) {
+        snprintf(msg, ms, "cuda: internal error: a planned compression's gather rows exceed their bound (%zu bytes)",
+                 r->zaux_bytes);
+        return 0;
+    }
+    uint64_t a = r->zaux + r->zaux_used;
+    r->zaux_used += bytes;
+    return a;
+}
+
+/* What ZipCache's after-attention work records (r->post): normaliser, row, classes, gathers, their pages. */
+static int record_post(kvq_backend_ctx *c, const char *kernel, const void *params, size_t size, kvq_status *st,
+                       char *msg, size_t ms)
+{
+    cu_rec *r = c->rec;
+    const cu_step *S = &c->step;
+    if (!strncmp(kernel, "kvq_zip_norm_c", 14) && size == sizeof(kvq_zip_norm_params)) {
+        if (!r->zn || r->nzn == S->zip_cap) goto over;
+        memcpy(&r->zn[r->nzn++], params, size);
+        return 1;
+    }
+    if (!strcmp(kernel, "kvq_zip_row") && size == sizeof(kvq_zip_params)) {
+        if (!r->zr || r->nzr == S->zip_cap) goto over;
+        memcpy(&r->zr[r->nzr++], params, size);
+        return 1;
+    }
+    if (!strcmp(kernel, "kvq_zip_rowsal") && size == sizeof(kvq_zip_params)) {
+        if (!r->zc || r->nzc == S->zip_cap) goto over;
+        memcpy(&r->zc[r->nzc++], params, size);
+        return 1;
+    }
+    if (!strcmp(kernel, "kvq_zip_select") && size == sizeof(kvq_zip_params)) {
+        /* the same item as the rowsal before it (cu_sal_flush), with the class size set */
+        if (!r->zc || r->nzc == 0) goto over;
+        memcpy(&r->zc[r->nzc - 1], params, size);
+        return 1;
+    }
+    if (!strcmp(kernel, "kvq_zip_gather") && size == sizeof(kvq_zip_params)) {
+        if (!r->zg || r->nzg == S->zg_cap) goto over;
+        memcpy(&r->zg[r->nzg++], params, size);
+        return 1;
+    }
+    /* a separable page's factors: the run launches the factor list before the quantize list, over the same items */
+    if (!strncmp(kernel, "kvq_factor_", 11)) return 1;
+    for (int s = 0; s < CU_STEP_STORES && !strncmp(kernel, "kvq_quant_", 10); s++) {
+        if (strncmp(kernel + 10, store_names[s], 4) || size != sizeof(kvq_quant_params)) continue;
+        kvq_quant_params qp;
+        memcpy(&qp, params, sizeof qp);
+        if (r->nqp[s] == S->qp_cap[s] || qp.n > S->q_maxn[r->cls][s]) goto over;
+        r->qp[s][r->nqp[s]++] = qp;
+        return 1;
+    }
+    snprintf(msg, ms, "cuda: internal error: %s cannot run after the decode kernel of a planned step", kernel);
+    *st = KVQ_ERR_INTERNAL;
+    return 1;
+over:
+    snprintf(msg, ms, "cuda: internal error: a planned step's %s work exceeds its bound", kernel);
+    *st = KVQ_ERR_INTERNAL;
+    return 1;
 }
 
 int cu_step_policy_record(kvq_backend_ctx *c, const char *kernel, const void *params, size_t size, kvq_status *st,
@@ -64,6 +185,7 @@ int cu_step_policy_record(kvq_backend_ctx *c, const char *kernel, const void *pa
     cu_rec *r = c->rec;
     const cu_step *S = &c->step;
     *st = KVQ_OK;
+    if (r->post) return record_post(c, kernel, params, size, st, msg, ms);
     if (!strcmp(kernel, "kvq_tk_select") && size == sizeof(kvq_tk_params)) {
         if (!r->tk || r->ntk == S->tk_cap) goto over;
         memcpy(&r->tk[r->ntk++], params, size);
@@ -89,14 +211,19 @@ over:
     return 1;
 }
 
-static kvq_status launch_items(kvq_backend_ctx *c, const char *kernel, unsigned gy, unsigned block, uint64_t items,
-                               int n_items, char *msg, size_t ms)
+static kvq_status launch_grid(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, unsigned block,
+                              uint64_t items, int n_items, char *msg, size_t ms)
 {
     kvq_list_params lp;
     memset(&lp, 0, sizeof lp);
     lp.items = items, lp.n_items = n_items;
-    const unsigned g[3] = {(unsigned)c->H, gy, (unsigned)n_items}, b[3] = {block, 1, 1};
+    const unsigned g[3] = {gx, gy, (unsigned)n_items}, b[3] = {block, 1, 1};
     return cu_dev_launch(c->dev, c->mod, kernel, g, b, &lp, sizeof lp, msg, ms);
+}
+static kvq_status launch_items(kvq_backend_ctx *c, const char *kernel, unsigned gy, unsigned block, uint64_t items,
+                               int n_items, char *msg, size_t ms)
+{
+    return launch_grid(c, kernel, (unsigned)c->H, gy, block, items, n_items, msg, ms);
 }
 
 kvq_status cu_step_policy_run(kvq_backend_ctx *c, int layer, int n, uint64_t tk, uint64_t tkst, uint64_t ott,
@@ -140,4 +267,42 @@ void cu_step_layer_restore(kvq_backend_ctx *c, cu_layer *L, cu_snap *s)
 void cu_step_layer_commit(kvq_backend_ctx *c, cu_layer *L)
 {
     if (!L->sparse) cu_qlayer_commit(c, &L->q);
+}
+
+kvq_status cu_step_policy_post(kvq_backend_ctx *c, int layer, int n, uint64_t zn, uint64_t zr, uint64_t zc,
+                               uint64_t zg, const uint64_t *qp, char *msg, size_t ms)
+{
+    const cu_step *S = &c->step;
+    const kvq_layer_cfg *lc = kvq_scheme_layer(c->e.scheme, layer);
+    if (c->e.layer_sparse[layer] || lc->quant.saliency.metric == KVQ_SAL_NONE || !S->zip_cap) return KVQ_OK;
+    int cls = c->plan->layer_class[layer], H = c->H;
+    char name[48];
+    /* a probe step's normaliser over the step's tiles and its row over the window (Alg. 3, Eq. 9) */
+    snprintf(name, sizeof name, "kvq_zip_norm_list_c%d", cls);
+    kvq_status st = launch_items(c, name, 1, 256, zn, n * S->zip_cap, msg, ms);
+    if (st == KVQ_OK) st = launch_items(c, "kvq_zip_row_list", 1, 256, zr, n * S->zip_cap, msg, ms);
+    /* a compression: the batch's saliency from the cycle's rows, the classes, each page's gather rows */
+    if (st == KVQ_OK)
+        st = launch_grid(c, "kvq_zip_rowsal_list", (unsigned)S->zc_gx, (unsigned)H, 256, zc, n * S->zip_cap, msg, ms);
+    if (st == KVQ_OK) st = launch_items(c, "kvq_zip_select_list", 1, 256, zc, n * S->zip_cap, msg, ms);
+    if (st == KVQ_OK) st = launch_items(c, "kvq_zip_gather_list", 1, 256, zg, n * S->zg_cap, msg, ms);
+    /* its pages: factors, then codes, per store (the grids of cu_step.c's quantize lists) */
+    const plan_class *pc = &c->plan->cls[cls];
+    for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++) {
+        const plan_store *ps = s == 0 ? &pc->k_hi : s == 1 ? &pc->k_lo : s == 2 ? &pc->v_hi : &pc->v_lo;
+        if (!S->qp_cap[s] || ps->bits < 1 || ps->bits > 8) continue;
+        int maxn = S->q_maxn[cls][s] > 0 ? S->q_maxn[cls][s] : 1;
+        if (ps->sep) {
+            snprintf(name, sizeof name, "kvq_factor_list_%s_c%d", store_names[s], cls);
+            st = launch_grid(c, name, (unsigned)H, 1, 128, qp[s], n * S->qp_cap[s], msg, ms);
+        }
+        unsigned gx = (unsigned)H, gy = 1;
+        if (ps->gran == KVQ_GRAN_TOKEN && ps->hidden)
+            gx = 1, gy = cu_grid_y(maxn);
+        else if (ps->gran == KVQ_GRAN_TOKEN)
+            gy = cu_grid_y((maxn + 7) / 8);
+        snprintf(name, sizeof name, "kvq_quant_list_%s_c%d", store_names[s], cls);
+        if (st == KVQ_OK) st = launch_grid(c, name, gx, gy, 128, qp[s], n * S->qp_cap[s], msg, ms);
+    }
+    return st;
 }

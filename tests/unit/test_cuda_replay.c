@@ -12,10 +12,11 @@
  * steps cross what their policies decide: OTT's pool layer (prompts of 250 to 283 tokens: a competition in the
  * prefill, then one per sequence at steps 5, 18 and 38, so the pool-state copies flip while other sequences'
  * items are empty), TailorKV's sparse layers (prompts of 215 to 240: every step retrieves the top 128 of 151 to
- * 176 candidates; its quantized layers flush at steps 16 to 41). ZipCache is refused by the plan with a message
- * that names it. Also: a batch or a length beyond the reserved capacity is refused and changes nothing, and a plan
+ * 176 candidates; its quantized layers flush at steps 16 to 41), ZipCache (specs/zipcache.kvq: probe steps;
+ * zip_fast, every 6 behind a residual of 2: 7 compressions, each classing its batch from the cycle's probe rows).
+ * ZipCache without a window is refused by the plan with a message that names it. Also: a batch or a length beyond the reserved capacity is refused and changes nothing, and a plan
  * failed at every allocation and at its device copy in turn leaves every layer of every sequence as it was
- * (KIVI-2, and OTT and TailorKV across a competition and retrievals). */
+ * (KIVI-2, and OTT, TailorKV and ZipCache across a competition, retrievals, probe rows and a compression). */
 #include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
@@ -233,8 +234,8 @@ static void state_free(seq_state *o)
 
 static int n_refused, n_replayed, n_policy;
 
-/* The scheme's policies: 1 an OTT pool, 2 layers forced sparse, 4 layers TailorKV's calibration decides (0:
- * none) */
+/* The scheme's policies: 1 an OTT pool, 2 layers forced sparse, 4 layers TailorKV's calibration decides, 8
+ * ZipCache's saliency classes (0: none) */
 static int policy_of(const kvq_scheme *s)
 {
     int p = 0;
@@ -243,6 +244,7 @@ static int policy_of(const kvq_scheme *s)
         if (lc->mode != KVQ_MODE_SPARSE && lc->quant.outliers.keep > 0) p |= 1;
         if (lc->mode == KVQ_MODE_SPARSE) p |= 2;
         if (lc->mode == KVQ_MODE_AUTO) p |= 4;
+        if (lc->mode != KVQ_MODE_SPARSE && lc->quant.saliency.metric != KVQ_SAL_NONE) p |= 8;
     }
     return p;
 }
@@ -256,6 +258,24 @@ static const char tk_sparse[] =
     "  when quantize { key { bits 2; per channel; group 64; } value { bits 2; per token; group 64; } residual 128; }\n"
     "  when sparse { host_offload; sinks 8; recent 56; topk 128; critical_channels 8; }\n"
     "  layers 1..2 { mode sparse; }\n"
+    "}\n";
+
+/* ZipCache compressing every 6 decoded tokens behind a residual of 2 (specs/zipcache.kvq compresses every 100:
+ * its steps here are probe steps only), so that the steps cross compressions with the probe rows of each cycle. */
+static const char zip_fast[] =
+    "scheme zip_fast {\n"
+    "  key   { per channel; group all; }\n"
+    "  value { per token; channel_separable; group hidden; }\n"
+    "  residual 2;\n"
+    "  saliency normalized { probes recent 20% random 20%; salient 60% bits 4; rest bits 2; every 6; }\n"
+    "}\n";
+
+/* ZipCache without a window (each token its own compression, its class decided on the host): refused by the plan. */
+static const char zip_nowin[] =
+    "scheme zip_nowin {\n"
+    "  key   { per channel; group all; }\n"
+    "  value { per token; channel_separable; group hidden; }\n"
+    "  saliency normalized { probes recent 20% random 20%; salient 60% bits 4; rest bits 2; every 1; }\n"
     "}\n";
 
 /* Prompt lengths: OTT (window of R = 32 plus G = 128; a prefill of T quantizes 128 when 160 <= T < 288):
@@ -327,7 +347,7 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
         kvq_status ps = kvq_decode_plan(eb, sb, B, NULL);
         if (ps == KVQ_ERR_UNSUPPORTED) {
             const char *m = kvq_engine_errmsg(eb);
-            TH_CHECK(st == 0 && (strstr(m, "OTT") || strstr(m, "ZipCache") || strstr(m, "TailorKV")) &&
+            TH_CHECK(st == 0 && strstr(m, "ZipCache") && strstr(m, "without a window") &&
                          strstr(m, "kvq_decode_device"),
                      "the refusal names the policy and the per-step path: %s", m);
             printf("  refused (as it should be): %s\n", m);
@@ -391,8 +411,10 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
         TH_CHECK(!(pol & 1) || pool_changes > 0, "no competition changed the outlier pools during the steps");
         /* TailorKV: the steps ran through sparse layers (every step retrieves) */
         TH_CHECK(!(pol & 2) || sparse > 0, "no layer is sparse");
-        if (pol) printf("  %s: %ld flushes, %ld steps changed the pools, %d sparse layers\n", kvq_scheme_name(s),
-                        flushes, pool_changes, sparse);
+        /* ZipCache with a residual window (zip_fast): compressions during the steps (counted with the flushes) */
+        TH_CHECK(!(pol & 8) || lc->quant.residual == 0 || flushes >= 5, "%ld compressions", flushes);
+        if (pol) printf("  %s: %ld flushes or compressions, %ld steps changed the pools, %d sparse layers\n",
+                        kvq_scheme_name(s), flushes, pool_changes, sparse);
         n_policy += pol != 0;
         for (int l = 0; l < LAYERS && !th_failed(); l++)
             for (int i = 0; i < B; i++) {
@@ -571,18 +593,20 @@ int main(void)
     }
     kvq_spec_free(k2);
     /* the policy layers' plans: OTT's competition of sequence 0 at step 4 (its prompt of 283 leaves 155 of the
-     * 160 the window takes), TailorKV's retrieval at every step */
+     * 160 the window takes), TailorKV's retrieval at every step, ZipCache's probe rows and compressions (every 6) */
     static const struct {
         const char *file;
         int lens[3], steps;
         const char *what;
     } pf[] = {{"specs/ott.kvq", {283, 100, 60}, 7, "an OTT competition"},
-              {NULL, {228, 100, 70}, 4, "TailorKV retrievals"}};
+              {NULL, {228, 100, 70}, 4, "TailorKV retrievals"},
+              {NULL, {61, 30, 95}, 7, "ZipCache probe rows and a compression"}};
     for (size_t f = 0; f < sizeof pf / sizeof pf[0]; f++) {
         kvq_spec *ps = NULL;
-        th_begin("replay: %s parses", pf[f].file ? pf[f].file : "tk_sparse");
+        th_begin("replay: %s parses", pf[f].file ? pf[f].file : f == 1 ? "tk_sparse" : "zip_fast");
+        const char *txt = f == 1 ? tk_sparse : zip_fast;
         TH_CHECK(pf[f].file ? kvq_spec_parse_file(th_path(pf[f].file), &ps) == KVQ_OK
-                            : kvq_spec_parse_string("tk_sparse", tk_sparse, sizeof tk_sparse - 1, &ps) == KVQ_OK,
+                            : kvq_spec_parse_string("inline", txt, strlen(txt), &ps) == KVQ_OK,
                  "spec");
         th_end();
         if (ps) test_failures(kvq_spec_scheme_at(ps, 0), &syn, pf[f].lens, pf[f].steps, pf[f].what);
@@ -633,8 +657,22 @@ int main(void)
     th_end();
     for (int b = 1; tks && b <= 3; b += 2) run_case("inline", kvq_spec_scheme_at(tks, 0), &syn, b);
     kvq_spec_free(tks);
-    th_begin("replay: OTT and TailorKV replayed, ZipCache refused");
-    TH_CHECK(n_replayed >= 7 * 2 + 1 + 5 + 2 && n_policy >= 4 * 2 && n_refused >= 2 && n_batch17 == 1,
+    /* ZipCache's compressions during the steps */
+    kvq_spec *zs = NULL;
+    th_begin("replay: zip_fast parses");
+    TH_CHECK(kvq_spec_parse_string("zip_fast", zip_fast, sizeof zip_fast - 1, &zs) == KVQ_OK, "zip_fast");
+    th_end();
+    for (int b = 1; zs && b <= 3; b += 2) run_case("inline", kvq_spec_scheme_at(zs, 0), &syn, b);
+    kvq_spec_free(zs);
+    /* what the plan still refuses: ZipCache without a window */
+    zs = NULL;
+    th_begin("replay: zip_nowin parses");
+    TH_CHECK(kvq_spec_parse_string("zip_nowin", zip_nowin, sizeof zip_nowin - 1, &zs) == KVQ_OK, "zip_nowin");
+    th_end();
+    if (zs) run_case("inline", kvq_spec_scheme_at(zs, 0), &syn, 1);
+    kvq_spec_free(zs);
+    th_begin("replay: every spec replayed (OTT, TailorKV and ZipCache included), ZipCache without a window refused");
+    TH_CHECK(n_replayed >= 8 * 2 + 1 + 5 + 2 + 2 && n_policy >= 6 * 2 && n_refused == 1 && n_batch17 == 1,
              "%d cases replayed (%d with policies), %d refused, %d at batch 17", n_replayed, n_policy, n_refused,
              n_batch17);
     th_end();
