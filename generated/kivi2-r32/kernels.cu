@@ -2210,6 +2210,18 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm
     kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm));
+/* A planned step's normalisers (kvq_list_params over kvq_zip_norm_params; q 0: not a probe step). */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_list)(const kvq_list_params lp)
+{
+    __shared__ float qs[KVQ_D];
+    __shared__ double red[KVQ_PTHREADS];
+    __shared__ unsigned long long zsum;
+    const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_zip_norm_params p = ((const kvq_zip_norm_params *)lp.items)[blockIdx.z];
+    if (p.q) kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_list));
 #endif
 
 /* One quantize kernel per quantized store; the granularity picks the body (a constant). The _list form is the

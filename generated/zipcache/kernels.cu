@@ -2629,7 +2629,7 @@ KVQ_KERNEL_EXPORT(kvq_zip_saliency);
 /* Alg. 3: a probe step's row over the waiting tokens, p_i = sum over the group's heads of e^(l_i - m) / Z with
  * (m, Z) from kvq_zip_norm over the whole cache, rounded as ref_attend rounds its probabilities (docs/cuda.md
  * "Determinism"). */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_row(const kvq_zip_params p)
+KVQ_DEV void kvq_zip_row_body(const kvq_zip_params p)
 {
     const int h = blockIdx.x;
     const double *nm = (const double *)p.norm;
@@ -2650,7 +2650,20 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_row(const 
         row[sl] = v;
     }
 }
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_row(const kvq_zip_params p) { kvq_zip_row_body(p); }
 KVQ_KERNEL_EXPORT(kvq_zip_row);
+
+/* The list forms of ZipCache's decode kernels for a planned step (kvq_list_params, item blockIdx.z of
+ * kvq_zip_params; docs/cuda.md "Planned steps"): a probe step's row (rows 0: not a probe step), a compression's
+ * classes (n 0: none; kvq_zip_rowsal then kvq_zip_select over the same item) and its pages' gathers (n 0: none).
+ * Launched at every step of a ZipCache layer with the same grids. */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_row_list(const kvq_list_params lp)
+{
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_zip_params p = ((const kvq_zip_params *)lp.items)[blockIdx.z];
+    if (p.rows) kvq_zip_row_body(p);
+}
+KVQ_KERNEL_EXPORT(kvq_zip_row_list);
 
 /* kvq_prob_fixed (runtime/policy.h): a weight e in [0, 1] in integer units of 2^-40, truncated. */
 #define KVQ_PROB_FIXED_UNIT 9.094947017729282e-13
@@ -2751,7 +2764,7 @@ KVQ_DEV void kvq_zip_norm_body(const kvq_zip_norm_params *p, kvq_fmt khi, kvq_fm
 }
 
 /* Eq. 7/8 of the window's token i from the cycle's rows (kvq_saliency over rows restricted to the batch). */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_rowsal(const kvq_zip_params p)
+KVQ_DEV void kvq_zip_rowsal_body(const kvq_zip_params p)
 {
     const int h = blockIdx.y, i = blockIdx.x * KVQ_PTHREADS + threadIdx.x;
     if (i >= p.n) return;
@@ -2765,12 +2778,23 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_rowsal(con
     }
     ((float *)p.sal)[(long long)h * p.n + i] = kvq_zip_finish(sum, nnz, p.accumulated);
 }
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_rowsal(const kvq_zip_params p)
+{
+    kvq_zip_rowsal_body(p);
+}
 KVQ_KERNEL_EXPORT(kvq_zip_rowsal);
 
-/* Alg. 2 Split: the n_high most salient tokens (kvq_select_salient, ties to the earlier token). */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_select(const kvq_zip_params p)
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_rowsal_list(const kvq_list_params lp)
 {
-    __shared__ kvq_sel_smem sm;
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_zip_params p = ((const kvq_zip_params *)lp.items)[blockIdx.z];
+    if (p.n > 0) kvq_zip_rowsal_body(p);
+}
+KVQ_KERNEL_EXPORT(kvq_zip_rowsal_list);
+
+/* Alg. 2 Split: the n_high most salient tokens (kvq_select_salient, ties to the earlier token). */
+KVQ_DEV void kvq_zip_select_body(const kvq_zip_params p, kvq_sel_smem *smp)
+{
     const int h = blockIdx.x, n = p.n;
     unsigned *keys = (unsigned *)p.work + (long long)h * n;
     int *sel = (int *)p.work + (long long)KVQ_HKV * n + (long long)h * n;
@@ -2781,11 +2805,25 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_select(con
         hi[i] = 0;
     }
     __syncthreads();
-    int m = kvq_block_select(keys, n, p.n_high, sel, &sm);
+    int m = kvq_block_select(keys, n, p.n_high, sel, smp);
     __syncthreads();
     for (int a = threadIdx.x; a < m; a += KVQ_PTHREADS) hi[sel[a]] = 1;
 }
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_select(const kvq_zip_params p)
+{
+    __shared__ kvq_sel_smem sm;
+    kvq_zip_select_body(p, &sm);
+}
 KVQ_KERNEL_EXPORT(kvq_zip_select);
+
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_select_list(const kvq_list_params lp)
+{
+    __shared__ kvq_sel_smem sm;
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_zip_params p = ((const kvq_zip_params *)lp.items)[blockIdx.z];
+    if (p.n > 0) kvq_zip_select_body(p, &sm);
+}
+KVQ_KERNEL_EXPORT(kvq_zip_select_list);
 
 /* kvq_zip_gather: the members of one page of a compression's class, from kvq_zip_select's flags, so that the
  * classes never leave the device (docs/cuda.md "Policy decisions"). Class p.row (0: high, flag set; 1: low) of the
@@ -2795,9 +2833,8 @@ KVQ_KERNEL_EXPORT(kvq_zip_select);
  * work the page's gather rows int [H][np] (window ring slot (first + i) mod wcap, wcap 0: first + i), pos the
  * page's member indices int [H][np] (batch index i: the slot's position is the batch's first position + i,
  * derived on the host only when read_cache asks). grid (kv_heads), block KVQ_PTHREADS. */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_gather(const kvq_zip_params p)
+KVQ_DEV void kvq_zip_gather_body(const kvq_zip_params p, int *part)
 {
-    __shared__ int part[KVQ_PTHREADS];
     const int h = blockIdx.x, n = p.n, t = threadIdx.x;
     const unsigned char *hi = (const unsigned char *)p.is_high + (long long)h * n;
     int *gather = (int *)p.work + (long long)h * p.np, *mem = (int *)p.pos + (long long)h * p.np;
@@ -2827,7 +2864,21 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_gather(con
         }
     }
 }
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_gather(const kvq_zip_params p)
+{
+    __shared__ int part[KVQ_PTHREADS];
+    kvq_zip_gather_body(p, part);
+}
 KVQ_KERNEL_EXPORT(kvq_zip_gather);
+
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_gather_list(const kvq_list_params lp)
+{
+    __shared__ int part[KVQ_PTHREADS];
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_zip_params p = ((const kvq_zip_params *)lp.items)[blockIdx.z];
+    if (p.n > 0) kvq_zip_gather_body(p, part);
+}
+KVQ_KERNEL_EXPORT(kvq_zip_gather_list);
 
 #endif
 
@@ -3061,6 +3112,18 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm
     kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm));
+/* A planned step's normalisers (kvq_list_params over kvq_zip_norm_params; q 0: not a probe step). */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_list)(const kvq_list_params lp)
+{
+    __shared__ float qs[KVQ_D];
+    __shared__ double red[KVQ_PTHREADS];
+    __shared__ unsigned long long zsum;
+    const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_zip_norm_params p = ((const kvq_zip_norm_params *)lp.items)[blockIdx.z];
+    if (p.q) kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_list));
 #endif
 
 /* One quantize kernel per quantized store; the granularity picks the body (a constant). The _list form is the

@@ -11,7 +11,9 @@
  * list forms of the store and quantize kernels over the items (an unused item does nothing), the decode kernel
  * with a grid fixed by the capacity (each sequence's split read from the tables) and the merge: kernels, grids
  * and parameter bytes depend on the layer and the batch size only. Every output, cache and statistic equals the
- * decode_run path's bit for bit: the same items, tiles and splits, in the same kernels' bodies. */
+ * decode_run path's bit for bit: the same items, tiles and splits, in the same kernels' bodies. The policy layers'
+ * items and launches (TailorKV's retrieval, OTT's competition, ZipCache's probe rows and compressions after the
+ * decode kernel) are in cu_step_policy.c. */
 #include <stdio.h>
 #include <string.h>
 

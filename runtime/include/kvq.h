@@ -272,9 +272,9 @@ kvq_status kvq_engine_reserve_device(kvq_engine *engine, size_t bytes);
  * layer once into a CUDA graph and, at each later step, writes the step's q/k/v into the same buffers, calls
  * kvq_decode_plan and launches the graph. Outputs, caches and statistics equal kvq_decode_device's bit for bit.
  * Covers quantized layers (KIVI, fp16, per-token / per-channel specs, windows, sinks), OTT's outlier pools (the
- * competition of a flush is a fixed launch, decided on the device) and TailorKV's sparse layers (the retrieval
- * of every step likewise); ZipCache layers are refused (KVQ_ERR_UNSUPPORTED): capture those steps one at a time
- * with kvq_decode_device. */
+ * competition of a flush is a fixed launch, decided on the device), TailorKV's sparse layers (the retrieval of
+ * every step likewise) and ZipCache's layers with a window (probe rows and compressions likewise); ZipCache
+ * without a window is refused (KVQ_ERR_UNSUPPORTED): capture those steps one at a time with kvq_decode_device. */
 
 /* Allocates the step tables and buffers once, for batches of up to max_batch sequences of up to max_tokens tokens
  * (after the step): their addresses never change. A later call replaces them (capture again). */
