@@ -1,5 +1,5 @@
-/* The policy layers of planned decode steps (docs/cuda.md "Planned steps"): TailorKV's sparse layers and OTT's
- * outlier pools. Their decisions stay on the device as in a decode step; what the plan adds is that their
+/* The policy layers of planned decode steps (docs/cuda.md "Planned steps"): TailorKV's sparse layers, OTT's
+ * outlier pools and ZipCache's saliency classes. Their decisions stay on the device as in a decode step; what the plan adds is that their
  * launches become fixed launches of the run, list kernels over per-sequence items the plan writes into the step's
  * tables:
  *
@@ -12,10 +12,17 @@
  *   (kvq_tile.count: the counts never leave the device). Which copy is cur is host state the plan decides: it
  *   adopts the flip when the plan succeeded (cu_ott_commit), as a decode step does when its batch succeeded. The
  *   flush's quantize items read the competition's mean-replaced rows and pooled flags from the sequence's
- *   scratch, and the key pages' mask addresses (for unmasking an evicted token, spill 0) travel in the tables.
+ *   scratch, and the key pages' mask addresses (for unmasking an evicted token, spill 0) travel in the tables;
+ * - a ZipCache layer with a window (Alg. 3) works after the attention, as decode_run does: at a probe step (the
+ *   host drew the positions) kvq_zip_norm_list_c<k> over the sequence's tiles of the step and kvq_zip_row_list
+ *   into the layer's probe rows; at a compression (every `interval` tokens: host-known) kvq_zip_rowsal_list and
+ *   kvq_zip_select_list (one item; the cycle's probe positions in the tables), kvq_zip_gather_list (a page per
+ *   item, each with its own gather rows) and the pages' factor and quantize lists (a second set, by store).
+ *   Items are empty where a sequence has no probe or compression; the classes never leave the device.
  *
- * The launches are recorded by the same code as a decode step's (cu_slayer_append, cu_ott_compete) while c->rec
- * is set: cu_step_policy_record takes them. */
+ * The launches are recorded by the same code as a decode step's (cu_slayer_append, cu_ott_compete,
+ * cu_qlayer_after_attend) while c->rec is set: cu_step_policy_record takes them (c->rec->post: after the decode
+ * kernel). */
 #include <stdio.h>
 #include <string.h>
 
@@ -47,7 +54,7 @@ static int class_pages(const kvq_tensor_cfg *t, int nc, int H, int *maxn, size_t
  * steps into pages of two classes, after the decode kernel. */
 static void zip_bounds(kvq_backend_ctx *c, const kvq_quant_cfg *q, int cls, int T, cu_step *S)
 {
-    int H = c->H, Hq = c->Hq, tile = c->plan->cls[cls].tile;
+    int H = c->H, Hq = c->Hq;
     kvq_window_rule r;
     kvq_window_rule_of(q, 0, &r);
     if (r.capacity == 0) return; /* refused by the plan */
@@ -77,7 +84,6 @@ static void zip_bounds(kvq_backend_ctx *c, const kvq_quant_cfg *q, int cls, int 
     size_t pol = (size_t)Hq * 16 > al16((size_t)r.capacity * 4) + cls_b ? (size_t)Hq * 16
                                                                          : al16((size_t)r.capacity * 4) + cls_b;
     if (pol > S->pol_seq) S->pol_seq = al16(pol);
-    (void)tile;
 }
 
 void cu_step_policy_bounds(kvq_backend_ctx *c, const kvq_layer_cfg *lc, int cls, int T, cu_step *S)
