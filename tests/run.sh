@@ -22,11 +22,13 @@ for t in tests/sh/test_*.sh "$build"/tests/test_*; do
     [ -x "$plain/venv/bin/python3" ] && case ":$PATH:" in *":$(pwd)/$plain/venv/bin:"*) ;;
         *) PATH="$(pwd)/$plain/venv/bin:$PATH"; export PATH ;; esac
     name=$(basename "$t")
+    t0=$(date +%s)
     case "$t" in
         *.sh) sh "$t" "$plain" >"$log" 2>&1 ;;
         *) [ -x "$t" ] || continue; "$t" >"$log" 2>&1 ;;
     esac
     rc=$?
+    secs=$(($(date +%s) - t0))
     p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log"); s=$(grep -c '^SKIP ' "$log")
     if [ "$f" -gt 0 ] || [ "$rc" -ne 0 ] || [ "${KVQ_TEST_VERBOSE:-0}" = 1 ]; then
         cat "$log"
@@ -38,9 +40,9 @@ for t in tests/sh/test_*.sh "$build"/tests/test_*; do
         f=1
     fi
     if [ "$s" -gt 0 ]; then
-        echo "-- $name: $p passed, $f failed, $s skipped"
+        echo "-- $name: $p passed, $f failed, $s skipped (${secs} s)"
     else
-        echo "-- $name: $p passed, $f failed"
+        echo "-- $name: $p passed, $f failed (${secs} s)"
     fi
     pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
 done
