@@ -935,25 +935,52 @@ static void v_phase_int16(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVM
     }
 }
 
-/* The V rows of an int8 P.V: those of the int16 one (v_int16) with 2-bit codes at head_dim 128, on a host with
- * AVX-512 VBMI (the rows' byte permute is one vpermt2b per 16 channels). */
+/* The V rows of an int8 P.V: those of the int16 one (v_int16) with 2- or 4-bit codes and head_dim a multiple of
+ * 64 up to 256, on a host with AVX-512 VBMI (the rows' byte permute is one vpermt2b per 16 channels). */
 static int v_int8(const E *e, const emit_llvm_kernel *k)
 {
-    return v_int16(e, k) && e->int8 && e->vbmi && k->v.fmt.bits == 2 && k->head_dim == 128;
+    int bits = k->v.fmt.bits, D = k->head_dim;
+    return v_int16(e, k) && e->int8 && e->vbmi && (bits == 2 || bits == 4) && D % 64 == 0 && D <= 256;
 }
 
-/* The V phase with int8 weights: four tokens per vpdpbusd (64 MACs: u8 codes x s8 weight pieces, the four products
+/* The V phase with int8 weights (2- and 4-bit codes): four tokens per vpdpbusd (64 MACs: u8 codes x s8 weight pieces, the four products
  * of a dword lane summed), against the int16 path's two per vpdpwssd.
- * - Codes: the rows t..t+3 (128 bytes, two vectors) are permuted (vpermt2b) so that dword lane c of vector i holds,
- *   for each of the four tokens, the byte that holds channel 16 i + c's code, and masked in place, not shifted:
- *   the byte is code << s_c, s_c = 2 (c mod 4) its bit offset (layout.h), a factor of 2^s_c constant per lane,
- *   divided out once per tile (exactly: every term of the lane's sums is a multiple of it).
+ * - Codes: the rows t..t+3 (v8_rows: 128 bytes, two vectors, or the pass's bytes of each) are permuted (vpermt2b)
+ *   so that dword lane c of vector i holds, for each of the four tokens, the byte that holds channel 16 i + c's
+ *   code, and masked in place, not shifted: the byte is code << s_c, s_c = b c mod 8 its bit offset (layout.h),
+ *   a factor of 2^s_c constant per lane, divided out once per tile (exactly: every term of the lane's sums is a
+ *   multiple of it). A byte is at most 3 << 6 or 15 << 4 = 240.
  * - Weights: w_t = p_t s_tq as three signed 7-bit pieces per tile, group and token (v_weights, quant_q8's split):
  *   w_t = sw (2^14 hi + 2^7 mid + lo) within max|w| 2^-22 / 1.016; a piece's four tokens are one broadcast dword.
- * - One accumulator per piece and vector: |sum| <= 64 tokens x 192 x 127 < 2^24, so the three sums convert to
+ * - One accumulator per piece and vector: |sum| <= 64 tokens x 240 x 127 < 2^24, so the three sums convert to
  *   fp32 exactly and combine there, once per tile: sum_t w_t code_tc = sw 2^-s_c (2^14 H + 2^7 M + L).
  * Past the last whole group of four tokens the rows are a masked load (the page may end there); their weights are
  * 0 (p = 0 past n). w8: scratch [ngr][3][64] bytes. */
+/* Four V rows from rowp (rb bytes apart) as one byte vector: whole rows (seg == rb) or the seg bytes at `off` of
+ * each; with `valid` (rows left, 1..3) the rows past it read nothing and are 0. */
+static LLVMValueRef v8_rows(E *e, LLVMValueRef rowp, int rb, int seg, int off, LLVMTypeRef rows_t, LLVMTypeRef seg_t,
+                            LLVMValueRef valid)
+{
+    LLVMBuilderRef b = e->b;
+    if (seg == rb) return valid ? masked_load(e, e->i8, 4 * rb, rowp, valid, rb) : load(e, rows_t, rowp, 1);
+    LLVMValueRef part[4];
+    for (int t = 0; t < 4; t++) {
+        LLVMValueRef p = gepc(e, rowp, (long)t * rb + off);
+        if (!valid) {
+            part[t] = load(e, seg_t, p, 1);
+        } else {
+            LLVMValueRef on = LLVMBuildICmp(b, LLVMIntSGT, valid, ci32(e, t), "");
+            part[t] = masked_load(e, e->i8, seg, p, LLVMBuildSelect(b, on, ci32(e, 1), ci32(e, 0), ""), seg);
+        }
+    }
+    LLVMValueRef idx[256];
+    for (int i = 0; i < 2 * seg; i++) idx[i] = ci32(e, i);
+    LLVMValueRef lo = LLVMBuildShuffleVector(b, part[0], part[1], LLVMConstVector(idx, (unsigned)(2 * seg)), "");
+    LLVMValueRef hi = LLVMBuildShuffleVector(b, part[2], part[3], LLVMConstVector(idx, (unsigned)(2 * seg)), "");
+    for (int i = 0; i < 4 * seg; i++) idx[i] = ci32(e, i);
+    return LLVMBuildShuffleVector(b, lo, hi, LLVMConstVector(idx, (unsigned)(4 * seg)), "");
+}
+
 static void v_phase_int8(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef alpha, LLVMValueRef w8)
 {
     LLVMBuilderRef b = e->b;
@@ -963,14 +990,17 @@ static void v_phase_int8(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMV
     LLVMValueRef n = a[A_N];
     LLVMValueRef sw[8][16], swl[8][16], zsum[8][16];
     v_weights_tile(e, k, a, w8, NULL, 1, sw, swl, zsum);
-    LLVMTypeRef rows_t = LLVMVectorType(e->i8, (unsigned)(4 * rb));
+    /* The bytes a pass permutes: the four whole rows when they fit two vectors (2-bit codes at head_dim <= 128),
+     * else per row the seg bytes of the pass's 64 channels, four loads (4-bit codes, head_dim 256) */
+    int whole = 4 * rb <= 128, seg = whole ? rb : 64 * bits / 8;
+    LLVMTypeRef rows_t = LLVMVectorType(e->i8, (unsigned)(4 * seg)), seg_t = LLVMVectorType(e->i8, (unsigned)seg);
     LLVMValueRef perm[MAXB], mask[MAXB];
     for (int i = 0; i < NB; i++) {
         LLVMValueRef idx[64], mk[64];
         for (int c = 0; c < 16; c++)
             for (int t = 0; t < 4; t++) {
-                int ch = 16 * i + c;
-                idx[4 * c + t] = ci32(e, (long)t * rb + ch * bits / 8);
+                int ch = 16 * i + c, byte = ch * bits / 8 - (whole ? 0 : (i / m) * seg);
+                idx[4 * c + t] = ci32(e, (long)t * seg + byte);
                 mk[4 * c + t] = LLVMConstInt(e->i8, (unsigned long long)(((1 << bits) - 1) << (ch * bits % 8)), 0);
             }
         perm[i] = LLVMConstVector(idx, 64);
@@ -1005,7 +1035,7 @@ static void v_phase_int8(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMV
         for (int x = 0; x < 3 * mm; x++) acc[x / mm * m + x % mm] = LLVMBuildPhi(b, e->vi, "");
         {
             LLVMValueRef rowp = gep(e, a[A_V], LLVMBuildMul(b, LLVMBuildZExt(b, t, e->i64, ""), ci64(e, rb), ""));
-            LLVMValueRef rows = load(e, rows_t, rowp, 1);
+            LLVMValueRef rows = v8_rows(e, rowp, rb, seg, whole ? 0 : (b0 / m) * seg, rows_t, seg_t, NULL);
             V8_STEP(rows, t, acc, nxt);
         }
         LLVMValueRef t4 = LLVMBuildAdd(b, t, ci32(e, 4), "");
@@ -1035,7 +1065,8 @@ static void v_phase_int8(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMV
         LLVMValueRef tacc[3 * 4];
         {
             LLVMValueRef rowp = gep(e, a[A_V], LLVMBuildMul(b, LLVMBuildZExt(b, t_end, e->i64, ""), ci64(e, rb), ""));
-            LLVMValueRef rows = masked_load(e, e->i8, 4 * rb, rowp, LLVMBuildSub(b, n, t_end, ""), rb);
+            LLVMValueRef rows = v8_rows(e, rowp, rb, seg, whole ? 0 : (b0 / m) * seg, rows_t, seg_t,
+                                        LLVMBuildSub(b, n, t_end, ""));
             V8_STEP(rows, t_end, acc2, tacc);
         }
 #undef V8_STEP

@@ -519,8 +519,9 @@ static void test_ir(void)
         k1.gqa = 1;
         char *c1 = emit_llvm_ir_text(&k1, 16);
         TH_CHECK(!strstr(c, "vpdpwssd"), "a GQA-4 kernel emits vpdpwssd");
-        /* The int8 paths: 2-bit per-channel keys at GQA 1 on a VNNI host, and 2-bit per-token values there with
-         * VBMI too (vpdpbusd); with EMIT_LLVM_NO_INT8 the int16 paths (vpdpwssd); never at GQA 4 or for 4 bits. */
+        /* The int8 paths: 2-bit per-channel keys at GQA 1 on a VNNI host, and 2- or 4-bit per-token values there
+         * with VBMI too (vpdpbusd); with EMIT_LLVM_NO_INT8 the int16 paths (vpdpwssd); never at GQA 4, nor for
+         * 4-bit keys or 3-bit values. */
         int vbmi = vnni && __builtin_cpu_supports("avx512vbmi");
         char *c8 = emit_llvm_ir_text(&k1, 16 | EMIT_LLVM_NO_INT8);
         emit_llvm_kernel k4 = k1, k44 = k1;
@@ -539,11 +540,18 @@ static void test_ir(void)
                  "EMIT_LLVM_NO_INT8: vpdpbusd, or no int16 paths");
         TH_CHECK(!strstr(c, "vpdpbusd") && !strstr(a, "vpdpbusd") && d && !strstr(d, "vpdpbusd"),
                  "vpdpbusd at GQA 4, at 8 lanes or without VNNI");
-        /* 4-bit keys, 2-bit values: int16 keys, the values' P.V int8 on a VBMI host */
+        /* 4-bit keys, 2- or 4-bit values: int16 keys, the values' P.V int8 on a VBMI host */
         TH_CHECK(c4 && (!vnni || strstr(c4, "vpdpwssd")) && (vbmi ? strstr(c4, "vpdpbusd") != NULL : !strstr(c4, "vpdpbusd")),
                  "4-bit keys with 2-bit values: not int16 keys with an int8 P.V (VBMI)");
-        TH_CHECK(c44 && !strstr(c44, "vpdpbusd") && (!vnni || strstr(c44, "vpdpwssd")),
-                 "4-bit keys and values: vpdpbusd, or no int16 paths");
+        TH_CHECK(c44 && (!vnni || strstr(c44, "vpdpwssd")) && (vbmi ? strstr(c44, "vpdpbusd") != NULL : !strstr(c44, "vpdpbusd")),
+                 "4-bit keys and values: not int16 keys with an int8 P.V (VBMI)");
+        /* 3-bit values (two planes) keep the int16 P.V */
+        emit_llvm_kernel k3 = k44;
+        kvq_tensor_cfg vc3 = {3, KVQ_GRAN_TOKEN, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+        kvq_page_format_init(&k3.v.fmt, &vc3, 3, 0, 8, 128, 64);
+        char *c3 = emit_llvm_ir_text(&k3, 16);
+        TH_CHECK(c3 && !strstr(c3, "vpdpbusd"), "3-bit values take an int8 P.V");
+        free(c3);
         free(c1), free(c8), free(c4), free(c44);
         free(d);
     }
