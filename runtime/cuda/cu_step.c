@@ -7,11 +7,11 @@
  * store and quantize launches it would make as items of the step's tables (cu_step_record) instead of launching
  * them; it then computes every layer's tiles (the changes to each sequence's tile list on the device,
  * cu_step_tiles.c) and split-KV (cu_tiles_per_chunk, as decode_run does) and uploads all the tables with one async
- * copy from page-locked memory to the fixed device addresses kvq_engine_reserve_step allocated. The run converts the caller's q, k, v into fixed buffers and launches the
- * list forms of the store and quantize kernels over the items (an unused item does nothing), the tile patches,
- * the decode kernel
- * with a grid fixed by the capacity (each sequence's split read from the tables) and the merge: kernels, grids
- * and parameter bytes depend on the layer and the batch size only. Every output, cache and statistic equals the
+ * copy from page-locked memory to the fixed device addresses kvq_engine_reserve_step allocated. The run converts
+ * the caller's q, k, v into fixed buffers and launches the list forms of the store and quantize kernels over the
+ * items (an unused item does nothing), the tile patches, the decode kernel with a grid fixed by the capacity (each
+ * sequence's split read from the tables) and the merge: kernels, grids and parameter bytes depend on the layer and
+ * the batch size only. Every output, cache and statistic equals the
  * decode_run path's bit for bit: the same items, tiles and splits, in the same kernels' bodies. */
 #include <stdio.h>
 #include <string.h>
