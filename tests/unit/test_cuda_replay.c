@@ -11,7 +11,12 @@
  * by the host: the plan's one copy and the replay. Specs with step policies (OTT's pool layer, ZipCache,
  * TailorKV's sparse layers) are refused by the plan with a message that names the policy. Also: a batch or a
  * length beyond the reserved capacity is refused and changes nothing, and a plan failed at every allocation and
- * at its device copy in turn leaves every layer of every sequence as it was. */
+ * at its device copy in turn leaves every layer of every sequence as it was.
+ * The planned tiles live on the device (cu_step_tiles.c): after every step each sequence's device list of each
+ * layer equals what cu_qlayer_tiles builds from the layer, and its host mirror (failed plans included); a plan's
+ * H2D bytes are the fixed tables plus at most PATCH_TILES tiles per sequence and layer at any context; and a long
+ * case (test_join_leave) has sequences leave and join, host-path steps and a new reservation between planned
+ * steps. */
 #include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
