@@ -154,6 +154,7 @@ typedef struct {
     /* the plan in force */
     int planned, n;
     kvq_backend_seq **seqs; /* [max_batch] */
+    long tiles_built; /* tiles the last plan computed on the host (cu_step_tiles.c): O(tiles that change) */
 } cu_step;
 
 /* Where a plan's store and quantize launches go instead of the device (cu_launch while c->rec is set). */

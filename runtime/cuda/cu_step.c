@@ -322,6 +322,7 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
      * for that step's outputs) */
     int k = S->slot ^ 1;
     unsigned char *tb = S->host[k];
+    S->tiles_built = 0;
     if (S->pending[k]) {
         st = cu_dev_event_wait(c->dev, S->copied[k], msg, ms);
         if (st != KVQ_OK) return st;

@@ -82,6 +82,7 @@ kvq_status cu_step_tiles_plan(kvq_backend_ctx *c, kvq_backend_seq *s, int l, uns
         snprintf(msg, ms, "out of memory");
         return KVQ_ERR_NOMEM;
     }
+    c->step.tiles_built += nt;
     int n_new = base + (nt - h);
     if (n_new > S->tiles_cap) {
         snprintf(msg, ms, "%d decode tiles, beyond the %d the step capacity allows", n_new, S->tiles_cap);

@@ -634,7 +634,7 @@ static long both_step(kvq_engine *ea, kvq_engine *eb, kvq_seq **sa, kvq_seq **sb
  * another host-path step. Every output equals engine A's (host path) bit for bit, after every step every device
  * list is the layer's tiles and its mirror says so, the caches equal at the end. A plan sends the fixed tables,
  * the new sequences' lists whole, and at most PATCH_TILES tiles per other sequence and layer: at most an eighth
- * of the lists. */
+ * of the lists; and the host computes no more tiles than that either (the heads and the tails, not the lists). */
 static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
 {
     enum { B = 3, NS = 8, PHASES = 3 };
@@ -660,7 +660,7 @@ static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
         dout[l] = dev_alloc(eb, (size_t)B * HQ * D * 4);
         TH_CHECK(din[l] && dout[l], "device buffers");
     }
-    long mismatches = 0, lists_bad = 0, bytes[PHASES][NS], fresh[PHASES] = {0}, worst = 0, lists = 0;
+    long mismatches = 0, lists_bad = 0, bytes[PHASES][NS], fresh[PHASES] = {0}, worst = 0, lists = 0, built = 0;
     for (int phase = 0; phase < PHASES && !th_failed(); phase++) {
         if (phase == 1) {
             /* sequence 1 leaves, sequence 3 joins in its place and gets the lists' bytes sequence 1 had */
@@ -692,6 +692,8 @@ static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
             for (int i = 0; i < B; i++) tok[i] = len[i]++ + i % 7;
             mismatches += both_step(ea, eb, sa, sb, B, tok, st < 2 ? st : 2, syn, din, dout, &bytes[phase][st]);
             if (st == 0) fresh[phase] = list_tiles(sb, B); /* every list, sent whole */
+            /* the host computed the heads and the tails only, not the lists */
+            if (st > 0 && eb->ctx->step.tiles_built > built) built = eb->ctx->step.tiles_built;
             if (!th_failed()) lists_bad += lists_differ(eb, sb, B);
         }
         lists = list_tiles(sb, B) * (long)sizeof(kvq_tile);
@@ -714,6 +716,8 @@ static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
     TH_CHECK(mismatches == 0, "%ld output elements differ from the host path's", mismatches);
     TH_CHECK(lists_bad == 0, "%ld device tile lists differ from the layers' tiles", lists_bad);
     TH_CHECK(th_failed() || 8 * worst <= lists, "a plan sent %ld bytes of tiles, the lists hold %ld", worst, lists);
+    TH_CHECK(th_failed() || (built <= (long)B * LAYERS * PATCH_TILES && 8 * built * tsz <= lists),
+             "a plan computed %ld tiles on the host, the lists hold %ld", built, lists / tsz);
     for (int l = 0; l < LAYERS && !th_failed(); l++)
         for (int i = 0; i < B; i++) {
             int cap = len[i], n1 = 0, n2 = 0;
@@ -727,8 +731,8 @@ static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
             kvq_free(k1), kvq_free(v1), kvq_free(k2), kvq_free(v2);
         }
     printf("  uploads: %ld, %ld and %ld bytes at the phases' first plans (%ld, %ld, %ld tiles of fresh lists), then "
-           "%ld of tables + at most %ld of tiles; the lists hold %ld bytes\n",
-           bytes[0][0], bytes[1][0], bytes[2][0], fresh[0], fresh[1], fresh[2], fixed, worst, lists);
+           "%ld of tables + at most %ld of tiles (%ld tiles computed); the lists hold %ld bytes\n",
+           bytes[0][0], bytes[1][0], bytes[2][0], fresh[0], fresh[1], fresh[2], fixed, worst, built, lists);
     graph_free();
     for (int l = 0; l < LAYERS && eb; l++) dev_free(eb, din[l]), dev_free(eb, dout[l]);
     for (int i = 0; i < B + 1; i++) {
