@@ -384,6 +384,9 @@ void cu_step_free(kvq_backend_ctx *c);
 /* cu_step_tiles.c: the sequences' device tile lists of planned steps */
 /* Bytes of one sequence's lists at the step capacity (every layer). */
 size_t cu_step_tiles_seq_bytes(const kvq_backend_ctx *c);
+/* Before a plan's layers: the sequence's array of tiles_cap tiles per layer, made at its first plan and made again
+ * (its lists then sent whole) after a reservation with more tiles per layer. On the plan's stream. */
+kvq_status cu_step_tiles_prepare(kvq_backend_ctx *c, kvq_backend_seq *s, char *msg, size_t ms);
 /* Layer l of sequence s (after the plan's cu_qlayer_append): its tiles of the step, as the changes to its device
  * list: up to CU_STEP_PATCHES patches of kvq_tile_patch at `patch` (unused ones n = 0), their tiles at the host
  * tables' *tiles_at (tb: the host tables, dev: their device address), advanced; *st gets the list's address and

@@ -338,6 +338,12 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
     for (int l = 0; l < layers && st == KVQ_OK; l++)
         for (int i = 0; i < n && st == KVQ_OK; i++)
             if ((st = cu_qlayer_save(&seqs[i]->layers[l]->q, &snap[(size_t)l * n + i])) == KVQ_OK) saved++;
+    if (st == KVQ_OK) { /* the sequences' device tile lists (a block put back is zeroed on the plan's stream) */
+        void *prev = cu_dev_stream(c->dev);
+        if (stream) cu_dev_set_stream(c->dev, stream);
+        for (int i = 0; i < n && st == KVQ_OK; i++) st = cu_step_tiles_prepare(c, seqs[i], msg, ms);
+        cu_dev_set_stream(c->dev, prev);
+    }
     for (int l = 0; l < layers && st == KVQ_OK; l++) st = plan_layer(c, l, seqs, n, tb, &o, &tiles_at, msg, ms);
     if (st == KVQ_OK) {
         void *prev = cu_dev_stream(c->dev);

@@ -32,9 +32,7 @@ size_t cu_step_tiles_seq_bytes(const kvq_backend_ctx *c)
 
 static size_t seq_bytes(const kvq_backend_seq *s) { return (size_t)s->n_layers * (size_t)s->tl.cap * sizeof(kvq_tile); }
 
-/* The sequence's array holds tiles_cap tiles per layer: made at its first plan, made again (its lists sent whole)
- * after a reservation with more tiles per layer. */
-static kvq_status ensure_array(kvq_backend_ctx *c, kvq_backend_seq *s, char *msg, size_t ms)
+kvq_status cu_step_tiles_prepare(kvq_backend_ctx *c, kvq_backend_seq *s, char *msg, size_t ms)
 {
     if (!s->tl.layer) {
         s->tl.layer = kvq_calloc((size_t)s->n_layers, sizeof *s->tl.layer);
@@ -47,7 +45,8 @@ static kvq_status ensure_array(kvq_backend_ctx *c, kvq_backend_seq *s, char *msg
     uint64_t a = 0;
     kvq_status st = cu_pool_get(c, cu_step_tiles_seq_bytes(c), &a, msg, ms);
     if (st != KVQ_OK) return st;
-    /* the old array's lists are not carried over: an empty array whose layers are unknown is consistent */
+    /* the old array's lists are not carried over: an empty array whose layers are unknown is consistent. Its
+     * block is zeroed on the plan's stream (cu_pool_put), after the steps queued there that still read it. */
     cu_pool_put(c, s->tl.addr, seq_bytes(s));
     s->tl.addr = a, s->tl.cap = c->step.tiles_cap;
     for (int l = 0; l < s->n_layers; l++) s->tl.layer[l].valid = 0;
@@ -60,8 +59,10 @@ kvq_status cu_step_tiles_plan(kvq_backend_ctx *c, kvq_backend_seq *s, int l, uns
     const cu_step *S = &c->step;
     const cu_layer *LL = s->layers[l];
     int tile = c->plan->cls[c->plan->layer_class[l]].tile;
-    kvq_status st = ensure_array(c, s, msg, ms);
-    if (st != KVQ_OK) return st;
+    if (!s->tl.layer || !s->tl.addr || s->tl.cap < S->tiles_cap) {
+        snprintf(msg, ms, "cuda: internal error: a sequence's device tile lists were not prepared for the plan");
+        return KVQ_ERR_INTERNAL;
+    }
     cu_tl *T = &s->tl.layer[l];
     memset(patch, 0, CU_STEP_PATCHES * sizeof *patch);
     /* c->htiles: [0, h) the head of the list; [h, nt) the list's tiles [base, base + nt - h) */
