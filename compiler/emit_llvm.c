@@ -42,6 +42,7 @@ typedef struct {
     int W;
     int vnni; /* AVX-512 VNNI + BW: the folded key dot products in int16 (vpdpwssd) */
     int int8; /* ...and those of 2-bit keys in int8 pieces (vpdpbusd) */
+    int vbmi; /* ...and AVX-512 VBMI (vpermt2b): the int8 P.V of 2-bit values */
     LLVMValueRef fn;
 } E;
 
@@ -416,6 +417,21 @@ static void codes8(E *e, LLVMValueRef row, LLVMValueRef *A, LLVMValueRef *B)
     *B = LLVMBuildBitCast(e->b, LLVMBuildAnd(e->b, bb, LLVMConstVector(m3, 64), ""), e->vi, "");
 }
 
+/* x (|x| <= 127 2^14, fp32) rounded to an integer and split exactly into hi 2^14 + mid 2^7 + lo, hi in [-127, 127],
+ * mid and lo in [-64, 64] (fp32 vectors holding integers): quant_q8's and the int8 P.V's split. */
+static void q8_pieces(E *e, LLVMValueRef xs, LLVMValueRef ps[3])
+{
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef ra[1] = {xs};
+    LLVMValueRef x = call_intrinsic(e, "llvm.rint", e->vf, ra, 1);
+    LLVMValueRef ha[1] = {LLVMBuildFMul(b, x, vfc(e, 1.0 / 16384.0), "")};
+    LLVMValueRef hi = call_intrinsic(e, "llvm.rint", e->vf, ha, 1);
+    LLVMValueRef r = LLVMBuildFSub(b, x, LLVMBuildFMul(b, hi, vfc(e, 16384.0), ""), "");
+    LLVMValueRef ma[1] = {LLVMBuildFMul(b, r, vfc(e, 1.0 / 128.0), "")};
+    LLVMValueRef mid = call_intrinsic(e, "llvm.rint", e->vf, ma, 1);
+    ps[0] = hi, ps[1] = mid, ps[2] = LLVMBuildFSub(b, r, LLVMBuildFMul(b, mid, vfc(e, 128.0), ""), "");
+}
+
 /* The folded query q' (8 vectors of 16: head_dim 128) as three signed 7-bit pieces in codes8's byte order:
  *   x_c = rint(q'_c / sq), sq = max|q'| / (127 2^14), so |x_c| <= 127 2^14 < 2^21 (exact in fp32);
  *   x = hi 2^14 + mid 2^7 + lo, hi = rint(x 2^-14) in [-127, 127], mid, lo in [-64, 64] (exact).
@@ -433,15 +449,8 @@ static void quant_q8(E *e, LLVMValueRef *q, int nb, LLVMValueRef *qa, LLVMValueR
     *sq = LLVMBuildFDiv(b, amax, cf(e, R), "");
     LLVMValueRef iv = splat(e, inv), piece[3][16];
     for (int i = 0; i < nb; i++) {
-        LLVMValueRef ra[1] = {LLVMBuildFMul(b, q[i], iv, "")};
-        LLVMValueRef x = call_intrinsic(e, "llvm.rint", e->vf, ra, 1);
-        LLVMValueRef ha[1] = {LLVMBuildFMul(b, x, vfc(e, 1.0 / 16384.0), "")};
-        LLVMValueRef hi = call_intrinsic(e, "llvm.rint", e->vf, ha, 1);
-        LLVMValueRef r = LLVMBuildFSub(b, x, LLVMBuildFMul(b, hi, vfc(e, 16384.0), ""), "");
-        LLVMValueRef ma[1] = {LLVMBuildFMul(b, r, vfc(e, 1.0 / 128.0), "")};
-        LLVMValueRef mid = call_intrinsic(e, "llvm.rint", e->vf, ma, 1);
-        LLVMValueRef lo = LLVMBuildFSub(b, r, LLVMBuildFMul(b, mid, vfc(e, 128.0), ""), "");
-        LLVMValueRef ps[3] = {hi, mid, lo};
+        LLVMValueRef ps[3];
+        q8_pieces(e, LLVMBuildFMul(b, q[i], iv, ""), ps);
         for (int p = 0; p < 3; p++) piece[p][i] = LLVMBuildTrunc(b, LLVMBuildFPToSI(b, ps[p], e->vi, ""),
                                                                  LLVMVectorType(e->i8, 16), "");
     }
@@ -562,30 +571,35 @@ typedef struct {
 
 /* One token t (i32) of the K phase for all g heads: per head either an fp32 vector whose lane sum is the dot
  * product (dv), or (vn) the int32 vectors whose lane sums are H and L (hv, lv; q'.k = sq H + sql L). The codes of
- * the row are unpacked once and serve every head. */
-static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef *dv, LLVMValueRef *hv, LLVMValueRef *lv)
+ * the row are unpacked once and serve every head. row: the token's code row when the caller has its address (a
+ * block's rows at constant offsets from one base), else NULL. */
+static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef row, LLVMValueRef *dv, LLVMValueRef *hv,
+                    LLVMValueRef *lv)
 {
     const emit_llvm_kernel *k = kp->k;
     int D = k->head_dim, g = k->gqa, W = e->W, NB = D / W, P = kp->P;
     LLVMBuilderRef b = e->b;
     LLVMValueRef *a = kp->a;
     LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
+    if (!row && (kp->v8 || kp->vn || kp->fold))
+        row = gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
     if (kp->v8) {
-        LLVMValueRef row = gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
         LLVMValueRef A, B;
         codes8(e, row, &A, &B);
         for (int j = 0; j < g; j++) {
-            LLVMValueRef s[3];
-            for (int p = 0; p < 3; p++)
-                s[p] = dpbusd(e, dpbusd(e, LLVMConstNull(e->vi), A, kp->qa[j][p]), B, kp->qb[j][p]);
-            /* 2^14 H + 2^7 M + L: exact (quant_q8) */
-            LLVMValueRef x = LLVMBuildAdd(b, LLVMBuildShl(b, s[0], vic(e, 7), ""), s[1], "");
-            hv[j] = LLVMBuildAdd(b, LLVMBuildShl(b, x, vic(e, 7), ""), s[2], "");
+            /* 2^14 H + 2^7 M + L = ((H << 7) + M << 7) + L, exact (quant_q8): Horner's rule through the
+             * accumulators, so that each piece's pair starts from the shifted sum of the pieces above it instead
+             * of a zeroed register and an add */
+            LLVMValueRef x = NULL;
+            for (int p = 0; p < 3; p++) {
+                LLVMValueRef acc0 = p ? LLVMBuildShl(b, x, vic(e, 7), "") : LLVMConstNull(e->vi);
+                x = dpbusd(e, dpbusd(e, acc0, A, kp->qa[j][p]), B, kp->qb[j][p]);
+            }
+            hv[j] = x;
         }
         return;
     }
     if (kp->vn) {
-        LLVMValueRef row = gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
         for (int u = 0; u < D / 32; u++) {
             LLVMValueRef c = codes16(e, &k->k.fmt, row, 32 * u);
             for (int j = 0; j < g; j++) {
@@ -599,8 +613,6 @@ static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef *dv, LL
     for (int bl = 0; bl < NB; bl++) {
         LLVMValueRef kv;
         if (kp->fold) {
-            LLVMValueRef row =
-                gep(e, a[A_K], LLVMBuildMul(b, t64, ci64(e, (long)kvq_code_bytes(D, k->k.fmt.bits)), ""));
             kv = codes_f32(e, &k->k.fmt, row, bl * W);
         } else {
             kv = row_f32(e, &k->k, D, a[A_K], a[A_KS], a[A_KZ], a[A_KF], t, bl * W);
@@ -688,7 +700,7 @@ static LLVMValueRef masked_load(E *e, LLVMTypeRef ty, int n_lanes, LLVMValueRef 
 /* The int16 weights of the tile's first nbl blocks of 16 tokens (the rest not stored: the pair loop reads no
  * weight past slot n of a tile with n <= 16 nbl) and their scales sw, swl, and sum_t p_t z_tq, per (head, group). */
 static void v_weights(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef wh, LLVMValueRef wl, int nbl,
-                      LLVMValueRef sw[8][16], LLVMValueRef swl[8][16], LLVMValueRef zsum[8][16])
+                      int int8, LLVMValueRef sw[8][16], LLVMValueRef swl[8][16], LLVMValueRef zsum[8][16])
 {
     LLVMBuilderRef b = e->b;
     const kvq_page_format *vf = &k->v.fmt;
@@ -727,10 +739,29 @@ static void v_weights(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValu
         for (int q = 0; q < ngr; q++) {
             LLVMValueRef amax = hmax(e, wmax[j][q]);
             LLVMValueRef pos = LLVMBuildFCmp(b, LLVMRealOGT, amax, cf(e, 0.0), "");
+            zsum[j][q] = hsum(e, zs[j][q]);
+            if (int8) {
+                /* three signed 7-bit pieces (quant_q8's split): w_t = sw (2^14 hi + 2^7 mid + lo) within
+                 * max|w| 2^-22 / 1.016; pieces [p][t] at wh + ((j ngr + q) 3 + p) N */
+                const double R = 127.0 * 16384.0;
+                LLVMValueRef inv = LLVMBuildSelect(b, pos, LLVMBuildFDiv(b, cf(e, R), amax, ""), cf(e, 0.0), "");
+                sw[j][q] = LLVMBuildFDiv(b, amax, cf(e, R), "");
+                swl[j][q] = NULL;
+                LLVMValueRef iv = splat(e, inv);
+                LLVMTypeRef v16b = LLVMVectorType(e->i8, 16);
+                for (int bl = 0; bl < nbl; bl++) {
+                    LLVMValueRef ps[3];
+                    q8_pieces(e, LLVMBuildFMul(b, wv[j][q][bl], iv, ""), ps);
+                    for (int pc = 0; pc < 3; pc++) {
+                        long o = (((long)j * ngr + q) * 3 + pc) * N + (long)bl * W;
+                        store(e, LLVMBuildTrunc(b, LLVMBuildFPToSI(b, ps[pc], e->vi, ""), v16b, ""), gepc(e, wh, o), 1);
+                    }
+                }
+                continue;
+            }
             LLVMValueRef inv = LLVMBuildSelect(b, pos, LLVMBuildFDiv(b, cf(e, 32767.0), amax, ""), cf(e, 0.0), "");
             sw[j][q] = LLVMBuildFDiv(b, amax, cf(e, 32767.0), "");
             swl[j][q] = LLVMBuildFMul(b, sw[j][q], cf(e, 1.0 / 32768.0), "");
-            zsum[j][q] = hsum(e, zs[j][q]);
             LLVMValueRef iv = splat(e, inv);
             for (int bl = 0; bl < nbl; bl++) {
                 LLVMValueRef x = LLVMBuildFMul(b, wv[j][q][bl], iv, "");
@@ -746,6 +777,41 @@ static void v_weights(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValu
 
 }
 
+/* The tile's weights (v_weights): a tile of at most 32 slots (KIVI's key pages cut tiles at 32) quantises two
+ * blocks of 16 tokens, not four. */
+static void v_weights_tile(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef wh, LLVMValueRef wl,
+                           int int8, LLVMValueRef sw[8][16], LLVMValueRef swl[8][16], LLVMValueRef zsum[8][16])
+{
+    LLVMBuilderRef b = e->b;
+    int g = k->gqa, W = 16, N = EMIT_LLVM_TILE, ngr = k->head_dim / k->v.fmt.group;
+    LLVMValueRef sw2[2][8][16], swl2[2][8][16], zsum2[2][8][16];
+    LLVMBasicBlockRef wb[2], wj = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_join");
+    wb[0] = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_half");
+    wb[1] = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_full");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, a[A_N], ci32(e, N / 2), ""), wb[0], wb[1]);
+    for (int h = 0; h < 2; h++) {
+        LLVMPositionBuilderAtEnd(b, wb[h]);
+        v_weights(e, k, a, wh, wl, h ? N / W : N / W / 2, int8, sw2[h], swl2[h], zsum2[h]);
+        wb[h] = LLVMGetInsertBlock(b);
+        LLVMBuildBr(b, wj);
+    }
+    LLVMPositionBuilderAtEnd(b, wj);
+    for (int j = 0; j < g; j++)
+        for (int q = 0; q < ngr; q++) {
+            LLVMValueRef *dst[3] = {&sw[j][q], &swl[j][q], &zsum[j][q]};
+            LLVMValueRef src[3][2] = {{sw2[0][j][q], sw2[1][j][q]}, {swl2[0][j][q], swl2[1][j][q]},
+                                      {zsum2[0][j][q], zsum2[1][j][q]}};
+            for (int x = 0; x < 3; x++) {
+                if (int8 && x == 1) {
+                    *dst[x] = NULL;
+                    continue;
+                }
+                *dst[x] = LLVMBuildPhi(b, e->f32, "");
+                LLVMAddIncoming(*dst[x], src[x], wb, 2);
+            }
+        }
+}
+
 /* The V phase with int16 weights (docs/cpu.md "Accuracy"): per head j and value group q, the tile's weights
  * w_t = p_t s_tq (per-token value scales folded in, as the fp32 path's vfold does) are quantised once per tile
  * as hi/lo int16 pairs relative to their max (the key path's quant_q16), and the token loop takes two tokens
@@ -759,29 +825,8 @@ static void v_phase_int16(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVM
     int D = k->head_dim, g = k->gqa, W = 16, NB = D / W, N = EMIT_LLVM_TILE, G = vf->group, ngr = D / G;
     int rb = kvq_code_bytes(D, vf->bits);
     LLVMValueRef n = a[A_N];
-    /* Weights: a tile of at most 32 slots (KIVI's key pages cut tiles at 32) quantises two blocks, not four. */
-    LLVMValueRef sw[8][16], swl[8][16], zsum[8][16], sw2[2][8][16], swl2[2][8][16], zsum2[2][8][16];
-    LLVMBasicBlockRef wb[2], wj = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_join");
-    wb[0] = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_half");
-    wb[1] = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_full");
-    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, n, ci32(e, N / 2), ""), wb[0], wb[1]);
-    for (int h = 0; h < 2; h++) {
-        LLVMPositionBuilderAtEnd(b, wb[h]);
-        v_weights(e, k, a, wh, wl, h ? N / W : N / W / 2, sw2[h], swl2[h], zsum2[h]);
-        wb[h] = LLVMGetInsertBlock(b);
-        LLVMBuildBr(b, wj);
-    }
-    LLVMPositionBuilderAtEnd(b, wj);
-    for (int j = 0; j < g; j++)
-        for (int q = 0; q < ngr; q++) {
-            LLVMValueRef *dst[3] = {&sw[j][q], &swl[j][q], &zsum[j][q]};
-            LLVMValueRef src[3][2] = {{sw2[0][j][q], sw2[1][j][q]}, {swl2[0][j][q], swl2[1][j][q]},
-                                      {zsum2[0][j][q], zsum2[1][j][q]}};
-            for (int x = 0; x < 3; x++) {
-                *dst[x] = LLVMBuildPhi(b, e->f32, "");
-                LLVMAddIncoming(*dst[x], src[x], wb, 2);
-            }
-        }
+    LLVMValueRef sw[8][16], swl[8][16], zsum[8][16];
+    v_weights_tile(e, k, a, wh, wl, 0, sw, swl, zsum);
 
     /* Token pairs, per group of m blocks of 16 channels (2 g m int32 accumulators); an odd last token pairs with
      * a zero row (its partner's weight is 0 anyway: p = 0 past n). */
@@ -890,6 +935,168 @@ static void v_phase_int16(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVM
     }
 }
 
+/* The V rows of an int8 P.V: those of the int16 one (v_int16) with 2- or 4-bit codes and head_dim a multiple of
+ * 64 up to 256, on a host with AVX-512 VBMI (the rows' byte permute is one vpermt2b per 16 channels). */
+static int v_int8(const E *e, const emit_llvm_kernel *k)
+{
+    int bits = k->v.fmt.bits, D = k->head_dim;
+    return v_int16(e, k) && e->int8 && e->vbmi && (bits == 2 || bits == 4) && D % 64 == 0 && D <= 256;
+}
+
+/* The V phase with int8 weights (2- and 4-bit codes): four tokens per vpdpbusd (64 MACs: u8 codes x s8 weight pieces, the four products
+ * of a dword lane summed), against the int16 path's two per vpdpwssd.
+ * - Codes: the rows t..t+3 (v8_rows: 128 bytes, two vectors, or the pass's bytes of each) are permuted (vpermt2b)
+ *   so that dword lane c of vector i holds, for each of the four tokens, the byte that holds channel 16 i + c's
+ *   code, and masked in place, not shifted: the byte is code << s_c, s_c = b c mod 8 its bit offset (layout.h),
+ *   a factor of 2^s_c constant per lane, divided out once per tile (exactly: every term of the lane's sums is a
+ *   multiple of it). A byte is at most 3 << 6 or 15 << 4 = 240.
+ * - Weights: w_t = p_t s_tq as three signed 7-bit pieces per tile, group and token (v_weights, quant_q8's split):
+ *   w_t = sw (2^14 hi + 2^7 mid + lo) within max|w| 2^-22 / 1.016; a piece's four tokens are one broadcast dword.
+ * - One accumulator per piece and vector: |sum| <= 64 tokens x 240 x 127 < 2^24, so the three sums convert to
+ *   fp32 exactly and combine there, once per tile: sum_t w_t code_tc = sw 2^-s_c (2^14 H + 2^7 M + L).
+ * Past the last whole group of four tokens the rows are a masked load (the page may end there); their weights are
+ * 0 (p = 0 past n). w8: scratch [ngr][3][64] bytes. */
+/* Four V rows from rowp (rb bytes apart) as one byte vector: whole rows (seg == rb) or the seg bytes at `off` of
+ * each; with `valid` (rows left, 1..3) the rows past it read nothing and are 0. */
+static LLVMValueRef v8_rows(E *e, LLVMValueRef rowp, int rb, int seg, int off, LLVMTypeRef rows_t, LLVMTypeRef seg_t,
+                            LLVMValueRef valid)
+{
+    LLVMBuilderRef b = e->b;
+    if (seg == rb) return valid ? masked_load(e, e->i8, 4 * rb, rowp, valid, rb) : load(e, rows_t, rowp, 1);
+    LLVMValueRef part[4];
+    for (int t = 0; t < 4; t++) {
+        LLVMValueRef p = gepc(e, rowp, (long)t * rb + off);
+        if (!valid) {
+            part[t] = load(e, seg_t, p, 1);
+        } else {
+            LLVMValueRef on = LLVMBuildICmp(b, LLVMIntSGT, valid, ci32(e, t), "");
+            part[t] = masked_load(e, e->i8, seg, p, LLVMBuildSelect(b, on, ci32(e, 1), ci32(e, 0), ""), seg);
+        }
+    }
+    LLVMValueRef idx[256];
+    for (int i = 0; i < 2 * seg; i++) idx[i] = ci32(e, i);
+    LLVMValueRef lo = LLVMBuildShuffleVector(b, part[0], part[1], LLVMConstVector(idx, (unsigned)(2 * seg)), "");
+    LLVMValueRef hi = LLVMBuildShuffleVector(b, part[2], part[3], LLVMConstVector(idx, (unsigned)(2 * seg)), "");
+    for (int i = 0; i < 4 * seg; i++) idx[i] = ci32(e, i);
+    return LLVMBuildShuffleVector(b, lo, hi, LLVMConstVector(idx, (unsigned)(4 * seg)), "");
+}
+
+static void v_phase_int8(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef alpha, LLVMValueRef w8)
+{
+    LLVMBuilderRef b = e->b;
+    const kvq_page_format *vf = &k->v.fmt;
+    int D = k->head_dim, W = 16, NB = D / W, N = EMIT_LLVM_TILE, G = vf->group, bits = vf->bits;
+    int rb = kvq_code_bytes(D, bits), m = 4; /* vectors a pass: 3 m accumulators, the rows and the weights */
+    LLVMValueRef n = a[A_N];
+    LLVMValueRef sw[8][16], swl[8][16], zsum[8][16];
+    v_weights_tile(e, k, a, w8, NULL, 1, sw, swl, zsum);
+    /* The bytes a pass permutes: the four whole rows when they fit two vectors (2-bit codes at head_dim <= 128),
+     * else per row the seg bytes of the pass's 64 channels, four loads (4-bit codes, head_dim 256) */
+    int whole = 4 * rb <= 128, seg = whole ? rb : 64 * bits / 8;
+    LLVMTypeRef rows_t = LLVMVectorType(e->i8, (unsigned)(4 * seg)), seg_t = LLVMVectorType(e->i8, (unsigned)seg);
+    LLVMValueRef perm[MAXB], mask[MAXB];
+    for (int i = 0; i < NB; i++) {
+        LLVMValueRef idx[64], mk[64];
+        for (int c = 0; c < 16; c++)
+            for (int t = 0; t < 4; t++) {
+                int ch = 16 * i + c, byte = ch * bits / 8 - (whole ? 0 : (i / m) * seg);
+                idx[4 * c + t] = ci32(e, (long)t * seg + byte);
+                mk[4 * c + t] = LLVMConstInt(e->i8, (unsigned long long)(((1 << bits) - 1) << (ch * bits % 8)), 0);
+            }
+        perm[i] = LLVMConstVector(idx, 64);
+        mask[i] = LLVMConstVector(mk, 64);
+    }
+    LLVMValueRef zero_i = ci32(e, 0), zero_v = LLVMConstNull(e->vi);
+    for (int b0 = 0; b0 < NB; b0 += m) {
+        int mm = b0 + m < NB ? m : NB - b0;
+        LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
+        LLVMBasicBlockRef loop = LLVMAppendBasicBlockInContext(e->c, e->fn, "v8loop");
+        LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(e->c, e->fn, "v8after");
+        LLVMBasicBlockRef tail = LLVMAppendBasicBlockInContext(e->c, e->fn, "v8tail");
+        LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(e->c, e->fn, "v8done");
+        /* One group: rows of tokens t..t+3 into the 3 mm accumulators. */
+#define V8_STEP(rows, t, in, out)                                                                                   \
+    do {                                                                                                           \
+        LLVMValueRef t64_ = LLVMBuildZExt(b, t, e->i64, "");                                                       \
+        for (int i = 0; i < mm; i++) {                                                                             \
+            LLVMValueRef cd = LLVMBuildShuffleVector(b, rows, LLVMGetPoison(rows_t), perm[b0 + i], "");            \
+            cd = LLVMBuildBitCast(b, LLVMBuildAnd(b, cd, mask[b0 + i], ""), e->vi, "");                            \
+            int q = (b0 + i) * W / G;                                                                              \
+            for (int pc = 0; pc < 3; pc++) {                                                                       \
+                LLVMValueRef wp = gep(e, w8, LLVMBuildAdd(b, t64_, ci64(e, ((long)q * 3 + pc) * N), ""));          \
+                out[pc * m + i] = dpbusd(e, in[pc * m + i], cd, splat(e, load(e, e->i32, wp, 1)));                 \
+            }                                                                                                      \
+        }                                                                                                          \
+    } while (0)
+        LLVMValueRef acc[3 * 4], nxt[3 * 4], acc2[3 * 4], fin[3 * 4];
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSGE, n, ci32(e, 4), ""), loop, after);
+        LLVMPositionBuilderAtEnd(b, loop);
+        LLVMValueRef t = LLVMBuildPhi(b, e->i32, "t");
+        for (int x = 0; x < 3 * mm; x++) acc[x / mm * m + x % mm] = LLVMBuildPhi(b, e->vi, "");
+        {
+            LLVMValueRef rowp = gep(e, a[A_V], LLVMBuildMul(b, LLVMBuildZExt(b, t, e->i64, ""), ci64(e, rb), ""));
+            LLVMValueRef rows = v8_rows(e, rowp, rb, seg, whole ? 0 : (b0 / m) * seg, rows_t, seg_t, NULL);
+            V8_STEP(rows, t, acc, nxt);
+        }
+        LLVMValueRef t4 = LLVMBuildAdd(b, t, ci32(e, 4), "");
+        LLVMBasicBlockRef loop_last = LLVMGetInsertBlock(b);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, t4, ci32(e, 4), ""), n, ""), loop, after);
+        LLVMAddIncoming(t, &zero_i, &pre, 1);
+        LLVMAddIncoming(t, &t4, &loop_last, 1);
+        for (int x = 0; x < 3 * mm; x++) {
+            int y = x / mm * m + x % mm;
+            LLVMAddIncoming(acc[y], &zero_v, &pre, 1);
+            LLVMAddIncoming(acc[y], &nxt[y], &loop_last, 1);
+        }
+        /* after: the tokens past the last whole group, if any */
+        LLVMPositionBuilderAtEnd(b, after);
+        LLVMValueRef t_end = LLVMBuildPhi(b, e->i32, "");
+        LLVMValueRef ins2[2] = {zero_i, t4};
+        LLVMBasicBlockRef fr2[2] = {pre, loop_last};
+        LLVMAddIncoming(t_end, ins2, fr2, 2);
+        for (int x = 0; x < 3 * mm; x++) {
+            int y = x / mm * m + x % mm;
+            acc2[y] = LLVMBuildPhi(b, e->vi, "");
+            LLVMValueRef v2[2] = {zero_v, nxt[y]};
+            LLVMAddIncoming(acc2[y], v2, fr2, 2);
+        }
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t_end, n, ""), tail, done);
+        LLVMPositionBuilderAtEnd(b, tail);
+        LLVMValueRef tacc[3 * 4];
+        {
+            LLVMValueRef rowp = gep(e, a[A_V], LLVMBuildMul(b, LLVMBuildZExt(b, t_end, e->i64, ""), ci64(e, rb), ""));
+            LLVMValueRef rows = v8_rows(e, rowp, rb, seg, whole ? 0 : (b0 / m) * seg, rows_t, seg_t,
+                                        LLVMBuildSub(b, n, t_end, ""));
+            V8_STEP(rows, t_end, acc2, tacc);
+        }
+#undef V8_STEP
+        LLVMBasicBlockRef tail_last = LLVMGetInsertBlock(b);
+        LLVMBuildBr(b, done);
+        LLVMPositionBuilderAtEnd(b, done);
+        for (int x = 0; x < 3 * mm; x++) {
+            int y = x / mm * m + x % mm;
+            fin[y] = LLVMBuildPhi(b, e->vi, "");
+            LLVMValueRef v2[2] = {acc2[y], tacc[y]};
+            LLVMBasicBlockRef f2[2] = {after, tail_last};
+            LLVMAddIncoming(fin[y], v2, f2, 2);
+        }
+        for (int i = 0; i < mm; i++) {
+            int c0 = (b0 + i) * W, q = c0 / G;
+            LLVMValueRef fac[16];
+            for (int c = 0; c < 16; c++) fac[c] = cf(e, 1.0 / (double)(1 << ((c0 + c) * bits % 8)));
+            LLVMValueRef h = LLVMBuildSIToFP(b, fin[i], e->vf, ""), mi = LLVMBuildSIToFP(b, fin[m + i], e->vf, "");
+            LLVMValueRef lo = LLVMBuildSIToFP(b, fin[2 * m + i], e->vf, "");
+            LLVMValueRef x = fma_sum(e, fma_sum(e, lo, mi, vfc(e, 128.0)), h, vfc(e, 16384.0));
+            LLVMValueRef sc = LLVMBuildFMul(b, splat(e, sw[0][q]), LLVMConstVector(fac, 16), "");
+            LLVMValueRef ap = gepc(e, a[A_ACC], (long)c0 * 4);
+            LLVMValueRef v = LLVMBuildFMul(b, load(e, e->vf, ap, 4), alpha, "");
+            v = fma_sum(e, v, x, sc);
+            v = fm(LLVMBuildFAdd(b, v, splat(e, zsum[0][q]), ""));
+            store(e, v, ap, 4);
+        }
+    }
+}
+
 static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
 {
     int D = k->head_dim, g = k->gqa, W = e->W, NB = D / W, N = EMIT_LLVM_TILE;
@@ -909,9 +1116,12 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     for (int i = 0; i < A_COUNT; i++) a[i] = field(e, args, i);
     LLVMValueRef n = a[A_N];
     /* The int16 P.V's weight scratch: static allocas at the entry. */
-    int vq = v_int16(e, k);
+    int vq = v_int16(e, k), v8 = v_int8(e, k);
     LLVMValueRef vq_wh = NULL, vq_wl = NULL;
-    if (vq) {
+    if (v8) {
+        vq_wh = LLVMBuildAlloca(b, LLVMArrayType(e->i8, (unsigned)(3 * (D / k->v.fmt.group) * EMIT_LLVM_TILE)), "w8");
+        LLVMSetAlignment(vq_wh, 64);
+    } else if (vq) {
         LLVMTypeRef at = LLVMArrayType(LLVMInt16TypeInContext(e->c),
                                        (unsigned)(g * (D / k->v.fmt.group) * EMIT_LLVM_TILE));
         vq_wh = LLVMBuildAlloca(b, at, "wh");
@@ -987,9 +1197,12 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMPositionBuilderAtEnd(b, kblk);
         LLVMValueRef t0 = LLVMBuildPhi(b, e->i32, "t0"), mxv = LLVMBuildPhi(b, e->vf, "");
         sum_tree th = {0}, tl = {0};
+        long krb = kvq_code_bytes(D, k->k.fmt.bits);
+        LLVMValueRef rbase = fold ? gep(e, a[A_K], LLVMBuildMul(b, LLVMBuildZExt(b, t0, e->i64, ""), ci64(e, krb), ""))
+                                  : NULL;
         for (int t = 0; t < TB; t++) {
             LLVMValueRef dv[MAXG], hv[MAXG], lv[MAXG];
-            k_token(e, &kp, LLVMBuildAdd(b, t0, ci32(e, t), ""), dv, hv, lv);
+            k_token(e, &kp, LLVMBuildAdd(b, t0, ci32(e, t), ""), fold ? gepc(e, rbase, t * krb) : NULL, dv, hv, lv);
             for (int j = 0; j < kp.g2; j++) {
                 LLVMValueRef zero = LLVMConstNull(kp.vn ? e->vi : e->vf);
                 tree_push(e, &th, j < g ? (kp.vn ? hv[j] : dv[j]) : zero);
@@ -1054,7 +1267,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         masked = LLVMBuildICmp(b, LLVMIntNE, m1, LLVMConstInt(e->i8, 0, 0), "");
     }
     LLVMValueRef dv[MAXG], hv[MAXG], lv[MAXG], sums[MAXG], lsums[MAXG];
-    k_token(e, &kp, t, dv, hv, lv);
+    k_token(e, &kp, t, NULL, dv, hv, lv);
     hsum_many(e, kp.vn ? hv : dv, g, sums);
     if (kp.vn && !kp.v8) hsum_many(e, lv, g, lsums);
     LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
@@ -1148,6 +1361,11 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         alpha_h[j] = alpha_v; /* acc's rescale happens where the V phase loads it */
     }
 
+    if (v8) {
+        v_phase_int8(e, k, a, alpha_h[0], vq_wh);
+        LLVMBuildRetVoid(b);
+        return;
+    }
     if (vq) {
         v_phase_int16(e, k, a, alpha_h, vq_wh, vq_wl);
         LLVMBuildRetVoid(b);
@@ -1274,6 +1492,7 @@ static void module_init(E *e, LLVMContextRef ctx, int width, int vnni)
     e->W = width;
     e->vnni = (vnni & EMIT_LLVM_IR_VNNI) != 0;
     e->int8 = e->vnni && (vnni & EMIT_LLVM_IR_INT8);
+    e->vbmi = e->int8 && (vnni & EMIT_LLVM_IR_VBMI);
     e->vf = LLVMVectorType(e->f32, (unsigned)width);
     e->vi = LLVMVectorType(e->i32, (unsigned)width);
     LLVMTypeRef fields[A_COUNT];

@@ -20,7 +20,7 @@
 #include "plan.h"
 
 /* The code generator's version: part of the JIT cache key (bump when the IR changes meaning). */
-#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-8"
+#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-9"
 
 /* Tokens per tile: a multiple of every vector width the emitter uses (4, 8, 16). */
 #define EMIT_LLVM_TILE 64

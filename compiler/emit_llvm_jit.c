@@ -43,6 +43,15 @@ kvq_status emit_llvm_probe(char *msg, size_t msg_size)
     return KVQ_OK;
 }
 
+/* `name` ("+avx512vbmi") is one of the comma-separated features, not a prefix of another ("+avx512vbmi2"). */
+static int has_feature(const char *features, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = features; p && (p = strstr(p, name)); p += n)
+        if ((p == features || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) return 1;
+    return 0;
+}
+
 /* Vector lanes for a feature string: 16 with AVX-512F, 8 with AVX2, else 4; `force` (4, 8, 16) wins. */
 static int width_for(const char *features, int force)
 {
@@ -51,13 +60,15 @@ static int width_for(const char *features, int force)
     return features && strstr(features, "+avx512f") ? 16 : features && strstr(features, "+avx2") ? 8 : 4;
 }
 
-/* The integer key paths (emit_llvm_ir_module's vnni): 16 lanes, AVX-512 VNNI and BW (vpdpwssd, vpdpbusd, 16-bit
- * shifts), not turned off by `force`: EMIT_LLVM_IR_VNNI, and EMIT_LLVM_IR_INT8 unless `force` says no int8. */
+/* The integer paths (emit_llvm_ir_module's vnni): 16 lanes, AVX-512 VNNI and BW (vpdpwssd, vpdpbusd, 16-bit
+ * shifts), not turned off by `force`: EMIT_LLVM_IR_VNNI, and EMIT_LLVM_IR_INT8 unless `force` says no int8, with
+ * EMIT_LLVM_IR_VBMI when the host has AVX-512 VBMI (vpermt2b). */
 static int vnni_for(const char *features, int width, int force)
 {
     int on = width == 16 && !(force & EMIT_LLVM_NO_VNNI) && features && strstr(features, "+avx512vnni") &&
              strstr(features, "+avx512bw");
-    return on ? EMIT_LLVM_IR_VNNI | (force & EMIT_LLVM_NO_INT8 ? 0 : EMIT_LLVM_IR_INT8) : 0;
+    int i8 = on && !(force & EMIT_LLVM_NO_INT8);
+    return !on ? 0 : EMIT_LLVM_IR_VNNI | (i8 ? EMIT_LLVM_IR_INT8 : 0) | (i8 && has_feature(features, "+avx512vbmi") ? EMIT_LLVM_IR_VBMI : 0);
 }
 
 int emit_llvm_host_width(int force)

@@ -22,6 +22,21 @@ extern "C" __global__ void __launch_bounds__(128) kvq_store_f16_list(const kvq_l
 }
 KVQ_KERNEL_EXPORT(kvq_store_f16_list);
 
+/* A planned step's tile patches (kvq_tile_patch): each sequence keeps its decode tiles on the device from step
+ * to step, and the plan sends only the tiles that changed (the sinks' and pools', the tail after the last page
+ * that can no longer change), copied here into place before the layer's decode launch. A tile is 6 words.
+ * grid (1, 1, n_items). */
+extern "C" __global__ void __launch_bounds__(128) kvq_tiles_patch(const kvq_list_params p)
+{
+    if ((int)blockIdx.z >= p.n_items) return;
+    const kvq_tile_patch tp = ((const kvq_tile_patch *)p.items)[blockIdx.z];
+    const kvq_u64 *src = (const kvq_u64 *)tp.src;
+    kvq_u64 *dst = (kvq_u64 *)tp.dst;
+    const int words = tp.n * (int)(sizeof(kvq_tile) / sizeof(kvq_u64));
+    for (int i = (int)threadIdx.x; i < words; i += (int)blockDim.x) dst[i] = src[i];
+}
+KVQ_KERNEL_EXPORT(kvq_tiles_patch);
+
 /* Strided fp32/fp16/bf16 rows to strided fp32/fp16/bf16 rows (kvq_convert_params): the device-tensor entry
  * points' q, k, v in, outputs and lse out. The conversions are the host's (exact widening, round to nearest even
  * narrowing), so the device path stores and attends to what the host-pointer path does, bit for bit. */

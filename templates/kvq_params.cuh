@@ -121,6 +121,16 @@ typedef struct {
     kvq_i32 reserved;
 } kvq_list_params;
 
+/* kvq_tiles_patch (kvq_common.cuh), a planned step's changes to the sequences' tile lists on the device
+ * (docs/cuda.md "Planned steps"): item blockIdx.z of kvq_list_params.items copies n tiles from src (the step
+ * tables the plan uploaded) to dst (a run of one sequence's device tile list of one layer); n = 0 does nothing.
+ * grid (1, 1, n_items), block 128. */
+typedef struct {
+    kvq_u64 dst, src;
+    kvq_i32 n;
+    kvq_i32 reserved;
+} kvq_tile_patch;
+
 /* kvq_convert_rows (kvq_common.cuh): the device-tensor entry points' inputs and outputs (kvq.h, docs/cuda.md
  * "Device tensors"): n x heads rows of `dim` elements, element d of row (t, h) at t * ts + h * hs + d elements
  * from src / dst; dtype 0 fp32, 1 fp16, 2 bf16 (kvq_dtype); each element times mul, then rounded to nearest
@@ -261,8 +271,9 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_dense_params, kk), (long long)sizeof(kvq_zip_norm_params),              \
         (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles), (long long)sizeof(kvq_convert_params),       \
         (long long)KVQ_RT_OFFSETOF(kvq_convert_params, mul), (long long)sizeof(kvq_list_params),                \
-        (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk)
-#define KVQ_PARAMS_SIG_N 26
+        (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk), (long long)sizeof(kvq_tile_patch),       \
+        (long long)KVQ_RT_OFFSETOF(kvq_tile_patch, n)
+#define KVQ_PARAMS_SIG_N 28
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -292,5 +303,7 @@ KVQ_OFFSET_ASSERT(kvq_convert_params, mul, 64);
 KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
 KVQ_PARAMS_CHECK(kvq_list_params, 16);
 KVQ_OFFSET_ASSERT(kvq_seq_tiles, tiles_per_chunk, 12);
+KVQ_PARAMS_CHECK(kvq_tile_patch, 24);
+KVQ_OFFSET_ASSERT(kvq_tile_patch, n, 16);
 
 #endif

@@ -416,6 +416,16 @@ typedef struct {
     kvq_i32 reserved;
 } kvq_list_params;
 
+/* kvq_tiles_patch (kvq_common.cuh), a planned step's changes to the sequences' tile lists on the device
+ * (docs/cuda.md "Planned steps"): item blockIdx.z of kvq_list_params.items copies n tiles from src (the step
+ * tables the plan uploaded) to dst (a run of one sequence's device tile list of one layer); n = 0 does nothing.
+ * grid (1, 1, n_items), block 128. */
+typedef struct {
+    kvq_u64 dst, src;
+    kvq_i32 n;
+    kvq_i32 reserved;
+} kvq_tile_patch;
+
 /* kvq_convert_rows (kvq_common.cuh): the device-tensor entry points' inputs and outputs (kvq.h, docs/cuda.md
  * "Device tensors"): n x heads rows of `dim` elements, element d of row (t, h) at t * ts + h * hs + d elements
  * from src / dst; dtype 0 fp32, 1 fp16, 2 bf16 (kvq_dtype); each element times mul, then rounded to nearest
@@ -556,8 +566,9 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_dense_params, kk), (long long)sizeof(kvq_zip_norm_params),              \
         (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles), (long long)sizeof(kvq_convert_params),       \
         (long long)KVQ_RT_OFFSETOF(kvq_convert_params, mul), (long long)sizeof(kvq_list_params),                \
-        (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk)
-#define KVQ_PARAMS_SIG_N 26
+        (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk), (long long)sizeof(kvq_tile_patch),       \
+        (long long)KVQ_RT_OFFSETOF(kvq_tile_patch, n)
+#define KVQ_PARAMS_SIG_N 28
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -587,6 +598,8 @@ KVQ_OFFSET_ASSERT(kvq_convert_params, mul, 64);
 KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
 KVQ_PARAMS_CHECK(kvq_list_params, 16);
 KVQ_OFFSET_ASSERT(kvq_seq_tiles, tiles_per_chunk, 12);
+KVQ_PARAMS_CHECK(kvq_tile_patch, 24);
+KVQ_OFFSET_ASSERT(kvq_tile_patch, n, 16);
 
 #endif
 /* ======== templates/kvq_layout.cuh ======== */
@@ -2091,6 +2104,21 @@ extern "C" __global__ void __launch_bounds__(128) kvq_store_f16_list(const kvq_l
     if (sp.n > 0) kvq_store_f16_body(&sp);
 }
 KVQ_KERNEL_EXPORT(kvq_store_f16_list);
+
+/* A planned step's tile patches (kvq_tile_patch): each sequence keeps its decode tiles on the device from step
+ * to step, and the plan sends only the tiles that changed (the sinks' and pools', the tail after the last page
+ * that can no longer change), copied here into place before the layer's decode launch. A tile is 6 words.
+ * grid (1, 1, n_items). */
+extern "C" __global__ void __launch_bounds__(128) kvq_tiles_patch(const kvq_list_params p)
+{
+    if ((int)blockIdx.z >= p.n_items) return;
+    const kvq_tile_patch tp = ((const kvq_tile_patch *)p.items)[blockIdx.z];
+    const kvq_u64 *src = (const kvq_u64 *)tp.src;
+    kvq_u64 *dst = (kvq_u64 *)tp.dst;
+    const int words = tp.n * (int)(sizeof(kvq_tile) / sizeof(kvq_u64));
+    for (int i = (int)threadIdx.x; i < words; i += (int)blockDim.x) dst[i] = src[i];
+}
+KVQ_KERNEL_EXPORT(kvq_tiles_patch);
 
 /* Strided fp32/fp16/bf16 rows to strided fp32/fp16/bf16 rows (kvq_convert_params): the device-tensor entry
  * points' q, k, v in, outputs and lse out. The conversions are the host's (exact widening, round to nearest even

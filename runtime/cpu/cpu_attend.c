@@ -156,16 +156,25 @@ void cpu_item_spans(cpu_item *it, int h)
     int ok = 1, len = L->length;
     hd->nk = hd->nv = hd->npool = 0;
     add_win(hd->ks, &hd->nk, &L->sink[0], h);
-    /* The page headers are separate allocations, thousands at long contexts: request a few ahead. */
-    for (int j = 0; j < L->pages[0].n; j++) {
-        if (j + 4 < L->pages[0].n) __builtin_prefetch(L->pages[0].v[j + 4], 0, 3);
-        ok &= add_page(hd->ks, &hd->nk, L->pages[0].v[j], h, it->cls, 0);
-    }
-    add_win(hd->ks, &hd->nk, &L->win[0], h);
-    add_win(hd->vs, &hd->nv, &L->sink[1], h);
-    for (int j = 0; j < L->pages[1].n; j++) {
-        if (j + 4 < L->pages[1].n) __builtin_prefetch(L->pages[1].v[j + 4], 0, 3);
-        ok &= add_page(hd->vs, &hd->nv, L->pages[1].v[j], h, it->cls, 1);
+    /* The page headers are separate allocations, thousands at long contexts, and so are their position arrays,
+     * whose first and last slots of this head add_page reads: the headers are requested 8 ahead, the positions
+     * (through the header requested before) 4 ahead. */
+    for (int w = 0; w < 2; w++) {
+        if (w) {
+            add_win(hd->ks, &hd->nk, &L->win[0], h);
+            add_win(hd->vs, &hd->nv, &L->sink[1], h);
+        }
+        ref_page *const *pv = L->pages[w].v;
+        int np = L->pages[w].n;
+        for (int j = 0; j < np; j++) {
+            if (j + 8 < np) __builtin_prefetch(pv[j + 8], 0, 3);
+            if (j + 4 < np && pv[j + 4]->count) {
+                const int *pp = pv[j + 4]->pos + (size_t)h * (size_t)pv[j + 4]->fmt.capacity;
+                __builtin_prefetch(pp, 0, 3);
+                __builtin_prefetch(pp + pv[j + 4]->count - 1, 0, 3);
+            }
+            ok &= add_page(w ? hd->vs : hd->ks, w ? &hd->nv : &hd->nk, pv[j], h, it->cls, w);
+        }
     }
     add_win(hd->vs, &hd->nv, &L->win[1], h);
     sort_by_first(hd->vs, hd->nv);
@@ -293,13 +302,17 @@ static void source_args(const cpu_span *s, int slot, int D, const uint8_t **x, c
         }                                                                                                       \
     } while (0)
 
-/* The bytes a tile of n slots reads from span s, given its source_args pointers; quantized pages only: fp16
- * rows are long contiguous runs that the hardware prefetcher follows (prefetching 2 x 64 rows of 2 x 256 bytes
- * ahead overflowed the L1 and cost fp16 ~25 %). */
+/* The bytes a tile of n slots reads from span s, given its source_args pointers; short quantized spans only.
+ * fp16 rows are long contiguous runs that the hardware prefetcher follows (prefetching 2 x 64 rows of 2 x 256
+ * bytes ahead overflowed the L1 and cost fp16 ~25 %), and so is a span of more than PF_SPAN_MAX slots (a
+ * prefill's one value page: per head one run of T rows): prefetching those too filled the fill buffers, the
+ * prefetch instructions themselves then took ~12 % of a KIVI-2 64k step in perf's samples, and dropping them
+ * made KIVI-2 and KIVI-4 at 64k ~8 % faster (docs/cpu.md "int8 P.V and where the time goes now"). */
+#define PF_SPAN_MAX 256
 #define PREFETCH_SOURCE(s, n, x, sc, z, f)                                                                   \
     do {                                                                                                        \
         size_t pf_nn = (size_t)(n);                                                                             \
-        if ((s)->pg) {                                                                                          \
+        if ((s)->pg && (s)->n <= PF_SPAN_MAX) {                                                                 \
             PREFETCH_BYTES(x, pf_nn * (s)->xb);                                                                 \
             PREFETCH_BYTES(sc, (s)->sb ? pf_nn * (s)->sb : (s)->sfix);                                          \
             PREFETCH_BYTES(z, (s)->zb ? pf_nn * (s)->zb : (s)->zfix);                                           \

@@ -17,7 +17,7 @@ int cpu_class_source(const cpu_class *c, int which, const kvq_page_format *f)
 }
 
 /* KVQ_CPU_VECTOR_WIDTH (4, 8 or 16) narrows the vectors, KVQ_CPU_VNNI=0 turns the integer paths off and
- * KVQ_CPU_INT8=0 the int8 keys only (2-bit keys then take the int16 path), so the other paths can be tested and
+ * KVQ_CPU_INT8=0 the int8 paths only (2-bit keys and values then take the int16 ones), so the other paths can be tested and
  * timed on a wide VNNI host. */
 static int forced_width(void)
 {

@@ -296,6 +296,7 @@ static void cu_seq_free(kvq_backend_ctx *c, kvq_backend_seq *s)
     cu_ctx_scope cs;
     cu_dev_enter(c->dev, &cs);
     for (int l = 0; l < s->n_layers; l++) layer_free(c, s->layers[l]);
+    cu_step_tiles_free(c, s);
     cu_dev_leave(c->dev, &cs);
     kvq_free(s->layers);
     kvq_free(s);
@@ -341,6 +342,7 @@ static kvq_status cu_prefill(kvq_backend_ctx *c, int layer, const kvq_be_prefill
     for (i = 0; i < n; i++) {
         layer_free(c, items[i].seq->layers[layer]);
         items[i].seq->layers[layer] = built[i];
+        cu_step_tiles_forget(items[i].seq, layer); /* a new layer: its planned tiles are sent whole */
     }
     kvq_free(built);
     return KVQ_OK;

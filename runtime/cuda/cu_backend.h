@@ -154,6 +154,7 @@ typedef struct {
     /* the plan in force */
     int planned, n;
     kvq_backend_seq **seqs; /* [max_batch] */
+    long tiles_built; /* tiles the last plan computed on the host (cu_step_tiles.c): O(tiles that change) */
     /* policy layers (cu_step_policy.c): their items per sequence and layer (TailorKV's retrieval and its two
      * gathers, OTT's competition and the mask addresses of its key pages), the retrieval's gather grid, and each
      * sequence's device scratch (the policy kernels' outputs and work, reused layer after layer) */
@@ -195,9 +196,37 @@ typedef struct {
     size_t zaux_bytes, zaux_used;
 } cu_rec;
 
+/* cu_step_tiles.c: a sequence's decode tiles on the device for planned steps (docs/cuda.md "Planned steps"). A
+ * layer's list is [sinks][OTT pools][body pages][window ring runs]; the body's tiles up to the last page that can
+ * still change (the append page) never change again, so the plan sends only the head (a few tiles, compared with
+ * the mirror) and the tail after `stable`, resumed from the merge's position there (cu_qlayer_body_tiles). */
+typedef struct {
+    int i, ko, j, vo; /* key run, offset in it; value run, offset in it (cu_qlayer.c stream_run) */
+} cu_tile_cursor;
+#define CU_STEP_PATCHES 2 /* patches per sequence and layer: the head's changed tiles, the tail's */
+typedef struct {
+    kvq_tile *mirror; /* what the device list holds (after the runs of the plans committed so far) */
+    int n, cap;
+    int head;           /* tiles of the sinks and pools, at [0, head) */
+    int stable;         /* tiles [head, stable) come from frozen pages only */
+    cu_tile_cursor at;  /* the body's merge position after tile stable - 1 */
+    int valid;          /* 0: the device list holds nothing known (new, moved, a failed run): sent whole */
+    /* the plan in progress, adopted by cu_step_tiles_commit */
+    int p_n, p_head, p_stable, p_valid;
+    cu_tile_cursor p_at;
+    int p_first[CU_STEP_PATCHES], p_count[CU_STEP_PATCHES];
+    const kvq_tile *p_src[CU_STEP_PATCHES]; /* in the plan's host tables */
+} cu_tl;
+typedef struct {
+    uint64_t addr; /* [n_layers][cap] kvq_tile, from the engine's pool */
+    int cap;
+    cu_tl *layer; /* [n_layers] */
+} cu_seq_tl;
+
 struct kvq_backend_seq {
     int n_layers;
     cu_layer **layers;
+    cu_seq_tl tl;
 };
 
 struct kvq_backend_ctx {
@@ -311,6 +340,12 @@ kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, const float *k, co
 kvq_status cu_qlayer_after_attend(kvq_backend_ctx *c, cu_qlayer *L, uint64_t q, const kvq_seq_tiles *st, char *msg,
                                   size_t n);
 void cu_qlayer_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt);
+/* cu_qlayer_tiles in two parts: the sinks' and pools' tiles, then the body's (pages, window runs) from the merge
+ * position `at` (tiles appended at *nt). frozen_nt, frozen_at (may be NULL): the tile count and position after
+ * the last tile before which every tile came from frozen runs (cu_tile_cursor), or at. */
+void cu_qlayer_head_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt);
+void cu_qlayer_body_tiles(kvq_backend_ctx *c, const cu_qlayer *L, cu_tile_cursor at, int *nt, int *frozen_nt,
+                          cu_tile_cursor *frozen_at);
 void cu_qlayer_free(kvq_backend_ctx *c, cu_qlayer *L);
 void cu_qlayer_account(const kvq_backend_ctx *c, cu_qlayer *L, kvq_mem_stats *o);
 kvq_status cu_qlayer_read(kvq_backend_ctx *c, const cu_qlayer *L, float *k, float *v, int capacity, char *msg,
@@ -376,7 +411,7 @@ kvq_status cu_step_record(kvq_backend_ctx *c, const char *kernel, unsigned gx, u
                           size_t size, char *msg, size_t ms);
 void cu_step_free(kvq_backend_ctx *c);
 
-/* cu_step_policy.c: the policy layers of planned steps (TailorKV's sparse layers, OTT's pools) */
+/* cu_step_policy.c: the policy layers of planned steps (TailorKV's sparse layers, OTT's pools, ZipCache) */
 /* The bounds of layer configuration lc's policy work per sequence and step, for sequences of up to T tokens. */
 void cu_step_policy_bounds(kvq_backend_ctx *c, const kvq_layer_cfg *lc, int cls, int T, cu_step *S);
 /* A recorded launch of a policy kernel: 1 when it is one (*st its outcome), 0 otherwise. */
@@ -396,6 +431,23 @@ uint64_t cu_step_zaux_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t m
 kvq_status cu_step_layer_save(cu_layer *L, cu_snap *s);
 void cu_step_layer_restore(kvq_backend_ctx *c, cu_layer *L, cu_snap *s);
 void cu_step_layer_commit(kvq_backend_ctx *c, cu_layer *L);
+
+/* cu_step_tiles.c: the sequences' device tile lists of planned steps */
+/* Bytes of one sequence's lists at the step capacity (every layer). */
+size_t cu_step_tiles_seq_bytes(const kvq_backend_ctx *c);
+/* Before a plan's layers: the sequence's array of tiles_cap tiles per layer, made at its first plan and made again
+ * (its lists then sent whole) after a reservation with more tiles per layer. On the plan's stream. */
+kvq_status cu_step_tiles_prepare(kvq_backend_ctx *c, kvq_backend_seq *s, char *msg, size_t ms);
+/* Layer l of sequence s (after the plan's cu_qlayer_append): its tiles of the step, as the changes to its device
+ * list: up to CU_STEP_PATCHES patches of kvq_tile_patch at `patch` (unused ones n = 0), their tiles at the host
+ * tables' *tiles_at (tb: the host tables, dev: their device address), advanced; *st gets the list's address and
+ * count. Adopted by cu_step_tiles_commit when the whole plan succeeds; otherwise nothing changed. */
+kvq_status cu_step_tiles_plan(kvq_backend_ctx *c, kvq_backend_seq *s, int l, unsigned char *tb, uint64_t dev,
+                              size_t *tiles_at, kvq_tile_patch *patch, kvq_seq_tiles *st, char *msg, size_t ms);
+void cu_step_tiles_commit(kvq_backend_seq *s, int l);
+/* The device list of layer l is no longer what the mirror says (a failed run, a new prefill): sent whole next. */
+void cu_step_tiles_forget(kvq_backend_seq *s, int l);
+void cu_step_tiles_free(kvq_backend_ctx *c, kvq_backend_seq *s);
 
 /* cu_calib.c: TailorKV Eq. 6-9 (calibration) with kvq_tk_dense */
 kvq_status cu_dense_preference(kvq_backend_ctx *c, const float *q, const float *k, int n, int n_q, double top,

@@ -5,7 +5,9 @@
  * - syncs: cu_dev_sync (cuStreamSynchronize), each synchronous copy (cu_dev_h2d / cu_dev_d2h: async + sync), and
  *   each async copy whose host side is pageable (the driver makes it synchronous);
  * - allocs / frees: cuMemAlloc / cuMemFree; host_allocs / host_frees: cuMemHostAlloc / cuMemFreeHost;
- * - h2d / d2h: copies of either kind, each way; memsets; launches; module loads.
+ * - h2d / d2h: copies of either kind, each way; memsets; launches; module loads;
+ * - h2d_bytes: the bytes of the h2d copies (a planned step's one upload: bounded by the batch and the layers, not
+ *   by the context, docs/cuda.md "Planned steps").
  *
  * Capture mode (cu_dev_capture(1)) models CUDA stream capture (cuStreamBeginCapture in the global mode) on the
  * emulated device: every call a capture refuses fails with KVQ_ERR_INTERNAL and a message naming the call and
@@ -26,6 +28,7 @@ typedef struct {
     long capture_refused;
     long replays, replayed_nodes; /* cu_dev_graph_replay calls, and the nodes they ran (not counted above) */
     long event_waits;             /* cuEventSynchronize: the host waits for the stream up to an event */
+    long h2d_bytes;               /* bytes of the h2d copies */
 } cu_dev_counters;
 
 void cu_dev_counters_get(cu_dev_counters *out);

@@ -62,6 +62,7 @@ static cu_dev_counters counters;
 static int capture_on;
 
 #define COUNT(field) __atomic_add_fetch(&counters.field, 1, __ATOMIC_RELAXED)
+#define COUNT_BYTES(field, n) __atomic_add_fetch(&counters.field, (long)(n), __ATOMIC_RELAXED)
 
 void cu_dev_counters_get(cu_dev_counters *out)
 {
@@ -242,6 +243,7 @@ kvq_status cu_dev_h2d_async(cu_dev *d, uint64_t dst, const void *src, size_t n, 
     if ((!pinned && refused(d, "cuMemcpyHtoDAsync from pageable host memory", msg, ms)) || injected(msg, ms))
         return KVQ_ERR_INTERNAL;
     COUNT(h2d);
+    COUNT_BYTES(h2d_bytes, n);
     if (!pinned) COUNT(syncs);
     kvq_status st = d->ops->h2d_async(d, dst, src, n, msg, ms);
     cu_node nd = {.kind = NODE_H2D, .dev = d, .daddr = dst, .host = (void *)(uintptr_t)src, .bytes = n};
@@ -270,6 +272,7 @@ kvq_status cu_dev_h2d(cu_dev *d, uint64_t dst, const void *src, size_t n, char *
     if (!n) return KVQ_OK;
     if (refused(d, "cuMemcpyHtoD (synchronous)", msg, ms) || injected(msg, ms)) return KVQ_ERR_INTERNAL;
     COUNT(h2d), COUNT(syncs);
+    COUNT_BYTES(h2d_bytes, n);
     kvq_status st = d->ops->h2d_async(d, dst, src, n, msg, ms);
     return st == KVQ_OK ? d->ops->sync(d, msg, ms) : st;
 }

@@ -425,57 +425,71 @@ typedef struct {
     int kind, cap, slot, n;
 } run;
 
-static int stream_runs(const kvq_backend_ctx *c, const cu_qlayer *L, int w, run *r)
+/* Run x of stream w (0 keys, 1 values): pages 0 .. n_pages - 1 (an empty page is a run of 0 tokens), then the
+ * window's ring runs (at most two); 0 past the end. *frozen: the run can never change again, a page other than
+ * the append page (pages are only ever appended; flushes write a page whole, and only the append page grows). */
+static int stream_run(const cu_qlayer *L, int w, int x, run *r, int *frozen)
 {
-    (void)c;
-    int n = 0;
-    for (int j = 0; j < L->n_pages[w]; j++) {
-        const cu_page *p = L->pages[w][j];
-        if (p->count > 0) r[n++] = (run){p->addr, p->kind, p->fmt.capacity, 0, p->count};
+    if (x < L->n_pages[w]) {
+        const cu_page *p = L->pages[w][x];
+        *r = (run){p->addr, p->kind, p->fmt.capacity, 0, p->count};
+        *frozen = p != L->append[w];
+        return 1;
     }
     const cu_win *win = &L->win[w];
-    for (int i = 0; i < win->count;) {
-        int s = (win->head + i) % win->cap, m = win->count - i;
-        if (m > win->cap - s) m = win->cap - s;
-        r[n++] = (run){win->addr, KVQ_SRC_F16, win->cap, s, m};
-        i += m;
-    }
-    return n;
+    int k = x - L->n_pages[w], first = win->count < win->cap - win->head ? win->count : win->cap - win->head;
+    *frozen = 0;
+    if (k == 0 && first > 0) *r = (run){win->addr, KVQ_SRC_F16, win->cap, win->head, first};
+    else if (k == 1 && win->count > first) *r = (run){win->addr, KVQ_SRC_F16, win->cap, 0, win->count - first};
+    else return 0;
+    return 1;
 }
 
-void cu_qlayer_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt)
+void cu_qlayer_head_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt)
 {
     int tile = c->plan->cls[L->cls].tile;
     cu_tiles_windows(c, nt, &L->sink[0], &L->sink[1], tile);
     if (L->has_pool) cu_ott_tiles(c, &L->ott, tile, nt);
-    run *kr = kvq_malloc((size_t)(L->n_pages[0] + 3) * sizeof *kr),
-        *vr = kvq_malloc((size_t)(L->n_pages[1] + 3) * sizeof *vr);
-    if (!kr || !vr) {
-        kvq_free(kr), kvq_free(vr);
-        *nt = -1;
-        return;
-    }
-    int nk = stream_runs(c, L, 0, kr), nv = stream_runs(c, L, 1, vr);
+}
+
+void cu_qlayer_body_tiles(kvq_backend_ctx *c, const cu_qlayer *L, cu_tile_cursor at, int *nt, int *frozen_nt,
+                          cu_tile_cursor *frozen_at)
+{
+    int tile = c->plan->cls[L->cls].tile, kf = 0, vf = 0, all_frozen = 1;
+    run kr, vr;
+    if (frozen_nt) *frozen_nt = *nt, *frozen_at = at;
+    int hk = stream_run(L, 0, at.i, &kr, &kf), hv = stream_run(L, 1, at.j, &vr, &vf);
     /* the keys' and the values' streams hold the same tokens in the same order: cut where either run ends */
-    for (int i = 0, j = 0, ko = 0, vo = 0; i < nk && j < nv && *nt >= 0;) {
-        if (ko == kr[i].n) {
-            i++, ko = 0;
+    while (hk && hv && *nt >= 0) {
+        if (at.ko == kr.n) {
+            at.i++, at.ko = 0;
+            hk = stream_run(L, 0, at.i, &kr, &kf);
             continue;
         }
-        if (vo == vr[j].n) {
-            j++, vo = 0;
+        if (at.vo == vr.n) {
+            at.j++, at.vo = 0;
+            hv = stream_run(L, 1, at.j, &vr, &vf);
             continue;
         }
-        int n = kr[i].n - ko < vr[j].n - vo ? kr[i].n - ko : vr[j].n - vo;
+        int n = kr.n - at.ko < vr.n - at.vo ? kr.n - at.ko : vr.n - at.vo;
         if (n > tile) n = tile;
         kvq_tile t;
         memset(&t, 0, sizeof t);
-        t.k = kr[i].base, t.v = vr[j].base, t.k_slot = kr[i].slot + ko, t.v_slot = vr[j].slot + vo;
-        t.k_cap = kr[i].cap, t.v_cap = vr[j].cap, t.n = n, t.kinds = kr[i].kind | vr[j].kind << 8;
+        t.k = kr.base, t.v = vr.base, t.k_slot = kr.slot + at.ko, t.v_slot = vr.slot + at.vo;
+        t.k_cap = kr.cap, t.v_cap = vr.cap, t.n = n, t.kinds = kr.kind | vr.kind << 8;
         cu_tiles_push(c, nt, t);
-        ko += n, vo += n;
+        at.ko += n, at.vo += n;
+        /* a tile of frozen pages only is the same at every later step, and so is every tile before it */
+        all_frozen &= kf && vf;
+        if (all_frozen && frozen_nt && *nt >= 0) *frozen_nt = *nt, *frozen_at = at;
     }
-    kvq_free(kr), kvq_free(vr);
+}
+
+void cu_qlayer_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt)
+{
+    cu_qlayer_head_tiles(c, L, nt);
+    cu_tile_cursor at = {0, 0, 0, 0};
+    if (*nt >= 0) cu_qlayer_body_tiles(c, L, at, nt, NULL, NULL);
 }
 
 /* ---- read_cache, accounting, free ---- */

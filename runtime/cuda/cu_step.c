@@ -5,12 +5,13 @@
  * The plan advances each layer's host bookkeeping by one token with the same code as a decode step
  * (cu_qlayer_append: window slots, flush decisions, pages from the engine's pool) while cu_launch records the
  * store and quantize launches it would make as items of the step's tables (cu_step_record) instead of launching
- * them; it then builds every layer's tiles and split-KV (cu_qlayer_tiles, cu_tiles_per_chunk, as decode_run does)
- * and uploads all the tables with one async copy from page-locked memory to the fixed device addresses
- * kvq_engine_reserve_step allocated. The run converts the caller's q, k, v into fixed buffers and launches the
- * list forms of the store and quantize kernels over the items (an unused item does nothing), the decode kernel
- * with a grid fixed by the capacity (each sequence's split read from the tables) and the merge: kernels, grids
- * and parameter bytes depend on the layer and the batch size only. Every output, cache and statistic equals the
+ * them; it then computes every layer's tiles (the changes to each sequence's tile list on the device,
+ * cu_step_tiles.c) and split-KV (cu_tiles_per_chunk, as decode_run does) and uploads all the tables with one async
+ * copy from page-locked memory to the fixed device addresses kvq_engine_reserve_step allocated. The run converts
+ * the caller's q, k, v into fixed buffers and launches the list forms of the store and quantize kernels over the
+ * items (an unused item does nothing), the tile patches, the decode kernel with a grid fixed by the capacity (each
+ * sequence's split read from the tables) and the merge: kernels, grids and parameter bytes depend on the layer and
+ * the batch size only. Every output, cache and statistic equals the
  * decode_run path's bit for bit: the same items, tiles and splits, in the same kernels' bodies. The policy layers'
  * items and launches (TailorKV's retrieval, OTT's competition, ZipCache's probe rows and compressions after the
  * decode kernel) are in cu_step_policy.c. */
@@ -22,12 +23,13 @@
 
 static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-/* The tables of a batch of n: per layer at layer offset l * `layer`, the sequences' tile counts and splits and the
- * store and quantize items (fixed sizes); after every layer's, from `tiles`, the tiles of every layer and sequence
- * packed as the plan writes them (each sequence's entry holds its tiles' address), so the step's one copy sends
- * the tiles there are, not the capacity's. */
+/* The tables of a batch of n: per layer at layer offset l * `layer`, the sequences' tile lists (their device
+ * address, count and split), the store and quantize items and the tile patches (fixed sizes); after every
+ * layer's, from `tiles`, the patches' tiles packed as the plan writes them, so the step's one copy sends the tiles
+ * that changed (a few per sequence and layer), not the lists (cu_step_tiles.c). */
 typedef struct {
-    size_t seqs, st1, st2, q[CU_STEP_STORES], tk, tkst, ott, ottm, zn, zr, zc, zg, zpos, qp[CU_STEP_STORES], layer, tiles;
+    size_t seqs, st1, st2, q[CU_STEP_STORES], tk, tkst, ott, ottm, zn, zr, zc, zg, zpos, qp[CU_STEP_STORES], patch;
+    size_t layer, tiles;
 } tbl_off;
 
 static void tbl_layout(const cu_step *S, int n, int layers, tbl_off *o)
@@ -49,10 +51,11 @@ static void tbl_layout(const cu_step *S, int n, int layers, tbl_off *o)
     o->zpos = at, at += al16((size_t)n * S->zpos_cap * sizeof(int));
     for (int s = 0; s < CU_STEP_STORES; s++)
         o->qp[s] = at, at += al16((size_t)n * S->qp_cap[s] * sizeof(kvq_quant_params));
+    o->patch = at, at += al16((size_t)n * CU_STEP_PATCHES * sizeof(kvq_tile_patch));
     o->layer = at;
     o->tiles = at * (size_t)layers;
 }
-/* Bytes of the tables at batch n with every sequence at its tile capacity. */
+/* Bytes of the tables at batch n with every sequence's lists sent whole (its first plan). */
 static size_t tbl_bytes_max(const cu_step *S, int n, int layers)
 {
     tbl_off o;
@@ -156,12 +159,16 @@ kvq_status cu_step_reserve(kvq_backend_ctx *c, int max_batch, int max_tokens, ch
             if (b > part) part = b;
         }
     S.tables_bytes = tbl_bytes_max(&S, max_batch, c->e.dims.layers);
+    /* the sequences' device tile lists (cu_step_tiles.c) come from the pool when they first enter a plan: room
+     * for a full batch now, so no plan allocates a slab */
+    size_t arrays = (size_t)max_batch * (size_t)c->e.dims.layers * (size_t)S.tiles_cap * sizeof(kvq_tile);
     size_t qb = al16((size_t)max_batch * Hq * D * sizeof(float)), lb = al16((size_t)max_batch * Hq * sizeof(float));
     size_t kb = al16((size_t)max_batch * 2 * H * D * 2);
     S.zaux_seq = al16(S.zaux_seq);
     S.mem_bytes = 2 * qb + lb + kb + al16(part) + S.tables_bytes + (size_t)max_batch * (S.pol_seq + S.zaux_seq);
     S.seqs = kvq_calloc((size_t)max_batch, sizeof *S.seqs);
     kvq_status st = S.seqs ? cu_dev_alloc(c->dev, S.mem_bytes, &S.mem, msg, ms) : KVQ_ERR_NOMEM;
+    if (st == KVQ_OK) st = cu_pool_reserve(c, arrays, msg, ms);
     for (int i = 0; i < 2 && st == KVQ_OK; i++) {
         uint64_t unused;
         void *h = NULL;
@@ -319,32 +326,16 @@ static kvq_status plan_layer(kvq_backend_ctx *c, int l, kvq_backend_seq *const *
             snprintf(msg, ms, "%s", tmp);
             break;
         }
-        int nt = 0;
-        if (L->sparse)
-            cu_slayer_tiles(c, &L->s, &nt);
-        else
-            cu_qlayer_tiles(c, &L->q, &nt);
-        if (nt < 0) {
-            snprintf(msg, ms, "out of memory");
-            st = KVQ_ERR_NOMEM;
+        /* the tiles that changed go into the tables as patches of the sequence's device list */
+        kvq_tile_patch *pt = (kvq_tile_patch *)(hb + o->patch) + (size_t)i * CU_STEP_PATCHES;
+        st = cu_step_tiles_plan(c, seqs[i], l, tb, S->tables, tiles_at, pt, &sq[i], msg, ms);
+        if (st != KVQ_OK) {
+            char tmp[512];
+            snprintf(tmp, sizeof tmp, "sequence %d layer %d: %s", i, l, msg);
+            snprintf(msg, ms, "%s", tmp);
             break;
         }
-        if (nt > S->tiles_cap) {
-            snprintf(msg, ms, "sequence %d layer %d: %d decode tiles, beyond the %d the step capacity allows", i, l, nt,
-                     S->tiles_cap);
-            st = KVQ_ERR_SHAPE;
-            break;
-        }
-        for (int j = 0; j < nt && st == KVQ_OK; j++)
-            if (c->htiles[j].n > c->plan->cls[cls].tile) {
-                snprintf(msg, ms, "cuda: internal error: a decode tile of %d tokens, the plan's tile is %d",
-                         c->htiles[j].n, c->plan->cls[cls].tile);
-                st = KVQ_ERR_INTERNAL;
-            }
-        memcpy(tb + *tiles_at, c->htiles, (size_t)nt * sizeof(kvq_tile));
-        sq[i].tiles = S->tables + *tiles_at;
-        sq[i].n_tiles = nt;
-        *tiles_at += (size_t)nt * sizeof(kvq_tile);
+        int nt = sq[i].n_tiles;
         if (nt > max_tiles) max_tiles = nt;
         /* ZipCache: what runs after the attention (a probe row over the step's tiles, a compression), recorded
          * for the run's second part */
@@ -386,6 +377,7 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
      * for that step's outputs) */
     int k = S->slot ^ 1;
     unsigned char *tb = S->host[k];
+    S->tiles_built = 0;
     if (S->pending[k]) {
         st = cu_dev_event_wait(c->dev, S->copied[k], msg, ms);
         if (st != KVQ_OK) return st;
@@ -401,6 +393,12 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
     for (int l = 0; l < layers && st == KVQ_OK; l++)
         for (int i = 0; i < n && st == KVQ_OK; i++)
             if ((st = cu_step_layer_save(seqs[i]->layers[l], &snap[(size_t)l * n + i])) == KVQ_OK) saved++;
+    if (st == KVQ_OK) { /* the sequences' device tile lists (a block put back is zeroed on the plan's stream) */
+        void *prev = cu_dev_stream(c->dev);
+        if (stream) cu_dev_set_stream(c->dev, stream);
+        for (int i = 0; i < n && st == KVQ_OK; i++) st = cu_step_tiles_prepare(c, seqs[i], msg, ms);
+        cu_dev_set_stream(c->dev, prev);
+    }
     for (int l = 0; l < layers && st == KVQ_OK; l++) st = plan_layer(c, l, seqs, n, tb, &o, &tiles_at, msg, ms);
     if (st == KVQ_OK) {
         void *prev = cu_dev_stream(c->dev);
@@ -416,7 +414,7 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
     }
     if (st == KVQ_OK) {
         for (int l = 0; l < layers; l++)
-            for (int i = 0; i < n; i++) cu_step_layer_commit(c, seqs[i]->layers[l]);
+            for (int i = 0; i < n; i++) cu_step_layer_commit(c, seqs[i]->layers[l]), cu_step_tiles_commit(seqs[i], l);
         S->slot ^= 1;
         S->planned = 1, S->n = n;
         memcpy(S->seqs, seqs, (size_t)n * sizeof *seqs);
@@ -477,6 +475,8 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
         snprintf(name, sizeof name, "kvq_quant_list_%s_c%d", store_names[s], cls);
         if (st == KVQ_OK) st = launch_list(c, name, gx, gy, base + o.q[s], n * S->q_cap[s], msg, ms);
     }
+    /* the tiles that changed into the sequences' device lists, which the decode kernel then reads */
+    if (st == KVQ_OK) st = launch_list(c, "kvq_tiles_patch", 1, 1, base + o.patch, n * CU_STEP_PATCHES, msg, ms);
     /* the decode kernel over the planned tiles, its chunks fixed by the capacity, and the merge */
     int nch = step_chunks(c, cls, n);
     /* tpc 1: each sequence's split is in the tables */
@@ -507,5 +507,8 @@ kvq_status cu_step_run(kvq_backend_ctx *c, int layer, kvq_backend_seq *const *se
     if (d->stream) cu_dev_set_stream(c->dev, d->stream);
     kvq_status st = run_layer(c, layer, n, d, msg, ms);
     cu_dev_set_stream(c->dev, prev);
+    /* the layer's patches may not have reached the device lists: the next plan sends them whole */
+    if (st != KVQ_OK)
+        for (int i = 0; i < n; i++) cu_step_tiles_forget(seqs[i], layer);
     return st;
 }

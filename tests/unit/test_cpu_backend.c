@@ -380,7 +380,7 @@ static void test_adversarial(void)
 {
     static const char *files[] = {"specs/kivi2.kvq", "specs/kivi4.kvq", "specs/compare/kivi2-g128.kvq"};
     static const shape sh[] = {{97, 2, 1, 128, 1, 45}, {201, 1, 1, 128, 2, 37}, {1000, 1, 1, 128, 1, 12}};
-    static const char *paths[] = {"host path (int8 2-bit keys, int16 with VNNI)",
+    static const char *paths[] = {"host path (int8 2-bit keys and values, int16 with VNNI)",
                                   "int16 keys (KVQ_CPU_INT8=0)", "fp32 path (KVQ_CPU_VNNI=0)"};
     for (int path = 0; path < 3; path++) {
         if (unavailable[0]) {
@@ -519,23 +519,40 @@ static void test_ir(void)
         k1.gqa = 1;
         char *c1 = emit_llvm_ir_text(&k1, 16);
         TH_CHECK(!strstr(c, "vpdpwssd"), "a GQA-4 kernel emits vpdpwssd");
-        TH_CHECK(c1 && (!vnni || strstr(c1, "llvm.x86.avx512.vpdpwssd.512")),
-                 "a VNNI host's 16-lane GQA-1 kernel has no vpdpwssd");
-        /* The int8 keys: 2-bit per-channel keys at GQA 1 on a VNNI host (vpdpbusd), not with EMIT_LLVM_NO_INT8
-         * (the int16 keys then), not at GQA 4, not for 4-bit keys. */
+        /* The int8 paths: 2-bit per-channel keys at GQA 1 on a VNNI host, and 2- or 4-bit per-token values there
+         * with VBMI too (vpdpbusd); with EMIT_LLVM_NO_INT8 the int16 paths (vpdpwssd); never at GQA 4, nor for
+         * 4-bit keys or 3-bit values. */
+        int vbmi = vnni && __builtin_cpu_supports("avx512vbmi");
         char *c8 = emit_llvm_ir_text(&k1, 16 | EMIT_LLVM_NO_INT8);
-        emit_llvm_kernel k4 = k1;
+        emit_llvm_kernel k4 = k1, k44 = k1;
         kvq_tensor_cfg kc4 = {4, KVQ_GRAN_CHANNEL, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+        kvq_tensor_cfg vc4 = {4, KVQ_GRAN_TOKEN, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
         kvq_page_format_init(&k4.k.fmt, &kc4, 4, 0, 8, 128, 32);
-        char *c4 = emit_llvm_ir_text(&k4, 16);
+        kvq_page_format_init(&k44.k.fmt, &kc4, 4, 0, 8, 128, 32);
+        kvq_page_format_init(&k44.v.fmt, &vc4, 4, 0, 8, 128, 64);
+        char *c4 = emit_llvm_ir_text(&k4, 16), *c44 = emit_llvm_ir_text(&k44, 16);
         TH_CHECK(c1 && (!vnni || strstr(c1, "llvm.x86.avx512.vpdpbusd.512")),
                  "a VNNI host's 16-lane GQA-1 2-bit kernel has no vpdpbusd");
+        TH_CHECK(c1 && (!vnni || vbmi || strstr(c1, "llvm.x86.avx512.vpdpwssd.512")),
+                 "a VNNI host without VBMI: the 2-bit values' P.V is not int16");
+        TH_CHECK(c1 && (!vbmi || !strstr(c1, "vpdpwssd")), "a VBMI host's 2-bit kernel keeps an int16 path");
         TH_CHECK(c8 && !strstr(c8, "vpdpbusd") && (!vnni || strstr(c8, "vpdpwssd")),
-                 "EMIT_LLVM_NO_INT8: vpdpbusd, or no int16 keys");
+                 "EMIT_LLVM_NO_INT8: vpdpbusd, or no int16 paths");
         TH_CHECK(!strstr(c, "vpdpbusd") && !strstr(a, "vpdpbusd") && d && !strstr(d, "vpdpbusd"),
                  "vpdpbusd at GQA 4, at 8 lanes or without VNNI");
-        TH_CHECK(c4 && !strstr(c4, "vpdpbusd"), "a 4-bit key kernel emits vpdpbusd");
-        free(c1), free(c8), free(c4);
+        /* 4-bit keys, 2- or 4-bit values: int16 keys, the values' P.V int8 on a VBMI host */
+        TH_CHECK(c4 && (!vnni || strstr(c4, "vpdpwssd")) && (vbmi ? strstr(c4, "vpdpbusd") != NULL : !strstr(c4, "vpdpbusd")),
+                 "4-bit keys with 2-bit values: not int16 keys with an int8 P.V (VBMI)");
+        TH_CHECK(c44 && (!vnni || strstr(c44, "vpdpwssd")) && (vbmi ? strstr(c44, "vpdpbusd") != NULL : !strstr(c44, "vpdpbusd")),
+                 "4-bit keys and values: not int16 keys with an int8 P.V (VBMI)");
+        /* 3-bit values (two planes) keep the int16 P.V */
+        emit_llvm_kernel k3 = k44;
+        kvq_tensor_cfg vc3 = {3, KVQ_GRAN_TOKEN, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+        kvq_page_format_init(&k3.v.fmt, &vc3, 3, 0, 8, 128, 64);
+        char *c3 = emit_llvm_ir_text(&k3, 16);
+        TH_CHECK(c3 && !strstr(c3, "vpdpbusd"), "3-bit values take an int8 P.V");
+        free(c3);
+        free(c1), free(c8), free(c4), free(c44);
         free(d);
     }
     free(a), free(b), free(c);

@@ -16,7 +16,12 @@
  * zip_fast, every 6 behind a residual of 2: 7 compressions, each classing its batch from the cycle's probe rows).
  * ZipCache without a window is refused by the plan with a message that names it. Also: a batch or a length beyond the reserved capacity is refused and changes nothing, and a plan
  * failed at every allocation and at its device copy in turn leaves every layer of every sequence as it was
- * (KIVI-2, and OTT, TailorKV and ZipCache across a competition, retrievals, probe rows and a compression). */
+ * (KIVI-2, and OTT, TailorKV and ZipCache across a competition, retrievals, probe rows and a compression).
+ * The planned tiles live on the device (cu_step_tiles.c): after every step each sequence's device list of each
+ * layer equals what cu_qlayer_tiles builds from the layer, and its host mirror (failed plans included); a plan's
+ * H2D bytes are the fixed tables plus at most PATCH_TILES tiles per sequence and layer at any context; and a long
+ * case (test_join_leave) has sequences leave and join, host-path steps and a new reservation between planned
+ * steps. */
 #include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
@@ -291,6 +296,89 @@ static int prompt_len(const kvq_scheme *s, int i)
     return i == 0 ? 100 : 24 + (i * 37 + 11) % 140; /* 100 crosses R = 128 during the steps */
 }
 
+/* ---- the sequences' device tile lists (cu_step_tiles.c) ---- */
+
+#define PATCH_TILES 16 /* tiles a plan may send per sequence and layer, whatever the context */
+
+/* Tiles of every layer's list of the batch, as the host mirrors hold them. */
+static long list_tiles(kvq_seq **s, int B)
+{
+    long n = 0;
+    for (int i = 0; i < B; i++)
+        for (int l = 0; s[i]->bseq->tl.layer && l < LAYERS; l++) n += s[i]->bseq->tl.layer[l].n;
+    return n;
+}
+
+/* After a step's runs: each sequence's device list of each layer holds exactly the tiles cu_qlayer_tiles (or
+ * cu_slayer_tiles) builds from the layer now (what the host-pointer path uploads), and its host mirror says the same. Returns the lists
+ * that differ. */
+static int lists_differ(kvq_engine *e, kvq_seq **s, int B)
+{
+    kvq_backend_ctx *c = e->ctx;
+    int bad = 0;
+    for (int i = 0; i < B; i++)
+        for (int l = 0; l < LAYERS; l++) {
+            const cu_seq_tl *t = &s[i]->bseq->tl;
+            const cu_layer *L = s[i]->bseq->layers[l];
+            if (!t->layer || !t->layer[l].valid) {
+                bad++;
+                continue;
+            }
+            const cu_tl *T = &t->layer[l];
+            /* a ZipCache layer that compressed in this step (its window back to its residual) attended before the
+             * compression, as decode_run does: its list is the one the step read, so only device and mirror agree */
+            int compressed = !L->sparse && L->q.saliency && L->q.win[0].count == L->q.rule[0].keep;
+            int nt = 0;
+            if (compressed)
+                nt = T->n;
+            else if (L->sparse)
+                cu_slayer_tiles(c, &L->s, &nt);
+            else
+                cu_qlayer_tiles(c, &L->q, &nt);
+            size_t bytes = (size_t)(nt > 0 ? nt : 1) * sizeof(kvq_tile);
+            kvq_tile *dv = kvq_malloc(bytes);
+            uint64_t at = t->addr + (uint64_t)l * t->cap * sizeof(kvq_tile);
+            size_t nb = (size_t)(nt > 0 ? nt : 0) * sizeof *dv;
+            const kvq_tile *want = compressed ? T->mirror : c->htiles;
+            bad += !(nt >= 0 && dv && T->n == nt && dev_copy(e, dv, (void *)(uintptr_t)at, nb, 0) &&
+                     !memcmp(dv, want, nb) && !memcmp(T->mirror, want, nb));
+            kvq_free(dv);
+        }
+    return bad;
+}
+
+/* Each plan's upload of run_case: h2d bytes of the plan, and at step 0 the lists' tiles (all sent whole). */
+static long plan_bytes[STEPS], plan_tiles0;
+
+static void note_plan(int st, kvq_seq **s, int B, const cu_dev_counters *before)
+{
+    cu_dev_counters now;
+    cu_dev_counters_get(&now);
+    plan_bytes[st] = now.h2d_bytes - before->h2d_bytes;
+    if (st == 0) plan_tiles0 = list_tiles(s, B);
+}
+
+/* A plan's one upload is the fixed tables (step 0's bytes less its lists, which a sequence's first plan sends
+ * whole) and the tiles that changed: at most PATCH_TILES per sequence and layer at every step, whatever the
+ * context, so the bytes at the last step are those at step 10 within that bound. Returns the largest tile part. */
+static long check_plan_bytes(int B, int n_steps, long lists_now)
+{
+    long fixed = plan_bytes[0] - plan_tiles0 * (long)sizeof(kvq_tile), worst = 0,
+         bound = (long)B * LAYERS * PATCH_TILES * (long)sizeof(kvq_tile);
+    for (int st = 1; st < n_steps && !th_failed(); st++) {
+        long p = plan_bytes[st] - fixed;
+        TH_CHECK(p >= 0 && p % (long)sizeof(kvq_tile) == 0 && p <= bound,
+                 "step %d: the plan sent %ld bytes of tiles (bound %ld)", st, p, bound);
+        if (p > worst) worst = p;
+    }
+    TH_CHECK(n_steps <= 10 || labs(plan_bytes[n_steps - 1] - plan_bytes[10]) <= bound,
+             "the upload grew from %ld bytes at step 10 to %ld at step %d", plan_bytes[10], plan_bytes[n_steps - 1],
+             n_steps - 1);
+    printf("  plan upload: %ld bytes of tables + at most %ld of tiles a step (%ld tiles, %ld bytes, in the lists)\n",
+           fixed, worst, lists_now, lists_now * (long)sizeof(kvq_tile));
+    return worst;
+}
+
 /* Engine A (host pointers) against engine B (plan + graph replay) for one spec and batch. */
 static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn, int B)
 {
@@ -329,7 +417,7 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
     float *hout = kvq_malloc((size_t)B * HQ * D * 4), *bout = kvq_malloc((size_t)B * HQ * D * 4);
     uint16_t *hin = kvq_malloc((size_t)B * ROW * D * 2);
     kvq_decode_item *di = kvq_calloc((size_t)B, sizeof *di);
-    long mismatches = 0, flushes = 0, pool_changes = 0;
+    long mismatches = 0, flushes = 0, pool_changes = 0, lists_bad = 0;
     cu_dev_counters worst;
     memset(&worst, 0, sizeof worst);
     int refused = 0;
@@ -345,6 +433,7 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
         cu_dev_counters c0, c1, x;
         cu_dev_counters_get(&c0);
         kvq_status ps = kvq_decode_plan(eb, sb, B, NULL);
+        if (ps == KVQ_OK) note_plan(st, sb, B, &c0);
         if (ps == KVQ_ERR_UNSUPPORTED) {
             const char *m = kvq_engine_errmsg(eb);
             TH_CHECK(st == 0 && strstr(m, "ZipCache") && strstr(m, "without a window") &&
@@ -395,8 +484,11 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
         kvq_mem_stats ms1;
         if (kvq_engine_stats(eb, &ms1) == KVQ_OK && ms1.tokens[KVQ_SEG_RESIDUAL] < resid0) flushes++;
         if (ms1.tokens[KVQ_SEG_OUTLIER] + ms1.tokens[KVQ_SEG_SPILL] != body0) pool_changes++;
+        if (!th_failed()) lists_bad += lists_differ(eb, sb, B);
     }
     if (!refused) {
+        TH_CHECK(lists_bad == 0, "%ld device tile lists differ from the layers' tiles", lists_bad);
+        check_plan_bytes(B, STEPS, list_tiles(sb, B));
         TH_CHECK(mismatches == 0, "%ld output elements differ from the host path's", mismatches);
         /* a spec with a residual window flushed it on the way (KIVI at R = 32 or 128) */
         const kvq_layer_cfg *lc = kvq_scheme_layer(s, 0);
@@ -486,7 +578,7 @@ static void test_failures(const kvq_scheme *s, const kvq_synth *syn, const int *
     float *hout = kvq_malloc((size_t)B * HQ * D * 4), *bout = kvq_malloc((size_t)B * HQ * D * 4);
     uint16_t *hin = kvq_malloc((size_t)B * ROW * D * 2);
     kvq_decode_item di[B];
-    long failures = 0, mismatches = 0;
+    long failures = 0, mismatches = 0, lists_bad = 0;
     for (int st = 0; st <= NSTEPS && !th_failed(); st++) {
         seq_state before[B];
         for (int i = 0; i < B; i++) TH_CHECK(state_get(eb, sb[i], cap, &before[i]), "read_cache");
@@ -541,8 +633,11 @@ static void test_failures(const kvq_scheme *s, const kvq_synth *syn, const int *
             TH_CHECK(dev_copy(eb, bout, dout, (size_t)B * HQ * D * 4, 0), "outputs");
             for (size_t j = 0; j < (size_t)B * HQ * D; j++) mismatches += memcmp(&hout[j], &bout[j], 4) != 0;
         }
+        /* the failed plans left each device tile list and its mirror as the last committed plan made them */
+        if (!th_failed()) lists_bad += lists_differ(eb, sb, B);
     }
     TH_CHECK(failures > NSTEPS, "only %ld failures injected", failures);
+    TH_CHECK(lists_bad == 0, "%ld device tile lists differ from the layers' tiles after failed plans", lists_bad);
     TH_CHECK(mismatches == 0, "%ld output elements differ from the host path's", mismatches);
     for (int l = 0; l < LAYERS && !th_failed(); l++)
         for (int i = 0; i < B; i++) {
@@ -564,6 +659,179 @@ static void test_failures(const kvq_scheme *s, const kvq_synth *syn, const int *
     kvq_engine_free(r);
     kvq_free(hout), kvq_free(bout), kvq_free(hin);
     if (eb) dev_free(eb, din), dev_free(eb, dout);
+    kvq_engine_free(ea);
+    kvq_engine_free(eb);
+    th_end();
+}
+
+/* ---- sequences leaving and joining, long contexts (the device tile lists) ---- */
+
+/* One step of the batch on both engines: A through kvq_decode; B planned (mode 0: run eagerly, 1: captured, 2:
+ * graph replayed) or, mode 3, through kvq_decode too (the host path between planned steps). Token tok[i] of the
+ * synthetic stream is sequence i's. Returns the output elements that differ; *bytes: the plan's upload. */
+static long both_step(kvq_engine *ea, kvq_engine *eb, kvq_seq **sa, kvq_seq **sb, int B, const int *tok, int mode,
+                      const kvq_synth *syn, uint16_t **din, float **dout, long *bytes)
+{
+    char err[512];
+    long bad = 0;
+    float *hout = kvq_malloc((size_t)B * HQ * D * 4), *bout = kvq_malloc((size_t)B * HQ * D * 4);
+    uint16_t *hin = kvq_malloc((size_t)B * ROW * D * 2);
+    kvq_decode_item *di = kvq_calloc((size_t)B, sizeof *di);
+    kvq_dev_decode dd[LAYERS];
+    for (int l = 0; l < LAYERS && mode < 3 && !th_failed(); l++) {
+        for (int i = 0; i < B; i++) fill_row(hin + (size_t)i * ROW * D, syn, l, tok[i]);
+        TH_CHECK(dev_copy(eb, din[l], hin, (size_t)B * ROW * D * 2, 1), "inputs");
+        dd[l] = (kvq_dev_decode){sb, B, view(din[l], 0), view(din[l], HQ), view(din[l], HQ + H),
+                                 {dout[l], KVQ_F32, (long long)HQ * D, D}, NULL, NULL};
+    }
+    *bytes = 0;
+    if (mode < 3 && !th_failed()) {
+        cu_dev_counters c0, c1;
+        cu_dev_counters_get(&c0);
+        TH_CHECK(kvq_decode_plan(eb, sb, B, NULL) == KVQ_OK, "plan: %s", kvq_engine_errmsg(eb));
+        cu_dev_counters_get(&c1);
+        *bytes = c1.h2d_bytes - c0.h2d_bytes;
+        if (mode <= 1 && !th_failed()) {
+            TH_CHECK(mode == 0 || graph_begin(eb), "begin capture");
+            for (int l = 0; l < LAYERS && !th_failed(); l++)
+                TH_CHECK(kvq_decode_run(eb, l, &dd[l]) == KVQ_OK, "layer %d: %s", l, kvq_engine_errmsg(eb));
+            TH_CHECK(mode == 0 || graph_end(eb), "end capture");
+        }
+        if (!th_failed() && (mode == 2 || (mode == 1 && ON_GPU)))
+            TH_CHECK(graph_launch(eb, err, sizeof err), "replay: %s", err);
+    }
+    for (int l = 0; l < LAYERS && !th_failed(); l++) {
+        for (int i = 0; i < B; i++) {
+            uint16_t *r = hin + (size_t)i * ROW * D;
+            fill_row(r, syn, l, tok[i]);
+            di[i] = (kvq_decode_item){sa[i], r + HQ * D, r + (HQ + H) * D, r, hout + (size_t)i * HQ * D};
+        }
+        TH_CHECK(kvq_decode(ea, l, di, B) == KVQ_OK, "host decode: %s", kvq_engine_errmsg(ea));
+        if (mode == 3) {
+            for (int i = 0; i < B; i++) di[i].seq = sb[i], di[i].out = bout + (size_t)i * HQ * D;
+            TH_CHECK(kvq_decode(eb, l, di, B) == KVQ_OK, "host decode (B): %s", kvq_engine_errmsg(eb));
+        } else {
+            TH_CHECK(dev_copy(eb, bout, dout[l], (size_t)B * HQ * D * 4, 0), "outputs");
+        }
+        for (size_t j = 0; j < (size_t)B * HQ * D; j++) bad += memcmp(&hout[j], &bout[j], 4) != 0;
+    }
+    kvq_free(hout), kvq_free(bout), kvq_free(hin), kvq_free(di);
+    return bad;
+}
+
+/* KIVI-2 (R = 128) at batch 3 with prompts of 1200 to 2000 tokens, in three phases of NS planned steps (eager,
+ * captured, replayed): the first batch; then sequence 1 leaves (freed: its device lists go back to the pool) and
+ * a new one of 1500 tokens joins, whose lists take those very bytes, stale, and a step goes through the host path
+ * kvq_decode (which leaves the lists alone) before the new batch is planned and captured again; then the
+ * capacity is reserved again for sequences twice as long (every sequence's lists made again, larger) after
+ * another host-path step. Every output equals engine A's (host path) bit for bit, after every step every device
+ * list is the layer's tiles and its mirror says so, the caches equal at the end. A plan sends the fixed tables,
+ * the new sequences' lists whole, and at most PATCH_TILES tiles per other sequence and layer: at most an eighth
+ * of the lists; and the host computes no more tiles than that either (the heads and the tails, not the lists). */
+static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
+{
+    enum { B = 3, NS = 8, PHASES = 3 };
+    th_begin("replay: %s: long contexts, a sequence leaves and one joins, a new reservation, host-path steps between "
+             "planned steps: device tile lists patched, outputs equal to the host path",
+             kvq_scheme_name(s));
+    char err[1024];
+    kvq_engine *ea = engine_for(s, err, sizeof err), *eb = ea ? engine_for(s, err, sizeof err) : NULL;
+    TH_CHECK(ea && eb, "engines: %s", err);
+    kvq_seq *sa[B + 1] = {0}, *sb[B + 1] = {0};
+    int len[B + 1] = {2000, 1200, 1800, 1500}, tok[B];
+    for (int i = 0; i < B + 1 && !th_failed(); i++)
+        TH_CHECK(kvq_seq_create(ea, &sa[i]) == KVQ_OK && kvq_seq_create(eb, &sb[i]) == KVQ_OK, "seq");
+    TH_CHECK(th_failed() || (prefill(ea, sa, len, B, syn) && prefill(eb, sb, len, B, syn)), "prefill: %s / %s",
+             kvq_engine_errmsg(ea), kvq_engine_errmsg(eb));
+    TH_CHECK(th_failed() || kvq_engine_reserve_device(eb, (size_t)64 << 20) == KVQ_OK, "reserve_device");
+    TH_CHECK(th_failed() || kvq_engine_reserve_step(eb, B, 2000 + 2 * NS + 1) == KVQ_OK, "reserve_step: %s",
+             kvq_engine_errmsg(eb));
+    uint16_t *din[LAYERS] = {0};
+    float *dout[LAYERS] = {0};
+    for (int l = 0; l < LAYERS && !th_failed(); l++) {
+        din[l] = dev_alloc(eb, (size_t)B * ROW * D * 2);
+        dout[l] = dev_alloc(eb, (size_t)B * HQ * D * 4);
+        TH_CHECK(din[l] && dout[l], "device buffers");
+    }
+    long mismatches = 0, lists_bad = 0, bytes[PHASES][NS], fresh[PHASES] = {0}, worst = 0, lists = 0, built = 0;
+    for (int phase = 0; phase < PHASES && !th_failed(); phase++) {
+        if (phase == 1) {
+            /* sequence 1 leaves, sequence 3 joins in its place and gets the lists' bytes sequence 1 had */
+            uint64_t freed = sb[1]->bseq->tl.addr;
+            kvq_seq_free(ea, sa[1]), kvq_seq_free(eb, sb[1]);
+            sa[1] = sa[B], sb[1] = sb[B], sa[B] = sb[B] = NULL;
+            TH_CHECK(prefill(ea, &sa[1], &len[B], 1, syn) && prefill(eb, &sb[1], &len[B], 1, syn), "prefill");
+            len[1] = len[B];
+            graph_free();
+            for (int i = 0; i < B; i++) tok[i] = len[i]++ + i % 7;
+            long unused;
+            mismatches += both_step(ea, eb, sa, sb, B, tok, 3, syn, din, dout, &unused);
+            for (int i = 0; i < B; i++) tok[i] = len[i]++ + i % 7;
+            mismatches += both_step(ea, eb, sa, sb, B, tok, 0, syn, din, dout, &bytes[phase][0]);
+            fresh[phase] = list_tiles(&sb[1], 1);
+            if (!th_failed()) lists_bad += lists_differ(eb, sb, B);
+            TH_CHECK(th_failed() || sb[1]->bseq->tl.addr == freed,
+                     "the new sequence's lists are not in the freed bytes (the case this phase is for)");
+        }
+        if (phase == 2) {
+            TH_CHECK(th_failed() || kvq_engine_reserve_step(eb, B, 4096) == KVQ_OK, "reserve_step: %s",
+                     kvq_engine_errmsg(eb));
+            graph_free();
+            for (int i = 0; i < B; i++) tok[i] = len[i]++ + i % 7;
+            long unused;
+            mismatches += both_step(ea, eb, sa, sb, B, tok, 3, syn, din, dout, &unused);
+        }
+        for (int st = phase == 1; st < NS && !th_failed(); st++) {
+            for (int i = 0; i < B; i++) tok[i] = len[i]++ + i % 7;
+            mismatches += both_step(ea, eb, sa, sb, B, tok, st < 2 ? st : 2, syn, din, dout, &bytes[phase][st]);
+            if (st == 0) fresh[phase] = list_tiles(sb, B); /* every list, sent whole */
+            /* the host computed the heads and the tails only, not the lists */
+            if (st > 0 && eb->ctx->step.tiles_built > built) built = eb->ctx->step.tiles_built;
+            if (!th_failed()) lists_bad += lists_differ(eb, sb, B);
+        }
+        lists = list_tiles(sb, B) * (long)sizeof(kvq_tile);
+    }
+    /* the fixed tables: the first plan's bytes less its lists; then each phase's first plan sends the fresh lists
+     * whole and the other sequences' patches, every later plan at most PATCH_TILES tiles per sequence and layer */
+    long tsz = (long)sizeof(kvq_tile), bound = (long)B * LAYERS * PATCH_TILES * tsz;
+    long fixed = bytes[0][0] - fresh[0] * tsz;
+    for (int phase = 0; phase < PHASES && !th_failed(); phase++) {
+        long d = bytes[phase][0] - fixed - fresh[phase] * tsz;
+        TH_CHECK(phase == 1 ? d >= 0 && d <= bound - (long)LAYERS * PATCH_TILES * tsz : d == 0,
+                 "phase %d: the first plan sent %ld bytes, the tables are %ld, the fresh lists %ld tiles", phase,
+                 bytes[phase][0], fixed, fresh[phase]);
+        for (int st = 1; st < NS && !th_failed(); st++) {
+            long p = bytes[phase][st] - fixed;
+            TH_CHECK(p >= 0 && p <= bound, "phase %d step %d: %ld bytes of tiles (bound %ld)", phase, st, p, bound);
+            if (p > worst) worst = p;
+        }
+    }
+    TH_CHECK(mismatches == 0, "%ld output elements differ from the host path's", mismatches);
+    TH_CHECK(lists_bad == 0, "%ld device tile lists differ from the layers' tiles", lists_bad);
+    TH_CHECK(th_failed() || 8 * worst <= lists, "a plan sent %ld bytes of tiles, the lists hold %ld", worst, lists);
+    TH_CHECK(th_failed() || (built <= (long)B * LAYERS * PATCH_TILES && 8 * built * tsz <= lists),
+             "a plan computed %ld tiles on the host, the lists hold %ld", built, lists / tsz);
+    for (int l = 0; l < LAYERS && !th_failed(); l++)
+        for (int i = 0; i < B; i++) {
+            int cap = len[i], n1 = 0, n2 = 0;
+            size_t sz = (size_t)H * cap * D;
+            float *k1 = kvq_calloc(sz, 4), *v1 = kvq_calloc(sz, 4), *k2 = kvq_calloc(sz, 4), *v2 = kvq_calloc(sz, 4);
+            TH_CHECK(kvq_seq_read_cache(ea, sa[i], l, k1, v1, cap, &n1) == KVQ_OK &&
+                         kvq_seq_read_cache(eb, sb[i], l, k2, v2, cap, &n2) == KVQ_OK,
+                     "read_cache");
+            TH_CHECK(n1 == cap && n2 == cap && !memcmp(k1, k2, sz * 4) && !memcmp(v1, v2, sz * 4),
+                     "layer %d sequence %d: caches differ (%d / %d tokens)", l, i, n1, n2);
+            kvq_free(k1), kvq_free(v1), kvq_free(k2), kvq_free(v2);
+        }
+    printf("  uploads: %ld, %ld and %ld bytes at the phases' first plans (%ld, %ld, %ld tiles of fresh lists), then "
+           "%ld of tables + at most %ld of tiles (%ld tiles computed); the lists hold %ld bytes\n",
+           bytes[0][0], bytes[1][0], bytes[2][0], fresh[0], fresh[1], fresh[2], fixed, worst, built, lists);
+    graph_free();
+    for (int l = 0; l < LAYERS && eb; l++) dev_free(eb, din[l]), dev_free(eb, dout[l]);
+    for (int i = 0; i < B + 1; i++) {
+        if (sa[i]) kvq_seq_free(ea, sa[i]);
+        if (sb[i]) kvq_seq_free(eb, sb[i]);
+    }
     kvq_engine_free(ea);
     kvq_engine_free(eb);
     th_end();
@@ -595,6 +863,10 @@ int main(void)
         test_failures(kvq_spec_scheme_at(k2, 0), &syn, lens, 36, "flushes");
     }
     kvq_spec_free(k2);
+    kvq_spec *k128 = NULL;
+    if (kvq_spec_parse_file(th_path("specs/kivi2.kvq"), &k128) == KVQ_OK)
+        test_join_leave(kvq_spec_scheme_at(k128, 0), &syn);
+    kvq_spec_free(k128);
     /* the policy layers' plans: OTT's competition of sequence 0 at step 4 (its prompt of 283 leaves 155 of the
      * 160 the window takes), TailorKV's retrieval at every step, ZipCache's probe rows and compressions (every 6) */
     static const struct {
