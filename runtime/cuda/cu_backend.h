@@ -284,7 +284,7 @@ kvq_status cu_upload(kvq_backend_ctx *c, uint64_t dst, const void *src, size_t b
 /* *out = `bytes` of the page-locked staging for this step (16-byte aligned). */
 kvq_status cu_stage_take(kvq_backend_ctx *c, size_t bytes, void **out, char *msg, size_t n);
 /* A decode step's device work, queued on the engine's stream without any synchronisation, allocation (after
- * warm-up) or device-to-host copy (except at a ZipCache compression, docs/cuda.md): append, plan, attend,
+ * warm-up) or device-to-host copy (a ZipCache compression included, docs/cuda.md): append, plan, attend,
  * policies. The outputs are left on the device: [n][Hq][D] fp32 at *out_dev. On failure every item is as it
  * was. kvq_decode is this plus one async copy of the outputs into the staging and one cu_dev_sync. The caller
  * brackets it with cu_dev_enter / cu_dev_leave. */

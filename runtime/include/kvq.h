@@ -219,8 +219,8 @@ kvq_layer_state kvq_engine_layer_state(const kvq_engine *engine, int layer);
 /* ---- Device tensors (GPU backends: cuda, emu; docs/cuda.md "Device tensors") ----
  * For an inference engine whose tensors live on the GPU: q, k, v and the outputs stay in device memory, the
  * work goes on the caller's CUDA stream, and a decode step makes no synchronisation, no allocation (after
- * warm-up, or with kvq_engine_reserve_device) and no device-to-host copy (except at a ZipCache compression),
- * so it can be captured in a CUDA graph. The engine uses the CUDA context current on the thread that created it
+ * warm-up, or with kvq_engine_reserve_device) and no device-to-host copy (a ZipCache compression included: its
+ * classes stay on the device), so it can be captured in a CUDA graph. The engine uses the CUDA context current on the thread that created it
  * (else the device's primary context); pointers must belong to it. Under the emu backend "device memory" is the
  * emulator's (host memory). Inputs are not checked for non-finite values (the host API's input policy would need
  * them on the host). Any thread may call these, one at a time per engine. */
@@ -288,8 +288,9 @@ kvq_status kvq_engine_reserve_step(kvq_engine *engine, int max_batch, int max_to
  * outputs). */
 kvq_status kvq_decode_plan(kvq_engine *engine, kvq_seq *const *seqs, int n_seqs, void *stream);
 /* The device half of layer `layer` of the planned step: batch->seqs must be the planned sequences in the planned
- * order; q, k, v, out, lse and stream as kvq_decode_device. Queues the work and returns; changes no host state, so
- * what it queues may be captured once and replayed at every later step of the same batch. */
+ * order; q, k, v, out, lse and stream as kvq_decode_device. Queues the work and returns; changes no host state
+ * (except that a failed run marks the layer's device tile lists to be sent whole by the next plan), so what it
+ * queues may be captured once and replayed at every later step of the same batch. */
 kvq_status kvq_decode_run(kvq_engine *engine, int layer, const kvq_dev_decode *batch);
 
 /* Writes the decided per-layer map as a .kvq scheme `name` inheriting the engine's scheme (which must come from

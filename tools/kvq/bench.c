@@ -343,7 +343,11 @@ static void run_one(const bench_args *a, bench_data *data, kvq_membw *mb, bench_
     fill_random(sk, STEP_SETS * step_kv, &data->rng);
     fill_random(sv, STEP_SETS * step_kv, &data->rng);
     fill_random(sq, STEP_SETS * step_q, &data->rng);
-    if (kvq_engine_create(bs->scheme, &cfg, &e, r->err, sizeof r->err) != KVQ_OK) goto done;
+    /* The engine's worker threads (the cpu backend's pool) start here: not on this thread's one pinned CPU */
+    if (a->pin) kvq_unpin();
+    kvq_status cst = kvq_engine_create(bs->scheme, &cfg, &e, r->err, sizeof r->err);
+    if (a->pin) kvq_pin_to_cpu(0);
+    if (cst != KVQ_OK) goto done;
     for (int b = 0; b < B; b++)
         if (kvq_seq_create(e, &seqs[b]) != KVQ_OK) goto engine_error;
     progress(a, "%s, %d tokens, batch %d, %d thread%s: prefill", name, T, B, r->threads, r->threads == 1 ? "" : "s");

@@ -57,5 +57,9 @@ void kvq_membw_evict(kvq_membw *m);
 /* Pins the calling thread to the index-th CPU (modulo their count) of the affinity mask the process had before
  * its first call; returns the CPU number, or -1. */
 int kvq_pin_to_cpu(int index);
+/* Gives the calling thread back that original mask (nothing when it was never pinned); 0, or -1. Threads a
+ * pinned thread creates inherit its one CPU: kvq bench unpins around kvq_engine_create, whose cpu backend starts
+ * its pool's workers there. */
+int kvq_unpin(void);
 
 #endif

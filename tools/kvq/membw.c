@@ -130,10 +130,17 @@ double kvq_tool_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+static cpu_set_t original;
+static int have_original;
+
+int kvq_unpin(void)
+{
+    if (!have_original) return 0;
+    return sched_setaffinity(0, sizeof original, &original) ? -1 : 0;
+}
+
 int kvq_pin_to_cpu(int index)
 {
-    static cpu_set_t original;
-    static int have_original;
     if (!have_original) { /* the mask before anything here pinned the process's first thread */
         if (sched_getaffinity(0, sizeof original, &original)) return -1;
         have_original = 1;
