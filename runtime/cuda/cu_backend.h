@@ -419,6 +419,9 @@ int cu_step_policy_record(kvq_backend_ctx *c, const char *kernel, const void *pa
                           char *msg, size_t ms);
 /* Layer `layer`'s policy launches of a run over n sequences, after the new tokens' stores: items at tk, tkst,
  * ott in the tables (fixed per layer and batch size). */
+/* The factor and quantize list launches of store s (k_hi, k_lo, v_hi, v_lo) of class cls over n_items items at
+ * `items`: the grids of the widest direct launch the step capacity allows. */
+kvq_status cu_step_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, int n_items, char *msg, size_t ms);
 kvq_status cu_step_policy_run(kvq_backend_ctx *c, int layer, int n, uint64_t tk, uint64_t tkst, uint64_t ott,
                               char *msg, size_t ms);
 /* ZipCache's launches of a run after the decode kernel: items at zn, zr, zc, zg, qp[store]. */

@@ -292,23 +292,12 @@ kvq_status cu_step_policy_post(kvq_backend_ctx *c, int layer, int n, uint64_t zn
         st = launch_grid(c, "kvq_zip_rowsal_list", (unsigned)S->zc_gx, (unsigned)H, 256, zc, n * S->zip_cap, msg, ms);
     if (st == KVQ_OK) st = launch_items(c, "kvq_zip_select_list", 1, 256, zc, n * S->zip_cap, msg, ms);
     if (st == KVQ_OK) st = launch_items(c, "kvq_zip_gather_list", 1, 256, zg, n * S->zg_cap, msg, ms);
-    /* its pages: factors, then codes, per store (the grids of cu_step.c's quantize lists) */
+    /* its pages: factors, then codes, per store (cu_step.c's quantize lists) */
     const plan_class *pc = &c->plan->cls[cls];
     for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++) {
         const plan_store *ps = s == 0 ? &pc->k_hi : s == 1 ? &pc->k_lo : s == 2 ? &pc->v_hi : &pc->v_lo;
-        if (!S->qp_cap[s] || ps->bits < 1 || ps->bits > 8) continue;
-        int maxn = S->q_maxn[cls][s] > 0 ? S->q_maxn[cls][s] : 1;
-        if (ps->sep) {
-            snprintf(name, sizeof name, "kvq_factor_list_%s_c%d", store_names[s], cls);
-            st = launch_grid(c, name, (unsigned)H, 1, 128, qp[s], n * S->qp_cap[s], msg, ms);
-        }
-        unsigned gx = (unsigned)H, gy = 1;
-        if (ps->gran == KVQ_GRAN_TOKEN && ps->hidden)
-            gx = 1, gy = cu_grid_y(maxn);
-        else if (ps->gran == KVQ_GRAN_TOKEN)
-            gy = cu_grid_y((maxn + 7) / 8);
-        snprintf(name, sizeof name, "kvq_quant_list_%s_c%d", store_names[s], cls);
-        if (st == KVQ_OK) st = launch_grid(c, name, gx, gy, 128, qp[s], n * S->qp_cap[s], msg, ms);
+        if (S->qp_cap[s] && ps->bits >= 1 && ps->bits <= 8)
+            st = cu_step_quant_lists(c, cls, s, qp[s], n * S->qp_cap[s], msg, ms);
     }
     return st;
 }
