@@ -42,7 +42,7 @@ typedef struct {
     int W;
     int vnni; /* AVX-512 VNNI + BW: the folded key dot products in int16 (vpdpwssd) */
     int int8; /* ...and those of 2-bit keys in int8 pieces (vpdpbusd) */
-    int vbmi; /* ...and AVX-512 VBMI (vpermt2b): the int8 P.V of 2-bit values */
+    int vbmi; /* ...and AVX-512 VBMI (vpermt2b): the int8 P.V of 2- and 4-bit values */
     LLVMValueRef fn;
 } E;
 

@@ -10,18 +10,6 @@
 # serves the unit tests that cross-check with NumPy); then the programs, KVQ_TEST_JOBS at a time (default: the
 # machine's cores; the programs are single-threaded under the sanitizers, and each uses its own temporary files),
 # the longest first, their results printed in name order once all have run.
-build=${1:-build}
-plain=${2:-build}
-export KVQ_SRCDIR=${KVQ_SRCDIR:-$(pwd)}
-export KVQ_CACHE_DIR=${KVQ_CACHE_DIR:-$(pwd)/$build/cache}
-# intercept_tls_get_addr=0: up to GCC 13 / LLVM 16 the sanitizer runtime's __tls_get_addr interceptor can take a
-# dynamic TLS block (the emulator dlopens a module per scheme) for a pre-2.25 glibc header and read garbage, and
-# LeakSanitizer's tracer then dies at exit ("Tracer caught signal 11"; docs/testing.md, the one-hour runs).
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:intercept_tls_get_addr=0}
-export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-jobs=${KVQ_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
-pass=0; fail=0; skip=0
-out=$(mktemp -d)
 
 # run_one PATH: runs one script or program into $out/NAME.{log,rc,secs}.
 run_one() {
@@ -34,6 +22,25 @@ run_one() {
     echo $? >"$out/$name.rc"
     echo $(($(date +%s) - t0)) >"$out/$name.secs"
 }
+# `run.sh --one PATH` (with $out and $plain exported): what xargs runs for each program below.
+if [ "$1" = --one ]; then
+    run_one "$2"
+    exit 0
+fi
+
+build=${1:-build}
+plain=${2:-build}
+export KVQ_SRCDIR=${KVQ_SRCDIR:-$(pwd)}
+export KVQ_CACHE_DIR=${KVQ_CACHE_DIR:-$(pwd)/$build/cache}
+# intercept_tls_get_addr=0: up to GCC 13 / LLVM 16 the sanitizer runtime's __tls_get_addr interceptor can take a
+# dynamic TLS block (the emulator dlopens a module per scheme) for a pre-2.25 glibc header and read garbage, and
+# LeakSanitizer's tracer then dies at exit ("Tracer caught signal 11"; docs/testing.md, the one-hour runs).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:intercept_tls_get_addr=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+jobs=${KVQ_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+pass=0; fail=0; skip=0
+out=$(mktemp -d)
 
 # report PATH: prints one result and adds it to the totals.
 report() {
@@ -74,12 +81,8 @@ first="test_cuda_replay test_cpu_backend test_cuda_device test_cuda_backend test
 order=""
 for n in $first; do case " $progs " in *" $build/tests/$n "*) order="$order $build/tests/$n" ;; esac; done
 for t in $progs; do case " $order " in *" $t "*) ;; *) order="$order $t" ;; esac; done
-export out
-# xargs runs a `sh -c` per program, run_one's program branch (POSIX sh cannot export a function).
-printf '%s\n' $order | xargs -P "$jobs" -I{} sh -c '
-    name=$(basename "$1"); t0=$(date +%s)
-    "$1" >"$out/$name.log" 2>&1; echo $? >"$out/$name.rc"
-    echo $(($(date +%s) - t0)) >"$out/$name.secs"' sh {}
+export out plain
+printf '%s\n' $order | xargs -P "$jobs" -I{} sh "$0" --one {}
 for t in $progs; do report "$t"; done
 rm -rf "$out"
 if [ "$skip" -gt 0 ]; then
