@@ -20,18 +20,25 @@ LDLIBS_ALL = $(SANFLAGS) -lm -ldl -lpthread $(LDLIBS)
 .DEFAULT_GOAL := all
 
 # ---- tools the build needs (installed by the project itself on Debian when run as root) ----
-DEPS_STAMP := $(BUILD)/.deps-ok
-$(DEPS_STAMP):
-	@sh tools/ensure-deps.sh
-	@mkdir -p $(BUILD) && touch $@
+# tools/ensure-deps.sh runs while make reads this file, before runtime/cpu/cpu.mk asks for llvm-config-19: on a
+# fresh machine the first `make` installs LLVM 19, flex and bison and then builds the cpu backend with them.
+# Once per make invocation tree (KVQ_DEPS_CHECKED is exported to the sub-makes); `make clean` skips it.
+ifeq ($(KVQ_DEPS_CHECKED)$(filter-out clean,$(or $(MAKECMDGOALS),all)),)
+else ifeq ($(KVQ_DEPS_CHECKED),)
+DEPS_OUT := $(shell sh tools/ensure-deps.sh >&2; echo $$?)
+ifneq ($(DEPS_OUT),0)
+$(error the build tools above are missing (tools/ensure-deps.sh))
+endif
+export KVQ_DEPS_CHECKED := 1
+endif
 
 # ---- grammar: parser and lexer generated at build time ----
 GEN := $(BUILD)/gen
 # Grouped targets (&:): one bison/flex run makes both files, also under make -j.
-$(GEN)/kvq_parse.c $(GEN)/kvq_parse.h &: grammar/kvq.y | $(DEPS_STAMP)
+$(GEN)/kvq_parse.c $(GEN)/kvq_parse.h &: grammar/kvq.y
 	@mkdir -p $(GEN)
 	bison -Wall -Werror -o $(GEN)/kvq_parse.c --header=$(GEN)/kvq_parse.h $<
-$(GEN)/kvq_lex.c $(GEN)/kvq_lex.h &: grammar/kvq.l $(GEN)/kvq_parse.h | $(DEPS_STAMP)
+$(GEN)/kvq_lex.c $(GEN)/kvq_lex.h &: grammar/kvq.l $(GEN)/kvq_parse.h
 	@mkdir -p $(GEN)
 	flex -o $(GEN)/kvq_lex.c --header-file=$(GEN)/kvq_lex.h $<
 

@@ -8,6 +8,20 @@ CPU_SRC := $(wildcard runtime/cpu/*.c compiler/emit_llvm*.c)
 CPU_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CPU_SRC))
 $(LIB): $(CPU_OBJ)
 $(CPU_OBJ): override CFLAGS += -Iruntime/ref
+# The configuration the cpu objects were built with: when it changes (LLVM installed after a first build, or
+# removed), they are rebuilt, not left as they were.
+CPU_CONFIG := $(BUILD)/cpu-config
+CPU_CONFIG_NOW := llvm-config=$(LLVM_CONFIG)
+ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),all)),)
+$(shell mkdir -p $(BUILD); [ "$$(cat $(CPU_CONFIG) 2>/dev/null)" = "$(CPU_CONFIG_NOW)" ] || \
+	echo "$(CPU_CONFIG_NOW)" >$(CPU_CONFIG))
+# Under CI a cpu backend this machine could have built is a failure, not a skip (docs/testing.md).
+ifeq ($(CI)$(LLVM_CONFIG),true)
+$(error CI=true and llvm-config-19 is not found: the cpu backend would be built without LLVM 19 and its tests \
+	skipped. Install llvm-19-dev (tools/ensure-deps.sh does, as root on Debian))
+endif
+endif
+$(CPU_OBJ): $(CPU_CONFIG)
 ifneq ($(LLVM_CONFIG),)
 # Only the include path and the version macro: llvm-config's other cflags (-D__STDC_*) are C++ leftovers.
 LLVM_INC := -isystem $(shell $(LLVM_CONFIG) --includedir)
