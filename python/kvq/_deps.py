@@ -1,0 +1,27 @@
+"""The optional packages of kvq's model tools, and the one-line message that names the extra to install when one
+is missing. The C API (kvq.Engine, ...) needs numpy only; kvq.hf, kvq-dump and kvq-ppl need torch and
+transformers, and a GGUF checkpoint needs gguf: `pip install 'kvq[hf]'` (from a checkout: './python[hf]')."""
+import importlib.util
+
+HF_MISSING = ("pip install './python[hf]' from the kvq checkout (the extra 'hf': torch, transformers and gguf), "
+              "or pip install torch transformers")
+
+
+def missing(*modules):
+    """The modules of `modules` that cannot be imported here."""
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def require_hf(what, exc=SystemExit):
+    """Raises exc with one line naming what to install when torch or transformers is missing."""
+    gone = missing("torch", "transformers")
+    if gone:
+        raise exc("%s: needs %s, which %s not installed: %s" % (what, " and ".join(gone),
+                                                               "is" if len(gone) == 1 else "are", HF_MISSING))
+
+
+def require_gguf(what, exc=SystemExit):
+    """A GGUF checkpoint: transformers reads it with the gguf package."""
+    if missing("gguf"):
+        raise exc("%s: reading a GGUF file needs the gguf package, which is not installed: pip install gguf (it is "
+                  "in the extra 'hf': pip install './python[hf]')" % what)
