@@ -1,10 +1,11 @@
 """The optional packages of kvq's model tools, and the one-line message that names the extra to install when one
 is missing. The C API (kvq.Engine, ...) needs numpy only; kvq.hf, kvq-dump and kvq-ppl need torch and
-transformers, and a GGUF checkpoint needs gguf: `pip install 'kvq[hf]'` (from a checkout: './python[hf]')."""
+transformers, and a GGUF checkpoint needs gguf and accelerate (transformers loads one with both): the extra 'hf',
+`pip install './python[hf]'` from a checkout."""
 import importlib.util
 
-HF_MISSING = ("pip install './python[hf]' from the kvq checkout (the extra 'hf': torch, transformers and gguf), "
-              "or pip install torch transformers")
+HF_MISSING = ("pip install './python[hf]' in the kvq checkout (the extra 'hf': torch, transformers, gguf, "
+              "accelerate), or pip install torch transformers")
 
 
 def missing(*modules):
@@ -21,7 +22,9 @@ def require_hf(what, exc=SystemExit):
 
 
 def require_gguf(what, exc=SystemExit):
-    """A GGUF checkpoint: transformers reads it with the gguf package."""
-    if missing("gguf"):
-        raise exc("%s: reading a GGUF file needs the gguf package, which is not installed: pip install gguf (it is "
-                  "in the extra 'hf': pip install './python[hf]')" % what)
+    """A GGUF checkpoint: transformers reads it with the gguf package and loads it with accelerate."""
+    gone = missing("gguf", "accelerate")
+    if gone:
+        raise exc("%s: reading a GGUF file needs %s, which %s not installed: pip install %s (both are in the extra "
+                  "'hf': pip install './python[hf]')" % (what, " and ".join(gone), "is" if len(gone) == 1 else "are",
+                                                          " ".join(gone)))
