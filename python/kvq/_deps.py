@@ -9,8 +9,15 @@ HF_MISSING = ("pip install './python[hf]' in the kvq checkout (the extra 'hf': t
 
 
 def missing(*modules):
-    """The modules of `modules` that cannot be imported here."""
-    return [m for m in modules if importlib.util.find_spec(m) is None]
+    """The modules of `modules` that cannot be imported here (not installed, or blocked: sys.modules[m] = None)."""
+    out = []
+    for m in modules:
+        try:
+            if importlib.util.find_spec(m) is None:
+                out.append(m)
+        except (ImportError, ValueError):
+            out.append(m)
+    return out
 
 
 def require_hf(what, exc=SystemExit):

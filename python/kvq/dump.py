@@ -13,8 +13,8 @@ from .models import add_arguments, from_args
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="kvq-dump", description=__doc__.split("\n\n")[0],
-                                 epilog="Needs torch and transformers (pip install './python[hf]'); a GGUF file needs "
-                                        "gguf too.")
+                                 epilog="Needs torch and transformers (pip install './python[hf]'); a GGUF file needs gguf "
+                                        "and accelerate too (both in it).")
     add_arguments(ap)
     ap.add_argument("--out-dir", required=True, help="writes K.npy, V.npy, Q.npy here")
     ap.add_argument("--save-dtype", choices=["float32", "float16"], default="float32", help="the .npy element type")

@@ -214,7 +214,7 @@ def main(argv=None):
         epilog="Effective bits: device bits per stored K/V element, everything the cache allocates counted (fp16 "
                "windows too: short texts are dominated by them); 'with host' adds host memory (TailorKV keeps the "
                "prompt there). Exit status 1 when a row has no perplexity. Needs torch and transformers "
-               "(pip install './python[hf]'); a GGUF file needs gguf too.")
+               "(pip install './python[hf]'); a GGUF file needs gguf and accelerate too (both in it).")
     ap.add_argument("specs", nargs="+", help=".kvq files, or names of the specs the package ships (kivi2, ott, ...); "
                     "every scheme in each is measured")
     add_arguments(ap)
