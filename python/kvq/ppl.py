@@ -29,7 +29,8 @@ class Row:
 class Progress:
     """One line on stderr: rewritten in place on a terminal, else printed at most every 10 s (as kvq eval)."""
 
-    def __init__(self, stream=sys.stderr):
+    def __init__(self, stream=None):
+        stream = stream or sys.stderr
         self.stream, self.tty, self.last, self.shown = stream, stream.isatty(), 0.0, False
 
     def update(self, text, force=False):

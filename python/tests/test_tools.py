@@ -68,8 +68,20 @@ def test_dump_through_kvq_eval_matches_python(dump, kvq_tool):
 
 
 def run_ppl(*args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run([sys.executable, "-m", "kvq.ppl"] + list(args), capture_output=True, text=True, env=env)
+    """kvq-ppl's main in this process (no second torch import): (status, stdout, stderr)."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    from kvq.ppl import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(list(args))
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 1
+            err.write(str(e.code))
+    return SimpleNamespace(returncode=rc, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def ppl_rows(out):
@@ -78,7 +90,8 @@ def ppl_rows(out):
     assert lines[0].startswith("kvq-ppl: ") and lines[1].split()[:2] == ["scheme", "eff."], out
     rows = {}
     for line in lines[2:]:
-        m = re.match(r"^(.+?)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)(?:  (.*))?$", line)
+        num = r"\s+(-|[-+]?[0-9.]+%?)"
+        m = re.match(r"^(.+?)" + num * 4 + r"(?:  (.*))?$", line)
         assert m, "not a row: %r" % line
         num = [None if x == "-" else float(x.rstrip("%")) for x in m.groups()[1:5]]
         rows[m.group(1).strip()] = tuple(num) + (m.group(6) or "",)
