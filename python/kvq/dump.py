@@ -1,5 +1,5 @@
-"""kvq-dump: run a transformers causal LM on a text file and write its post-RoPE K, V and Q as .npy in kvq eval's
-format (K, V [layers, kv_heads, tokens, head_dim], Q [layers, heads, tokens, head_dim]), for
+"""kvq-dump: run a causal LM (a transformers folder or a GGUF file) on a text file and write its post-RoPE K, V and
+Q as .npy in kvq eval's format (K, V [layers, kv_heads, tokens, head_dim], Q [layers, heads, tokens, head_dim]), for
 
     kvq eval specs/kivi2.kvq --keys DIR/K.npy --values DIR/V.npy --queries DIR/Q.npy"""
 import argparse

@@ -133,15 +133,18 @@ def measure(model, ids, specs, prefill, backend=None, progress=None):
     """[Row]: the baseline first, then every scheme of every spec (refused and failed ones with their note).
     KeyboardInterrupt ends the measuring; the rows not measured then say so."""
     import kvq
-    T = ids.shape[1]
     rows = []
     todo = plan(model, specs, progress)
     try:
         t0 = time.time()
-        base = baseline_logits(model, ids)
-        rows.append(Row("baseline (model attention)", ppl=math.exp(nll_of(base, ids[0], prefill))))
+        rows.append(Row("baseline (model attention)"))
+        try:
+            rows[0].ppl = math.exp(nll_of(baseline_logits(model, ids), ids[0], prefill))
+        except Exception as e:  # noqa: BLE001 (the schemes are still measured; the row says why)
+            rows[0].note = "failed: %s: %s" % (type(e).__name__, e)
         if progress:
-            progress.line("kvq-ppl: baseline: perplexity %.4f (%.1f s)" % (rows[0].ppl, time.time() - t0))
+            progress.line("kvq-ppl: baseline: %s (%.1f s)" % (
+                rows[0].note or "perplexity %.4f" % rows[0].ppl, time.time() - t0))
         runnable = sum(1 for _, s in todo if s is not None)
         i = 0
         for row, sch in todo:
@@ -168,7 +171,7 @@ def measure(model, ids, specs, prefill, backend=None, progress=None):
                 row.bits, row.bits_host = m.effective_bits, m.effective_bits_with_host
             except kvq.KvqError as e:
                 row.note = "failed: %s" % e
-            except (RuntimeError, ValueError, NotImplementedError) as e:
+            except Exception as e:  # noqa: BLE001 (one scheme's failure must not lose the other rows)
                 row.note = "failed: %s: %s" % (type(e).__name__, e)
             if progress:
                 progress.line("kvq-ppl: [%d/%d] %s: %s (%.1f s)" % (
@@ -182,7 +185,7 @@ def measure(model, ids, specs, prefill, backend=None, progress=None):
         for r in rows:
             if r.ppl is None and not r.note:
                 r.note = "not run (interrupted)"
-        if not rows or rows[0].name != "baseline (model attention)":
+        if not rows:
             rows.insert(0, Row("baseline (model attention)", note="interrupted"))
         raise Interrupted(rows)
     return rows

@@ -118,6 +118,36 @@ def test_ppl_table(folder_ppl):
     assert re.search(r"kvq-ppl: \[2/2\] kivi2: perplexity [0-9.]+, [0-9.]+ effective bits", folder_ppl.stderr)
 
 
+def test_ppl_rows_survive_failures_and_ctrl_c(tiny_llama, monkeypatch):
+    """A scheme whose run raises is a 'failed' row and the next one runs; Ctrl-C ends the measuring with every row
+    accounted for (the one running 'interrupted', the rest 'not run'), so main can still print the table."""
+    import torch
+
+    import kvq.ppl as ppl
+    from conftest import fresh_copy
+    real = ppl.scheme_logits
+
+    def flaky(model, ids, scheme, *args, **kwargs):
+        if scheme.name == "kivi4":
+            raise RuntimeError("boom")
+        if scheme.name == "kivi2":
+            raise KeyboardInterrupt
+        return real(model, ids, scheme, *args, **kwargs)
+
+    monkeypatch.setattr(ppl, "scheme_logits", flaky)
+    ids = torch.randint(0, 256, (1, 80), generator=torch.Generator().manual_seed(8))
+    with pytest.raises(ppl.Interrupted) as e:
+        ppl.measure(fresh_copy(tiny_llama), ids, ["fp16", "kivi4", "ott", "kivi2", "zipcache"], 40)
+    rows = {r.name: r for r in e.value.rows}
+    assert list(rows) == ["baseline (model attention)", "fp16", "kivi4", "ott", "kivi2", "zipcache"]
+    assert rows["baseline (model attention)"].ppl > 0 and rows["fp16"].ppl > 0
+    assert rows["kivi4"].ppl is None and rows["kivi4"].note == "failed: RuntimeError: boom"
+    assert rows["ott"].note.startswith("refused: ") and "head_dim 64" in rows["ott"].note
+    assert rows["kivi2"].note == "interrupted" and rows["zipcache"].note == "not run (interrupted)"
+    table = ppl.format_table(e.value.rows, 80, 40, "model").splitlines()
+    assert len(table) == 2 + len(rows) and table[-1].split()[0] == "zipcache" and table[-1].endswith("(interrupted)")
+
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tiny_llama, tmp_path_factory):
     pytest.importorskip("gguf")
