@@ -126,6 +126,9 @@ def test_documented_calls_warn_nothing(tiny_llama):
         with torch.no_grad():
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
                            pad_token_id=0, cache=KvqCache("kivi2", model))
+            cache = KvqCache("kivi2", model)
+            model(input_ids=ids, cache=cache, use_cache=True)
+            model(input_ids=ids[:, :2], cache=cache, use_cache=True)
     assert not [w for w in seen if "deprecat" in str(w.message).lower()], [str(w.message) for w in seen]
 
 
