@@ -26,12 +26,17 @@ fi
 py="$venv/bin/python"
 overrides="$venv/.kvq-overrides.txt"
 echo 'triton; sys_platform == "never"' >"$overrides"
+use_pip() {
+    installer="pip ($1)"
+    install() { "$venv/bin/pip" install -q "$@"; }
+}
 if "$venv/bin/pip" install -q uv >>"$log" 2>&1; then
     installer="uv"
     install() { "$venv/bin/uv" pip install -q --python "$py" --override "$overrides" "$@"; }
+    # uv reaches the index its own way (its TLS roots, no pip.conf): where it cannot, pip does the rest.
+    install numpy pytest matplotlib >>"$log" 2>&1 || use_pip "uv could not install numpy"
 else
-    installer="pip (uv could not be installed)"
-    install() { "$venv/bin/pip" install -q "$@"; }
+    use_pip "uv could not be installed"
 fi
 if ! install numpy pytest matplotlib >>"$log" 2>&1; then
     echo "python-venv: $installer could not install numpy/pytest (no package index?): $(tail -1 "$log")"

@@ -3,8 +3,9 @@
     from kvq.hf import KvqCache
     out = model.generate(ids, cache=KvqCache("kivi2", model), max_new_tokens=32)
 
-(`cache=`: transformers 5.x names the cache so; `past_key_values=` still works there, with a deprecation warning
-on every call, and is removed in 5.40 for model calls.)
+(`cache=`: transformers 5.x names the cache so; `past_key_values=` still works in 5.24 but is deprecated, with a
+warning, and goes in 5.40 for model calls and 6.0 for generate. cache_kwarg(model) names what the installed
+version takes.)
 
 kvq's decode appends a token and attends inside the engine (kvq.h), so the cache cannot simply hand K/V back to
 the model's attention: KvqCache(…, model) switches the model to the attention implementation "kvq" registered
