@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _lib
-from .errors import KvqError, KvqShapeError, KvqSpecError, KvqUnavailableError, KvqUnsupportedError, error_for
+from .errors import (KvqError, KvqIOError, KvqShapeError, KvqSpecError, KvqUnavailableError, KvqUnsupportedError,
+                     error_for)
 
 BACKENDS = {"reference": 0, "cuda": 1, "emu": 2, "cpu": 3}
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -32,6 +33,43 @@ def data_dir():
 
 def library_path():
     return _lib.path
+
+
+# ---- the specs the package ships ---------------------------------------------------------------------------------
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def specs_dir():
+    """The folder of the paper specs: the copy installed with the package (kvq/specs, made by `pip install` from
+    the checkout's specs/), else the checkout's specs/ when the package is used from its source tree."""
+    for d in (os.path.join(_HERE, "specs"), os.path.join(_HERE, "..", "..", "specs")):
+        if os.path.isfile(os.path.join(d, "kivi2.kvq")):
+            return os.path.normpath(d)
+    return None
+
+
+def spec_names():
+    """The names spec_path() knows: "kivi2", "ott", ..., "compare/kivi2-g128" (a path below specs_dir(), no .kvq)."""
+    d = specs_dir()
+    out = []
+    if d:
+        for sub, _, files in os.walk(d):
+            rel = os.path.relpath(sub, d)
+            out += [(f[:-4] if rel == "." else rel.replace(os.sep, "/") + "/" + f[:-4]) for f in files
+                    if f.endswith(".kvq")]
+    return sorted(out)
+
+
+def spec_path(name):
+    """The file of a shipped spec by name ("kivi2", "specs/kivi2.kvq" and "kivi2.kvq" name the same file)."""
+    d = specs_dir()
+    n = name[len("specs/"):] if name.startswith("specs/") else name
+    n = n[:-4] if n.endswith(".kvq") else n
+    if d and n in spec_names():
+        return os.path.join(d, *n.split("/")) + ".kvq"
+    raise KvqError("kvq: no spec named '%s'; the package ships %s" % (
+        name, ", ".join(spec_names()) or "none (no kvq/specs in this install)"))
 
 
 def _check(status, message_fn):
@@ -135,6 +173,16 @@ class MemStats:
     effective_bits: float
     compression_ratio: float
 
+    @property
+    def host_bytes(self):
+        """Bytes kept in host memory, not on the device: a TailorKV sparse layer's whole prompt in fp16."""
+        return self.bytes["host"]
+
+    @property
+    def effective_bits_with_host(self):
+        """effective_bits with the host bytes counted too: bits per stored K/V element of device and host memory."""
+        return 16.0 * (self.device_bytes + self.host_bytes) / self.fp16_bytes if self.fp16_bytes else 0.0
+
     @classmethod
     def _from_c(cls, m):
         return cls({_lib.SEGMENTS[i]: int(m.bytes[i]) for i in range(_lib.SEG_COUNT)},
@@ -155,6 +203,16 @@ class Scheme:
     def __repr__(self):
         return "Scheme(%r)" % self.name
 
+    def check_dims(self, layers, heads, kv_heads, head_dim):
+        """Raises KvqShapeError / KvqInvalidError when the scheme cannot run at these dims (a group that does not
+        divide head_dim, an unsupported head_dim, a model block that disagrees, ...): kvq_scheme_check_dims, the
+        check the engine, the accounting and the tools share."""
+        dims = _lib.Dims(layers, heads, kv_heads, head_dim)
+        msg = ctypes.create_string_buffer(512)
+        st = _lib.scheme_check_dims(self._h, ctypes.byref(dims), msg, len(msg))
+        _check(st, lambda: "kvq: scheme '%s' cannot run at layers %d, heads %d, kv_heads %d, head_dim %d: %s" % (
+            self.name, layers, heads, kv_heads, head_dim, msg.value.decode()))
+
     def account(self, layers, heads, kv_heads, head_dim, batch=1, seq=4096, share_channel_params_across_batch=False,
                 auto_sparse=None):
         """Memory of the cache after a prefill of `seq` tokens (kvq_scheme_account), without running anything."""
@@ -170,14 +228,34 @@ class Scheme:
         return MemStats._from_c(m)
 
 
+def load_spec(spec_or_path):
+    """A Spec from a Spec, spec text (anything containing '{'), a path to a .kvq file, or the name of a spec the
+    package ships ("kivi2", "ott", "compare/kivi2-g128": spec_names()). A path that exists wins over a name."""
+    if isinstance(spec_or_path, Spec):
+        return spec_or_path
+    s = os.fspath(spec_or_path)
+    if "{" in s:
+        return Spec.from_string(s)
+    if not os.path.exists(s):
+        try:
+            s = spec_path(s)
+        except KvqError:
+            raise KvqIOError("kvq: %s: no such file, nor a spec the package ships (%s)" % (
+                s, ", ".join(spec_names()) or "none")) from None
+    return Spec.from_file(s)
+
+
 def load_scheme(spec_or_path, name=None):
-    """A Scheme from a Scheme, a Spec, a path to a .kvq file or spec text (anything containing '{')."""
+    """A Scheme from a Scheme, or anything load_spec takes; name: the scheme's name when the spec has several."""
     if isinstance(spec_or_path, Scheme):
         return spec_or_path
-    if isinstance(spec_or_path, Spec):
-        return spec_or_path.scheme(name)
-    s = os.fspath(spec_or_path)
-    spec = Spec.from_string(s) if "{" in s else Spec.from_file(s)
+    spec = load_spec(spec_or_path)
+    if name is None and isinstance(spec_or_path, str) and "{" not in spec_or_path and len(spec.schemes) > 1:
+        # A shipped spec that includes another ("compare/kivi2-g128" includes kivi2) names its own scheme.
+        base = os.path.basename(spec_or_path)
+        base = base[:-4] if base.endswith(".kvq") else base
+        if base in [sc.name for sc in spec.schemes] and not os.path.exists(spec_or_path):
+            name = base
     return spec.scheme(name)
 
 

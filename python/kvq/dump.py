@@ -1,5 +1,5 @@
-"""kvq-dump: run a transformers causal LM on a text file and write its post-RoPE K, V and Q as .npy in kvq eval's
-format (K, V [layers, kv_heads, tokens, head_dim], Q [layers, heads, tokens, head_dim]), for
+"""kvq-dump: run a causal LM (a transformers folder or a GGUF file) on a text file and write its post-RoPE K, V and
+Q as .npy in kvq eval's format (K, V [layers, kv_heads, tokens, head_dim], Q [layers, heads, tokens, head_dim]), for
 
     kvq eval specs/kivi2.kvq --keys DIR/K.npy --values DIR/V.npy --queries DIR/Q.npy"""
 import argparse
@@ -8,22 +8,19 @@ import sys
 
 import numpy as np
 
+from .models import add_arguments, from_args
+
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="kvq-dump", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="a transformers model folder (or hub name, where reachable)")
-    ap.add_argument("--text", required=True, help="the text file to run")
+    ap = argparse.ArgumentParser(prog="kvq-dump", description=__doc__.split("\n\n")[0],
+                                 epilog="Needs torch and transformers (pip install './python[hf]'); a GGUF file needs gguf "
+                                        "and accelerate too (both in it).")
+    add_arguments(ap)
     ap.add_argument("--out-dir", required=True, help="writes K.npy, V.npy, Q.npy here")
-    ap.add_argument("--tokens", type=int, default=None, help="at most this many tokens of the text")
-    ap.add_argument("--byte-tokens", action="store_true", help="token ids are the text's bytes (no tokenizer)")
-    ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
-                    help="the model's compute type")
     ap.add_argument("--save-dtype", choices=["float32", "float16"], default="float32", help="the .npy element type")
     a = ap.parse_args(argv)
+    _, model, ids = from_args(ap, a, "kvq-dump")
     from .capture import capture_qkv
-    from .text import load_model, tokenize
-    model = load_model(a.model, a.dtype)
-    ids = tokenize(a.model, a.text, a.byte_tokens, a.tokens)
     K, V, Q, _ = capture_qkv(model, ids)
     os.makedirs(a.out_dir, exist_ok=True)
     for name, x in (("K", K), ("V", V), ("Q", Q)):

@@ -1,7 +1,11 @@
 """kvq in transformers: a Cache whose layers are kvq engine layers, and the attention function that runs them.
 
     from kvq.hf import KvqCache
-    out = model.generate(ids, past_key_values=KvqCache("specs/kivi2.kvq", model), max_new_tokens=32)
+    out = model.generate(ids, cache=KvqCache("kivi2", model), max_new_tokens=32)
+
+(`cache=`: transformers 5.x names the cache so; `past_key_values=` still works in 5.24 but is deprecated, with a
+warning, and goes in 5.40 for model calls and 6.0 for generate. cache_kwarg(model) names what the installed
+version takes.)
 
 kvq's decode appends a token and attends inside the engine (kvq.h), so the cache cannot simply hand K/V back to
 the model's attention: KvqCache(…, model) switches the model to the attention implementation "kvq" registered
@@ -9,14 +13,20 @@ here. For a layer of a KvqCache it computes the prompt's attention exactly in to
 not attend: the prompt attends over itself unquantized, as in KIVI's prefill) and stores the prompt in the engine;
 each later token goes through kvq_decode, one step per token. Other calls fall through to SDPA. Every batch row is
 one kvq sequence; rows must not be padded (equal-length prompts)."""
-import torch
-from transformers import AttentionInterface
-from transformers.cache_utils import Cache, CacheLayerMixin
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+import inspect
 
-from .core import Engine, load_scheme
-from .errors import KvqError
+from ._deps import require_hf
+
+require_hf("kvq.hf", exc=ImportError)
+
+import torch  # noqa: E402
+from transformers import AttentionInterface  # noqa: E402
+from transformers.cache_utils import Cache, CacheLayerMixin  # noqa: E402
+from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: E402
+
+from .core import Engine, load_scheme  # noqa: E402
+from .errors import KvqError  # noqa: E402
 
 ATTN_NAME = "kvq"
 
@@ -66,10 +76,15 @@ class KvqLayer(CacheLayerMixin):
 
 
 class KvqCache(Cache):
-    """A transformers Cache running a kvq scheme. spec: a .kvq path, spec text, a kvq.Spec or kvq.Scheme; scheme:
-    the scheme's name when the spec has several. model: the model (its config gives the dims, and it is switched
-    to the "kvq" attention); or config= alone (then call use_kvq_attention yourself). backend: None picks "cpu"
-    when available, else "reference"."""
+    """A transformers Cache running a kvq scheme. spec: the name of a spec the package ships ("kivi2", "kivi4",
+    "ott", ...: kvq.spec_names()), a .kvq path, spec text, a kvq.Spec or kvq.Scheme; scheme: the scheme's name
+    when the spec has several. model: the model (its config gives the dims, and it is switched to the "kvq"
+    attention); or config= alone (then call use_kvq_attention yourself). backend: None picks "cpu" when
+    available, else "reference".
+
+    The scheme is checked against the model's dims here (kvq_scheme_check_dims, the engine's own check): a group
+    that does not divide head_dim, an unsupported head_dim or a spec's model block for another model raises
+    KvqShapeError / KvqInvalidError now, not at the first forward."""
 
     def __init__(self, spec, model=None, config=None, scheme=None, backend=None, seed=0, threads=0):
         if model is None and config is None:
@@ -81,6 +96,7 @@ class KvqCache(Cache):
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.scheme.check_dims(self.n_layers, self.heads, self.kv_heads, self.head_dim)
         self.backend, self.seed, self.threads = backend, seed, threads
         self.engine, self.seqs = None, []
         super().__init__(layers=[KvqLayer(self, i) for i in range(self.n_layers)])
@@ -102,7 +118,14 @@ class KvqCache(Cache):
             layer.length, layer.pending = 0, False
 
     def stats(self):
-        """The engine's memory statistics (kvq.MemStats), None before the first forward."""
+        """The engine's memory statistics (kvq.MemStats), None before the first forward. What they count
+        (docs/python.md, "Effective bits"): the cache as allocated now, every layer and batch row: quantized codes,
+        their scales and zero points, fp16 windows and sinks, outlier pools at their capacity. effective_bits is
+        device bits per stored K/V element (16 = plain fp16); host memory (a TailorKV sparse layer's whole prompt,
+        kept in fp16 on the host) is not in it: host_bytes, and effective_bits_with_host counts it too. Short
+        contexts are dominated by the fp16 windows (KIVI keeps the newest 128 tokens in fp16, allocated whole), so
+        effective bits at 65 tokens exceed 16; they approach the scheme's nominal bits only when the context is long
+        next to its windows."""
         return self.engine.stats() if self.engine else None
 
     def read_cache(self, layer, row=0):
@@ -154,6 +177,12 @@ def kvq_attention_forward(module, query, key, value, attention_mask, dropout=0.0
         layer.length += 1
     out = torch.stack(steps, dim=1).to(device=query.device, dtype=query.dtype)  # [B, q, H, D]
     return out, None
+
+
+def cache_kwarg(model):
+    """The name under which this transformers takes a cache: "cache" (5.x: past_key_values= is deprecated, with a
+    warning on every call, and goes in 5.40), else "past_key_values" (older versions)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def use_kvq_attention(model):

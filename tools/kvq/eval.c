@@ -561,12 +561,16 @@ static rel_kind rel_of(double num, double den, double *out)
     return REL_OK;
 }
 
-/* One cell of an error row; counts the cells that were not measured. */
+/* One cell of an error row; counts the cells that were not measured. Below 1e-3, %.6f would show two digits or
+ * none (3.4e-7, the cpu backend's fp32 arithmetic on specs/fp16.kvq, printed 0.000000, a perfect score): %.3g
+ * keeps three significant digits there (0.000123, 3.4e-07), so only an exact 0 prints as 0.000000. */
 static void print_rel(int w, double num, double den, int *unmeasured)
 {
     double v;
     rel_kind k = rel_of(num, den, &v);
-    if (k == REL_OK)
+    if (k == REL_OK && v != 0 && v < 1e-3)
+        printf(" %*.3g", w, v);
+    else if (k == REL_OK)
         printf(" %*.6f", w, v);
     else
         printf(" %*s", w, k == REL_NAN ? "nan" : "undefined");
