@@ -224,6 +224,8 @@ static kvq_status prepare_kind(cu_dev_kind kind, const kvq_be_engine *e, kvq_bac
     c->H = e->dims.kv_heads, c->Hq = e->dims.heads, c->D = e->dims.head_dim;
     kvq_status st = cu_dev_open(kind, &c->dev, msg, n);
     char *src = NULL;
+    cu_ctx_scope cs;
+    if (st == KVQ_OK) cu_dev_enter(c->dev, &cs); /* the device's context, on this thread, until the end */
     if (st == KVQ_OK) {
         c->plan = kvq_malloc(sizeof *c->plan);
         st = c->plan ? plan_build(e->scheme, &e->dims, KVQ_F32, c->plan, msg, n) : KVQ_ERR_NOMEM;
@@ -248,6 +250,7 @@ static kvq_status prepare_kind(cu_dev_kind kind, const kvq_be_engine *e, kvq_bac
                 cu_dev_occupancy(c->dev, c->mod, kname, c->plan->threads, (size_t)c->plan->cls[k].smem);
     }
     c->sm_count = cu_dev_sm_count(c->dev) > 0 ? cu_dev_sm_count(c->dev) : 1;
+    if (c->dev) cu_dev_leave(c->dev, &cs);
     if (st != KVQ_OK) {
         if (st == KVQ_ERR_NOMEM) snprintf(msg, n, "out of memory");
         ctx_free(c);

@@ -44,7 +44,10 @@ kvq_status cu_dev_memset(cu_dev *d, uint64_t dst, int byte, size_t n, char *msg,
 /* ---- the stream (docs/cuda.md "The host protocol"): launches, async copies and memsets of a device are queued
  * on one stream in order, the device's own (created at open, non-blocking) or the caller's (a CUstream passed as
  * void *). Nothing waits for them until cu_dev_sync or a synchronous copy. ---- */
-/* Binds the device to `stream` (NULL: back to the device's own). The caller keeps its stream alive. */
+/* Binds the device to `stream` (NULL: back to the device's own). The caller keeps its stream alive. The two
+ * streams are joined (ops->join): the new stream's work waits for the old one's, so a pool block zeroed on the
+ * engine's stream is zeroed before a caller's stream writes it, and a block a caller's stream used is zeroed
+ * only after that use; without a synchronisation. */
 void cu_dev_set_stream(cu_dev *d, void *stream);
 void *cu_dev_stream(const cu_dev *d);
 /* cuMemcpyHtoDAsync / cuMemcpyDtoHAsync on the stream. The host side should be page-locked
@@ -136,6 +139,9 @@ typedef struct {
     void (*enter)(cu_dev *, cu_ctx_scope *);
     void (*leave)(cu_dev *, const cu_ctx_scope *);
     void (*close)(cu_dev *);
+    /* Orders stream `to`'s later work after `from`'s work so far (an event recorded on from, waited for by to);
+     * NULL where streams need no joining (the emulator runs everything at once). */
+    void (*join)(cu_dev *, void *from, void *to);
 } cu_dev_ops;
 /* The front (cu_dev.c) does the rest: synchronous copies are async copies + sync, and the counters and the
  * capture checks (cu_counters.h) are kept there, for both implementations. */

@@ -69,12 +69,17 @@ static struct {
     CUresult (*event_record)(CUevent, CUstream);
     CUresult (*event_sync)(CUevent);
     CUresult (*event_destroy)(CUevent);
+    CUresult (*driver_version)(int *);
+    CUresult (*ctx_state)(CUdevice, unsigned *, int *);
+    CUresult (*stream_wait)(CUstream, CUevent, unsigned);
+    CUresult (*stream_capturing)(CUstream, int *);
 } cu;
 
 typedef struct {
     CUdevice dev;
     CUcontext ctx;
     int borrowed; /* the caller's current context: not ours to release */
+    CUevent join_ev; /* drv_join's */
 } drv_dev;
 
 /* The module's CUfunctions, looked up once per name (cuModuleGetFunction) and kept, not per launch. */
@@ -180,6 +185,10 @@ static kvq_status load_driver(char *msg, size_t n)
         {&cu.event_record, "cuEventRecord"},
         {&cu.event_sync, "cuEventSynchronize"},
         {&cu.event_destroy, "cuEventDestroy_v2"},
+        {&cu.driver_version, "cuDriverGetVersion"},
+        {&cu.ctx_state, "cuDevicePrimaryCtxGetState"},
+        {&cu.stream_wait, "cuStreamWaitEvent"},
+        {&cu.stream_capturing, "cuStreamIsCapturing"},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         void *f = dlsym(h, syms[i].name);
@@ -427,12 +436,42 @@ int cu_driver_occupancy(cu_module *m, const char *kernel, int threads, size_t sm
 static void drv_close(cu_dev *d)
 {
     drv_dev *dd = d->impl;
+    cu_ctx_scope cs;
+    drv_enter(d, &cs);
     if (d->own_stream) {
         cu.stream_sync((CUstream)d->own_stream);
         cu.stream_destroy((CUstream)d->own_stream);
     }
+    if (dd->join_ev) cu.event_destroy(dd->join_ev);
+    drv_leave(d, &cs);
     if (!dd->borrowed) cu.ctx_release(dd->dev);
+    /* the thread must not keep a context whose last reference is gone (it was reset: every call on it fails) */
+    CUcontext now = NULL;
+    unsigned flags = 0;
+    int active = 1;
+    if (!dd->borrowed && cu.ctx_get(&now) == 0 && now == dd->ctx && cu.ctx_state(dd->dev, &flags, &active) == 0 &&
+        !active)
+        cu.ctx_set(NULL);
     kvq_free(dd);
+}
+
+#define CU_EVENT_WAIT_EXTERNAL 1
+/* Stream `to` waits for `from`'s work so far (cu_dev_set_stream). Stream capture allows no dependency across
+ * its boundary: into a capturing stream the wait is an external event node (the graph waits for the event's
+ * latest record when it is launched); out of a capturing stream there is none (it would pull the engine's
+ * stream into the capture): the caller orders a captured graph's launches before the engine's next use of
+ * the memory they touch (docs/cuda.md "Streams"). If the event cannot be used, the host waits instead. */
+static void drv_join(cu_dev *d, void *from, void *to)
+{
+    drv_dev *dd = d->impl;
+    int cap_from = 0, cap_to = 0;
+    if (cu.stream_capturing((CUstream)from, &cap_from)) cap_from = 0;
+    if (cu.stream_capturing((CUstream)to, &cap_to)) cap_to = 0;
+    if (cap_from) return;
+    if (dd->join_ev && cu.event_record(dd->join_ev, (CUstream)from) == 0 &&
+        cu.stream_wait((CUstream)to, dd->join_ev, cap_to ? CU_EVENT_WAIT_EXTERNAL : 0) == 0)
+        return;
+    cu.stream_sync((CUstream)from);
 }
 
 static const cu_dev_ops drv_ops = {
@@ -455,7 +494,43 @@ static const cu_dev_ops drv_ops = {
     .enter = drv_enter,
     .leave = drv_leave,
     .close = drv_close,
+    .join = drv_join,
 };
+
+/* The process's own reference to a device's primary context, taken with the first engine (or probe) on it and
+ * kept: an engine's open and close retain and release theirs, so without it the backend's probe (open, close)
+ * would create and reset the context just before the engine creates it again, and every engine freed last
+ * would reset it (cudart's own reference behaves the same way: it is never released). */
+#define DRV_MAX_DEVICES 64
+static int process_ref[DRV_MAX_DEVICES];
+
+/* The context an engine opened on this thread runs in, and its reference: the caller's current context when
+ * there is one (an inference engine's: its device pointers and streams belong to it), else the primary context
+ * of device `ord`. A current primary context is retained like any other use of it (it is the caller's only while
+ * the caller holds its own reference); only a context the caller created (cuCtxCreate) is borrowed, and the
+ * caller keeps it alive while the engine lives. */
+static CUresult bind_context(drv_dev *dd, int ord, int use_current)
+{
+    CUcontext cur = NULL;
+    CUresult r;
+    if (use_current && cu.ctx_get(&cur) == 0 && cur && cu.ctx_device(&dd->dev) == 0) {
+        CUcontext prim = NULL;
+        if ((r = cu.ctx_retain(&prim, dd->dev))) return r;
+        if (prim == cur) {
+            dd->ctx = prim;
+        } else {
+            cu.ctx_release(dd->dev);
+            dd->ctx = cur, dd->borrowed = 1;
+        }
+    } else {
+        if ((r = cu.dev_get(&dd->dev, ord)) || (r = cu.ctx_retain(&dd->ctx, dd->dev))) return r;
+    }
+    if (!dd->borrowed && dd->dev >= 0 && dd->dev < DRV_MAX_DEVICES && !process_ref[dd->dev]) {
+        CUcontext again = NULL;
+        if (cu.ctx_retain(&again, dd->dev) == 0) process_ref[dd->dev] = 1;
+    }
+    return 0;
+}
 
 kvq_status cu_driver_open(cu_dev *d, char *msg, size_t n)
 {
@@ -476,24 +551,24 @@ kvq_status cu_driver_open(cu_dev *d, char *msg, size_t n)
     int major = 0, minor = 0;
     const char *env = getenv("KVQ_CUDA_DEVICE");
     int ord = env && *env ? atoi(env) : 0;
-    /* an engine is bound to the context current on the creating thread when there is one (an inference
-     * engine's: its device pointers and streams belong to it), else to the device's primary context */
-    CUcontext cur = NULL;
-    if (!(env && *env) && cu.ctx_get(&cur) == 0 && cur && cu.ctx_device(&dd->dev) == 0) {
-        dd->ctx = cur, dd->borrowed = 1;
-        ord = (int)dd->dev;
-    }
-    if ((!dd->borrowed && (r = cu.dev_get(&dd->dev, ord))) || (r = cu.dev_attr(&major, CU_ATTR_CC_MAJOR, dd->dev)) ||
-        (r = cu.dev_attr(&minor, CU_ATTR_CC_MINOR, dd->dev)) ||
-        (r = cu.dev_attr(&d->sm_count, CU_ATTR_SM_COUNT, dd->dev)) ||
-        (!dd->borrowed && (r = cu.ctx_retain(&dd->ctx, dd->dev))) || (r = cu.ctx_set(dd->ctx))) {
-        if (!dd->borrowed && dd->ctx) cu.ctx_release(dd->dev);
+    CUcontext prev = NULL;
+    if (cu.ctx_get(&prev) != 0) prev = NULL;
+    if ((r = bind_context(dd, ord, !(env && *env)))) {
         kvq_free(dd);
         snprintf(msg, n, "cuda: unavailable: device %d: %s", ord, err_text(r));
         return KVQ_ERR_UNAVAILABLE;
     }
+    if ((r = cu.dev_attr(&major, CU_ATTR_CC_MAJOR, dd->dev)) || (r = cu.dev_attr(&minor, CU_ATTR_CC_MINOR, dd->dev)) ||
+        (r = cu.dev_attr(&d->sm_count, CU_ATTR_SM_COUNT, dd->dev)) || (r = cu.ctx_set(dd->ctx))) {
+        if (!dd->borrowed) cu.ctx_release(dd->dev);
+        cu.ctx_set(prev);
+        snprintf(msg, n, "cuda: unavailable: device %d: %s", (int)dd->dev, err_text(r));
+        kvq_free(dd);
+        return KVQ_ERR_UNAVAILABLE;
+    }
     if (major < 8) {
         if (!dd->borrowed) cu.ctx_release(dd->dev);
+        cu.ctx_set(prev);
         kvq_free(dd);
         snprintf(msg, n, "cuda: unavailable: device is sm_%d%d, the kernels need sm_80 or newer", major, minor);
         return KVQ_ERR_UNAVAILABLE;
@@ -507,10 +582,14 @@ kvq_status cu_driver_open(cu_dev *d, char *msg, size_t n)
     CUstream s = NULL;
     if ((r = cu.stream_create(&s, CU_STREAM_NON_BLOCKING))) {
         if (!dd->borrowed) cu.ctx_release(dd->dev);
+        cu.ctx_set(prev);
         kvq_free(dd);
         snprintf(msg, n, "cuda: cuStreamCreate: %s", err_text(r));
         return KVQ_ERR_INTERNAL;
     }
+    if ((r = cu.event_create(&dd->join_ev, CU_EVENT_DISABLE_TIMING))) dd->join_ev = NULL; /* drv_join syncs */
+    /* the thread's context as it was: the backend brackets its device calls (cu_dev_enter / cu_dev_leave) */
+    cu.ctx_set(prev);
     d->own_stream = d->stream = s;
     d->ops = &drv_ops;
     d->impl = dd;

@@ -139,6 +139,19 @@ static int captures_active, capture_seq, capture_invalid[1024];
 static fakecuda_launch_hook launch_hook;
 static FILE *log_file;
 static int verbose;
+/* every handle ever made, so that later uses of destroyed ones are reported, not crashes (and not leaks) */
+static void **handles;
+static int n_handles, cap_handles;
+static void *keep(void *h)
+{
+    if (h && n_handles == cap_handles) {
+        int c = cap_handles ? 2 * cap_handles : 256;
+        void **n = realloc(handles, (size_t)c * sizeof *n);
+        if (n) handles = n, cap_handles = c;
+    }
+    if (h && n_handles < cap_handles) handles[n_handles++] = h;
+    return h;
+}
 
 /* ---- recording ---- */
 static char **logv, **viols;
@@ -551,7 +564,7 @@ API CUresult cuCtxCreate_v2(void **ctx, unsigned flags, int dev)
     pthread_mutex_lock(&mu);
     (void)flags;
     CUresult r = !inited ? E_NOT_INITIALIZED : dev != 0 ? E_INVALID_DEVICE : OK;
-    fc_ctx *c = r ? NULL : calloc(1, sizeof *c);
+    fc_ctx *c = r ? NULL : keep(calloc(1, sizeof *c));
     if (!r && !c) r = E_OUT_OF_MEMORY;
     if (!r) {
         c->dev = dev, c->active = 1, c->gen = 1;
@@ -1006,7 +1019,7 @@ API CUresult cuEventCreate(void **out, unsigned flags)
 {
     pthread_mutex_lock(&mu);
     CUresult r = need_ctx("cuEventCreate");
-    fc_event *e = r ? NULL : calloc(1, sizeof *e);
+    fc_event *e = r ? NULL : keep(calloc(1, sizeof *e));
     if (!r && !e) r = E_OUT_OF_MEMORY;
     if (!r) e->ctx = cur, e->gen = cur->gen, e->live = 1, *out = e;
     r = logged(r, "cuEventCreate", "flags=%u", flags);
@@ -1200,7 +1213,7 @@ API CUresult cuModuleLoadData(void **out, const void *image)
             free(m);
             m = NULL;
         } else {
-            *out = m;
+            *out = keep(m);
         }
     }
     r = logged(r, "cuModuleLoadData", "%s", kind);
