@@ -12,18 +12,77 @@
 
 /* ---- helpers shared with the layer files ---- */
 
+/* Grows a scratch buffer to `need` bytes (doubling). The old buffer is not freed here: cuMemFree synchronises the
+ * device (and a stream capture refuses it), and its last users may still be queued. It is retired and freed
+ * outside any step: at the next reservation or with the engine (cu_scratch_release). */
 kvq_status cu_scratch(kvq_backend_ctx *c, uint64_t *buf, size_t *have, size_t need, char *msg, size_t n)
 {
     if (need <= *have && *buf) return KVQ_OK;
     size_t cap = *have ? *have : 4096;
     while (cap < need) cap *= 2;
+    if (*buf && c->n_retired == c->cap_retired) {
+        int rc = c->cap_retired ? 2 * c->cap_retired : 16;
+        uint64_t *nr = kvq_realloc(c->retired, (size_t)rc * sizeof *nr);
+        if (!nr) {
+            snprintf(msg, n, "out of memory");
+            return KVQ_ERR_NOMEM;
+        }
+        c->retired = nr, c->cap_retired = rc;
+    }
     uint64_t nb = 0;
     kvq_status st = cu_dev_alloc(c->dev, cap, &nb, msg, n);
     if (st != KVQ_OK) return st;
-    cu_dev_free(c->dev, *buf);
+    if (*buf) c->retired[c->n_retired++] = *buf;
     *buf = nb;
     *have = cap;
     return KVQ_OK;
+}
+
+void cu_scratch_release(kvq_backend_ctx *c)
+{
+    for (int i = 0; i < c->n_retired; i++) cu_dev_free(c->dev, c->retired[i]);
+    c->n_retired = 0;
+}
+
+/* The eager decode path's scratch (decode_run: queries, outputs, new rows, tiles, split-KV partials) for batches
+ * of up to max_batch sequences of up to max_tokens tokens, sized once, so that no such step allocates (S: the
+ * planned steps' bounds, cu_step_reserve's). */
+kvq_status cu_scratch_reserve(kvq_backend_ctx *c, int max_batch, const cu_step *S, char *msg, size_t ms)
+{
+    size_t n = (size_t)max_batch, H = (size_t)c->H, Hq = (size_t)c->Hq, D = (size_t)c->D;
+    int tiles = S->tiles_cap > 0 ? S->tiles_cap : 1;
+    size_t part = 0;
+    for (int k = 0; k < c->plan->n_classes; k++) {
+        int ch = cu_chunks_max(c, k, max_batch);
+        if (ch > tiles) ch = tiles;
+        if ((size_t)ch * n * Hq * (D + 1) * sizeof(float) > part) part = (size_t)ch * n * Hq * (D + 1) * sizeof(float);
+    }
+    kvq_status st = cu_scratch(c, &c->qbuf, &c->qbuf_bytes, (2 * n * Hq * D + n * Hq) * sizeof(float), msg, ms);
+    if (st == KVQ_OK) st = cu_scratch(c, &c->kvin, &c->kvin_bytes, n * 2 * H * D * 2, msg, ms);
+    if (st == KVQ_OK) st = cu_scratch(c, &c->tiles, &c->tiles_bytes, n * (size_t)tiles * sizeof(kvq_tile), msg, ms);
+    if (st == KVQ_OK) st = cu_scratch(c, &c->seqs, &c->seqs_bytes, n * sizeof(kvq_seq_tiles), msg, ms);
+    if (st == KVQ_OK && part) st = cu_scratch(c, &c->part, &c->part_bytes, part, msg, ms);
+    /* a sequence's policy work (its kernels' outputs, reused item after item) and one token's rows */
+    if (st == KVQ_OK && S->pol_seq) st = cu_scratch(c, &c->pol, &c->pol_bytes, S->pol_seq + S->zaux_seq, msg, ms);
+    if (st == KVQ_OK) st = cu_scratch(c, &c->stage, &c->stage_bytes, 2 * H * D * 2 + 64, msg, ms);
+    /* the page-locked staging of two steps' host data (tiles, tables, queries, outputs, new rows, policy items):
+     * page-locked allocation synchronises too, and a capture refuses it */
+    size_t hst = 2 * (n * (size_t)tiles * sizeof(kvq_tile) + n * sizeof(kvq_seq_tiles) + 2 * n * Hq * D * sizeof(float) +
+                      n * (4 * H * D * 2 + 4096));
+    if (st == KVQ_OK && hst > c->hst_bytes) {
+        size_t cap = c->hst_bytes ? c->hst_bytes : 65536;
+        while (cap < hst) cap *= 2;
+        void *h = NULL;
+        uint64_t hd = 0;
+        st = cu_dev_sync(c->dev, msg, ms); /* the copies queued from the old staging have read it */
+        if (st == KVQ_OK) st = cu_dev_alloc_host(c->dev, cap, &h, &hd, msg, ms);
+        if (st == KVQ_OK) {
+            cu_dev_free_host(c->dev, c->hst);
+            c->hst = h, c->hst_dev = hd, c->hst_bytes = cap, c->hst_used = 0;
+        }
+    }
+    if (st == KVQ_OK) cu_scratch_release(c); /* outside a step: what grew before is freed now */
+    return st;
 }
 
 kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -204,6 +263,8 @@ static void ctx_free(kvq_backend_ctx *c)
     cu_dev_free(c->dev, c->aux);
     cu_dev_free(c->dev, c->pol);
     cu_dev_free(c->dev, c->kvin);
+    cu_scratch_release(c);
+    kvq_free(c->retired);
     cu_step_free(c);
     cu_pool_free(c);
     cu_dev_free_host(c->dev, c->hst);
@@ -707,6 +768,7 @@ static kvq_status be_reserve(kvq_backend_ctx *c, size_t bytes, char *msg, size_t
     cu_ctx_scope cs;
     cu_dev_enter(c->dev, &cs);
     kvq_status st = cu_pool_reserve(c, bytes, msg, ms);
+    if (st == KVQ_OK) cu_scratch_release(c); /* a reservation is outside the steps: outgrown scratch is freed */
     cu_dev_leave(c->dev, &cs);
     return st;
 }
@@ -717,6 +779,7 @@ static kvq_status be_reserve_step(kvq_backend_ctx *c, int max_batch, int max_tok
     cu_ctx_scope cs;
     cu_dev_enter(c->dev, &cs);
     kvq_status st = cu_step_reserve(c, max_batch, max_tokens, msg, ms);
+    if (st == KVQ_OK) st = cu_scratch_reserve(c, max_batch, &c->step, msg, ms);
     cu_dev_leave(c->dev, &cs);
     return st;
 }

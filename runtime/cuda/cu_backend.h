@@ -252,6 +252,8 @@ struct kvq_backend_ctx {
     size_t pol_bytes; /* policy kernels' inputs, outputs and work */
     uint64_t kvin;
     size_t kvin_bytes; /* kvq_decode_device: the batch's new K and V rows, fp16 [n][2][H][D] */
+    uint64_t *retired; /* scratch outgrown inside steps, freed outside them (cu_scratch_release) */
+    int n_retired, cap_retired;
     kvq_tile *htiles;
     int htiles_cap;
     cu_pool pool;
@@ -311,7 +313,12 @@ kvq_status cu_decode_launch(kvq_backend_ctx *c, int cls, int n, int nch, int tpc
 kvq_status cu_convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long sts, long long shs, uint64_t dst,
                            int ddt, long long dts, long long dhs, int n, int heads, int dim, float mul, char *msg,
                            size_t ms);
+/* Device scratch `*buf` of at least `need` bytes: grown (doubling) by a new allocation, never by a free inside a
+ * step (the outgrown buffer is retired until cu_scratch_release, outside steps). */
 kvq_status cu_scratch(kvq_backend_ctx *c, uint64_t *buf, size_t *have, size_t need, char *msg, size_t n);
+void cu_scratch_release(kvq_backend_ctx *c);
+/* kvq_engine_reserve_step: the eager step's scratch for max_batch sequences at the bounds S (cu_step_reserve). */
+kvq_status cu_scratch_reserve(kvq_backend_ctx *c, int max_batch, const cu_step *S, char *msg, size_t ms);
 kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                      const void *params, size_t size, char *msg, size_t n);
 /* gridDim.y for `blocks` blocks of work on y: at most 65535, the hardware's limit (the kernels that take tokens on

@@ -71,7 +71,8 @@ double cu_dev_peak_gbps(const cu_dev *d);
 /* Loads the kernels of translation unit `src` (scheme name for generated/ lookup, may be NULL). */
 kvq_status cu_dev_load(cu_dev *d, const char *src, const char *scheme, cu_module **out, char *msg, size_t msg_size);
 void cu_module_free(cu_module *m);
-/* Where the module came from: "generated", "cache", "jit". */
+/* Where the module came from: "generated", "cache", "jit", or "ptx" (the driver refused the cubin: older than
+ * NVRTC; its PTX was JIT-compiled by the driver instead). */
 const char *cu_module_origin(const cu_module *m);
 
 /* Launches `kernel` of m with one parameter struct on the device's stream, asynchronously (cuLaunchKernel; no

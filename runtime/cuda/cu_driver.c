@@ -124,10 +124,86 @@ static const char *err_text(CUresult r)
     return s ? s : "unknown CUDA error";
 }
 
+/* "CUDA 12.4" from cuDriverGetVersion (1000 * major + 10 * minor): every driver error names it. */
+static const char *driver_text(char *buf, size_t n)
+{
+    int v = 0;
+    if (!cu.driver_version || cu.driver_version(&v) != 0 || v <= 0)
+        snprintf(buf, n, "driver version unknown");
+    else
+        snprintf(buf, n, "driver CUDA %d.%d", v / 1000, v % 1000 / 10);
+    return buf;
+}
+
 static kvq_status fail(CUresult r, const char *what, char *msg, size_t n)
 {
-    snprintf(msg, n, "cuda: %s: %s (%d)", what, err_text(r), r);
+    char dv[48];
+    snprintf(msg, n, "cuda: %s: %s (%d) [%s]", what, err_text(r), r, driver_text(dv, sizeof dv));
     return r == 2 ? KVQ_ERR_NOMEM : KVQ_ERR_INTERNAL; /* 2: CUDA_ERROR_OUT_OF_MEMORY */
+}
+
+#define CUDA_ERROR_INVALID_PTX 218
+#define CUDA_ERROR_NO_BINARY_FOR_GPU 209
+#define CUDA_ERROR_UNSUPPORTED_PTX_VERSION 222
+
+/* The newest PTX ISA (10 * major + minor) a driver JIT-compiles, by its version (the PTX ISA release notes). */
+static int driver_ptx_isa(int version)
+{
+    static const int map[][2] = {{13000, 90}, {12090, 88}, {12080, 87}, {12050, 85}, {12040, 84}, {12030, 83},
+                                 {12020, 82}, {12010, 81}, {12000, 80}, {11080, 78}, {11070, 77}, {11060, 76},
+                                 {11050, 75}, {11040, 74}, {11030, 73}, {11020, 72}, {11010, 71}, {11000, 70}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (version >= map[i][0]) return map[i][1];
+    return 0;
+}
+
+/* The oldest PTX ISA that has the target (sm_80: 7.0, sm_86: 7.1, sm_89 and sm_90: 7.8, sm_100: 8.6, sm_120: 8.7). */
+static int target_min_isa(const char *arch)
+{
+    int sm = atoi(arch + 3);
+    return sm >= 120 ? 87 : sm >= 100 ? 86 : sm >= 89 ? 78 : sm >= 86 ? 71 : 70;
+}
+
+/* When the driver refuses the cubin (NVRTC newer than the driver: CUDA_ERROR_NO_BINARY_FOR_GPU, or an ISA it
+ * does not know), the module from the PTX instead, its ".version" lowered to the newest ISA the driver knows when
+ * NVRTC's is newer (the generated kernels use nothing past the target's first ISA; the driver's JIT checks).
+ * A driver too old for the target's ISA, or a PTX the driver refuses too, is an error that names both. */
+static CUresult load_ptx(cu_dev *d, const char *ptx, CUresult cubin_err, CUmodule *mod, char *msg, size_t n)
+{
+    int ver = 0;
+    if (cu.driver_version(&ver) != 0) ver = 0;
+    const char *vl = ptx ? strstr(ptx, ".version ") : NULL;
+    int isa = vl ? atoi(vl + 9) * 10 + (strchr(vl + 9, '.') ? atoi(strchr(vl + 9, '.') + 1) : 0) : 0;
+    int have = driver_ptx_isa(ver), need = target_min_isa(d->arch);
+    char dv[48];
+    driver_text(dv, sizeof dv);
+    if (!vl || have < need) {
+        snprintf(msg, n,
+                 "cuda: cuModuleLoadData: the %s cubin from NVRTC %s was refused: %s (%d); the %s (newest PTX ISA "
+                 "%d.%d) cannot run %s code (PTX ISA %d.%d or newer): update the driver to CUDA %s or newer",
+                 d->arch, cu_nvrtc_version(), err_text(cubin_err), cubin_err, dv, have / 10, have % 10, d->arch,
+                 need / 10, need % 10, cu_nvrtc_version());
+        return cubin_err;
+    }
+    char *text = kvq_malloc(strlen(ptx) + 1);
+    if (!text) return 2;
+    strcpy(text, ptx);
+    if (isa > have) { /* ".version 9.0" -> ".version 8.4": same length for one-digit minors */
+        char *v = text + (vl - ptx) + 9;
+        char buf[16];
+        int len = (int)strcspn(v, " \t\r\n");
+        int k = snprintf(buf, sizeof buf, "%d.%d", have / 10, have % 10);
+        if (k == len) memcpy(v, buf, (size_t)k);
+    }
+    CUresult r = cu.mod_load(mod, text);
+    kvq_free(text);
+    if (r)
+        snprintf(msg, n,
+                 "cuda: cuModuleLoadData: the %s cubin from NVRTC %s was refused: %s (%d), and its PTX (ISA %d.%d%s) "
+                 "too: %s (%d) [%s]: update the driver to CUDA %s or newer",
+                 d->arch, cu_nvrtc_version(), err_text(cubin_err), cubin_err, isa / 10, isa % 10,
+                 isa > have ? ", lowered to the driver's newest" : "", err_text(r), r, dv, cu_nvrtc_version());
+    return r;
 }
 
 static kvq_status load_driver(char *msg, size_t n)
@@ -331,6 +407,18 @@ static kvq_status drv_load(cu_dev *d, const char *src, const char *scheme, cu_mo
     CUmodule mod;
     CUresult r = cu.mod_load(&mod, cubin ? cubin : c.cubin);
     kvq_free(cubin);
+    if (r == CUDA_ERROR_NO_BINARY_FOR_GPU || r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION || r == CUDA_ERROR_INVALID_PTX) {
+        /* the PTX of the same source (generated/ has cubins only: NVRTC's, through the cache) */
+        if (!c.ptx) {
+            kvq_status st = cu_nvrtc_compile(src, d->arch, 1, &c, NULL, msg, n);
+            if (st != KVQ_OK) return st;
+        }
+        CUresult r2 = load_ptx(d, c.ptx, r, &mod, msg, n);
+        cu_compiled_free(&c);
+        if (r2) return r2 == 2 ? KVQ_ERR_NOMEM : KVQ_ERR_INTERNAL;
+        origin = "ptx";
+        r = 0;
+    }
     cu_compiled_free(&c);
     if (r) return fail(r, "cuModuleLoadData", msg, n);
     cu_module *m = kvq_calloc(1, sizeof *m);

@@ -139,6 +139,8 @@ static int captures_active, capture_seq, capture_invalid[1024];
 static fakecuda_launch_hook launch_hook;
 static FILE *log_file;
 static int verbose;
+/* CUDA does not survive fork: a child of a process that initialised the driver may not use it. */
+static int forked_after_init;
 /* every handle ever made, so that later uses of destroyed ones are reported, not crashes (and not leaks) */
 static void **handles;
 static int n_handles, cap_handles;
@@ -263,6 +265,10 @@ static const char *ctx_name(const fc_ctx *c)
 
 static CUresult need_ctx(const char *call)
 {
+    if (forked_after_init) {
+        violation("%s in a child forked after its parent initialised the driver", call);
+        return E_NOT_INITIALIZED;
+    }
     if (!inited) {
         violation("%s before cuInit", call);
         return E_NOT_INITIALIZED;
@@ -456,9 +462,22 @@ static CUresult capture_refuses(const char *call)
         return r_;                                                                                             \
     } while (0)
 
+static void in_child(void)
+{
+    if (inited) forked_after_init = 1;
+    pthread_mutex_init(&mu, NULL);
+}
+
 static CUresult do_init(unsigned flags)
 {
-    if (!inited) configure();
+    if (forked_after_init) {
+        violation("cuInit in a child forked after its parent initialised the driver (CUDA does not survive fork)");
+        return logged(E_NOT_INITIALIZED, "cuInit", "%u", flags);
+    }
+    if (!inited) {
+        configure();
+        pthread_atfork(NULL, NULL, in_child);
+    }
     inited = 1;
     for (int d = 0; d < MAX_DEV; d++) primary[d].primary = 1, primary[d].dev = d;
     return logged(flags ? E_INVALID_VALUE : OK, "cuInit", "%u", flags);
@@ -1101,7 +1120,7 @@ API CUresult cuStreamWaitEvent(void *hs, void *he, unsigned flags)
         violation("cuStreamWaitEvent merges two capture sequences: CUDA_ERROR_STREAM_CAPTURE_ISOLATION");
         r = E_CAPTURE_ISOLATION;
     }
-    if (!r && !(s->capture && !e->capture)) { /* an external wait adds nothing to the captured order */
+    if (!r) { /* an external wait in a capture: the graph waits for the event's latest record at launch */
         if (e->capture && !s->capture) s->capture = e->capture; /* the stream joins the capture */
         seq = enqueue(s);
         vc_join(&vc[s->id], &e->vc);
@@ -1168,7 +1187,10 @@ static CUresult parse_ptx(const char *ptx, fc_mod *m)
     const char *dot = strchr(v + 9, '.');
     int isa = atoi(v + 9) * 10 + (dot ? atoi(dot + 1) : 0);
     if (isa > driver_ptx_isa(driver_version)) return E_UNSUPPORTED_PTX_VERSION;
-    if (atoi(t + 11) > sm_major * 10 + sm_minor) return E_NO_BINARY_FOR_GPU;
+    int sm = atoi(t + 11);
+    if (sm > sm_major * 10 + sm_minor) return E_NO_BINARY_FOR_GPU;
+    /* a target needs the ISA that introduced it (sm_80: 7.0, sm_86: 7.1, sm_89/sm_90: 7.8) */
+    if (isa < (sm >= 89 ? 78 : sm >= 86 ? 71 : 70)) return 218; /* CUDA_ERROR_INVALID_PTX */
     int n = 0;
     for (const char *p = ptx; (p = strstr(p, ".entry ")); p++) n++;
     m->fns = calloc((size_t)n + 1, sizeof *m->fns);

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cu_warm.h"
 #include "fakecuda/fakecuda.h"
 #include "kvq_params.cuh"
 #include "test_engine_util.h"
@@ -30,6 +31,7 @@ static struct {
     int (*retain)(void **, int);
     int (*release)(int);
     int (*set_current)(void *);
+    int (*get_current)(void **);
     int (*stream_create)(void **, unsigned);
     int (*stream_destroy)(void *);
     int (*stream_sync)(void *);
@@ -68,7 +70,7 @@ static int setup(void)
         void *slot;
         const char *name;
     } syms[] = {{&drv.retain, "cuDevicePrimaryCtxRetain"}, {&drv.release, "cuDevicePrimaryCtxRelease_v2"},
-                {&drv.set_current, "cuCtxSetCurrent"},     {&drv.stream_create, "cuStreamCreate"},
+                {&drv.set_current, "cuCtxSetCurrent"}, {&drv.get_current, "cuCtxGetCurrent"},     {&drv.stream_create, "cuStreamCreate"},
                 {&drv.stream_destroy, "cuStreamDestroy_v2"}, {&drv.stream_sync, "cuStreamSynchronize"},
                 {&drv.mem_alloc, "cuMemAlloc_v2"},         {&drv.mem_free, "cuMemFree_v2"},
                 {&drv.begin_capture, "cuStreamBeginCapture_v2"}, {&drv.end_capture, "cuStreamEndCapture"},
@@ -172,6 +174,198 @@ static void check_quiet(const char *what)
                                          "cuStreamSynchronize", "cuEventSynchronize", "cuMemcpyDtoHAsync_v2"};
     for (size_t i = 0; i < sizeof banned / sizeof *banned; i++)
         TH_CHECK(fk.calls(banned[i]) == 0, "%s: %ld calls of %s", what, fk.calls(banned[i]), banned[i]);
+}
+
+
+/* ---- the defects a first GPU run would hit (issue 18), each on fp16 or KIVI-2 ---- */
+static kvq_spec *fp16_spec, *kivi_spec;
+
+static void *current_ctx(void)
+{
+    void *c = NULL;
+    drv.get_current(&c);
+    return c;
+}
+
+/* 1. Each engine retains the primary context; the probe does not create and reset it before prepare creates it
+ *    again; a second engine survives the first; no engine leaves its context current on the caller's thread. */
+static void test_contexts(void)
+{
+    th_begin("defect 1: engines retain the primary context (the probe keeps it alive, a second engine outlives the "
+             "first, the caller's thread keeps its own current context)");
+    char err[1024] = "";
+    drv.set_current(NULL);
+    fk.reset();
+    const kvq_scheme *s = kvq_spec_scheme(fp16_spec, NULL);
+    kvq_engine *a = engine(s, err, sizeof err);
+    TH_CHECK(a, "engine A: %s", err);
+    TH_CHECK(current_ctx() == NULL, "creating an engine left a context current on the caller's thread");
+    kvq_engine *b = a ? engine(s, err, sizeof err) : NULL;
+    TH_CHECK(b, "engine B: %s", err);
+    TH_CHECK(fk.counter("ctx_activations") <= 1 && fk.counter("ctx_resets") == 0,
+             "the primary context was activated %ld times and reset %ld times while two engines were created "
+             "(the probe's open and close must not reset it)",
+             fk.counter("ctx_activations"), fk.counter("ctx_resets"));
+    TH_CHECK(fk.counter("primary_refs") >= 2, "%ld references to the primary context with two engines alive",
+             fk.counter("primary_refs"));
+    kvq_seq *sb[1] = {NULL};
+    if (b) {
+        TH_CHECK(kvq_seq_create(b, &sb[0]) == KVQ_OK && prefill(b, sb, 1, PROMPT) == KVQ_OK, "prefill B: %s",
+                 kvq_engine_errmsg(b));
+        kvq_engine_free(a);
+        a = NULL;
+        TH_CHECK(fk.counter("ctx_resets") == 0, "freeing engine A reset the context engine B runs in");
+        TH_CHECK(decode_host(b, sb, 1) == KVQ_OK, "engine B after A was freed: %s", kvq_engine_errmsg(b));
+    }
+    kvq_engine_free(a);
+    kvq_engine_free(b);
+    TH_CHECK(current_ctx() == NULL, "the caller's thread has a context current after the engines were freed");
+    check_rules("two engines");
+    th_end();
+}
+
+/* 2. The cache is filled by children forked before this process initialised the driver, waited for with a
+ *    timeout (cu_warm.h, as test_cuda_backend does). */
+static int warm_job(int i)
+{
+    char err[1024];
+    kvq_engine *e = engine(kvq_spec_scheme(i ? kivi_spec : fp16_spec, NULL), err, sizeof err);
+    kvq_engine_free(e);
+    return e ? 0 : 1;
+}
+static int probe_job(char *err, size_t n)
+{
+    kvq_engine *e = engine(kvq_spec_scheme(fp16_spec, NULL), err, n);
+    kvq_engine_free(e);
+    return e ? 0 : -1;
+}
+static void test_fork(void)
+{
+    th_begin("defect 2: a GPU test forks its cache-filling children before the driver is initialised, with a timeout");
+    char why[512] = "";
+    int warm_rc = 0;
+    int probe = cu_warm_then_probe(2, 2, warm_job, probe_job, 120, &warm_rc, why, sizeof why);
+    TH_CHECK(warm_rc == 0, "the children could not use the driver: %s", why);
+    TH_CHECK(probe == 0, "the probe after the children: %s", why);
+    check_rules("fork");
+    th_end();
+}
+
+/* 3. Work on a caller's stream and the engine's own is ordered: a prefill's work on the engine's stream before a
+ *    device step on the caller's, and the step's stores before the engine zeroes the blocks it frees. */
+static void test_streams(void)
+{
+    th_begin("defect 3: pool blocks are zeroed after the caller's stream used them, and written there after the "
+             "engine's stream zeroed them (events, no synchronisation)");
+    char err[1024] = "";
+    void *ctx = NULL, *x = NULL;
+    dev_bufs bufs;
+    memset(&bufs, 0, sizeof bufs);
+    fk.reset();
+    TH_CHECK(!drv.retain(&ctx, 0) && !drv.set_current(ctx) && !drv.stream_create(&x, 1) && bufs_alloc(&bufs),
+             "the caller's context, stream and buffers");
+    kvq_engine *e = engine(kvq_spec_scheme(kivi_spec, NULL), err, sizeof err);
+    TH_CHECK(e, "engine: %s", err);
+    for (int round = 0; e && round < 2 && !th_failed(); round++) {
+        kvq_seq *s[2] = {NULL, NULL};
+        TH_CHECK(kvq_seq_create(e, &s[0]) == KVQ_OK && kvq_seq_create(e, &s[1]) == KVQ_OK, "seq_create");
+        TH_CHECK(prefill(e, s, 2, PROMPT) == KVQ_OK, "prefill: %s", kvq_engine_errmsg(e));
+        fk.reset();
+        long syncs = fk.counter("host_syncs");
+        TH_CHECK(decode_dev(e, &bufs, s, 2, x) == KVQ_OK, "decode_device: %s", kvq_engine_errmsg(e));
+        TH_CHECK(fk.counter("host_syncs") == syncs, "a device step synchronised");
+        kvq_seq_free(e, s[0]); /* its blocks go back to the pool, zeroed on the engine's stream */
+        kvq_seq_free(e, s[1]);
+        check_rules(round ? "a second round on the zeroed blocks" : "free after a step on the caller's stream");
+    }
+    drv.stream_sync(x);
+    kvq_engine_free(e);
+    bufs_free(&bufs);
+    if (x) drv.stream_destroy(x);
+    drv.release(0);
+    drv.set_current(NULL);
+    th_end();
+}
+
+/* 4. After kvq_engine_reserve_step, a step of up to max_batch allocates and frees nothing (it may be captured);
+ *    without a reservation a bigger batch allocates what it needs and frees nothing (cuMemFree synchronises). */
+static void test_scratch(void)
+{
+    th_begin("defect 4: scratch is sized at reservation; a step never calls cuMemAlloc or cuMemFree after it, and "
+             "a growing step without one never frees");
+    char err[1024] = "";
+    void *ctx = NULL, *x = NULL;
+    dev_bufs bufs;
+    memset(&bufs, 0, sizeof bufs);
+    fk.reset();
+    TH_CHECK(!drv.retain(&ctx, 0) && !drv.set_current(ctx) && !drv.stream_create(&x, 1) && bufs_alloc(&bufs),
+             "the caller's context, stream and buffers");
+    const kvq_scheme *sch = kvq_spec_scheme(kivi_spec, NULL);
+    kvq_engine *e = engine(sch, err, sizeof err), *g = e ? engine(sch, err, sizeof err) : NULL;
+    TH_CHECK(e && g, "engine: %s", err);
+    kvq_seq *s[4] = {NULL, NULL, NULL, NULL}, *t[4] = {NULL, NULL, NULL, NULL};
+    for (int i = 0; e && g && i < 4; i++)
+        TH_CHECK(kvq_seq_create(e, &s[i]) == KVQ_OK && kvq_seq_create(g, &t[i]) == KVQ_OK, "seq_create");
+    if (e && g && !th_failed()) {
+        TH_CHECK(prefill(e, s, 4, PROMPT) == KVQ_OK && prefill(g, t, 4, PROMPT) == KVQ_OK, "prefill");
+        TH_CHECK(kvq_engine_reserve_step(e, 4, 256) == KVQ_OK, "reserve_step: %s", kvq_engine_errmsg(e));
+        drv.stream_sync(x);
+        /* the first device step, of the reserved batch, captured */
+        fk.reset();
+        void *graph = NULL;
+        TH_CHECK(!drv.begin_capture(x, 0), "begin capture");
+        TH_CHECK(decode_dev(e, &bufs, s, 4, x) == KVQ_OK, "captured decode_device: %s", kvq_engine_errmsg(e));
+        TH_CHECK(!drv.end_capture(x, &graph) && graph, "the capture ends with a graph");
+        if (graph) drv.graph_destroy(graph);
+        check_quiet("the first step after kvq_engine_reserve_step, captured");
+        check_rules("a captured step after the reservation");
+        /* no reservation: batches of 1, then 4 */
+        TH_CHECK(decode_dev(g, &bufs, t, 1, x) == KVQ_OK, "decode_device: %s", kvq_engine_errmsg(g));
+        fk.reset();
+        TH_CHECK(decode_dev(g, &bufs, t, 4, x) == KVQ_OK, "decode_device: %s", kvq_engine_errmsg(g));
+        TH_CHECK(fk.calls("cuMemFree_v2") == 0 && fk.counter("implicit_syncs") == 0,
+                 "a step that grew its scratch called cuMemFree %ld times (%ld implicit synchronisations)",
+                 fk.calls("cuMemFree_v2"), fk.counter("implicit_syncs"));
+        check_rules("a growing step");
+    }
+    drv.stream_sync(x);
+    kvq_engine_free(e);
+    kvq_engine_free(g);
+    bufs_free(&bufs);
+    if (x) drv.stream_destroy(x);
+    drv.release(0);
+    drv.set_current(NULL);
+    th_end();
+}
+
+/* 5. A driver older than NVRTC refuses its cubin: the engine loads the PTX retargeted to the driver's ISA; a
+ *    driver too old for the device's PTX is an error naming the driver's version. */
+static void test_ptx_fallback(void)
+{
+    th_begin("defect 5: an older driver (CUDA 12.4) gets the PTX; one too old (CUDA 11.7) gets an error naming its "
+             "version");
+    char err[1024] = "";
+    const kvq_scheme *s = kvq_spec_scheme(fp16_spec, NULL);
+    fk.set_driver_version(12040);
+    fk.reset();
+    kvq_engine *e = engine(s, err, sizeof err);
+    TH_CHECK(e, "engine on driver 12.4: %s", err);
+    int ptx = 0;
+    for (long i = 0; fk.log_line(i); i++) ptx |= !strcmp(fk.log_line(i), "cuModuleLoadData ptx -> 0");
+    TH_CHECK(ptx, "no PTX module was loaded on driver 12.4");
+    kvq_seq *q[1] = {NULL};
+    if (e) TH_CHECK(kvq_seq_create(e, &q[0]) == KVQ_OK && prefill(e, q, 1, PROMPT) == KVQ_OK &&
+                        decode_host(e, q, 1) == KVQ_OK,
+                    "prefill and decode on the PTX module: %s", kvq_engine_errmsg(e));
+    kvq_engine_free(e);
+    check_rules("driver 12.4");
+    fk.set_driver_version(11070);
+    e = engine(s, err, sizeof err);
+    TH_CHECK(!e, "an engine on driver 11.7, which cannot run sm_90 PTX of ISA 7.8");
+    TH_CHECK(strstr(err, "11.7") && strstr(err, "driver"), "the error does not name the driver's version: %s", err);
+    kvq_engine_free(e);
+    fk.set_driver_version(13000);
+    th_end();
 }
 
 /* ---- every spec: the whole protocol ---- */
@@ -319,6 +513,17 @@ int main(void)
         th_end();
         return th_summary();
     }
+    fp16_spec = tu_spec_file("specs/fp16.kvq");
+    kivi_spec = tu_spec_file("specs/kivi2.kvq");
+    if (fp16_spec && kivi_spec) {
+        test_fork(); /* first: before this process initialises the driver */
+        test_contexts();
+        test_streams();
+        test_scratch();
+        test_ptx_fallback();
+    }
+    kvq_spec_free(fp16_spec);
+    kvq_spec_free(kivi_spec);
     run_specs();
     return th_summary();
 }
