@@ -26,6 +26,17 @@ static int D = 64; /* 128 for the specs whose groups need it */
 #define PROMPT 40
 
 static fakecuda_api fk;
+/* the schemes run here: every scheme of every spec file, once by name (collect_specs) */
+#define MAX_SCHEMES 64
+static struct {
+    char file[512];
+    kvq_spec *spec;
+    const kvq_scheme *s;
+} schemes[MAX_SCHEMES];
+static int n_schemes;
+static kvq_spec *specs_kept[MAX_SCHEMES];
+static int n_specs_kept;
+
 /* the driver calls a test makes as the caller (an inference engine's own context, stream and tensors) */
 static struct {
     int (*retain)(void **, int);
@@ -226,10 +237,13 @@ static void test_contexts(void)
 
 /* 2. The cache is filled by children forked before this process initialised the driver, waited for with a
  *    timeout (cu_warm.h, as test_cuda_backend does). */
+static int scheme_dims(const kvq_scheme *s); /* the head_dim a scheme runs at here */
 static int warm_job(int i)
 {
     char err[1024];
-    kvq_engine *e = engine(kvq_spec_scheme(i ? kivi_spec : fp16_spec, NULL), err, sizeof err);
+    const kvq_scheme *s = i < n_schemes ? schemes[i].s : kvq_spec_scheme(kivi_spec, NULL);
+    D = scheme_dims(s);
+    kvq_engine *e = engine(s, err, sizeof err);
     kvq_engine_free(e);
     return e ? 0 : 1;
 }
@@ -244,7 +258,9 @@ static void test_fork(void)
     th_begin("defect 2: a GPU test forks its cache-filling children before the driver is initialised, with a timeout");
     char why[512] = "";
     int warm_rc = 0;
-    int probe = cu_warm_then_probe(2, 2, warm_job, probe_job, 120, &warm_rc, why, sizeof why);
+    /* the children compile every scheme's kernels into the cache (two NVRTCs at once) */
+    int probe = cu_warm_then_probe(n_schemes + 1, 2, warm_job, probe_job, 900, &warm_rc, why, sizeof why);
+    D = 64;
     TH_CHECK(warm_rc == 0, "the children could not use the driver: %s", why);
     TH_CHECK(probe == 0, "the probe after the children: %s", why);
     check_rules("fork");
@@ -369,12 +385,18 @@ static void test_ptx_fallback(void)
 }
 
 /* ---- every spec: the whole protocol ---- */
+static int scheme_dims(const kvq_scheme *s)
+{
+    char err[512];
+    kvq_dims dims = {LAYERS, HEADS, KV_HEADS, 64};
+    return kvq_scheme_check_dims(s, &dims, err, sizeof err) == KVQ_OK ? 64 : 128;
+}
+
 static void run_scheme(const char *file, const kvq_scheme *s)
 {
     char err[1024] = "";
-    D = 64;
+    D = scheme_dims(s);
     kvq_dims dims = {LAYERS, HEADS, KV_HEADS, D};
-    if (kvq_scheme_check_dims(s, &dims, err, sizeof err) != KVQ_OK) D = dims.head_dim = 128;
     th_begin("cuda backend on the fake driver: %s, scheme %s, head_dim %d: two engines, prefill, decode, device "
              "tensors, planned and captured steps keep the driver's rules",
              file, kvq_scheme_name(s), D);
@@ -477,13 +499,13 @@ static void run_scheme(const char *file, const kvq_scheme *s)
     th_end();
 }
 
-/* Every scheme of every spec file, once by name (a file that includes another runs only its own). */
-static void run_specs(void)
+/* Every scheme of every spec file, once by name (a file that includes another runs only its own): collected
+ * before anything touches the driver, so the children that compile their kernels can be forked first. */
+static void collect_specs(void)
 {
-    static char done[64][64];
-    int n_done = 0;
     char *names[64];
     const char *dirs[] = {"specs", "specs/compare", "specs/paper"};
+    const char *only = getenv("KVQ_TEST_ONLY"); /* a scheme name, for a quick run by hand */
     for (int di = 0; di < 3; di++) {
         int n = th_list_files(dirs[di], ".kvq", names, 64);
         for (int i = 0; i < n; i++) {
@@ -491,16 +513,17 @@ static void run_specs(void)
             snprintf(rel, sizeof rel, "%s/%s", dirs[di], names[i]);
             free(names[i]);
             kvq_spec *spec = tu_spec_file(rel);
-            for (int j = 0; spec && j < kvq_spec_scheme_count(spec); j++) {
+            if (!spec) continue;
+            specs_kept[n_specs_kept++] = spec;
+            for (int j = 0; j < kvq_spec_scheme_count(spec) && n_schemes < MAX_SCHEMES; j++) {
                 const kvq_scheme *s = kvq_spec_scheme_at(spec, j);
-                int seen = 0;
-                for (int k = 0; k < n_done; k++) seen |= !strcmp(done[k], kvq_scheme_name(s));
-                const char *only = getenv("KVQ_TEST_ONLY"); /* a scheme name, for a quick run by hand */
-                if (seen || n_done == 64 || (only && strcmp(only, kvq_scheme_name(s)))) continue;
-                snprintf(done[n_done++], sizeof done[0], "%s", kvq_scheme_name(s));
-                run_scheme(rel, s);
+                int seen = only && strcmp(only, kvq_scheme_name(s));
+                for (int k = 0; k < n_schemes; k++) seen |= !strcmp(kvq_scheme_name(schemes[k].s), kvq_scheme_name(s));
+                if (seen) continue;
+                snprintf(schemes[n_schemes].file, sizeof schemes[0].file, "%s", rel);
+                schemes[n_schemes].spec = spec, schemes[n_schemes++].s = s;
             }
-            kvq_spec_free(spec);
+            if (n_specs_kept == MAX_SCHEMES) return;
         }
     }
 }
@@ -515,6 +538,7 @@ int main(void)
     }
     fp16_spec = tu_spec_file("specs/fp16.kvq");
     kivi_spec = tu_spec_file("specs/kivi2.kvq");
+    collect_specs();
     if (fp16_spec && kivi_spec) {
         test_fork(); /* first: before this process initialises the driver */
         test_contexts();
@@ -522,8 +546,9 @@ int main(void)
         test_scratch();
         test_ptx_fallback();
     }
+    for (int i = 0; i < n_schemes; i++) run_scheme(schemes[i].file, schemes[i].s);
+    for (int i = 0; i < n_specs_kept; i++) kvq_spec_free(specs_kept[i]);
     kvq_spec_free(fp16_spec);
     kvq_spec_free(kivi_spec);
-    run_specs();
     return th_summary();
 }
