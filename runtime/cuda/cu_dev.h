@@ -92,10 +92,10 @@ kvq_status cu_dev_launch_smem(cu_dev *d, cu_module *m, const char *kernel, const
 kvq_status cu_dev_func_max_dyn_smem(cu_dev *d, cu_module *m, const char *kernel, unsigned bytes, char *msg,
                                     size_t msg_size);
 
-/* The device's context is current on one thread at a time per thread, as the CUDA driver's is: cu_dev_open makes
- * it current on the opening thread, and every entry point of the backends (which any thread may call) brackets
- * its device calls with cu_dev_enter / cu_dev_leave, which make it current on the calling thread and then put
- * back the thread's previous context. A device call on a thread where the context is not current fails as the
+/* The device's context is current on one thread at a time per thread, as the CUDA driver's is: every entry point
+ * of the backends (which any thread may call), engine preparation included, brackets its device calls with
+ * cu_dev_enter / cu_dev_leave, which make it current on the calling thread and then put back the thread's
+ * previous context (on a GPU, cu_dev_open too leaves the thread's current context as it found it). A device call on a thread where the context is not current fails as the
  * driver's do (CUDA_ERROR_INVALID_CONTEXT); the emulated device models this too. */
 typedef struct {
     void *prev;
