@@ -33,8 +33,8 @@ kvq_status cu_scratch_reserve(kvq_backend_ctx *c, int max_batch, const cu_step *
     if (st == KVQ_OK) st = cu_scratch(c, &c->stage, &c->stage_bytes, 2 * H * D * 2 + 64, msg, ms);
     /* the page-locked staging of two steps' host data (tiles, tables, queries, outputs, new rows, policy items):
      * page-locked allocation synchronises too, and a capture refuses it */
-    size_t hst = 2 * (n * (size_t)tiles * sizeof(kvq_tile) + n * sizeof(kvq_seq_tiles) + 2 * n * Hq * D * sizeof(float) +
-                      n * (4 * H * D * 2 + 4096));
+    size_t hst = 2 * (n * (size_t)tiles * sizeof(kvq_tile) + n * sizeof(kvq_seq_tiles) +
+                      2 * n * Hq * D * sizeof(float) + n * (4 * H * D * 2 + 4096));
     if (st == KVQ_OK && hst > c->hst_bytes) {
         size_t cap = c->hst_bytes ? c->hst_bytes : 65536;
         while (cap < hst) cap *= 2;

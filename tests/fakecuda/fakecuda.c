@@ -1287,7 +1287,8 @@ API CUresult cuFuncGetAttribute(int *v, int attr, void *hf)
     pthread_mutex_lock(&mu);
     fc_func *f = hf;
     CUresult r = func_ok("cuFuncGetAttribute", f);
-    if (!r) *v = attr == 4 ? 96 : attr == 8 ? f->max_dyn : attr == 0 ? 1024 : 0; /* NUM_REGS, MAX_DYNAMIC, MAX_THREADS */
+    /* NUM_REGS, MAX_DYNAMIC_SHARED_SIZE_BYTES, MAX_THREADS_PER_BLOCK */
+    if (!r) *v = attr == 4 ? 96 : attr == 8 ? f->max_dyn : attr == 0 ? 1024 : 0;
     r = logged(r, "cuFuncGetAttribute", "%d", attr);
     pthread_mutex_unlock(&mu);
     return r;
@@ -1388,7 +1389,7 @@ API CUresult cuGetErrorString(CUresult r, const char **s)
     case E_INVALID_HANDLE: *s = "invalid resource handle"; break;
     case E_NOT_FOUND: *s = "named symbol not found"; break;
     case E_CAPTURE_UNSUPPORTED: *s = "operation not permitted when stream is capturing"; break;
-    case E_CAPTURE_ISOLATION: *s = "operation would make the legacy stream depend on a capturing blocking stream"; break;
+    case E_CAPTURE_ISOLATION: *s = "dependency created on uncaptured work in another stream"; break;
     case E_CAPTURED_EVENT: *s = "operation not permitted on an event last recorded in a capturing stream"; break;
     default: *s = NULL; return E_INVALID_VALUE;
     }
@@ -1440,7 +1441,8 @@ static long api_counter(const char *name)
     else if (!strcmp(name, "primary_refs")) n = primary[0].refs;
     else if (!strcmp(name, "live_allocs")) {
         n = 0;
-        for (int i = 0; i < n_allocs; i++) n += allocs[i]->live && allocs[i]->ctx->active && allocs[i]->gen == allocs[i]->ctx->gen;
+        for (int i = 0; i < n_allocs; i++)
+            n += allocs[i]->live && allocs[i]->ctx->active && allocs[i]->gen == allocs[i]->ctx->gen;
     } else if (!strcmp(name, "live_streams")) {
         n = 0;
         for (int i = 1; i < n_streams; i++)

@@ -43,6 +43,8 @@ static struct {
     int (*release)(int);
     int (*set_current)(void *);
     int (*get_current)(void **);
+    int (*ctx_create)(void **, unsigned, int);
+    int (*ctx_destroy)(void *);
     int (*stream_create)(void **, unsigned);
     int (*stream_destroy)(void *);
     int (*stream_sync)(void *);
@@ -81,7 +83,9 @@ static int setup(void)
         void *slot;
         const char *name;
     } syms[] = {{&drv.retain, "cuDevicePrimaryCtxRetain"}, {&drv.release, "cuDevicePrimaryCtxRelease_v2"},
-                {&drv.set_current, "cuCtxSetCurrent"}, {&drv.get_current, "cuCtxGetCurrent"},     {&drv.stream_create, "cuStreamCreate"},
+                {&drv.set_current, "cuCtxSetCurrent"}, {&drv.get_current, "cuCtxGetCurrent"},
+                {&drv.ctx_create, "cuCtxCreate_v2"}, {&drv.ctx_destroy, "cuCtxDestroy_v2"},
+                {&drv.stream_create, "cuStreamCreate"},
                 {&drv.stream_destroy, "cuStreamDestroy_v2"}, {&drv.stream_sync, "cuStreamSynchronize"},
                 {&drv.mem_alloc, "cuMemAlloc_v2"},         {&drv.mem_free, "cuMemFree_v2"},
                 {&drv.begin_capture, "cuStreamBeginCapture_v2"}, {&drv.end_capture, "cuStreamEndCapture"},
@@ -384,6 +388,41 @@ static void test_ptx_fallback(void)
     th_end();
 }
 
+
+/* An engine created while the caller's own context (cuCtxCreate, not a primary one) is current runs in it and
+ * takes no primary reference; its device tensors and stream are the caller's, in that context. */
+static void test_borrowed(void)
+{
+    th_begin("contexts: an engine borrows the caller's own context (no primary reference), its work stays there");
+    char err[1024] = "";
+    void *own = NULL, *x = NULL;
+    dev_bufs bufs;
+    memset(&bufs, 0, sizeof bufs);
+    fk.reset();
+    long refs = fk.counter("primary_refs");
+    TH_CHECK(!drv.ctx_create(&own, 0, 0) && !drv.stream_create(&x, 1) && bufs_alloc(&bufs),
+             "the caller's context, stream and buffers");
+    kvq_engine *e = own ? engine(kvq_spec_scheme(fp16_spec, NULL), err, sizeof err) : NULL;
+    TH_CHECK(e, "engine: %s", err);
+    TH_CHECK(fk.counter("primary_refs") == refs, "the engine took a primary reference in the caller's context");
+    TH_CHECK(current_ctx() == own, "the caller's context is no longer current after the engine was created");
+    kvq_seq *s[1] = {NULL};
+    if (e) {
+        TH_CHECK(kvq_seq_create(e, &s[0]) == KVQ_OK && prefill(e, s, 1, PROMPT) == KVQ_OK &&
+                     decode_host(e, s, 1) == KVQ_OK,
+                 "prefill and decode: %s", kvq_engine_errmsg(e));
+        TH_CHECK(decode_dev(e, &bufs, s, 1, x) == KVQ_OK, "decode_device: %s", kvq_engine_errmsg(e));
+        drv.stream_sync(x);
+    }
+    kvq_engine_free(e);
+    bufs_free(&bufs);
+    if (x) drv.stream_destroy(x);
+    check_rules("a borrowed context");
+    if (own) drv.ctx_destroy(own);
+    drv.set_current(NULL);
+    th_end();
+}
+
 /* ---- every spec: the whole protocol ---- */
 static int scheme_dims(const kvq_scheme *s)
 {
@@ -542,6 +581,7 @@ int main(void)
     if (fp16_spec && kivi_spec) {
         test_fork(); /* first: before this process initialises the driver */
         test_contexts();
+        test_borrowed();
         test_streams();
         test_scratch();
         test_ptx_fallback();
