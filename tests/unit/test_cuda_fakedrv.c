@@ -531,6 +531,26 @@ static void run_scheme(const char *file, const kvq_scheme *s)
         check_rules("read_cache and statistics");
     }
     kvq_engine_free(b);
+    /* a fresh engine's first device step after kvq_engine_reserve_step, captured: nothing allocated in it */
+    kvq_engine *c = !th_failed() ? engine(s, err, sizeof err) : NULL;
+    kvq_seq *sc[2] = {NULL, NULL};
+    if (c) {
+        TH_CHECK(kvq_seq_create(c, &sc[0]) == KVQ_OK && kvq_seq_create(c, &sc[1]) == KVQ_OK &&
+                     prefill(c, sc, 2, PROMPT) == KVQ_OK && kvq_engine_reserve_step(c, 2, 256) == KVQ_OK,
+                 "engine C: %s", kvq_engine_errmsg(c));
+        drv.stream_sync(x);
+        fk.reset();
+        void *g = NULL;
+        TH_CHECK(!drv.begin_capture(x, 0), "begin capture");
+        TH_CHECK(decode_dev(c, &bufs, sc, 2, x) == KVQ_OK, "engine C's first step, captured: %s",
+                 kvq_engine_errmsg(c));
+        TH_CHECK(!drv.end_capture(x, &g) && g, "the capture ends with a graph");
+        if (g) drv.graph_destroy(g);
+        check_quiet("the first kvq_decode_device step after kvq_engine_reserve_step, captured");
+        check_rules("the first step after the reservation, captured");
+        drv.stream_sync(x);
+    }
+    kvq_engine_free(c);
     bufs_free(&bufs);
     if (x) drv.stream_destroy(x);
     drv.release(0);
