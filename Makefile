@@ -95,6 +95,7 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(BUILD)/obj/tests/harne
 # Module fragments add their own targets and append to TEST_BIN / EXTRA_ALL.
 EXTRA_ALL :=
 -include tests/emu/module.mk
+-include tests/fakecuda/module.mk
 -include compiler/cuda.mk
 -include tests/fuzz/module.mk
 -include runtime/cpu/cpu.mk

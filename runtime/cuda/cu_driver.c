@@ -128,8 +128,18 @@ static kvq_status fail(CUresult r, const char *what, char *msg, size_t n)
 static kvq_status load_driver(char *msg, size_t n)
 {
     if (cu.loaded) return KVQ_OK;
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h) h = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
+    /* KVQ_LIBCUDA names the driver library explicitly (the tests' recording fake, tests/fakecuda) */
+    const char *lib = getenv("KVQ_LIBCUDA");
+    void *h = NULL;
+    if (lib && *lib) {
+        if (!(h = dlopen(lib, RTLD_NOW | RTLD_LOCAL))) {
+            snprintf(msg, n, "cuda: unavailable: KVQ_LIBCUDA=%s cannot be loaded: %s", lib, dlerror());
+            return KVQ_ERR_UNAVAILABLE;
+        }
+    } else {
+        h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!h) h = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
+    }
     if (!h) {
         snprintf(msg, n, "cuda: unavailable: no CUDA driver (libcuda.so.1 not found)");
         return KVQ_ERR_UNAVAILABLE;
