@@ -13,7 +13,7 @@
  *
  * Reported per (scheme, batch, context): median and minimum step time, the layer's cache bytes on the device (what
  * the decode kernel reads), the bytes read per second against the HBM bandwidth measured in the same run (a
- * device-to-device copy of 1 GiB, read + write bytes over its event time) and against the card's nominal peak
+ * device-to-device copy of --hbm-mib MiB, 1 GiB by default, read + write bytes over its event time) and against the card's nominal peak
  * (memory clock x bus width), and the speed-up over fp16. Prints the machine and the date; the table is markdown
  * (docs/gpu-results.md). Without a CUDA driver or a GPU: "skipped: <reason>", exit 0. Run with `make bench-gpu`.
  *
@@ -23,7 +23,8 @@
  * query head, minutes at 128k; name it with contexts that fit (docs/gpu.md).
  *
  *   bench_gpu_decode [--heads 32] [--kv-heads 8] [--head-dim 128] [--batch 1] [--steps 20] [--warmup 3]
- *                    [--ctx 4k,32k | --max-k 32] [--bandwidth-only] [SPEC[:SCHEME]... | tailorkv2-sparse]
+ *                    [--ctx 4k,32k | --max-k 32] [--hbm-mib 1024 (0: not measured)] [--bandwidth-only]
+ *                    [SPEC[:SCHEME]... | tailorkv2-sparse]
  *   default schemes: fp16 (always, the baseline), specs/kivi2.kvq, specs/kivi4.kvq; contexts 4k to --max-k k,
  *   doubling. Paths are relative to the working directory (the repository or the bundle's share/kvq). */
 #include <dlfcn.h>
@@ -296,7 +297,7 @@ static void print_row(const char *name, const bench_cfg *b, int ctx, float tmed,
 int main(int argc, char **argv)
 {
     bench_cfg b = {32, 8, 128, 1, 20, 3};
-    int max_k = 32, ctxs[32], n_ctx = 0, bw_only = 0;
+    int max_k = 32, ctxs[32], n_ctx = 0, bw_only = 0, hbm_mib = 1024;
     const char *specs[32];
     int n_specs = 0;
     for (int i = 1; i < argc; i++) {
@@ -307,6 +308,7 @@ int main(int argc, char **argv)
                    : !strcmp(argv[i], "--steps")    ? &b.steps
                    : !strcmp(argv[i], "--warmup")   ? &b.warmup
                    : !strcmp(argv[i], "--max-k")    ? &max_k
+                   : !strcmp(argv[i], "--hbm-mib")  ? &hbm_mib
                                                     : NULL;
         if (dst && i + 1 < argc) {
             *dst = atoi(argv[++i]);
@@ -352,13 +354,13 @@ int main(int argc, char **argv)
         cu_dev_close(g.dev);
         return 0;
     }
-    double hbm = measure_hbm(&g, (size_t)1 << 30), peak = cu_dev_peak_gbps(g.dev);
+    double hbm = hbm_mib > 0 ? measure_hbm(&g, (size_t)hbm_mib << 20) : 0.0, peak = cu_dev_peak_gbps(g.dev);
     time_t t = time(NULL);
     char date[64];
     strftime(date, sizeof date, "%Y-%m-%d %H:%M", gmtime(&t));
-    printf("kvq GPU decode benchmark, %s UTC: %s, %d SMs; HBM measured %.0f GB/s (device-to-device copy of 1 GiB, "
+    printf("kvq GPU decode benchmark, %s UTC: %s, %d SMs; HBM measured %.0f GB/s (device-to-device copy of %d MiB, "
            "read + write), nominal peak %.0f GB/s\n",
-           date, cu_dev_arch(g.dev), cu_dev_sm_count(g.dev), hbm, peak);
+           date, cu_dev_arch(g.dev), cu_dev_sm_count(g.dev), hbm, hbm_mib, peak);
     if (bw_only) goto done;
     printf("%d heads / %d kv heads, head_dim %d, batch %d, one layer; step time by CUDA events, median and minimum of "
            "%d steps after %d warm-up, L2 cold (256 MiB written on the stream before each step)\n\n",
