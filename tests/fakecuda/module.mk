@@ -5,7 +5,7 @@
 FAKECUDA_SO := $(BUILD)/tests/fakecuda/libcuda.so.1
 $(FAKECUDA_SO): tests/fakecuda/fakecuda.c tests/fakecuda/fakecuda.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -fvisibility=hidden -shared -Wl,-soname,libcuda.so.1 -MF $@.d -o $@ $< -lpthread $(SANFLAGS)
+	$(CC) $(CFLAGS_ALL) -fvisibility=hidden -shared -Wl,-soname,libfakecuda.so.1 -MF $@.d -o $@ $< -lpthread $(SANFLAGS)
 -include $(FAKECUDA_SO).d
 $(BUILD)/tests/test_cuda_fakedrv: | $(FAKECUDA_SO)
 EXTRA_ALL += $(FAKECUDA_SO)

@@ -1,0 +1,323 @@
+/* The real cuda backend (cu_driver.c, NVRTC from the toolkit, the whole host protocol) on the recording fake
+ * driver (tests/fakecuda): for every spec in specs/, two engines, prefill, host-pointer decode, device-tensor
+ * decode on the caller's stream, planned steps run eagerly and captured; the fake's rules must hold (no
+ * violation) and the driver-call sequence must be the protocol's (docs/cuda.md "The host protocol"): no
+ * allocation, free or synchronisation inside a device step, one synchronisation per host-pointer step, every
+ * object released at the end. Numbers are not checked (the fake runs no kernels; the emulator checks them).
+ * Then the defects a first GPU run would hit (issue 18), each a case: the primary context's references across
+ * the probe and a second engine, fork before the driver is initialised, pool blocks freed after a caller's
+ * stream used them, no allocation or free in a captured step, the PTX fallback for an older driver. */
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fakecuda/fakecuda.h"
+#include "kvq_params.cuh"
+#include "test_engine_util.h"
+
+#define LAYERS 2
+#define HEADS 4
+#define KV_HEADS 2
+static int D = 64; /* 128 for the specs whose groups need it */
+#define PROMPT 40
+
+static fakecuda_api fk;
+/* the driver calls a test makes as the caller (an inference engine's own context, stream and tensors) */
+static struct {
+    int (*retain)(void **, int);
+    int (*release)(int);
+    int (*set_current)(void *);
+    int (*stream_create)(void **, unsigned);
+    int (*stream_destroy)(void *);
+    int (*stream_sync)(void *);
+    int (*mem_alloc)(unsigned long long *, size_t);
+    int (*mem_free)(unsigned long long);
+    int (*begin_capture)(void *, int);
+    int (*end_capture)(void *, void **);
+    int (*graph_destroy)(void *);
+} drv;
+
+/* kvq_params_sig writes the host's parameter layout signature (the check at load): the one kernel effect the
+ * backend reads back, modelled here since the fake runs no kernels. */
+static void launch_hook(const char *kernel, const void *params, size_t size, void *(*host)(unsigned long long, size_t))
+{
+    if (strcmp(kernel, "kvq_params_sig") || size < sizeof(kvq_sig_params)) return;
+    kvq_sig_params p;
+    memcpy(&p, params, sizeof p);
+    const long long sig[] = {KVQ_PARAMS_SIG_LIST};
+    void *out = host(p.out, sizeof sig);
+    if (out) memcpy(out, sig, sizeof sig);
+}
+
+static int setup(void)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 64);
+    if (n <= 0) return 0;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return 0;
+    strcpy(slash + 1, "fakecuda/libcuda.so.1");
+    if (!getenv("KVQ_LIBCUDA")) setenv("KVQ_LIBCUDA", exe, 1);
+    if (!fakecuda_api_open(&fk)) return 0;
+    void *h = dlopen(getenv("KVQ_LIBCUDA"), RTLD_NOW | RTLD_LOCAL);
+    struct {
+        void *slot;
+        const char *name;
+    } syms[] = {{&drv.retain, "cuDevicePrimaryCtxRetain"}, {&drv.release, "cuDevicePrimaryCtxRelease_v2"},
+                {&drv.set_current, "cuCtxSetCurrent"},     {&drv.stream_create, "cuStreamCreate"},
+                {&drv.stream_destroy, "cuStreamDestroy_v2"}, {&drv.stream_sync, "cuStreamSynchronize"},
+                {&drv.mem_alloc, "cuMemAlloc_v2"},         {&drv.mem_free, "cuMemFree_v2"},
+                {&drv.begin_capture, "cuStreamBeginCapture_v2"}, {&drv.end_capture, "cuStreamEndCapture"},
+                {&drv.graph_destroy, "cuGraphDestroy"}};
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        void *f = h ? dlsym(h, syms[i].name) : NULL;
+        if (!f) return 0;
+        memcpy(syms[i].slot, &f, sizeof f);
+    }
+    fk.set_launch_hook(launch_hook);
+    return 1;
+}
+
+/* Every violation the fake recorded since the last reset, as failures. */
+static void check_rules(const char *when)
+{
+    int n = fk.n_violations();
+    for (int i = 0; i < n && i < 5; i++) TH_CHECK(0, "%s: the driver's rules: %s", when, fk.violation(i));
+    TH_CHECK(n <= 5, "%s: %d more violations", when, n - 5);
+}
+
+static kvq_engine *engine(const kvq_scheme *s, char *err, size_t n)
+{
+    kvq_engine_config cfg;
+    kvq_engine_config_init(&cfg);
+    cfg.dims = (kvq_dims){LAYERS, HEADS, KV_HEADS, D};
+    cfg.dtype = KVQ_F32;
+    cfg.backend = KVQ_BACKEND_CUDA;
+    kvq_engine *e = NULL;
+    return kvq_engine_create(s, &cfg, &e, err, n) == KVQ_OK ? e : NULL;
+}
+
+static kvq_status prefill(kvq_engine *e, kvq_seq **seqs, int n, int T)
+{
+    size_t kv = (size_t)KV_HEADS * T * D, qn = (size_t)HEADS * T * D;
+    float *k = malloc(kv * sizeof *k), *v = malloc(kv * sizeof *v), *q = malloc(qn * sizeof *q);
+    tu_fill(k, kv, 1), tu_fill(v, kv, 1), tu_fill(q, qn, 1);
+    kvq_prefill_item it[8];
+    for (int i = 0; i < n; i++) it[i] = (kvq_prefill_item){seqs[i], T, k, v, q};
+    kvq_status st = KVQ_OK;
+    for (int l = 0; l < LAYERS && st == KVQ_OK; l++) st = kvq_prefill(e, l, it, n);
+    free(k), free(v), free(q);
+    return st;
+}
+
+static kvq_status decode_host(kvq_engine *e, kvq_seq **seqs, int n)
+{
+    float k[KV_HEADS * 256], v[KV_HEADS * 256], q[HEADS * 256], out[8][HEADS * 256];
+    tu_fill(k, sizeof k / sizeof *k, 1), tu_fill(v, sizeof v / sizeof *v, 1), tu_fill(q, sizeof q / sizeof *q, 1);
+    kvq_decode_item it[8];
+    for (int i = 0; i < n; i++) it[i] = (kvq_decode_item){seqs[i], k, v, q, out[i]};
+    kvq_status st = KVQ_OK;
+    for (int l = 0; l < LAYERS && st == KVQ_OK; l++) st = kvq_decode(e, l, it, n);
+    return st;
+}
+
+/* A caller's device tensors for batches of up to 8: q, k, v fp16, out fp32, lse. */
+typedef struct {
+    unsigned long long q, k, v, out, lse;
+} dev_bufs;
+
+static int bufs_alloc(dev_bufs *b)
+{
+    memset(b, 0, sizeof *b);
+    return !drv.mem_alloc(&b->q, 8 * HEADS * D * 2) && !drv.mem_alloc(&b->k, 8 * KV_HEADS * D * 2) &&
+           !drv.mem_alloc(&b->v, 8 * KV_HEADS * D * 2) && !drv.mem_alloc(&b->out, 8 * HEADS * D * 4) &&
+           !drv.mem_alloc(&b->lse, 8 * HEADS * 4);
+}
+static void bufs_free(dev_bufs *b)
+{
+    unsigned long long *p[] = {&b->q, &b->k, &b->v, &b->out, &b->lse};
+    for (int i = 0; i < 5; i++)
+        if (*p[i]) drv.mem_free(*p[i]);
+}
+
+static kvq_dev_decode dev_batch(const dev_bufs *b, kvq_seq *const *seqs, int n, void *stream)
+{
+    kvq_dev_decode d;
+    memset(&d, 0, sizeof d);
+    d.seqs = seqs, d.n_seqs = n, d.stream = stream;
+    d.q = (kvq_dev_tensor){(void *)(uintptr_t)b->q, KVQ_F16, HEADS * D, D};
+    d.k = (kvq_dev_tensor){(void *)(uintptr_t)b->k, KVQ_F16, KV_HEADS * D, D};
+    d.v = (kvq_dev_tensor){(void *)(uintptr_t)b->v, KVQ_F16, KV_HEADS * D, D};
+    d.out = (kvq_dev_tensor){(void *)(uintptr_t)b->out, KVQ_F32, HEADS * D, D};
+    d.lse = (float *)(uintptr_t)b->lse;
+    return d;
+}
+
+static kvq_status decode_dev(kvq_engine *e, const dev_bufs *b, kvq_seq *const *seqs, int n, void *stream)
+{
+    kvq_dev_decode d = dev_batch(b, seqs, n, stream);
+    kvq_status st = KVQ_OK;
+    for (int l = 0; l < LAYERS && st == KVQ_OK; l++) st = kvq_decode_device(e, l, &d);
+    return st;
+}
+
+/* The calls of a step, since the last reset, that a device step must not make. */
+static void check_quiet(const char *what)
+{
+    static const char *const banned[] = {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemHostAlloc", "cuMemFreeHost",
+                                         "cuStreamSynchronize", "cuEventSynchronize", "cuMemcpyDtoHAsync_v2"};
+    for (size_t i = 0; i < sizeof banned / sizeof *banned; i++)
+        TH_CHECK(fk.calls(banned[i]) == 0, "%s: %ld calls of %s", what, fk.calls(banned[i]), banned[i]);
+}
+
+/* ---- every spec: the whole protocol ---- */
+static void run_scheme(const char *file, const kvq_scheme *s)
+{
+    char err[1024] = "";
+    D = 64;
+    kvq_dims dims = {LAYERS, HEADS, KV_HEADS, D};
+    if (kvq_scheme_check_dims(s, &dims, err, sizeof err) != KVQ_OK) D = dims.head_dim = 128;
+    th_begin("cuda backend on the fake driver: %s, scheme %s, head_dim %d: two engines, prefill, decode, device "
+             "tensors, planned and captured steps keep the driver's rules",
+             file, kvq_scheme_name(s), D);
+    if (kvq_scheme_check_dims(s, &dims, err, sizeof err) != KVQ_OK) {
+        TH_CHECK(0, "dims: %s", err);
+        th_end();
+        return;
+    }
+    drv.set_current(NULL);
+    fk.reset();
+    /* two engines of the process's primary context, no context of the caller's */
+    kvq_engine *a = s ? engine(s, err, sizeof err) : NULL, *b = a ? engine(s, err, sizeof err) : NULL;
+    TH_CHECK(a && b, "engine: %s", err);
+    kvq_seq *sa[2] = {NULL, NULL}, *sb[1] = {NULL};
+    if (a && b) {
+        TH_CHECK(kvq_seq_create(a, &sa[0]) == KVQ_OK && kvq_seq_create(a, &sa[1]) == KVQ_OK &&
+                     kvq_seq_create(b, &sb[0]) == KVQ_OK,
+                 "seq_create");
+        TH_CHECK(prefill(a, sa, 2, PROMPT) == KVQ_OK, "prefill A: %s", kvq_engine_errmsg(a));
+        TH_CHECK(prefill(b, sb, 1, PROMPT + 7) == KVQ_OK, "prefill B: %s", kvq_engine_errmsg(b));
+        for (int t = 0; t < 2 && !th_failed(); t++) {
+            TH_CHECK(decode_host(a, sa, 2) == KVQ_OK, "decode A: %s", kvq_engine_errmsg(a));
+            TH_CHECK(decode_host(b, sb, 1) == KVQ_OK, "decode B: %s", kvq_engine_errmsg(b));
+        }
+        /* a warm host-pointer step: one synchronisation and one D2H per layer, no allocation */
+        fk.reset();
+        TH_CHECK(decode_host(a, sa, 2) == KVQ_OK, "decode A: %s", kvq_engine_errmsg(a));
+        TH_CHECK(fk.calls("cuStreamSynchronize") == LAYERS && fk.calls("cuMemcpyDtoHAsync_v2") == LAYERS,
+                 "a host-pointer step: %ld synchronisations and %ld D2H copies for %d layers",
+                 fk.calls("cuStreamSynchronize"), fk.calls("cuMemcpyDtoHAsync_v2"), LAYERS);
+        TH_CHECK(fk.calls("cuMemAlloc_v2") == 0 && fk.calls("cuMemFree_v2") == 0, "a warm host-pointer step allocates");
+        check_rules("two engines");
+        kvq_engine_free(a);
+        a = NULL;
+        TH_CHECK(decode_host(b, sb, 1) == KVQ_OK, "decode B after A was freed: %s", kvq_engine_errmsg(b));
+        check_rules("the second engine after the first was freed");
+    }
+    kvq_engine_free(a);
+    /* the caller's primary context current (as an inference engine's), its stream and tensors */
+    void *ctx = NULL, *x = NULL;
+    dev_bufs bufs;
+    memset(&bufs, 0, sizeof bufs);
+    TH_CHECK(!drv.retain(&ctx, 0) && !drv.set_current(ctx) && !drv.stream_create(&x, 1) && bufs_alloc(&bufs),
+             "the caller's context, stream and buffers");
+    if (b && !th_failed()) {
+        TH_CHECK(decode_dev(b, &bufs, sb, 1, x) == KVQ_OK, "decode_device: %s", kvq_engine_errmsg(b));
+        fk.reset();
+        TH_CHECK(decode_dev(b, &bufs, sb, 1, x) == KVQ_OK, "decode_device: %s", kvq_engine_errmsg(b));
+        check_quiet("a warm kvq_decode_device step");
+        check_rules("kvq_decode_device on the caller's stream");
+        /* planned steps: eager, then captured (ZipCache without a window is refused: captured one at a time) */
+        TH_CHECK(kvq_engine_reserve_step(b, 2, 256) == KVQ_OK, "reserve_step: %s", kvq_engine_errmsg(b));
+        kvq_dev_decode d = dev_batch(&bufs, sb, 1, x);
+        kvq_status st = kvq_decode_plan(b, sb, 1, x);
+        TH_CHECK(st == KVQ_OK || st == KVQ_ERR_UNSUPPORTED, "plan: %s", kvq_engine_errmsg(b));
+        for (int l = 0; st == KVQ_OK && l < LAYERS; l++)
+            TH_CHECK(kvq_decode_run(b, l, &d) == KVQ_OK, "run %d: %s", l, kvq_engine_errmsg(b));
+        if (st == KVQ_OK && !th_failed()) {
+            TH_CHECK(kvq_decode_plan(b, sb, 1, x) == KVQ_OK, "plan: %s", kvq_engine_errmsg(b));
+            fk.reset();
+            void *g = NULL;
+            TH_CHECK(!drv.begin_capture(x, 0), "begin capture");
+            for (int l = 0; l < LAYERS; l++)
+                TH_CHECK(kvq_decode_run(b, l, &d) == KVQ_OK, "captured run %d: %s", l, kvq_engine_errmsg(b));
+            TH_CHECK(!drv.end_capture(x, &g) && g, "the capture ends with a graph");
+            if (g) drv.graph_destroy(g);
+            check_quiet("captured kvq_decode_run");
+            check_rules("planned steps, captured");
+        } else if (st == KVQ_ERR_UNSUPPORTED) {
+            /* one kvq_decode_device step captured instead */
+            fk.reset();
+            void *g = NULL;
+            TH_CHECK(!drv.begin_capture(x, 0), "begin capture");
+            TH_CHECK(decode_dev(b, &bufs, sb, 1, x) == KVQ_OK, "captured decode_device: %s", kvq_engine_errmsg(b));
+            TH_CHECK(!drv.end_capture(x, &g) && g, "the capture ends with a graph");
+            if (g) drv.graph_destroy(g);
+            check_rules("a kvq_decode_device step captured");
+        }
+        drv.stream_sync(x);
+        fk.reset();
+        int n_tok = 0;
+        size_t cap = PROMPT + 32;
+        float *kc = malloc(cap * KV_HEADS * D * sizeof *kc), *vc = malloc(cap * KV_HEADS * D * sizeof *vc);
+        TH_CHECK(kvq_seq_read_cache(b, sb[0], 0, kc, vc, (int)cap, &n_tok) == KVQ_OK, "read_cache: %s",
+                 kvq_engine_errmsg(b));
+        free(kc), free(vc);
+        kvq_mem_stats ms;
+        TH_CHECK(kvq_engine_stats(b, &ms) == KVQ_OK, "stats");
+        check_rules("read_cache and statistics");
+    }
+    kvq_engine_free(b);
+    bufs_free(&bufs);
+    if (x) drv.stream_destroy(x);
+    drv.release(0);
+    drv.set_current(NULL);
+    check_rules("freeing the engines");
+    TH_CHECK(fk.counter("live_allocs") == 0, "%ld allocations left after every engine was freed",
+             fk.counter("live_allocs"));
+    TH_CHECK(fk.counter("live_streams") == 0, "%ld streams left", fk.counter("live_streams"));
+    th_end();
+}
+
+/* Every scheme of every spec file, once by name (a file that includes another runs only its own). */
+static void run_specs(void)
+{
+    static char done[64][64];
+    int n_done = 0;
+    char *names[64];
+    const char *dirs[] = {"specs", "specs/compare", "specs/paper"};
+    for (int di = 0; di < 3; di++) {
+        int n = th_list_files(dirs[di], ".kvq", names, 64);
+        for (int i = 0; i < n; i++) {
+            char rel[512];
+            snprintf(rel, sizeof rel, "%s/%s", dirs[di], names[i]);
+            free(names[i]);
+            kvq_spec *spec = tu_spec_file(rel);
+            for (int j = 0; spec && j < kvq_spec_scheme_count(spec); j++) {
+                const kvq_scheme *s = kvq_spec_scheme_at(spec, j);
+                int seen = 0;
+                for (int k = 0; k < n_done; k++) seen |= !strcmp(done[k], kvq_scheme_name(s));
+                if (seen || n_done == 64) continue;
+                snprintf(done[n_done++], sizeof done[0], "%s", kvq_scheme_name(s));
+                run_scheme(rel, s);
+            }
+            kvq_spec_free(spec);
+        }
+    }
+}
+
+int main(void)
+{
+    if (!setup()) {
+        th_begin("fake driver");
+        TH_CHECK(0, "the fake driver (%s) cannot be loaded", getenv("KVQ_LIBCUDA"));
+        th_end();
+        return th_summary();
+    }
+    run_specs();
+    return th_summary();
+}
