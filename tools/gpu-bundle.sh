@@ -49,13 +49,19 @@ if [ "$prefill" = 1 ]; then
     fake="$build/tests/fakecuda/libcuda.so.1"
     [ -f "$fake" ] || die "$fake is missing (the recording fake driver, tests/fakecuda)"
     fake=$(cd "$(dirname "$fake")" && pwd)/libcuda.so.1
+    # the GPU tests' engines, and the benchmark's (gpu-check.sh's schemes), each compiled as on that sm
     for arch in sm_90 sm_80; do
         for t in "$out"/bin/test_gpu_*; do
             KVQ_LIBCUDA="$fake" FAKECUDA_ARCH=$arch KVQ_CACHE_DIR="$out/cache" KVQ_SRCDIR="$out/share/kvq" \
                 timeout 1200 "$t" >/dev/null 2>&1
         done
+        (cd "$out/share/kvq" && KVQ_LIBCUDA="$fake" FAKECUDA_ARCH=$arch KVQ_CACHE_DIR="$out/cache" \
+            KVQ_SRCDIR="$out/share/kvq" timeout 600 "$out/bin/bench_gpu_decode" --compile-only specs/kivi2.kvq \
+            specs/kivi4.kvq specs/ott.kvq specs/zipcache.kvq tailorkv2-sparse >"$out/bench-compile.log" 2>&1) ||
+            die "bench_gpu_decode --compile-only ($arch): $(cat "$out/bench-compile.log")"
+        rm -f "$out/bench-compile.log"
     done
-    prefilled="sm_90 sm_80 (the GPU tests' units, through the fake driver)"
+    prefilled="sm_90 sm_80 (the GPU tests' and the benchmark's units, through the fake driver)"
 fi
 rm -rf "$out/cache/tmp" 2>/dev/null
 n_cache=$(find "$out/cache" -type f | wc -l)

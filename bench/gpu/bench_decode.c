@@ -24,6 +24,7 @@
  *
  *   bench_gpu_decode [--heads 32] [--kv-heads 8] [--head-dim 128] [--batch 1] [--steps 20] [--warmup 3]
  *                    [--ctx 4k,32k | --max-k 32] [--hbm-mib 1024 (0: not measured)] [--bandwidth-only]
+ *                    [--compile-only (engines created and freed: their kernels compiled into the cache)]
  *                    [SPEC[:SCHEME]... | tailorkv2-sparse]
  *   default schemes: fp16 (always, the baseline), specs/kivi2.kvq, specs/kivi4.kvq; contexts 4k to --max-k k,
  *   doubling. Paths are relative to the working directory (the repository or the bundle's share/kvq). */
@@ -265,6 +266,61 @@ static double measure_hbm(bench_gpu *g, size_t n)
     return gbps;
 }
 
+/* Parses SPEC[:SCHEME] (or the built-in tailorkv2-sparse) into *sp; *want: the scheme asked for, or NULL. */
+static int parse_spec(const char *arg, kvq_spec **sp, char *path, size_t n, char **want)
+{
+    snprintf(path, n, "%s", arg);
+    char *colon = strrchr(path, ':');
+    *want = NULL;
+    if (colon) *colon = 0, *want = colon + 1;
+    kvq_status st = !strcmp(path, "tailorkv2-sparse")
+                        ? kvq_spec_parse_string("<built-in>", tk2_sparse, strlen(tk2_sparse), sp)
+                        : kvq_spec_parse_file(path, sp);
+    if (st != KVQ_OK) {
+        fprintf(stderr, "%s does not parse\n", path);
+        kvq_spec_free(*sp);
+        *sp = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* --compile-only: an engine of every scheme (fp16 too) created and freed, so that its unit is compiled (or
+ * found in generated/ or the cache) before any timing; the bundle fills its cache this way through the fake
+ * driver (tools/gpu-bundle.sh). */
+static int compile_all(const bench_cfg *b, const char *const *specs, int n_specs)
+{
+    int bad = 0;
+    for (int i = -1; i < n_specs; i++) {
+        kvq_spec *sp = NULL;
+        char path[512], *want;
+        if (parse_spec(i < 0 ? "specs/fp16.kvq" : specs[i], &sp, path, sizeof path, &want) != 0) {
+            bad = 1;
+            continue;
+        }
+        for (int j = 0; j < kvq_spec_scheme_count(sp); j++) {
+            const kvq_scheme *s = kvq_spec_scheme_at(sp, j);
+            if (want && strcmp(want, kvq_scheme_name(s))) continue;
+            kvq_engine_config cfg;
+            kvq_engine_config_init(&cfg);
+            cfg.dims = (kvq_dims){1, b->heads, b->kv_heads, b->head_dim};
+            cfg.backend = KVQ_BACKEND_CUDA;
+            cfg.dtype = KVQ_F32;
+            kvq_engine *e = NULL;
+            char err[1024];
+            if (kvq_engine_create(s, &cfg, &e, err, sizeof err) != KVQ_OK) {
+                fprintf(stderr, "%s: %s\n", kvq_scheme_name(s), err);
+                bad = 1;
+                continue;
+            }
+            printf("compiled %s\n", kvq_scheme_name(s));
+            kvq_engine_free(e);
+        }
+        kvq_spec_free(sp);
+    }
+    return bad;
+}
+
 /* "4k,32k,1000" -> token counts; returns how many. */
 static int parse_ctx(const char *s, int *out, int max)
 {
@@ -297,7 +353,7 @@ static void print_row(const char *name, const bench_cfg *b, int ctx, float tmed,
 int main(int argc, char **argv)
 {
     bench_cfg b = {32, 8, 128, 1, 20, 3};
-    int max_k = 32, ctxs[32], n_ctx = 0, bw_only = 0, hbm_mib = 1024;
+    int max_k = 32, ctxs[32], n_ctx = 0, bw_only = 0, hbm_mib = 1024, compile_only = 0;
     const char *specs[32];
     int n_specs = 0;
     for (int i = 1; i < argc; i++) {
@@ -320,6 +376,8 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--bandwidth-only")) {
             bw_only = 1;
+        } else if (!strcmp(argv[i], "--compile-only")) {
+            compile_only = 1;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "unknown option %s (see the comment at the top of bench/gpu/bench_decode.c)\n", argv[i]);
             return 2;
@@ -342,6 +400,11 @@ int main(int argc, char **argv)
     if (cu_dev_open(CU_DEV_GPU, &g.dev, why, sizeof why) != KVQ_OK) {
         printf("skipped: %s\n", why);
         return 0;
+    }
+    if (compile_only) { /* the engines' kernels into the NVRTC cache (or from generated/), nothing timed */
+        int rc = compile_all(&b, specs, n_specs);
+        cu_dev_close(g.dev);
+        return rc;
     }
     if (load_driver_calls(why, sizeof why) != 0 || drv.event_create(&g.ev[0], 0) || drv.event_create(&g.ev[1], 0)) {
         printf("skipped: %s\n", why[0] ? why : "cuEventCreate failed");
@@ -385,18 +448,8 @@ int main(int argc, char **argv)
             t16 = 0;
         for (int i = 0; i < n_specs; i++) {
             kvq_spec *sp = NULL;
-            char path[512], *want = NULL;
-            snprintf(path, sizeof path, "%s", specs[i]);
-            char *colon = strrchr(path, ':');
-            if (colon) *colon = 0, want = colon + 1;
-            kvq_status pst = !strcmp(path, "tailorkv2-sparse")
-                                 ? kvq_spec_parse_string("<built-in>", tk2_sparse, strlen(tk2_sparse), &sp)
-                                 : kvq_spec_parse_file(path, &sp);
-            if (pst != KVQ_OK) {
-                fprintf(stderr, "%s does not parse\n", path);
-                kvq_spec_free(sp);
-                continue;
-            }
+            char path[512], *want;
+            if (parse_spec(specs[i], &sp, path, sizeof path, &want) != 0) continue;
             for (int j = 0; j < kvq_spec_scheme_count(sp); j++) {
                 const kvq_scheme *s = kvq_spec_scheme_at(sp, j);
                 if (want && strcmp(want, kvq_scheme_name(s))) continue;
