@@ -1,7 +1,8 @@
 #!/bin/sh
 # kvq's device check (docs/gpu.md): runs from the GPU bundle (`make gpu-bundle`) on a machine with an NVIDIA GPU,
 # the driver, libnvrtc, compute-sanitizer and ncu; no compiler, LLVM or network needed. Each step runs under a
-# timeout, all of them within --budget seconds (default 480: 8 minutes), and writes into a results folder:
+# timeout (tests 100 s each, sanitizers 50 s each, benchmark 60 s each, ncu 50 s: 470 s in all), all within
+# --budget seconds (default 480: 8 minutes), and writes into a results folder:
 #   env.txt           the card, driver, CUDA, the bundle's MANIFEST
 #   tests/*.log       the GPU tests: every spec against the reference backend on the GPU (test_gpu_backend),
 #                     planned steps replayed as CUDA graphs (test_gpu_replay), and any other bin/test_gpu_*
@@ -131,7 +132,7 @@ note "|---|---|---|---|---|---|"
 for t in "$bin"/test_gpu_*; do
     n=$(basename "$t")
     t0=$(date +%s)
-    step "$n" 150 "$out/tests/$n.log" "$t"
+    step "$n" 100 "$out/tests/$n.log" "$t"
     p=$(grep -c '^PASS ' "$out/tests/$n.log") f=$(grep -c '^FAIL ' "$out/tests/$n.log") s=$(grep -c '^SKIP \|^skipped' "$out/tests/$n.log")
     note "| $n | $p | $f | $s | $([ "$dry" = 1 ] && echo "dry run ($rc)" || { [ $rc = 124 ] && echo timeout || echo $rc; }) | $(($(date +%s) - t0)) |"
     [ "$f" -gt 0 ] || [ "$rc" -ne 0 ] && status=1
@@ -149,7 +150,7 @@ for tool in memcheck racecheck; do
         continue
     fi
     # shellcheck disable=SC2086
-    step "$tool" 75 "$out/$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+    step "$tool" 50 "$out/$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
         "$bin/bench_gpu_decode" $subset
     errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p; s/.*RACECHECK SUMMARY: \([0-9]*\) hazard.*/\1/p' "$out/$tool.log" | tail -n 1)
     note "| $tool | ${errs:--} | $([ "$dry" = 1 ] && echo "dry run ($rc)" || { [ $rc = 124 ] && echo timeout || echo $rc; }) |"
@@ -162,7 +163,7 @@ note "### Decode benchmark (CUDA events, cold L2; one layer, 32 heads / 8 kv hea
 for b in 1 32; do
     steps=20
     [ "$b" = 32 ] && steps=10
-    step "bench-b$b" 100 "$out/bench-b$b.md" "$bin/bench_gpu_decode" --ctx 4k,32k --batch "$b" --steps "$steps"
+    step "bench-b$b" 60 "$out/bench-b$b.md" "$bin/bench_gpu_decode" --ctx 4k,32k --batch "$b" --steps "$steps"
     note ""
     if [ "$dry" = 1 ]; then note "    $(cat "$out/bench-b$b.md")"; else sed -n '/^kvq GPU decode/,$p' "$out/bench-b$b.md" >>"$sum"; fi
     [ "$rc" -ne 0 ] && status=1 && note "(exit $rc$([ $rc = 124 ] && echo ': timed out'))"
@@ -179,7 +180,7 @@ note "### Nsight Compute: the decode kernel (kvq_decode_c*), 32k tokens, batch 3
 if [ "$dry" = 0 ] && ! have ncu; then
     note "ncu not found"
 else
-    step ncu 90 "$out/ncu.log" ncu --csv --page raw --log-file "$out/ncu.csv" --kernel-name regex:kvq_decode_c \
+    step ncu 50 "$out/ncu.log" ncu --csv --page raw --log-file "$out/ncu.csv" --kernel-name regex:kvq_decode_c \
         --launch-count 6 --metrics "$metrics" "$bin/bench_gpu_decode" --ctx 32k --batch 32 --steps 1 --warmup 0 --hbm-mib 0
     if [ "$dry" = 1 ]; then
         note "    $(cat "$out/ncu.log")"
