@@ -99,6 +99,7 @@ EXTRA_ALL :=
 -include compiler/cuda.mk
 -include tests/fuzz/module.mk
 -include runtime/cpu/cpu.mk
+-include tools/gpu-bundle.mk
 
 .PHONY: all lib tools tests test demo bench-cpu clean emu-test install
 all: $(LIB) $(SOLIB) $(TOOLS) $(EXTRA_ALL)

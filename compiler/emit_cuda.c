@@ -172,7 +172,10 @@ int emit_cuda_kernels(const kvq_plan *p, emit_cuda_kernel *out, int max)
         add_kernel(out, &n, max, "kvq_zip_select", EMIT_K_POLICY, -1, "kvq_zip_params", ZP, 256, 1, 1, "(kv_heads)");
     }
     if (p->any_sparse) {
-        add_kernel(out, &n, max, "kvq_tk_absmax", EMIT_K_POLICY, -1, "kvq_tk_params", TP, 256, 1, 1, "(kv_heads)");
+        add_kernel(out, &n, max, "kvq_tk_absmax", EMIT_K_POLICY, -1, "kvq_tk_params", TP, 256, 1, 1,
+                   "(kv_heads, KVQ_TK_CHUNKS)");
+        add_kernel(out, &n, max, "kvq_tk_score", EMIT_K_POLICY, -1, "kvq_tk_params", TP, 256, 1, 1,
+                   "(kv_heads, KVQ_TK_CHUNKS)");
         add_kernel(out, &n, max, "kvq_tk_select", EMIT_K_POLICY, -1, "kvq_tk_params", TP, 256, 1, 1, "(kv_heads)");
     }
     if (p->any_auto)

@@ -28,28 +28,45 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
 
 #if KVQ_POL_ZIP
-/* ZipCache: a decode probe's normaliser over the cache this class's decode kernel reads (kvq_policy.cuh). */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm)(const kvq_zip_norm_params p)
+/* ZipCache: a decode probe's normaliser over the cache this class's decode kernel reads, chunk by chunk
+ * (kvq_policy.cuh: kvq_zip_norm_max, then kvq_zip_norm_sum, then kvq_zip_norm_fin). */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_max)(const kvq_zip_norm_params p)
 {
     __shared__ float qs[KVQ_D];
     __shared__ double red[KVQ_PTHREADS];
+    const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
+    kvq_zip_norm_max_body(&p, khi, klo, qs, red);
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_max));
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_sum)(const kvq_zip_norm_params p)
+{
+    __shared__ float qs[KVQ_D];
     __shared__ unsigned long long zsum;
     const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
-    kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
+    kvq_zip_norm_sum_body(&p, khi, klo, qs, &zsum);
 }
-KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm));
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_sum));
 /* A planned step's normalisers (kvq_list_params over kvq_zip_norm_params; q 0: not a probe step). */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_list)(const kvq_list_params lp)
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_max_list)(const kvq_list_params lp)
 {
     __shared__ float qs[KVQ_D];
     __shared__ double red[KVQ_PTHREADS];
+    const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_zip_norm_params p = ((const kvq_zip_norm_params *)lp.items)[blockIdx.z];
+    if (p.q) kvq_zip_norm_max_body(&p, khi, klo, qs, red);
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_max_list));
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_sum_list)(const kvq_list_params lp)
+{
+    __shared__ float qs[KVQ_D];
     __shared__ unsigned long long zsum;
     const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
     if ((int)blockIdx.z >= lp.n_items) return;
     const kvq_zip_norm_params p = ((const kvq_zip_norm_params *)lp.items)[blockIdx.z];
-    if (p.q) kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
+    if (p.q) kvq_zip_norm_sum_body(&p, khi, klo, qs, &zsum);
 }
-KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_list));
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_sum_list));
 #endif
 
 /* One quantize kernel per quantized store; the granularity picks the body (a constant). The _list form is the

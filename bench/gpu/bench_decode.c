@@ -1,18 +1,34 @@
-/* GPU decode benchmark (DESIGN §9): one decode step of one layer through the cuda backend (append, flushes, the
- * fused decode kernel, merge), for contexts of 4k to 128k tokens, each scheme against the fp16 scheme built the
- * same way (specs/fp16.kvq through the same generator and kernel). Reported per (scheme, context): the median step
- * time over --steps steps with a cold L2 (a scratch buffer larger than any L2 is rewritten before each step), the
- * cache bytes of the layer on the device (what the decode kernel reads), the bytes read per second against the
- * card's peak bandwidth (memory clock x bus width), and the speed-up over fp16. Prints the machine and the date.
- * Without a CUDA driver or a GPU: "skipped: <reason>", exit 0. Run with `make bench-gpu`.
+/* GPU decode benchmark (DESIGN §9): one decode step of one layer through the cuda backend's device-tensor path
+ * (kvq_decode_device: append, flushes, policy kernels, the fused decode kernel, merge) for a batch of sequences,
+ * each scheme against the fp16 scheme built the same way (specs/fp16.kvq through the same generator and kernel).
+ *
+ * Timed on the GPU, not the host: every step is queued on one stream as
+ *   cuMemsetD8Async(scratch)  -> cuEventRecord(start) -> the step's device work -> cuEventRecord(end)
+ * so the cold-L2 write (a scratch buffer larger than any L2 so far) is ordered before the step and outside its
+ * events, and cuEventElapsedTime gives the step's device time; the host waits for the end event before the next
+ * step. The memset (about 0.1 ms on an H100) also gives the host a head start on queuing the step; the host's
+ * queuing time is reported beside the device time ("host us"): where it comes near the device time the GPU waited
+ * for the host inside the step, and a CUDA graph (kvq_decode_run) is the remedy. Warm-up steps (the pool's first
+ * growth, the module's first launches) are not timed.
+ *
+ * Reported per (scheme, batch, context): median and minimum step time, the layer's cache bytes on the device (what
+ * the decode kernel reads), the bytes read per second against the HBM bandwidth measured in the same run (a
+ * device-to-device copy of --hbm-mib MiB, 1 GiB by default, read + write bytes over its event time) and against the card's nominal peak
+ * (memory clock x bus width), and the speed-up over fp16. Prints the machine and the date; the table is markdown
+ * (docs/gpu-results.md). Without a CUDA driver or a GPU: "skipped: <reason>", exit 0. Run with `make bench-gpu`.
  *
  * A step includes the policy kernels its scheme runs: OTT's competition every G steps, ZipCache's probe rows and
- * its compression every W steps, TailorKV's retrieval (critical channels, scores over the prompt in host memory,
- * top-k, the gather of the fetched rows) every step.
+ * its compression every W steps, TailorKV's retrieval every step. ZipCache's prefill computes its probe attention
+ * in double (the reference's decisions, bit for bit): about probes x context x head_dim FP64 multiply-adds per
+ * query head, minutes at 128k; name it with contexts that fit (docs/gpu.md).
  *
- *   bench_gpu_decode [--heads 32] [--kv-heads 8] [--head-dim 128] [--batch 1] [--steps 20] [--max-k 128]
- *                    [SPEC[:SCHEME]...]   (default: kivi2, kivi4, ott, zipcache, tailorkv2's quantized layers,
- *                                          and tailorkv2's sparse layers, built in as tailorkv2-sparse) */
+ *   bench_gpu_decode [--heads 32] [--kv-heads 8] [--head-dim 128] [--batch 1] [--steps 20] [--warmup 3]
+ *                    [--ctx 4k,32k | --max-k 32] [--hbm-mib 1024 (0: not measured)] [--bandwidth-only]
+ *                    [--compile-only (engines created and freed: their kernels compiled into the cache)]
+ *                    [SPEC[:SCHEME]... | tailorkv2-sparse]
+ *   default schemes: fp16 (always, the baseline), specs/kivi2.kvq, specs/kivi4.kvq; contexts 4k to --max-k k,
+ *   doubling. Paths are relative to the working directory (the repository or the bundle's share/kvq). */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,13 +36,46 @@
 
 #include "alloc.h"
 #include "cuda/cu_dev.h"
+#include "half.h"
 #include "kvq.h"
 
-static double now(void)
+/* The driver calls the benchmark makes itself, beside the engine's (the library loads libcuda; these come from
+ * the same library): timing events and a device-to-device copy. */
+typedef int CUres;
+static struct {
+    CUres (*event_create)(void **, unsigned);
+    CUres (*event_record)(void *, void *);
+    CUres (*event_sync)(void *);
+    CUres (*event_elapsed)(float *, void *, void *);
+    CUres (*event_destroy)(void *);
+    CUres (*copy_d2d)(unsigned long long, unsigned long long, size_t, void *);
+} drv;
+
+static int load_driver_calls(char *why, size_t n)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    const char *lib = getenv("KVQ_LIBCUDA"); /* as the library loads it (a fake driver in tests) */
+    if (!lib || !*lib) lib = "libcuda.so.1";
+    void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) h = dlopen(lib, RTLD_NOW);
+    if (!h) {
+        snprintf(why, n, "%s not loadable", lib);
+        return -1;
+    }
+    struct {
+        void *slot;
+        const char *name;
+    } syms[] = {{&drv.event_create, "cuEventCreate"},         {&drv.event_record, "cuEventRecord"},
+                {&drv.event_sync, "cuEventSynchronize"},      {&drv.event_elapsed, "cuEventElapsedTime"},
+                {&drv.event_destroy, "cuEventDestroy_v2"},    {&drv.copy_d2d, "cuMemcpyDtoDAsync_v2"}};
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        void *f = dlsym(h, syms[i].name);
+        if (!f) {
+            snprintf(why, n, "libcuda lacks %s", syms[i].name);
+            return -1;
+        }
+        memcpy(syms[i].slot, &f, sizeof f);
+    }
+    return 0;
 }
 
 static uint64_t rng = 0x853c49e6748fea9bull;
@@ -36,15 +85,22 @@ static float frand(void)
     return (float)((double)(rng >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
 }
 
-static int cmp_double(const void *a, const void *b)
+static int cmp_float(const void *a, const void *b)
 {
-    double x = *(const double *)a, y = *(const double *)b;
+    float x = *(const float *)a, y = *(const float *)b;
     return x < y ? -1 : x > y;
 }
 
 typedef struct {
-    int heads, kv_heads, head_dim, batch, steps, max_k;
+    int heads, kv_heads, head_dim, batch, steps, warmup;
 } bench_cfg;
+
+typedef struct {
+    cu_dev *dev;
+    uint64_t scratch;
+    size_t scratch_bytes;
+    void *ev[2];
+} bench_gpu;
 
 /* specs/tailorkv2.kvq with every layer sparse: the retrieval path (random data calibrates as quantized). */
 static const char tk2_sparse[] =
@@ -55,9 +111,51 @@ static const char tk2_sparse[] =
     "  mode sparse;\n"
     "}\n";
 
-/* Median step time (seconds) and the layer's device bytes for one scheme at one context length. */
-static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, cu_dev *dev, uint64_t scratch,
-                   size_t scratch_bytes, double *t_med, double *bytes)
+/* Device time of `what` queued by fn between the two events, after the cold-L2 write; ms. */
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static float host_ms; /* the host's time in fn of the last timed() */
+
+static int timed(bench_gpu *g, int cold, int (*fn)(void *), void *arg, float *ms)
+{
+    char err[512];
+    void *s = cu_dev_stream(g->dev);
+    static int salt;
+    if (cold && cu_dev_memset(g->dev, g->scratch, ++salt & 0xff, g->scratch_bytes, err, sizeof err) != KVQ_OK) {
+        fprintf(stderr, "cold L2 memset: %s\n", err);
+        return -1;
+    }
+    if (drv.event_record(g->ev[0], s)) return -1;
+    double t0 = now();
+    int rc = fn(arg);
+    host_ms = (float)(1e3 * (now() - t0));
+    if (rc || drv.event_record(g->ev[1], s) || drv.event_sync(g->ev[1]) || drv.event_elapsed(ms, g->ev[0], g->ev[1]))
+        return -1;
+    return 0;
+}
+
+typedef struct {
+    kvq_engine *e;
+    kvq_dev_decode *dd;
+} step_arg;
+static int one_step(void *a)
+{
+    step_arg *sa = a;
+    if (kvq_decode_device(sa->e, 0, sa->dd) != KVQ_OK) {
+        fprintf(stderr, "decode: %s\n", kvq_engine_errmsg(sa->e));
+        return -1;
+    }
+    return 0;
+}
+
+/* Median and minimum step time (ms) and the layer's device bytes for one scheme at one context length. */
+static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, bench_gpu *g, float *t_med, float *t_min,
+                   float *h_med, double *bytes)
 {
     kvq_engine_config cfg;
     kvq_engine_config_init(&cfg);
@@ -71,16 +169,25 @@ static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, cu_dev *dev
         return -1;
     }
     int H = b->kv_heads, Hq = b->heads, D = b->head_dim, B = b->batch;
-    size_t kvn = (size_t)H * ctx * D;
-    float *k = kvq_malloc(kvn * 4), *v = kvq_malloc(kvn * 4), *q = kvq_malloc((size_t)Hq * ctx * D * 4);
-    float *k1 = kvq_malloc((size_t)B * H * D * 4), *v1 = kvq_malloc((size_t)B * H * D * 4);
-    float *q1 = kvq_malloc((size_t)B * Hq * D * 4), *o1 = kvq_malloc((size_t)B * Hq * D * 4);
+    size_t kvn = (size_t)H * ctx * D, qn = (size_t)Hq * ctx * D;
+    float *k = kvq_malloc(kvn * 4), *v = kvq_malloc(kvn * 4), *q = kvq_malloc(qn * 4);
     kvq_seq **seq = kvq_calloc((size_t)B, sizeof *seq);
-    double *ts = kvq_malloc((size_t)b->steps * sizeof *ts);
+    float *ts = kvq_malloc((size_t)b->steps * sizeof *ts), *hs = kvq_malloc((size_t)b->steps * sizeof *hs);
+    /* the step's device tensors: q [B][Hq][D], k and v [B][H][D] fp16, out [B][Hq][D] fp32 */
+    size_t in_elems = (size_t)B * (Hq + 2 * H) * D, out_bytes = (size_t)B * Hq * D * 4;
+    uint16_t *hin = kvq_malloc(in_elems * 2);
+    uint64_t din = 0, dout = 0;
     int rc = 0;
-    if (!k || !v || !q || !k1 || !v1 || !q1 || !o1 || !seq || !ts) rc = -1;
+    if (!k || !v || !q || !seq || !ts || !hs || !hin) rc = -1;
+    if (!rc && (cu_dev_alloc(g->dev, in_elems * 2, &din, err, sizeof err) != KVQ_OK ||
+                cu_dev_alloc(g->dev, out_bytes, &dout, err, sizeof err) != KVQ_OK)) {
+        fprintf(stderr, "device tensors: %s\n", err);
+        rc = -1;
+    }
     for (size_t i = 0; !rc && i < kvn; i++) k[i] = frand(), v[i] = frand();
-    for (size_t i = 0; !rc && i < (size_t)Hq * ctx * D; i++) q[i] = frand();
+    for (size_t i = 0; !rc && i < qn; i++) q[i] = frand();
+    for (size_t i = 0; !rc && i < in_elems; i++) hin[i] = kvq_f16_from_f32(frand());
+    if (!rc && cu_dev_h2d(g->dev, din, hin, in_elems * 2, err, sizeof err) != KVQ_OK) rc = -1;
     for (int i = 0; !rc && i < B; i++) {
         kvq_prefill_item it = {NULL, ctx, k, v, q};
         if (kvq_seq_create(e, &seq[i]) != KVQ_OK) rc = -1;
@@ -90,37 +197,163 @@ static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, cu_dev *dev
             rc = -1;
         }
     }
-    kvq_decode_item *items = kvq_calloc((size_t)B, sizeof *items);
+    uint16_t *base = (uint16_t *)(uintptr_t)din;
+    kvq_dev_decode dd;
+    memset(&dd, 0, sizeof dd);
+    dd.seqs = seq, dd.n_seqs = B;
+    dd.q = (kvq_dev_tensor){base, KVQ_F16, (long long)Hq * D, D};
+    dd.k = (kvq_dev_tensor){base + (size_t)B * Hq * D, KVQ_F16, (long long)H * D, D};
+    dd.v = (kvq_dev_tensor){base + (size_t)B * (Hq + H) * D, KVQ_F16, (long long)H * D, D};
+    dd.out = (kvq_dev_tensor){(void *)(uintptr_t)dout, KVQ_F32, (long long)Hq * D, D};
+    dd.stream = cu_dev_stream(g->dev);
+    step_arg sa = {e, &dd};
+    for (int st = 0; !rc && st < b->warmup; st++) rc = one_step(&sa);
+    if (!rc && cu_dev_sync(g->dev, err, sizeof err) != KVQ_OK) rc = -1;
     for (int st = 0; !rc && st < b->steps; st++) {
-        for (size_t i = 0; i < (size_t)B * H * D; i++) k1[i] = frand(), v1[i] = frand();
-        for (size_t i = 0; i < (size_t)B * Hq * D; i++) q1[i] = frand();
-        for (int i = 0; i < B; i++)
-            items[i] = (kvq_decode_item){seq[i], k1 + (size_t)i * H * D, v1 + (size_t)i * H * D,
-                                         q1 + (size_t)i * Hq * D, o1 + (size_t)i * Hq * D};
-        if (cu_dev_memset(dev, scratch, st & 0xff, scratch_bytes, err, sizeof err) != KVQ_OK) rc = -1; /* cold L2 */
-        double t0 = now();
-        if (!rc && kvq_decode(e, 0, items, B) != KVQ_OK) {
-            fprintf(stderr, "decode: %s\n", kvq_engine_errmsg(e));
-            rc = -1;
-        }
-        ts[st] = now() - t0;
+        rc = timed(g, 1, one_step, &sa, &ts[st]);
+        hs[st] = host_ms;
     }
     if (!rc) {
-        qsort(ts, (size_t)b->steps, sizeof *ts, cmp_double);
+        qsort(ts, (size_t)b->steps, sizeof *ts, cmp_float);
+        qsort(hs, (size_t)b->steps, sizeof *hs, cmp_float);
+        *h_med = hs[b->steps / 2];
         *t_med = ts[b->steps / 2];
+        *t_min = ts[0];
         kvq_mem_stats ms;
         kvq_engine_stats(e, &ms);
         *bytes = (double)ms.device_bytes;
     }
-    kvq_free(items), kvq_free(k), kvq_free(v), kvq_free(q), kvq_free(k1), kvq_free(v1), kvq_free(q1), kvq_free(o1);
-    kvq_free(seq), kvq_free(ts);
+    for (int i = 0; i < B && seq; i++)
+        if (seq[i]) kvq_seq_free(e, seq[i]);
     kvq_engine_free(e);
+    if (din) cu_dev_free(g->dev, din);
+    if (dout) cu_dev_free(g->dev, dout);
+    kvq_free(k), kvq_free(v), kvq_free(q), kvq_free(seq), kvq_free(ts), kvq_free(hs), kvq_free(hin);
     return rc;
+}
+
+typedef struct {
+    bench_gpu *g;
+    uint64_t dst, src;
+    size_t n;
+} copy_arg;
+static int one_copy(void *a)
+{
+    copy_arg *c = a;
+    return drv.copy_d2d(c->dst, c->src, c->n, cu_dev_stream(c->g->dev)) ? -1 : 0;
+}
+
+/* HBM bandwidth measured now: a device-to-device copy of `n` bytes, (read + written bytes) / median event time. */
+static double measure_hbm(bench_gpu *g, size_t n)
+{
+    char err[512];
+    uint64_t a = 0, b = 0;
+    double gbps = 0;
+    if (cu_dev_alloc(g->dev, n, &a, err, sizeof err) == KVQ_OK && cu_dev_alloc(g->dev, n, &b, err, sizeof err) == KVQ_OK) {
+        copy_arg c = {g, b, a, n};
+        float t[7];
+        int ok = one_copy(&c) == 0; /* warm-up */
+        for (int i = 0; ok && i < 7; i++) ok = timed(g, 0, one_copy, &c, &t[i]) == 0;
+        if (ok) {
+            qsort(t, 7, sizeof *t, cmp_float);
+            gbps = 2.0 * (double)n / (t[3] * 1e-3) / 1e9;
+        }
+    } else {
+        fprintf(stderr, "bandwidth buffers: %s\n", err);
+    }
+    if (a) cu_dev_free(g->dev, a);
+    if (b) cu_dev_free(g->dev, b);
+    return gbps;
+}
+
+/* Parses SPEC[:SCHEME] (or the built-in tailorkv2-sparse) into *sp; *want: the scheme asked for, or NULL. */
+static int parse_spec(const char *arg, kvq_spec **sp, char *path, size_t n, char **want)
+{
+    snprintf(path, n, "%s", arg);
+    char *colon = strrchr(path, ':');
+    *want = NULL;
+    if (colon) *colon = 0, *want = colon + 1;
+    kvq_status st = !strcmp(path, "tailorkv2-sparse")
+                        ? kvq_spec_parse_string("<built-in>", tk2_sparse, strlen(tk2_sparse), sp)
+                        : kvq_spec_parse_file(path, sp);
+    if (st != KVQ_OK) {
+        fprintf(stderr, "%s does not parse\n", path);
+        kvq_spec_free(*sp);
+        *sp = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* --compile-only: an engine of every scheme (fp16 too) created and freed, so that its unit is compiled (or
+ * found in generated/ or the cache) before any timing; the bundle fills its cache this way through the fake
+ * driver (tools/gpu-bundle.sh). */
+static int compile_all(const bench_cfg *b, const char *const *specs, int n_specs)
+{
+    int bad = 0;
+    for (int i = -1; i < n_specs; i++) {
+        kvq_spec *sp = NULL;
+        char path[512], *want;
+        if (parse_spec(i < 0 ? "specs/fp16.kvq" : specs[i], &sp, path, sizeof path, &want) != 0) {
+            bad = 1;
+            continue;
+        }
+        for (int j = 0; j < kvq_spec_scheme_count(sp); j++) {
+            const kvq_scheme *s = kvq_spec_scheme_at(sp, j);
+            if (want && strcmp(want, kvq_scheme_name(s))) continue;
+            kvq_engine_config cfg;
+            kvq_engine_config_init(&cfg);
+            cfg.dims = (kvq_dims){1, b->heads, b->kv_heads, b->head_dim};
+            cfg.backend = KVQ_BACKEND_CUDA;
+            cfg.dtype = KVQ_F32;
+            kvq_engine *e = NULL;
+            char err[1024];
+            if (kvq_engine_create(s, &cfg, &e, err, sizeof err) != KVQ_OK) {
+                fprintf(stderr, "%s: %s\n", kvq_scheme_name(s), err);
+                bad = 1;
+                continue;
+            }
+            printf("compiled %s\n", kvq_scheme_name(s));
+            kvq_engine_free(e);
+        }
+        kvq_spec_free(sp);
+    }
+    return bad;
+}
+
+/* "4k,32k,1000" -> token counts; returns how many. */
+static int parse_ctx(const char *s, int *out, int max)
+{
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v <= 0) return -1;
+        if (*end == 'k' || *end == 'K') v *= 1024, end++;
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+static void print_row(const char *name, const bench_cfg *b, int ctx, float tmed, float tmin, float hmed, double by,
+                      double hbm, double peak, double t16)
+{
+    double gbps = by / (tmed * 1e-3) / 1e9;
+    char vs[16];
+    if (t16 > 0) snprintf(vs, sizeof vs, "%.2fx", t16 / tmed);
+    else snprintf(vs, sizeof vs, "-");
+    printf("| %-16s | %5d | %6dk | %9.1f | %9.1f | %8.1f | %10.1f | %8.1f | %8.1f | %8.1f | %7s |\n", name, b->batch,
+           ctx / 1024, 1e3 * tmed, 1e3 * tmin, 1e3 * hmed, by / 1048576.0, gbps, hbm > 0 ? 100.0 * gbps / hbm : 0.0,
+           peak > 0 ? 100.0 * gbps / peak : 0.0, vs);
+    fflush(stdout);
 }
 
 int main(int argc, char **argv)
 {
-    bench_cfg b = {32, 8, 128, 1, 20, 128};
+    bench_cfg b = {32, 8, 128, 1, 20, 3};
+    int max_k = 32, ctxs[32], n_ctx = 0, bw_only = 0, hbm_mib = 1024, compile_only = 0;
     const char *specs[32];
     int n_specs = 0;
     for (int i = 1; i < argc; i++) {
@@ -129,79 +362,110 @@ int main(int argc, char **argv)
                    : !strcmp(argv[i], "--head-dim") ? &b.head_dim
                    : !strcmp(argv[i], "--batch")    ? &b.batch
                    : !strcmp(argv[i], "--steps")    ? &b.steps
-                   : !strcmp(argv[i], "--max-k")    ? &b.max_k
+                   : !strcmp(argv[i], "--warmup")   ? &b.warmup
+                   : !strcmp(argv[i], "--max-k")    ? &max_k
+                   : !strcmp(argv[i], "--hbm-mib")  ? &hbm_mib
                                                     : NULL;
-        if (dst && i + 1 < argc)
+        if (dst && i + 1 < argc) {
             *dst = atoi(argv[++i]);
-        else if (n_specs < 32)
+        } else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) {
+            n_ctx = parse_ctx(argv[++i], ctxs, 32);
+            if (n_ctx <= 0) {
+                fprintf(stderr, "--ctx: a list of token counts such as 4k,32k\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--bandwidth-only")) {
+            bw_only = 1;
+        } else if (!strcmp(argv[i], "--compile-only")) {
+            compile_only = 1;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "unknown option %s (see the comment at the top of bench/gpu/bench_decode.c)\n", argv[i]);
+            return 2;
+        } else if (n_specs < 32) {
             specs[n_specs++] = argv[i];
+        }
     }
     if (!n_specs) {
         specs[n_specs++] = "specs/kivi2.kvq";
         specs[n_specs++] = "specs/kivi4.kvq";
-        specs[n_specs++] = "specs/ott.kvq";
-        specs[n_specs++] = "specs/zipcache.kvq";
-        specs[n_specs++] = "specs/tailorkv2.kvq";
-        specs[n_specs++] = "tailorkv2-sparse";
     }
+    if (!n_ctx)
+        for (int c = 4096; c <= max_k * 1024 && n_ctx < 32; c *= 2) ctxs[n_ctx++] = c;
     if (b.steps < 1) b.steps = 1;
+    if (b.batch < 1) b.batch = 1;
+    if (b.warmup < 0) b.warmup = 0;
     char why[1024];
-    cu_dev *dev = NULL;
-    if (cu_dev_open(CU_DEV_GPU, &dev, why, sizeof why) != KVQ_OK) {
+    bench_gpu g;
+    memset(&g, 0, sizeof g);
+    if (cu_dev_open(CU_DEV_GPU, &g.dev, why, sizeof why) != KVQ_OK) {
         printf("skipped: %s\n", why);
         return 0;
     }
-    size_t scratch_bytes = (size_t)256 << 20; /* larger than any L2 so far (H100: 50 MiB) */
-    uint64_t scratch = 0;
-    if (cu_dev_alloc(dev, scratch_bytes, &scratch, why, sizeof why) != KVQ_OK) {
-        printf("skipped: %s\n", why);
-        cu_dev_close(dev);
+    if (compile_only) { /* the engines' kernels into the NVRTC cache (or from generated/), nothing timed */
+        int rc = compile_all(&b, specs, n_specs);
+        cu_dev_close(g.dev);
+        return rc;
+    }
+    if (load_driver_calls(why, sizeof why) != 0 || drv.event_create(&g.ev[0], 0) || drv.event_create(&g.ev[1], 0)) {
+        printf("skipped: %s\n", why[0] ? why : "cuEventCreate failed");
+        cu_dev_close(g.dev);
         return 0;
     }
+    g.scratch_bytes = (size_t)256 << 20; /* larger than any L2 so far (H100: 50 MiB, B200: 126 MiB) */
+    if (cu_dev_alloc(g.dev, g.scratch_bytes, &g.scratch, why, sizeof why) != KVQ_OK) {
+        printf("skipped: %s\n", why);
+        cu_dev_close(g.dev);
+        return 0;
+    }
+    double hbm = hbm_mib > 0 ? measure_hbm(&g, (size_t)hbm_mib << 20) : 0.0, peak = cu_dev_peak_gbps(g.dev);
     time_t t = time(NULL);
     char date[64];
     strftime(date, sizeof date, "%Y-%m-%d %H:%M", gmtime(&t));
-    printf("kvq GPU decode benchmark, %s UTC: %s, %d SMs, peak %.0f GB/s; %d heads / %d kv heads, head_dim %d, "
-           "batch %d, median of %d steps, cold L2\n",
-           date, cu_dev_arch(dev), cu_dev_sm_count(dev), cu_dev_peak_gbps(dev), b.heads, b.kv_heads, b.head_dim,
-           b.batch, b.steps);
-    printf("%-12s %7s %10s %12s %9s %7s %9s\n", "scheme", "context", "step ms", "cache MiB", "GB/s", "% peak",
-           "vs fp16");
+    printf("kvq GPU decode benchmark, %s UTC: %s, %d SMs; HBM measured %.0f GB/s (device-to-device copy of %d MiB, "
+           "read + write), nominal peak %.0f GB/s\n",
+           date, cu_dev_arch(g.dev), cu_dev_sm_count(g.dev), hbm, hbm_mib, peak);
+    if (bw_only) goto done;
+    printf("%d heads / %d kv heads, head_dim %d, batch %d, one layer; step time by CUDA events, median and minimum of "
+           "%d steps after %d warm-up, L2 cold (256 MiB written on the stream before each step)\n\n",
+           b.heads, b.kv_heads, b.head_dim, b.batch, b.steps, b.warmup);
+    printf("| scheme           | batch | context | median us | min us    | host us  | cache MiB  | GB/s     | %% HBM    "
+           "| %% peak   | vs fp16 |\n");
+    printf("|------------------|-------|---------|-----------|-----------|----------|------------|----------|----------"
+           "|----------|---------|\n");
     kvq_spec *f16spec = NULL;
     if (kvq_spec_parse_file("specs/fp16.kvq", &f16spec) != KVQ_OK) {
-        printf("skipped: specs/fp16.kvq not found (run from the repository root)\n");
-        return 0;
+        printf("skipped: specs/fp16.kvq not found (run from the repository root or the bundle's share/kvq)\n");
+        kvq_spec_free(f16spec);
+        goto done;
     }
-    for (int ctx = 4096; ctx <= b.max_k * 1024; ctx *= 2) {
-        double t16 = 0, by16 = 0;
-        if (run_one(kvq_spec_scheme(f16spec, NULL), &b, ctx, dev, scratch, scratch_bytes, &t16, &by16) == 0)
-            printf("%-12s %6dk %10.3f %12.1f %9.1f %7.1f %9s\n", "fp16", ctx / 1024, 1e3 * t16, by16 / 1048576.0,
-                   by16 / t16 / 1e9, cu_dev_peak_gbps(dev) > 0 ? 100.0 * by16 / t16 / 1e9 / cu_dev_peak_gbps(dev) : 0.0,
-                   "1.00x");
+    for (int ci = 0; ci < n_ctx; ci++) {
+        int ctx = ctxs[ci];
+        float t16 = 0, m16 = 0, h16 = 0;
+        double by16 = 0;
+        if (run_one(kvq_spec_scheme(f16spec, NULL), &b, ctx, &g, &t16, &m16, &h16, &by16) == 0)
+            print_row("fp16", &b, ctx, t16, m16, h16, by16, hbm, peak, 0);
+        else
+            t16 = 0;
         for (int i = 0; i < n_specs; i++) {
             kvq_spec *sp = NULL;
-            kvq_status pst = !strcmp(specs[i], "tailorkv2-sparse")
-                                 ? kvq_spec_parse_string("<built-in>", tk2_sparse, strlen(tk2_sparse), &sp)
-                                 : kvq_spec_parse_file(specs[i], &sp);
-            if (pst != KVQ_OK) {
-                fprintf(stderr, "%s does not parse\n", specs[i]);
-                kvq_spec_free(sp);
-                continue;
-            }
+            char path[512], *want;
+            if (parse_spec(specs[i], &sp, path, sizeof path, &want) != 0) continue;
             for (int j = 0; j < kvq_spec_scheme_count(sp); j++) {
                 const kvq_scheme *s = kvq_spec_scheme_at(sp, j);
-                double tt = 0, by = 0;
-                if (run_one(s, &b, ctx, dev, scratch, scratch_bytes, &tt, &by) != 0) continue;
-                printf("%-12s %6dk %10.3f %12.1f %9.1f %7.1f %8.2fx\n", kvq_scheme_name(s), ctx / 1024, 1e3 * tt,
-                       by / 1048576.0, by / tt / 1e9,
-                       cu_dev_peak_gbps(dev) > 0 ? 100.0 * by / tt / 1e9 / cu_dev_peak_gbps(dev) : 0.0,
-                       tt > 0 ? t16 / tt : 0.0);
+                if (want && strcmp(want, kvq_scheme_name(s))) continue;
+                float tt = 0, tm = 0, th = 0;
+                double by = 0;
+                if (run_one(s, &b, ctx, &g, &tt, &tm, &th, &by) != 0) continue;
+                print_row(kvq_scheme_name(s), &b, ctx, tt, tm, th, by, hbm, peak, t16);
             }
             kvq_spec_free(sp);
         }
     }
     kvq_spec_free(f16spec);
-    cu_dev_free(dev, scratch);
-    cu_dev_close(dev);
+done:
+    drv.event_destroy(g.ev[0]);
+    drv.event_destroy(g.ev[1]);
+    cu_dev_free(g.dev, g.scratch);
+    cu_dev_close(g.dev);
     return 0;
 }

@@ -491,8 +491,8 @@ typedef struct {
 /* ZipCache (Eq. 7-9, Alg. 2-3), block KVQ_PTHREADS:
  *   kvq_zip_stats    grid (np, heads): max logit and softmax denominator of each prefill probe row;
  *   kvq_zip_saliency grid (ceil(n / KVQ_PTHREADS), kv_heads): Eq. 7/8 of prompt tokens [first, first + n);
- *   kvq_zip_norm_c<k> grid (kv_heads): a decode probe's max logit and normaliser over the whole cache (its
- *                    tiles), kvq_zip_norm_params;
+ *   kvq_zip_norm_{max,sum}_c<k> grid (kv_heads, KVQ_ZN_CHUNKS), then kvq_zip_norm_fin grid (kv_heads): a decode
+ *                    probe's max logit and normaliser over the whole cache (its tiles), kvq_zip_norm_params;
  *   kvq_zip_row      grid (kv_heads): a decode probe's row over the key window, into rows[row];
  *   kvq_zip_rowsal   grid (ceil(n / KVQ_PTHREADS), kv_heads): Eq. 7/8 of the window's first n tokens from the
  *                    rows recorded during the cycle;
@@ -512,20 +512,28 @@ typedef struct {
     kvq_i32 n_high, row, wcap, count; /* count: tokens in the window (row) */
 } kvq_zip_params;
 
-/* kvq_zip_norm_c<k> (kvq_class.cuh): the normaliser of a decode probe's row, Eq. 9's softmax over every token of
- * the cache (docs/cuda.md "Determinism"): per query head the max logit m and Z = sum of kvq_prob_fixed(e^(l - m)),
- * written to norm. grid (kv_heads), block KVQ_PTHREADS. */
+/* The normaliser of a decode probe's row, Eq. 9's softmax over every token of the cache (docs/cuda.md
+ * "Determinism"): per query head the max logit m and Z = sum of kvq_prob_fixed(e^(l - m)), written to norm. Over
+ * token chunks (block y of a kv head takes tiles y, y + KVQ_ZN_CHUNKS, ...): kvq_zip_norm_max_c<k> each chunk's
+ * maximum, kvq_zip_norm_sum_c<k> each chunk's integer sum at the maximum of the chunks' maxima, kvq_zip_norm_fin
+ * their maximum and sum; a maximum and an integer sum are the same in any order, so the split does not change
+ * them. Block KVQ_PTHREADS. */
+#define KVQ_ZN_CHUNKS 16
+/* norm's bytes: double [heads][2] (m, Z), then the chunks' double maxima and u64 sums [heads][KVQ_ZN_CHUNKS] */
+#define KVQ_ZN_BYTES(heads) ((unsigned long long)(heads) * 16u * (1u + KVQ_ZN_CHUNKS))
 typedef struct {
     kvq_u64 q;      /* const float [heads][D]: the step's query */
     kvq_u64 tiles;  /* const kvq_tile [n_tiles]: the sequence's tiles of this step (those the decode kernel read) */
-    kvq_u64 norm;   /* double [heads][2] */
+    kvq_u64 norm;   /* KVQ_ZN_BYTES(heads): double [heads][2], then the chunks' partials */
     double scale;   /* the softmax scale */
     kvq_i32 n_tiles, reserved;
 } kvq_zip_norm_params;
 
-/* TailorKV (Sec. 4.2, App. I): kvq_tk_absmax, grid (kv_heads), block KVQ_D: Eq. 10's max_t |K_t,i| over the
- * prompt; kvq_tk_select, grid (kv_heads), block KVQ_PTHREADS: reduced query, critical channels, candidate scores
- * on them, and the top nf candidates as gather rows. */
+/* TailorKV (Sec. 4.2, App. I), block KVQ_PTHREADS: kvq_tk_absmax, grid (kv_heads, KVQ_TK_CHUNKS): Eq. 10's
+ * max_t |K_t,i| over the prompt (absmax zeroed before); a retrieval is kvq_tk_score, grid (kv_heads, KVQ_TK_CHUNKS):
+ * reduced query, critical channels and the candidates' scores on them, then kvq_tk_select, grid (kv_heads): the
+ * top nf candidates as gather rows. */
+#define KVQ_TK_CHUNKS 16
 typedef struct {
     kvq_u64 q;      /* const float [heads][D]: the step's query */
     kvq_u64 k;      /* fp16 prompt keys channel-major [kv_heads][D][T] (page-locked host memory) */
@@ -2228,28 +2236,45 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
 
 #if KVQ_POL_ZIP
-/* ZipCache: a decode probe's normaliser over the cache this class's decode kernel reads (kvq_policy.cuh). */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm)(const kvq_zip_norm_params p)
+/* ZipCache: a decode probe's normaliser over the cache this class's decode kernel reads, chunk by chunk
+ * (kvq_policy.cuh: kvq_zip_norm_max, then kvq_zip_norm_sum, then kvq_zip_norm_fin). */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_max)(const kvq_zip_norm_params p)
 {
     __shared__ float qs[KVQ_D];
     __shared__ double red[KVQ_PTHREADS];
+    const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
+    kvq_zip_norm_max_body(&p, khi, klo, qs, red);
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_max));
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_sum)(const kvq_zip_norm_params p)
+{
+    __shared__ float qs[KVQ_D];
     __shared__ unsigned long long zsum;
     const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
-    kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
+    kvq_zip_norm_sum_body(&p, khi, klo, qs, &zsum);
 }
-KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm));
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_sum));
 /* A planned step's normalisers (kvq_list_params over kvq_zip_norm_params; q 0: not a probe step). */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_list)(const kvq_list_params lp)
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_max_list)(const kvq_list_params lp)
 {
     __shared__ float qs[KVQ_D];
     __shared__ double red[KVQ_PTHREADS];
+    const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_zip_norm_params p = ((const kvq_zip_norm_params *)lp.items)[blockIdx.z];
+    if (p.q) kvq_zip_norm_max_body(&p, khi, klo, qs, red);
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_max_list));
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_sum_list)(const kvq_list_params lp)
+{
+    __shared__ float qs[KVQ_D];
     __shared__ unsigned long long zsum;
     const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
     if ((int)blockIdx.z >= lp.n_items) return;
     const kvq_zip_norm_params p = ((const kvq_zip_norm_params *)lp.items)[blockIdx.z];
-    if (p.q) kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
+    if (p.q) kvq_zip_norm_sum_body(&p, khi, klo, qs, &zsum);
 }
-KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_list));
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_sum_list));
 #endif
 
 /* One quantize kernel per quantized store; the granularity picks the body (a constant). The _list form is the

@@ -491,8 +491,8 @@ typedef struct {
 /* ZipCache (Eq. 7-9, Alg. 2-3), block KVQ_PTHREADS:
  *   kvq_zip_stats    grid (np, heads): max logit and softmax denominator of each prefill probe row;
  *   kvq_zip_saliency grid (ceil(n / KVQ_PTHREADS), kv_heads): Eq. 7/8 of prompt tokens [first, first + n);
- *   kvq_zip_norm_c<k> grid (kv_heads): a decode probe's max logit and normaliser over the whole cache (its
- *                    tiles), kvq_zip_norm_params;
+ *   kvq_zip_norm_{max,sum}_c<k> grid (kv_heads, KVQ_ZN_CHUNKS), then kvq_zip_norm_fin grid (kv_heads): a decode
+ *                    probe's max logit and normaliser over the whole cache (its tiles), kvq_zip_norm_params;
  *   kvq_zip_row      grid (kv_heads): a decode probe's row over the key window, into rows[row];
  *   kvq_zip_rowsal   grid (ceil(n / KVQ_PTHREADS), kv_heads): Eq. 7/8 of the window's first n tokens from the
  *                    rows recorded during the cycle;
@@ -512,20 +512,28 @@ typedef struct {
     kvq_i32 n_high, row, wcap, count; /* count: tokens in the window (row) */
 } kvq_zip_params;
 
-/* kvq_zip_norm_c<k> (kvq_class.cuh): the normaliser of a decode probe's row, Eq. 9's softmax over every token of
- * the cache (docs/cuda.md "Determinism"): per query head the max logit m and Z = sum of kvq_prob_fixed(e^(l - m)),
- * written to norm. grid (kv_heads), block KVQ_PTHREADS. */
+/* The normaliser of a decode probe's row, Eq. 9's softmax over every token of the cache (docs/cuda.md
+ * "Determinism"): per query head the max logit m and Z = sum of kvq_prob_fixed(e^(l - m)), written to norm. Over
+ * token chunks (block y of a kv head takes tiles y, y + KVQ_ZN_CHUNKS, ...): kvq_zip_norm_max_c<k> each chunk's
+ * maximum, kvq_zip_norm_sum_c<k> each chunk's integer sum at the maximum of the chunks' maxima, kvq_zip_norm_fin
+ * their maximum and sum; a maximum and an integer sum are the same in any order, so the split does not change
+ * them. Block KVQ_PTHREADS. */
+#define KVQ_ZN_CHUNKS 16
+/* norm's bytes: double [heads][2] (m, Z), then the chunks' double maxima and u64 sums [heads][KVQ_ZN_CHUNKS] */
+#define KVQ_ZN_BYTES(heads) ((unsigned long long)(heads) * 16u * (1u + KVQ_ZN_CHUNKS))
 typedef struct {
     kvq_u64 q;      /* const float [heads][D]: the step's query */
     kvq_u64 tiles;  /* const kvq_tile [n_tiles]: the sequence's tiles of this step (those the decode kernel read) */
-    kvq_u64 norm;   /* double [heads][2] */
+    kvq_u64 norm;   /* KVQ_ZN_BYTES(heads): double [heads][2], then the chunks' partials */
     double scale;   /* the softmax scale */
     kvq_i32 n_tiles, reserved;
 } kvq_zip_norm_params;
 
-/* TailorKV (Sec. 4.2, App. I): kvq_tk_absmax, grid (kv_heads), block KVQ_D: Eq. 10's max_t |K_t,i| over the
- * prompt; kvq_tk_select, grid (kv_heads), block KVQ_PTHREADS: reduced query, critical channels, candidate scores
- * on them, and the top nf candidates as gather rows. */
+/* TailorKV (Sec. 4.2, App. I), block KVQ_PTHREADS: kvq_tk_absmax, grid (kv_heads, KVQ_TK_CHUNKS): Eq. 10's
+ * max_t |K_t,i| over the prompt (absmax zeroed before); a retrieval is kvq_tk_score, grid (kv_heads, KVQ_TK_CHUNKS):
+ * reduced query, critical channels and the candidates' scores on them, then kvq_tk_select, grid (kv_heads): the
+ * top nf candidates as gather rows. */
+#define KVQ_TK_CHUNKS 16
 typedef struct {
     kvq_u64 q;      /* const float [heads][D]: the step's query */
     kvq_u64 k;      /* fp16 prompt keys channel-major [kv_heads][D][T] (page-locked host memory) */
@@ -2655,7 +2663,7 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_saliency(c
 KVQ_KERNEL_EXPORT(kvq_zip_saliency);
 
 /* Alg. 3: a probe step's row over the waiting tokens, p_i = sum over the group's heads of e^(l_i - m) / Z with
- * (m, Z) from kvq_zip_norm over the whole cache, rounded as ref_attend rounds its probabilities (docs/cuda.md
+ * (m, Z) from kvq_zip_norm_{max,sum,fin} over the whole cache, rounded as ref_attend rounds its probabilities (docs/cuda.md
  * "Determinism"). */
 KVQ_DEV void kvq_zip_row_body(const kvq_zip_params p)
 {
@@ -2734,62 +2742,121 @@ KVQ_DEV double kvq_norm_logit(const unsigned char *b, int kind, kvq_fmt f, kvq_p
     return kvq_dmul(s, scale);
 }
 
-/* kvq_zip_norm_c<k>: for each query head of kv head blockIdx.x, the max logit over the sequence's tiles (exact in
- * any order) and Z = sum of kvq_prob_fixed(e^(l - max)) (an integer: the same in any order), which is what
- * ref_attend computes for a probe over the cache it materialises. qs: [D] floats, red: [KVQ_PTHREADS] doubles,
- * zsum: one u64, all shared. */
-KVQ_DEV void kvq_zip_norm_body(const kvq_zip_norm_params *p, kvq_fmt khi, kvq_fmt klo, float *qs, double *red,
-                               unsigned long long *zsum)
+/* One pass of a decode probe's normaliser over this block's share of the sequence's tiles (tiles blockIdx.y,
+ * + KVQ_ZN_CHUNKS, ...) for the query in qs (shared): with z NULL the max logit of the thread's tokens (exact in any
+ * order), else *z = the sum of kvq_prob_fixed(e^(l - mx)) over them (an integer: the same in any order), which is
+ * what ref_attend computes for a probe over the cache it materialises. */
+KVQ_DEV double kvq_zip_norm_scan(const kvq_zip_norm_params *p, kvq_fmt khi, kvq_fmt klo, const float *qs, double mx,
+                                 unsigned long long *z)
+{
+    const int h = blockIdx.x;
+    const kvq_tile *tiles = (const kvq_tile *)p->tiles;
+    double m = KVQ_NEG_INF_D;
+    unsigned long long zz = 0;
+    for (int ti = blockIdx.y; ti < p->n_tiles; ti += KVQ_ZN_CHUNKS) {
+        const kvq_tile T = tiles[ti];
+        int n = T.n;
+        if (T.count) n = max(0, min(n, ((const int *)T.count)[h] - T.k_slot));
+        const int kind = T.kinds & 255;
+        const kvq_fmt f = kind == KVQ_SRC_LO ? klo : khi;
+        const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, T.k_cap);
+        for (int t = threadIdx.x; t < n; t += KVQ_PTHREADS) {
+            double l = kvq_norm_logit((const unsigned char *)T.k, kind, f, o, T.k_cap, h, T.k_slot + t, qs, p->scale);
+            if (z) {
+                if (l != KVQ_NEG_INF_D) zz += kvq_prob_fixed(kvq_exp_det(l - mx));
+            } else if (l > m) {
+                m = l;
+            }
+        }
+    }
+    if (z) *z = zz;
+    return m;
+}
+
+/* The chunks' partials of query head hq: maxima [heads][KVQ_ZN_CHUNKS] after norm's [heads][2], then sums. */
+KVQ_DEV double *kvq_zn_max(const kvq_zip_norm_params *p, int hq)
+{
+    return (double *)p->norm + 2 * KVQ_HQ + (long long)hq * KVQ_ZN_CHUNKS;
+}
+KVQ_DEV unsigned long long *kvq_zn_sum(const kvq_zip_norm_params *p, int hq)
+{
+    return (unsigned long long *)p->norm + 2 * KVQ_HQ + (long long)KVQ_HQ * KVQ_ZN_CHUNKS + (long long)hq * KVQ_ZN_CHUNKS;
+}
+/* The maximum of the chunks' maxima (exact; NaN never enters: a chunk's maximum skips it as the host does). */
+KVQ_DEV double kvq_zn_max_of(const kvq_zip_norm_params *p, int hq)
+{
+    const double *pm = kvq_zn_max(p, hq);
+    double m = KVQ_NEG_INF_D;
+    for (int y = 0; y < KVQ_ZN_CHUNKS; y++)
+        if (pm[y] > m) m = pm[y];
+    return m;
+}
+
+/* kvq_zip_norm_max_c<k>, grid (kv_heads, KVQ_ZN_CHUNKS): per query head of kv head blockIdx.x the maximum logit
+ * of chunk blockIdx.y. qs: [D] floats, red: [KVQ_PTHREADS] doubles, shared. */
+KVQ_DEV void kvq_zip_norm_max_body(const kvq_zip_norm_params *p, kvq_fmt khi, kvq_fmt klo, float *qs, double *red)
 {
     const int h = blockIdx.x, tid = threadIdx.x;
-    const kvq_tile *tiles = (const kvq_tile *)p->tiles;
     for (int j = 0; j < KVQ_GQA; j++) {
         const int hq = h * KVQ_GQA + j;
         for (int x = tid; x < KVQ_D; x += KVQ_PTHREADS) qs[x] = ((const float *)p->q)[(long long)hq * KVQ_D + x];
-        if (tid == 0) *zsum = 0;
         __syncthreads();
-        double mx = KVQ_NEG_INF_D;
-        for (int ti = 0; ti < p->n_tiles; ti++) {
-            const kvq_tile T = tiles[ti];
-            int n = T.n;
-            if (T.count) n = max(0, min(n, ((const int *)T.count)[h] - T.k_slot));
-            const int kind = T.kinds & 255;
-            const kvq_fmt f = kind == KVQ_SRC_LO ? klo : khi;
-            const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, T.k_cap);
-            for (int t = tid; t < n; t += KVQ_PTHREADS) {
-                double l = kvq_norm_logit((const unsigned char *)T.k, kind, f, o, T.k_cap, h, T.k_slot + t, qs, p->scale);
-                if (l > mx) mx = l;
-            }
-        }
-        red[tid] = mx;
+        red[tid] = kvq_zip_norm_scan(p, khi, klo, qs, 0.0, NULL);
         __syncthreads();
         for (int s = KVQ_PTHREADS / 2; s > 0; s >>= 1) {
             if (tid < s && red[tid + s] > red[tid]) red[tid] = red[tid + s];
             __syncthreads();
         }
-        mx = red[0];
-        unsigned long long z = 0;
-        for (int ti = 0; ti < p->n_tiles; ti++) {
-            const kvq_tile T = tiles[ti];
-            int n = T.n;
-            if (T.count) n = max(0, min(n, ((const int *)T.count)[h] - T.k_slot));
-            const int kind = T.kinds & 255;
-            const kvq_fmt f = kind == KVQ_SRC_LO ? klo : khi;
-            const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, T.k_cap);
-            for (int t = tid; t < n; t += KVQ_PTHREADS) {
-                double l = kvq_norm_logit((const unsigned char *)T.k, kind, f, o, T.k_cap, h, T.k_slot + t, qs, p->scale);
-                if (l != KVQ_NEG_INF_D) z += kvq_prob_fixed(kvq_exp_det(l - mx));
-            }
-        }
-        atomicAdd(zsum, z);
-        __syncthreads();
-        if (tid == 0) {
-            ((double *)p->norm)[2 * hq] = mx;
-            ((double *)p->norm)[2 * hq + 1] = (double)*zsum * KVQ_PROB_FIXED_UNIT;
-        }
-        __syncthreads(); /* qs, red and zsum are the next head's */
+        if (tid == 0) kvq_zn_max(p, hq)[blockIdx.y] = red[0];
+        __syncthreads(); /* qs and red are the next head's */
     }
 }
+
+/* kvq_zip_norm_sum_c<k>, grid (kv_heads, KVQ_ZN_CHUNKS): per query head the integer sum of chunk blockIdx.y at the
+ * maximum of all chunks. zsum: one u64, shared. */
+KVQ_DEV void kvq_zip_norm_sum_body(const kvq_zip_norm_params *p, kvq_fmt khi, kvq_fmt klo, float *qs,
+                                   unsigned long long *zsum)
+{
+    const int h = blockIdx.x, tid = threadIdx.x;
+    for (int j = 0; j < KVQ_GQA; j++) {
+        const int hq = h * KVQ_GQA + j;
+        for (int x = tid; x < KVQ_D; x += KVQ_PTHREADS) qs[x] = ((const float *)p->q)[(long long)hq * KVQ_D + x];
+        if (tid == 0) *zsum = 0;
+        __syncthreads();
+        unsigned long long z = 0;
+        kvq_zip_norm_scan(p, khi, klo, qs, kvq_zn_max_of(p, hq), &z);
+        atomicAdd(zsum, z);
+        __syncthreads();
+        if (tid == 0) kvq_zn_sum(p, hq)[blockIdx.y] = *zsum;
+        __syncthreads();
+    }
+}
+
+/* kvq_zip_norm_fin, grid (kv_heads): norm[hq] = (m, Z * 2^-40) from the chunks' partials. */
+KVQ_DEV void kvq_zip_norm_fin_body(const kvq_zip_norm_params *p)
+{
+    for (int j = threadIdx.x; j < KVQ_GQA; j += blockDim.x) {
+        const int hq = blockIdx.x * KVQ_GQA + j;
+        const unsigned long long *pz = kvq_zn_sum(p, hq);
+        unsigned long long z = 0;
+        for (int y = 0; y < KVQ_ZN_CHUNKS; y++) z += pz[y];
+        ((double *)p->norm)[2 * hq] = kvq_zn_max_of(p, hq);
+        ((double *)p->norm)[2 * hq + 1] = (double)z * KVQ_PROB_FIXED_UNIT;
+    }
+}
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_norm_fin(const kvq_zip_norm_params p)
+{
+    kvq_zip_norm_fin_body(&p);
+}
+KVQ_KERNEL_EXPORT(kvq_zip_norm_fin);
+/* A planned step's (kvq_list_params over kvq_zip_norm_params; q 0: not a probe step). */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_norm_fin_list(const kvq_list_params lp)
+{
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_zip_norm_params p = ((const kvq_zip_norm_params *)lp.items)[blockIdx.z];
+    if (p.q) kvq_zip_norm_fin_body(&p);
+}
+KVQ_KERNEL_EXPORT(kvq_zip_norm_fin_list);
 
 /* Eq. 7/8 of the window's token i from the cycle's rows (kvq_saliency over rows restricted to the batch). */
 KVQ_DEV void kvq_zip_rowsal_body(const kvq_zip_params p)
@@ -2913,30 +2980,42 @@ KVQ_KERNEL_EXPORT(kvq_zip_gather_list);
 /* ------------------------------------------------------------- TailorKV retrieval (Eq. 10, App. I) ---- */
 #if KVQ_POL_TK
 
-/* App. I absmax_k: max_t |K_t,i| per channel over the prompt (kvq_key_absmax). */
+/* KVQ_TK_CHUNKS (kvq_params.cuh): blocks per kv head of the chunked TailorKV kernels: kv_heads x 16 blocks fill
+ * an H100's 132 SMs where one block per kv head used 8 of them. A block takes tokens y*KVQ_PTHREADS + tid, then
+ * every KVQ_TK_CHUNKS*KVQ_PTHREADS-th: consecutive threads read consecutive tokens of a channel (channel-major
+ * keys: coalesced reads of host memory over PCIe). The results do not depend on the split: a maximum is exact in
+ * any order, and a candidate's score is its own. */
+
+/* App. I absmax_k: max_t |K_t,i| per channel over the prompt (kvq_key_absmax), grid (kv_heads, KVQ_TK_CHUNKS).
+ * absmax must hold zeros before the launch (cu_dev_alloc's fill): each warp's maximum of a channel goes in with
+ * atomicMax on the float's bits, which order as the floats do for the non-negative, non-NaN values it takes (a
+ * NaN never wins, as in the host's `a > m`). */
 extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_absmax(const kvq_tk_params p)
 {
-    const int h = blockIdx.x;
+    const int h = blockIdx.x, t0 = blockIdx.y * KVQ_PTHREADS + threadIdx.x;
     const kvq_half *k = (const kvq_half *)p.k + (long long)h * KVQ_D * p.T; /* channel-major: [D][T] */
-    for (int d = threadIdx.x; d < KVQ_D; d += KVQ_PTHREADS) {
+    unsigned *am = (unsigned *)p.absmax + (long long)h * KVQ_D;
+    for (int d = 0; d < KVQ_D; d++) {
         float m = 0.0f;
-        for (int t = 0; t < p.T; t++) {
+        for (int t = t0; t < p.T; t += KVQ_TK_CHUNKS * KVQ_PTHREADS) {
             float a = fabsf(kvq_h2f(k[(long long)d * p.T + t]));
             if (a > m) m = a;
         }
-        ((float *)p.absmax)[(long long)h * KVQ_D + d] = m;
+        for (int o = 16; o > 0; o >>= 1) {
+            float x = __shfl_xor_sync(0xffffffffu, m, o);
+            if (x > m) m = x;
+        }
+        if ((threadIdx.x & 31) == 0 && m > 0.0f) atomicMax(am + d, __float_as_uint(m));
     }
 }
 KVQ_KERNEL_EXPORT(kvq_tk_absmax);
 
-/* One kv head's retrieval: App. I reduce_q (kvq_reduce_q_group), Eq. 10's critical channels
- * (kvq_critical_channels), approximate_attn on them (kvq_critical_scores, reading only those channels of the
- * candidates from the channel-major copy in host memory), and the top nf (kvq_topk) as gather rows for kvq_store_f16. */
-KVQ_DEV void kvq_tk_select_body(const kvq_tk_params p, float *qm, unsigned *ck, int *csel, int *ch,
-                                 kvq_sel_smem *smp)
+/* App. I reduce_q (kvq_reduce_q_group) and Eq. 10's critical channels (kvq_critical_channels) of kv head
+ * blockIdx.x, into the block's shared qm [D] and ch [nch] (rank order); returns nch. */
+KVQ_DEV int kvq_tk_channels(const kvq_tk_params *p, float *qm, unsigned *ck, int *csel, int *ch, kvq_sel_smem *smp)
 {
-    const int h = blockIdx.x, tid = threadIdx.x, nc = p.nc;
-    const float *q = (const float *)p.q;
+    const int h = blockIdx.x, tid = threadIdx.x;
+    const float *q = (const float *)p->q;
     for (int d = tid; d < KVQ_D; d += KVQ_PTHREADS) {
         double s = 0.0; /* the mean of signed values; |.| is taken after (App. I) */
         for (int j = 0; j < KVQ_GQA; j++) s += q[(long long)(h * KVQ_GQA + j) * KVQ_D + d];
@@ -2944,41 +3023,65 @@ KVQ_DEV void kvq_tk_select_body(const kvq_tk_params p, float *qm, unsigned *ck, 
     }
     __syncthreads();
     for (int d = tid; d < KVQ_D; d += KVQ_PTHREADS)
-        ck[d] = kvq_fkey(__fmul_rn(fabsf(qm[d]), ((const float *)p.absmax)[(long long)h * KVQ_D + d]));
+        ck[d] = kvq_fkey(__fmul_rn(fabsf(qm[d]), ((const float *)p->absmax)[(long long)h * KVQ_D + d]));
     __syncthreads();
-    const int nch = kvq_block_select(ck, KVQ_D, p.n_ch, csel, smp);
+    const int nch = kvq_block_select(ck, KVQ_D, p->n_ch, csel, smp);
     __syncthreads();
     kvq_block_rank(ck, csel, nch, ch, 0);
     __syncthreads();
+    return nch;
+}
+
+/* approximate_attn on the critical channels (kvq_critical_scores) of this block's candidates, reading only those
+ * channels from the channel-major copy in host memory, as selection keys into work. grid (kv_heads,
+ * KVQ_TK_CHUNKS): every block finds the same channels (the same arithmetic on the same inputs), then scores its
+ * share of the candidates. */
+KVQ_DEV void kvq_tk_score_body(const kvq_tk_params p, float *qm, unsigned *ck, int *csel, int *ch, kvq_sel_smem *smp)
+{
+    const int h = blockIdx.x, nc = p.nc;
+    const int nch = kvq_tk_channels(&p, qm, ck, csel, ch, smp);
     unsigned *keys = (unsigned *)p.work + (long long)h * nc;
-    int *sel = (int *)p.work + (long long)KVQ_HKV * nc + (long long)h * nc;
-    /* channel-major [D][T]: consecutive threads read consecutive tokens of one critical channel, so each
-     * channel's candidates are one contiguous run over PCIe */
     const kvq_half *k = (const kvq_half *)p.k + (long long)h * KVQ_D * p.T + p.first;
-    for (int t = tid; t < nc; t += KVQ_PTHREADS) {
+    for (int t = blockIdx.y * KVQ_PTHREADS + threadIdx.x; t < nc; t += KVQ_TK_CHUNKS * KVQ_PTHREADS) {
         double s = 0.0; /* in the channels' rank order, as the host sums them */
         for (int c = 0; c < nch; c++) s += (double)qm[ch[c]] * (double)kvq_h2f(k[(long long)ch[c] * p.T + t]);
         keys[t] = kvq_fkey((float)s);
     }
-    __syncthreads();
+}
+
+/* The top nf of kvq_tk_score's keys (kvq_topk) as gather rows for kvq_store_f16, grid (kv_heads). */
+KVQ_DEV void kvq_tk_select_body(const kvq_tk_params p, kvq_sel_smem *smp)
+{
+    const int h = blockIdx.x, nc = p.nc;
+    const unsigned *keys = (const unsigned *)p.work + (long long)h * nc;
+    int *sel = (int *)p.work + (long long)KVQ_HKV * nc + (long long)h * nc;
     const int m = kvq_block_select(keys, nc, p.nf, sel, smp);
     __syncthreads();
     kvq_block_rank(keys, sel, m, (int *)p.gather + (long long)h * p.nf, p.first);
 }
 
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_select(const kvq_tk_params p)
+/* One retrieval is kvq_tk_score then kvq_tk_select with the same parameters. */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_score(const kvq_tk_params p)
 {
     __shared__ float qm[KVQ_D];
     __shared__ unsigned ck[KVQ_D];
     __shared__ int csel[KVQ_D], ch[KVQ_D];
     __shared__ kvq_sel_smem sm;
-    kvq_tk_select_body(p, qm, ck, csel, ch, &sm);
+    kvq_tk_score_body(p, qm, ck, csel, ch, &sm);
+}
+KVQ_KERNEL_EXPORT(kvq_tk_score);
+
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_select(const kvq_tk_params p)
+{
+    __shared__ kvq_sel_smem sm;
+    kvq_tk_select_body(p, &sm);
 }
 KVQ_KERNEL_EXPORT(kvq_tk_select);
 
 /* A planned step's retrievals (kvq_list_params over kvq_tk_params): item blockIdx.z is one sequence's retrieval
- * of a sparse layer, nf = 0 when it fetches nothing. grid (kv_heads, 1, items), the same at every step. */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_select_list(const kvq_list_params lp)
+ * of a sparse layer, nf = 0 when it fetches nothing. Grids (kv_heads, KVQ_TK_CHUNKS, items) and (kv_heads, 1,
+ * items), the same at every step. */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_score_list(const kvq_list_params lp)
 {
     __shared__ float qm[KVQ_D];
     __shared__ unsigned ck[KVQ_D];
@@ -2986,7 +3089,16 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_select_list
     __shared__ kvq_sel_smem sm;
     if ((int)blockIdx.z >= lp.n_items) return;
     const kvq_tk_params p = ((const kvq_tk_params *)lp.items)[blockIdx.z];
-    if (p.nf > 0) kvq_tk_select_body(p, qm, ck, csel, ch, &sm);
+    if (p.nf > 0) kvq_tk_score_body(p, qm, ck, csel, ch, &sm);
+}
+KVQ_KERNEL_EXPORT(kvq_tk_score_list);
+
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_tk_select_list(const kvq_list_params lp)
+{
+    __shared__ kvq_sel_smem sm;
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_tk_params p = ((const kvq_tk_params *)lp.items)[blockIdx.z];
+    if (p.nf > 0) kvq_tk_select_body(p, &sm);
 }
 KVQ_KERNEL_EXPORT(kvq_tk_select_list);
 
@@ -3129,28 +3241,45 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
 
 #if KVQ_POL_ZIP
-/* ZipCache: a decode probe's normaliser over the cache this class's decode kernel reads (kvq_policy.cuh). */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm)(const kvq_zip_norm_params p)
+/* ZipCache: a decode probe's normaliser over the cache this class's decode kernel reads, chunk by chunk
+ * (kvq_policy.cuh: kvq_zip_norm_max, then kvq_zip_norm_sum, then kvq_zip_norm_fin). */
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_max)(const kvq_zip_norm_params p)
 {
     __shared__ float qs[KVQ_D];
     __shared__ double red[KVQ_PTHREADS];
+    const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
+    kvq_zip_norm_max_body(&p, khi, klo, qs, red);
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_max));
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_sum)(const kvq_zip_norm_params p)
+{
+    __shared__ float qs[KVQ_D];
     __shared__ unsigned long long zsum;
     const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
-    kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
+    kvq_zip_norm_sum_body(&p, khi, klo, qs, &zsum);
 }
-KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm));
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_sum));
 /* A planned step's normalisers (kvq_list_params over kvq_zip_norm_params; q 0: not a probe step). */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_list)(const kvq_list_params lp)
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_max_list)(const kvq_list_params lp)
 {
     __shared__ float qs[KVQ_D];
     __shared__ double red[KVQ_PTHREADS];
+    const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
+    if ((int)blockIdx.z >= lp.n_items) return;
+    const kvq_zip_norm_params p = ((const kvq_zip_norm_params *)lp.items)[blockIdx.z];
+    if (p.q) kvq_zip_norm_max_body(&p, khi, klo, qs, red);
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_max_list));
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) KVQ_C(kvq_zip_norm_sum_list)(const kvq_list_params lp)
+{
+    __shared__ float qs[KVQ_D];
     __shared__ unsigned long long zsum;
     const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO;
     if ((int)blockIdx.z >= lp.n_items) return;
     const kvq_zip_norm_params p = ((const kvq_zip_norm_params *)lp.items)[blockIdx.z];
-    if (p.q) kvq_zip_norm_body(&p, khi, klo, qs, red, &zsum);
+    if (p.q) kvq_zip_norm_sum_body(&p, khi, klo, qs, &zsum);
 }
-KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_list));
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_sum_list));
 #endif
 
 /* One quantize kernel per quantized store; the granularity picks the body (a constant). The _list form is the

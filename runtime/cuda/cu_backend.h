@@ -391,7 +391,8 @@ void cu_sal_free(kvq_backend_ctx *c, cu_qlayer *L);
 kvq_status cu_sal_prefill(kvq_backend_ctx *c, const cu_qlayer *L, const kvq_rows *k, const float *q, int T, int first,
                           int n, unsigned char *is_high, char *msg, size_t ms);
 void cu_sal_new_cycle(cu_qlayer *L);
-/* A probe step's row: kvq_zip_norm_c<cls> over the step's tiles (st), then kvq_zip_row over the window. */
+/* A probe step's row: kvq_zip_norm_{max,sum}_c<cls> and kvq_zip_norm_fin over the step's tiles (st), then
+ * kvq_zip_row over the window. */
 kvq_status cu_sal_record(kvq_backend_ctx *c, cu_qlayer *L, int pos, uint64_t q, const kvq_seq_tiles *st, char *msg,
                          size_t ms);
 /* Alg. 3's classes of the window's batch of B tokens, left on the device: *is_high the device flags [H][B] (in

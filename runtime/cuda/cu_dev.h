@@ -74,6 +74,13 @@ void cu_module_free(cu_module *m);
 /* Where the module came from: "generated", "cache", "jit", or "ptx" (the driver refused the cubin: older than
  * NVRTC; its PTX was JIT-compiled by the driver instead). */
 const char *cu_module_origin(const cu_module *m);
+/* generated/<scheme>/<arch>.cubin when generated/<scheme>/kernels.cu is the code of `src` (comments aside:
+ * cu_source_same_code), else NULL (cu_generated.c). */
+unsigned char *cu_generated_cubin(const char *src, const char *scheme, const char *arch, size_t *size);
+/* 1 when generated/<scheme>/kernels.cu ($KVQ_GENERATED_DIR, else kvq_data_dir()) is the code of `src`. */
+int cu_generated_matches(const char *src, const char *scheme);
+/* 1 when C sources a and b are the same code: equal byte for byte once each comment is one space. */
+int cu_source_same_code(const char *a, size_t na, const char *b, size_t nb);
 
 /* Launches `kernel` of m with one parameter struct on the device's stream, asynchronously (cuLaunchKernel; no
  * synchronisation: a fault inside the kernel shows at the next cu_dev_sync or synchronous copy; on the emulator

@@ -375,28 +375,12 @@ static kvq_status drv_sync(cu_dev *d, char *msg, size_t ms)
     return r ? fail(r, "cuStreamSynchronize (a kernel or copy queued before it failed)", msg, ms) : KVQ_OK;
 }
 
-/* generated/<scheme>/<arch>.cubin, when generated/<scheme>/kernels.cu is exactly this source. */
-static unsigned char *generated_cubin(const char *src, const char *scheme, const char *arch, size_t *size)
-{
-    if (!scheme) return NULL;
-    char dir[4200], path[4400];
-    kvq_generated_dir(scheme, dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/kernels.cu", dir);
-    size_t n = 0;
-    char *text = kvq_read_file(path, &n);
-    int same = text && n == strlen(src) && memcmp(text, src, n) == 0;
-    kvq_free(text);
-    if (!same) return NULL;
-    snprintf(path, sizeof path, "%s/%s.cubin", dir, arch);
-    return (unsigned char *)kvq_read_file(path, size);
-}
-
 static kvq_status drv_load(cu_dev *d, const char *src, const char *scheme, cu_module **out, char *msg, size_t n)
 {
     *out = NULL;
     size_t size = 0;
     const char *origin = "generated";
-    unsigned char *cubin = generated_cubin(src, scheme, d->arch, &size);
+    unsigned char *cubin = cu_generated_cubin(src, scheme, d->arch, &size);
     cu_compiled c;
     memset(&c, 0, sizeof c);
     if (!cubin) {

@@ -117,7 +117,7 @@ kvq_status cu_sal_record(kvq_backend_ctx *c, cu_qlayer *L, int pos, uint64_t q, 
     if (L->n_rows >= L->n_probes || L->probe_pos[L->n_rows] != pos) return KVQ_OK;
     /* Eq. 9's normaliser over the whole cache as the reference computes it (docs/cuda.md "Determinism"); in a
      * plan into the sequence's policy scratch (cu_step_policy.c) */
-    size_t nb = (size_t)c->Hq * 2 * sizeof(double);
+    size_t nb = (size_t)KVQ_ZN_BYTES(c->Hq); /* the normaliser and its chunks' partials */
     kvq_status st = c->rec ? (nb <= c->rec->pol_bytes ? KVQ_OK : KVQ_ERR_INTERNAL)
                            : cu_scratch(c, &c->pol, &c->pol_bytes, nb, msg, ms);
     if (st == KVQ_ERR_INTERNAL) snprintf(msg, ms, "cuda: internal error: a planned probe's scratch is too small");
@@ -127,8 +127,11 @@ kvq_status cu_sal_record(kvq_backend_ctx *c, cu_qlayer *L, int pos, uint64_t q, 
     np.q = q, np.tiles = tiles->tiles, np.n_tiles = tiles->n_tiles, np.norm = pol;
     np.scale = (double)c->e.softmax_scale;
     char kname[32];
-    snprintf(kname, sizeof kname, "kvq_zip_norm_c%d", L->cls);
-    if (st == KVQ_OK) st = cu_launch(c, kname, (unsigned)c->H, 1, 1, 256, &np, sizeof np, msg, ms);
+    snprintf(kname, sizeof kname, "kvq_zip_norm_max_c%d", L->cls);
+    if (st == KVQ_OK) st = cu_launch(c, kname, (unsigned)c->H, KVQ_ZN_CHUNKS, 1, 256, &np, sizeof np, msg, ms);
+    snprintf(kname, sizeof kname, "kvq_zip_norm_sum_c%d", L->cls);
+    if (st == KVQ_OK) st = cu_launch(c, kname, (unsigned)c->H, KVQ_ZN_CHUNKS, 1, 256, &np, sizeof np, msg, ms);
+    if (st == KVQ_OK) st = cu_launch(c, "kvq_zip_norm_fin", (unsigned)c->H, 1, 1, 32, &np, sizeof np, msg, ms);
     const cu_win *w = &L->win[0];
     kvq_zip_params p;
     memset(&p, 0, sizeof p);

@@ -2,7 +2,7 @@
  * prompt's K/V in page-locked host memory mapped for the device (KVQ_SEG_HOST), plus the prompt's K again
  * channel-major for retrieval (not counted in the stats: docs/cuda.md, "TailorKV retrieval"), sinks + recent of the
  * prompt and the generated tokens on the device. Retrieval runs in the policy kernels where the keys live:
- * kvq_tk_absmax takes Eq. 10's max_t |K_t,i| over the prompt once; each step kvq_tk_select reduces the group's
+ * kvq_tk_absmax takes Eq. 10's max_t |K_t,i| over the prompt once; each step kvq_tk_score and kvq_tk_select reduce the group's
  * query (App. I reduce_q), picks the critical channels (Eq. 10), scores every candidate on those channels only,
  * reading just them from host memory (App. I approximate_attn), and writes the top-k rows' indices, which
  * kvq_store_f16 then gathers from host memory into a device buffer the decode kernel attends over with the local
@@ -64,7 +64,8 @@ kvq_status cu_slayer_prefill(kvq_backend_ctx *c, cu_layer *RL, int layer, const 
     kvq_tk_params p; /* App. I absmax_k over the prompt's (fp16) keys, read from host memory (channel-major) */
     memset(&p, 0, sizeof p);
     p.k = L->host_kc_dev, p.absmax = L->absmax, p.T = T;
-    if (st == KVQ_OK) st = cu_launch(c, "kvq_tk_absmax", (unsigned)H, 1, 1, 256, &p, sizeof p, msg, mn);
+    /* absmax is zero from cu_dev_alloc: the kernel's blocks take their maxima in with atomicMax */
+    if (st == KVQ_OK) st = cu_launch(c, "kvq_tk_absmax", (unsigned)H, KVQ_TK_CHUNKS, 1, 256, &p, sizeof p, msg, mn);
     kvq_free(pos);
     if (st != KVQ_OK) {
         if (st == KVQ_ERR_NOMEM) snprintf(msg, mn, "out of memory");
@@ -142,6 +143,7 @@ kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, const float *k, co
     memset(&p, 0, sizeof p);
     p.q = q, p.k = L->host_kc_dev, p.absmax = L->absmax, p.gather = pol, p.work = pol + gb;
     p.T = L->T, p.first = first, p.nc = nc, p.nf = nf, p.n_ch = n_ch;
+    if (st == KVQ_OK) st = cu_launch(c, "kvq_tk_score", (unsigned)H, KVQ_TK_CHUNKS, 1, 256, &p, sizeof p, msg, mn);
     if (st == KVQ_OK) st = cu_launch(c, "kvq_tk_select", (unsigned)H, 1, 1, 256, &p, sizeof p, msg, mn);
     for (int w = 0; w < 2 && st == KVQ_OK; w++) {
         kvq_store_params sp;

@@ -14,8 +14,8 @@
  *   flush's quantize items read the competition's mean-replaced rows and pooled flags from the sequence's
  *   scratch, and the key pages' mask addresses (for unmasking an evicted token, spill 0) travel in the tables;
  * - a ZipCache layer with a window (Alg. 3) works after the attention, as decode_run does: at a probe step (the
- *   host drew the positions) kvq_zip_norm_list_c<k> over the sequence's tiles of the step and kvq_zip_row_list
- *   into the layer's probe rows; at a compression (every `interval` tokens: host-known) kvq_zip_rowsal_list and
+ *   host drew the positions) kvq_zip_norm_{max,sum}_list_c<k> and kvq_zip_norm_fin_list over the sequence's
+ *   tiles of the step, and kvq_zip_row_list into the layer's probe rows; at a compression (every `interval` tokens: host-known) kvq_zip_rowsal_list and
  *   kvq_zip_select_list (one item; the cycle's probe positions in the tables), kvq_zip_gather_list (a page per
  *   item, each with its own gather rows) and the pages' factor and quantize lists (a second set, by store).
  *   Items are empty where a sequence has no probe or compression; the classes never leave the device.
@@ -79,10 +79,11 @@ static void zip_bounds(kvq_backend_ctx *c, const kvq_quant_cfg *q, int cls, int 
     S->zpos_cap = imax(S->zpos_cap, r.capacity);
     S->zc_gx = imax(S->zc_gx, cdiv(B, 256));
     if (zaux > S->zaux_seq) S->zaux_seq = zaux;
-    /* the probe's normaliser [Hq][2] doubles; a compression's saliency, flags and work (cu_saliency.c) */
+    /* the probe's normaliser and its chunks' partials (KVQ_ZN_BYTES); a compression's saliency, flags and work
+     * (cu_saliency.c) */
     size_t cls_b = al16((size_t)H * B * 4) + al16((size_t)H * B) + 2 * al16((size_t)H * B * 4);
-    size_t pol = (size_t)Hq * 16 > al16((size_t)r.capacity * 4) + cls_b ? (size_t)Hq * 16
-                                                                         : al16((size_t)r.capacity * 4) + cls_b;
+    size_t zn_b = (size_t)KVQ_ZN_BYTES(Hq);
+    size_t pol = zn_b > al16((size_t)r.capacity * 4) + cls_b ? zn_b : al16((size_t)r.capacity * 4) + cls_b;
     if (pol > S->pol_seq) S->pol_seq = al16(pol);
 }
 
@@ -140,7 +141,10 @@ static int record_post(kvq_backend_ctx *c, const char *kernel, const void *param
 {
     cu_rec *r = c->rec;
     const cu_step *S = &c->step;
-    if (!strncmp(kernel, "kvq_zip_norm_c", 14) && size == sizeof(kvq_zip_norm_params)) {
+    /* a probe's normaliser is kvq_zip_norm_max_c<k>, _sum_c<k>, then _fin with the same parameters: one item,
+     * recorded at the last */
+    if (!strncmp(kernel, "kvq_zip_norm_max_c", 18) || !strncmp(kernel, "kvq_zip_norm_sum_c", 18)) return 1;
+    if (!strcmp(kernel, "kvq_zip_norm_fin") && size == sizeof(kvq_zip_norm_params)) {
         if (!r->zn || r->nzn == S->zip_cap) goto over;
         memcpy(&r->zn[r->nzn++], params, size);
         return 1;
@@ -192,6 +196,8 @@ int cu_step_policy_record(kvq_backend_ctx *c, const char *kernel, const void *pa
     const cu_step *S = &c->step;
     *st = KVQ_OK;
     if (r->post) return record_post(c, kernel, params, size, st, msg, ms);
+    /* a retrieval is kvq_tk_score then kvq_tk_select with the same parameters: one item, recorded at the second */
+    if (!strcmp(kernel, "kvq_tk_score") && size == sizeof(kvq_tk_params)) return 1;
     if (!strcmp(kernel, "kvq_tk_select") && size == sizeof(kvq_tk_params)) {
         if (!r->tk || r->ntk == S->tk_cap) goto over;
         memcpy(&r->tk[r->ntk++], params, size);
@@ -240,7 +246,8 @@ kvq_status cu_step_policy_run(kvq_backend_ctx *c, int layer, int n, uint64_t tk,
     kvq_status st = KVQ_OK;
     if (c->e.layer_sparse[layer]) {
         /* every step retrieves: the top-k of every sequence, then their K and V rows gathered */
-        st = launch_items(c, "kvq_tk_select_list", 1, 256, tk, n * S->tk_cap, msg, ms);
+        st = launch_items(c, "kvq_tk_score_list", KVQ_TK_CHUNKS, 256, tk, n * S->tk_cap, msg, ms);
+        if (st == KVQ_OK) st = launch_items(c, "kvq_tk_select_list", 1, 256, tk, n * S->tk_cap, msg, ms);
         if (st == KVQ_OK)
             st = launch_items(c, "kvq_store_f16_list", (unsigned)S->tk_gy, 128, tkst, n * S->tkst_cap, msg, ms);
     } else if (lc->quant.outliers.keep > 0) {
@@ -284,8 +291,11 @@ kvq_status cu_step_policy_post(kvq_backend_ctx *c, int layer, int n, uint64_t zn
     int cls = c->plan->layer_class[layer], H = c->H;
     char name[48];
     /* a probe step's normaliser over the step's tiles and its row over the window (Alg. 3, Eq. 9) */
-    snprintf(name, sizeof name, "kvq_zip_norm_list_c%d", cls);
-    kvq_status st = launch_items(c, name, 1, 256, zn, n * S->zip_cap, msg, ms);
+    snprintf(name, sizeof name, "kvq_zip_norm_max_list_c%d", cls);
+    kvq_status st = launch_items(c, name, KVQ_ZN_CHUNKS, 256, zn, n * S->zip_cap, msg, ms);
+    snprintf(name, sizeof name, "kvq_zip_norm_sum_list_c%d", cls);
+    if (st == KVQ_OK) st = launch_items(c, name, KVQ_ZN_CHUNKS, 256, zn, n * S->zip_cap, msg, ms);
+    if (st == KVQ_OK) st = launch_items(c, "kvq_zip_norm_fin_list", 1, 32, zn, n * S->zip_cap, msg, ms);
     if (st == KVQ_OK) st = launch_items(c, "kvq_zip_row_list", 1, 256, zr, n * S->zip_cap, msg, ms);
     /* a compression: the batch's saliency from the cycle's rows, the classes, each page's gather rows */
     if (st == KVQ_OK)

@@ -2,13 +2,18 @@
  * (kernels.cu, kernels.h, and manifest.json up to its "resources", which depend on the NVRTC version) must equal
  * what the compiler emits now, so a change to the plan, the templates or emit_cuda shows up in the diff of the
  * commit that made it. Stale text fails with the file named; `make generated` refreshes it. Every directory in
- * generated/ must also belong to a scheme of a spec. Runs without NVRTC (nothing is compiled). */
+ * generated/ must also belong to a scheme of a spec. And an engine of each scheme finds its generated/ unit
+ * (cu_generated_matches, what the cuda backend's module load asks before NVRTC) when its model has another layer
+ * count than the unit's, or the same: comments aside, the code is the same (issue 18, defect 6: the unit's
+ * comment carried the layer count, so no engine ever loaded a generated cubin). Runs without NVRTC (nothing is
+ * compiled). */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "alloc.h"
+#include "cuda/cu_dev.h"
 #include "emit_cuda.h"
 #include "harness.h"
 #include "kvq.h"
@@ -68,6 +73,68 @@ static int same_text(const char *path, const char *want, size_t want_len, int ma
     return ok;
 }
 
+/* The unit an engine of scheme s emits (cu_backend.c's prepare: plan_build with the engine's dims, fp32 input). */
+static char *engine_unit(const kvq_scheme *s, kvq_dims d)
+{
+    plan_default_dims(s, &d);
+    kvq_plan *p = kvq_malloc(sizeof *p);
+    char msg[256], *src = NULL;
+    if (p && plan_build(s, &d, KVQ_F32, p, msg, sizeof msg) == KVQ_OK) emit_cuda_source(p, &src, NULL);
+    kvq_free(p);
+    return src;
+}
+
+/* Engines of the unit's model (32 heads, 8 kv heads, head_dim 128 unless the spec says otherwise) with the
+ * unit's layer count, fewer and more find it; an engine of other heads does not (its code differs). */
+static void check_engine_finds(const kvq_scheme *s)
+{
+    const char *name = kvq_scheme_name(s);
+    const int layers[3] = {0, 28, 80}; /* 0: the unit's own (plan_default_dims) */
+    for (int i = 0; i < 3; i++) {
+        th_begin("an engine of %s with %d layers finds generated/%s", name, layers[i] ? layers[i] : 32, name);
+        char *src = engine_unit(s, (kvq_dims){layers[i], 0, 0, 0});
+        TH_CHECK(src != NULL, "plan/emit failed");
+        if (src) TH_CHECK(cu_generated_matches(src, name), "generated/%s/kernels.cu is not the engine's unit", name);
+        kvq_free(src);
+        th_end();
+    }
+    th_begin("an engine of %s with other query heads does not take generated/%s", name, name);
+    kvq_dims d = {0, 0, 0, 0};
+    plan_default_dims(s, &d);
+    char *src = engine_unit(s, (kvq_dims){0, d.kv_heads * (d.heads == d.kv_heads ? 2 : 1), d.kv_heads, 0});
+    TH_CHECK(src != NULL, "plan/emit failed");
+    if (src) TH_CHECK(!cu_generated_matches(src, name), "an engine of other heads matched generated/%s", name);
+    kvq_free(src);
+    th_end();
+}
+
+/* cu_source_same_code: comments count as one space; what is inside a string or character literal is code. */
+static void check_same_code(void)
+{
+    th_begin("cu_source_same_code ignores comments, not code");
+    static const struct {
+        const char *a, *b;
+        int same;
+    } cases[] = {
+        {"int x; /* 32 layers */\nint y;", "int x; /* 28 layers */\nint y;", 1},
+        {"int x; // 32\nint y;", "int x; // 28 layers\nint y;", 1},
+        {"int x;", "int x;", 1},
+        {"int a/**/b;", "int a b;", 1},
+        {"int ab;", "int a/**/b;", 0},
+        {"int x = 1;", "int x = 2;", 0},
+        {"s = \"/* a */\";", "s = \"/* b */\";", 0},
+        {"c = '/'; /* a */", "c = '/'; /* b */", 1},
+        {"s = \"\\\"/* a */\";", "s = \"\\\"/* b */\";", 0},
+        {"int x; /* open", "int x; /* still open", 1},
+        {"int x;", "int x; ", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        TH_CHECK(cu_source_same_code(cases[i].a, strlen(cases[i].a), cases[i].b, strlen(cases[i].b)) == cases[i].same,
+                 "case %zu: \"%s\" vs \"%s\": expected %s", i, cases[i].a, cases[i].b,
+                 cases[i].same ? "the same code" : "different code");
+    th_end();
+}
+
 static void check_spec(const char *rel)
 {
     kvq_spec *spec = NULL;
@@ -106,6 +173,7 @@ static void check_spec(const char *rel)
         }
         kvq_free(p);
         th_end();
+        check_engine_finds(s);
     }
     kvq_spec_free(spec);
 }
@@ -131,6 +199,8 @@ static void check_dir(const char *rel)
 
 int main(void)
 {
+    setenv("KVQ_GENERATED_DIR", th_path("generated"), 1);
+    check_same_code();
     check_dir("specs");
     check_dir("specs/paper");
     th_begin("generated/ holds only schemes of the specs");

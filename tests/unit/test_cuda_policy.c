@@ -3,8 +3,9 @@
  * more items than a block has threads). Every decision must be identical, and every intermediate the host also
  * computes (saliencies, probe rows, pool state, mean-replaced rows) bit-identical:
  *   - selection (kvq_zip_select) against kvq_select_salient;
- *   - TailorKV: kvq_tk_absmax against kvq_key_absmax; kvq_tk_select (reduced query, critical channels, candidate
- *     scores, top-k in rank order) against kvq_reduce_q_group + kvq_critical_channels + kvq_critical_scores +
+ *   - TailorKV: kvq_tk_absmax against kvq_key_absmax; kvq_tk_score + kvq_tk_select (reduced query, critical
+ *     channels, candidate scores, top-k in rank order; KVQ_TK_CHUNKS blocks per kv head, a block taking several
+ *     strides at 9000 tokens) against kvq_reduce_q_group + kvq_critical_channels + kvq_critical_scores +
  *     kvq_topk; kvq_tk_dense against kvq_dense_preference_layer;
  *   - ZipCache: kvq_zip_stats + kvq_zip_saliency + kvq_zip_select against ref_saliency_prefill (classes) and
  *     softmax rows + kvq_saliency (saliency); kvq_zip_row + kvq_zip_rowsal + kvq_zip_select against the probe-row
@@ -124,11 +125,13 @@ static void fill_keys(uint16_t *k16, int T, int pattern)
 
 static void test_tailorkv_select(void)
 {
-    th_begin("policy kernels: kvq_tk_absmax / kvq_tk_select = kvq_key_absmax, critical channels, scores, kvq_topk");
+    th_begin("policy kernels: kvq_tk_absmax / kvq_tk_score / kvq_tk_select = kvq_key_absmax, critical channels, "
+             "scores, kvq_topk");
     static const struct {
         int T, sinks, recent, topk, n_ch, pattern;
     } cs[] = {{300, 8, 24, 40, 8, 0}, {300, 8, 24, 40, 8, 1},     {300, 4, 4, 292, 128, 1}, {40, 2, 3, 1, 1, 2},
-              {12, 2, 9, 5, 5, 0},    {1000, 8, 56, 128, 16, 1}, {50, 0, 0, 60, 3, 2}};
+              {12, 2, 9, 5, 5, 0},    {1000, 8, 56, 128, 16, 1}, {50, 0, 0, 60, 3, 2},
+              {9000, 8, 56, 128, 8, 0}};
     for (size_t ci = 0; ci < sizeof cs / sizeof cs[0] && !th_failed(); ci++) {
         int T = cs[ci].T, first = cs[ci].sinks, nc = T - cs[ci].sinks - cs[ci].recent;
         int nf = cs[ci].topk < nc ? cs[ci].topk : nc, n_ch = cs[ci].n_ch;
@@ -153,7 +156,9 @@ static void test_tailorkv_select(void)
         memset(&p, 0, sizeof p);
         p.q = A(q), p.k = A(kc16), p.absmax = A(am), p.gather = A(gidx), p.work = A(work);
         p.T = T, p.first = first, p.nc = nc, p.nf = nf, p.n_ch = n_ch;
-        if (launch("kvq_tk_absmax", NKV, 1, NT, &p, sizeof p) && launch("kvq_tk_select", NKV, 1, NT, &p, sizeof p))
+        memset(am, 0, (size_t)NKV * HD * 4); /* the kernel's contract: absmax zero before (cu_dev_alloc's fill) */
+        if (launch("kvq_tk_absmax", NKV, KVQ_TK_CHUNKS, NT, &p, sizeof p) &&
+            launch("kvq_tk_score", NKV, KVQ_TK_CHUNKS, NT, &p, sizeof p) && launch("kvq_tk_select", NKV, 1, NT, &p, sizeof p))
             for (int h = 0; h < NKV; h++) {
                 kvq_key_absmax(kf + (size_t)h * T * HD, T, HD, am_want + (size_t)h * HD);
                 TH_CHECK(!memcmp(am + (size_t)h * HD, am_want + (size_t)h * HD, HD * 4), "case %zu head %d: absmax", ci,

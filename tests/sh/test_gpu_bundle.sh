@@ -1,0 +1,36 @@
+#!/bin/sh
+# `make gpu-bundle` without the NVRTC pre-fill (GPU_BUNDLE_PREFILL=0: no generated cubins, no cache; the full
+# bundle compiles for minutes) into a temporary folder, then the bundle's own gpu-check.sh --dry-run from there:
+# the bundle holds what the GPU machine needs, its programs load without LLVM, its specs check, and every command
+# the check would run on a GPU parses and stops at the missing driver. The no-LLVM objects stay in
+# build/gpu-nollvm between runs (about 50 s of both cores the first time, seconds after). docs/gpu.md.
+# One PASS/FAIL line per case.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+check() { # name, condition result (0 ok), message
+    if [ "$2" -eq 0 ]; then echo "PASS $1"; else echo "FAIL $1: $3"; fi
+}
+make --no-print-directory -s gpu-bundle GPU_BUNDLE="$work/bundle" GPU_BUNDLE_PREFILL=0 >"$work/make.log" 2>&1
+st=$?
+check gpu_bundle_builds "$st" "$(tail -n 20 "$work/make.log")"
+[ "$st" -eq 0 ] || exit 0
+b="$work/bundle"
+size=$(du -sb "$b" | cut -f1)
+check gpu_bundle_size "$(test "$size" -le $((40 * 1024 * 1024)); echo $?)" "$size bytes, more than 40 MiB"
+check gpu_bundle_files "$(test -x "$b/gpu-check.sh" -a -x "$b/bin/test_gpu_backend" -a -x "$b/bin/test_gpu_replay" \
+    -a -x "$b/bin/bench_gpu_decode" -a -x "$b/bin/kvq" -a -f "$b/share/kvq/specs/kivi2.kvq" \
+    -a -f "$b/share/kvq/generated/kivi2/kernels.cu" -a -f "$b/share/kvq/tests/emu/emu_cuda.h" -a -f "$b/MANIFEST"; echo $?)" \
+    "$(cd "$b" && find . -maxdepth 3 | sort | tr '\n' ' ')"
+nollvm=0
+for p in "$b"/bin/*; do ldd "$p" 2>/dev/null | grep -qi llvm && nollvm=1; done
+check gpu_bundle_without_llvm "$nollvm" "a program of the bundle links libLLVM"
+# from another directory, as on the GPU machine: the bundle finds everything relative to itself
+(cd "$work" && sh "$b/gpu-check.sh" --dry-run --out "$work/results") >"$work/check.log" 2>&1
+st=$?
+check gpu_check_dry_run "$st" "$(cat "$work/check.log")"
+s="$work/results/summary.md"
+ok=1
+grep -q 'all pass' "$s" && grep -q 'without LLVM or missing libraries: yes' "$s" && grep -q '^| test_gpu_backend ' "$s" &&
+    grep -q '^| memcheck ' "$s" && grep -q '^| racecheck ' "$s" && grep -q 'bench_gpu_decode --ctx 4k,32k --batch 32' "$s" &&
+    grep -q '^    dry run: ncu ' "$s" && ! grep -q 'without a driver exited' "$s" && ok=0
+check gpu_check_summary "$ok" "$(cat "$s" 2>/dev/null)"

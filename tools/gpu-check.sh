@@ -1,0 +1,220 @@
+#!/bin/sh
+# kvq's device check (docs/gpu.md): runs from the GPU bundle (`make gpu-bundle`) on a machine with an NVIDIA GPU,
+# the driver, libnvrtc, compute-sanitizer and ncu; no compiler, LLVM or network needed. Each step runs under a
+# timeout (tests 100 s each, sanitizers 50 s each, benchmark 60 s each, ncu 50 s: 470 s in all), all within
+# --budget seconds (default 480: 8 minutes), and writes into a results folder:
+#   env.txt           the card, driver, CUDA, the bundle's MANIFEST
+#   tests/*.log       the GPU tests: every spec against the reference backend on the GPU (test_gpu_backend),
+#                     planned steps replayed as CUDA graphs (test_gpu_replay), and any other bin/test_gpu_*
+#   memcheck.log, racecheck.log   compute-sanitizer on a bounded subset (the benchmark at 1k tokens: KIVI-2, OTT,
+#                     ZipCache, TailorKV's sparse retrieval, fp16; 2 timed steps each)
+#   bench-b1.md, bench-b32.md     the decode benchmark by CUDA events, cold L2: fp16, KIVI-2, KIVI-4 at 4k and 32k
+#                     tokens, batch 1 and 32, with the HBM bandwidth measured in the same run
+#   ncu.csv           Nsight Compute on the decode kernel (32k tokens, batch 32): DRAM throughput, achieved
+#                     occupancy, issue-slot use, shared-memory bank conflicts
+#   summary.md        all of it in one page, printed at the end (paste into docs/gpu-results.md)
+# Usage: ./gpu-check.sh [--dry-run] [--out DIR] [--budget SECONDS]
+# --dry-run does everything but the GPU steps: checks the bundle (files, that every binary loads without LLVM,
+# kvq and kvqc run, every spec checks) and writes the summary with the commands it would run. CI runs it
+# (tests/sh/test_gpu_bundle.sh). Exit status: 0 when every step that ran passed, 1 otherwise.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+dry=0
+out=""
+budget=480
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) dry=1 ;;
+        --out) out=$2; shift ;;
+        --budget) budget=$2; shift ;;
+        *) echo "usage: $0 [--dry-run] [--out DIR] [--budget SECONDS]" >&2; exit 2 ;;
+    esac
+    shift
+done
+[ -n "$out" ] || out="$here/results-$(date -u +%Y%m%d-%H%M%S)"
+mkdir -p "$out/tests" || exit 2
+out=$(cd "$out" && pwd)
+bin="$here/bin"
+share="$here/share/kvq"
+export KVQ_SRCDIR="$share"
+export KVQ_CACHE_DIR="$here/cache"
+start=$(date +%s)
+status=0
+sum="$out/summary.md"
+: >"$sum"
+note() { echo "$*" >>"$sum"; }
+
+# left SECS: the timeout for a step that wants SECS, within what is left of the budget (10 s kept for the end).
+left() {
+    rem=$((budget - ($(date +%s) - start) - 10))
+    [ "$rem" -lt 1 ] && rem=1
+    [ "$1" -lt "$rem" ] && echo "$1" || echo "$rem"
+}
+# step NAME SECS LOG CMD...: runs CMD (from share/kvq, where the specs are) under a timeout, output to LOG;
+# sets rc (124: timed out). In a dry run it only records the command.
+step() {
+    name=$1 secs=$(left "$2") log=$3
+    shift 3
+    if [ "$dry" = 1 ]; then
+        # the program itself (past a compute-sanitizer or ncu in front), with no driver: it must parse the
+        # command line and stop at the device with "skipped" (SKIP), exit 0
+        echo "dry run: $*" >"$log"
+        while [ $# -gt 0 ] && [ "${1#"$bin"/}" = "$1" ]; do shift; done
+        (cd "$share" && KVQ_LIBCUDA=/nonexistent/libcuda.so.1 timeout -k 5 30 "$@") >"$log.dry" 2>&1
+        rc=$?
+        if [ "$rc" -ne 0 ] || ! grep -q '^skipped\|^SKIP' "$log.dry"; then
+            note "dry run: \`$(basename "$1")\` without a driver exited $rc: $(head -c 300 "$log.dry" | tr '\n' ' ')"
+            rc=1
+        fi
+        return
+    fi
+    t0=$(date +%s)
+    (cd "$share" && timeout -k 5 "$secs" "$@") >"$log" 2>&1
+    rc=$?
+    echo "$name: exit $rc after $(($(date +%s) - t0)) s (limit $secs s)" >>"$out/steps.txt"
+}
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# ---- 0. the bundle and the machine ----
+missing=""
+for f in MANIFEST bin/kvq bin/kvqc bin/bench_gpu_decode bin/test_gpu_backend bin/test_gpu_replay \
+    share/kvq/specs/fp16.kvq share/kvq/specs/kivi2.kvq share/kvq/specs/kivi4.kvq share/kvq/generated; do
+    [ -e "$here/$f" ] || missing="$missing $f"
+done
+{
+    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "host: $(uname -srm)"
+    if have nvidia-smi; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory,pcie.link.gen.max --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+        nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/cuda driver api: \1/p'
+    else
+        echo "gpu: nvidia-smi not found"
+    fi
+    for t in compute-sanitizer ncu nvcc python3; do
+        if have $t; then echo "$t: $(command -v $t) $($t --version 2>/dev/null | grep -io 'version[^,]*' | head -n 1)"; else echo "$t: not found"; fi
+    done
+    echo "glibc: $(ldd --version 2>/dev/null | head -n 1)"
+    echo "---- MANIFEST"
+    cat "$here/MANIFEST" 2>/dev/null
+} >"$out/env.txt" 2>&1
+gpu=$(sed -n 's/^gpu: //p' "$out/env.txt" | head -n 1)
+note "## kvq GPU check: ${gpu:-no GPU found}"
+note ""
+note "$(sed -n 's/^date: /Date: /p' "$out/env.txt"). Bundle: $(sed -n 's/^commit: //p' "$here/MANIFEST" 2>/dev/null); $(sed -n 's/^nvrtc cache: /NVRTC cache: /p' "$here/MANIFEST" 2>/dev/null)."
+[ "$dry" = 1 ] && note "" && note "**Dry run**: the bundle was checked; no GPU step ran (their commands are listed)."
+note ""
+if [ -n "$missing" ]; then
+    note "Bundle incomplete, missing:$missing"
+    status=1
+fi
+# every program loads (no libLLVM, no missing library) and the tools run; every spec checks
+ldd_bad=""
+for b in "$bin"/*; do
+    l=$(ldd "$b" 2>&1)
+    if echo "$l" | grep -q "not found\|LLVM"; then ldd_bad="$ldd_bad $(basename "$b")"; fi
+done
+ver=$("$bin/kvq" --version 2>&1)
+checks=0 check_fail=""
+for f in "$share"/specs/*.kvq "$share"/specs/paper/*.kvq; do
+    checks=$((checks + 1))
+    "$bin/kvqc" check "$f" >/dev/null 2>&1 || check_fail="$check_fail $(basename "$f")"
+done
+note "### Bundle"
+note "- programs load without LLVM or missing libraries: $([ -z "$ldd_bad" ] && echo yes || echo "NO:$ldd_bad")"
+note "- $ver; kvqc check of $checks specs: $([ -z "$check_fail" ] && echo "all pass" || echo "FAILED:$check_fail")"
+[ -z "$ldd_bad" ] && [ -z "$check_fail" ] && case "$ver" in kvq*) ;; *) false ;; esac || status=1
+note ""
+
+# ---- 1. the GPU tests ----
+note "### GPU tests (every spec against the reference backend, on the GPU)"
+note "| program | passed | failed | skipped | exit | seconds |"
+note "|---|---|---|---|---|---|"
+for t in "$bin"/test_gpu_*; do
+    n=$(basename "$t")
+    t0=$(date +%s)
+    step "$n" 100 "$out/tests/$n.log" "$t"
+    p=$(grep -c '^PASS ' "$out/tests/$n.log") f=$(grep -c '^FAIL ' "$out/tests/$n.log") s=$(grep -c '^SKIP \|^skipped' "$out/tests/$n.log")
+    note "| $n | $p | $f | $s | $([ "$dry" = 1 ] && echo "dry run ($rc)" || { [ $rc = 124 ] && echo timeout || echo $rc; }) | $(($(date +%s) - t0)) |"
+    [ "$f" -gt 0 ] || [ "$rc" -ne 0 ] && status=1
+done
+note ""
+
+# ---- 2. compute-sanitizer on a bounded subset ----
+subset="--ctx 1k --batch 2 --steps 2 --warmup 1 --hbm-mib 0 specs/kivi2.kvq specs/ott.kvq specs/zipcache.kvq tailorkv2-sparse"
+note "### compute-sanitizer (decode benchmark at 1k tokens, batch 2, 2 steps: fp16, KIVI-2, OTT, ZipCache, TailorKV sparse)"
+note "| tool | errors reported | exit |"
+note "|---|---|---|"
+for tool in memcheck racecheck; do
+    if [ "$dry" = 0 ] && ! have compute-sanitizer; then
+        note "| $tool | - | compute-sanitizer not found |"
+        continue
+    fi
+    # shellcheck disable=SC2086
+    step "$tool" 50 "$out/$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+        "$bin/bench_gpu_decode" $subset
+    errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p; s/.*RACECHECK SUMMARY: \([0-9]*\) hazard.*/\1/p' "$out/$tool.log" | tail -n 1)
+    note "| $tool | ${errs:--} | $([ "$dry" = 1 ] && echo "dry run ($rc)" || { [ $rc = 124 ] && echo timeout || echo $rc; }) |"
+    [ "$rc" -ne 0 ] && status=1
+done
+note ""
+
+# ---- 3. the decode benchmark by events ----
+note "### Decode benchmark (CUDA events, cold L2; one layer, 32 heads / 8 kv heads, head_dim 128)"
+for b in 1 32; do
+    steps=20
+    [ "$b" = 32 ] && steps=10
+    step "bench-b$b" 60 "$out/bench-b$b.md" "$bin/bench_gpu_decode" --ctx 4k,32k --batch "$b" --steps "$steps"
+    note ""
+    if [ "$dry" = 1 ]; then note "    $(cat "$out/bench-b$b.md")"; else sed -n '/^kvq GPU decode/,$p' "$out/bench-b$b.md" >>"$sum"; fi
+    [ "$rc" -ne 0 ] && status=1 && note "(exit $rc$([ $rc = 124 ] && echo ': timed out'))"
+done
+note ""
+
+# ---- 4. Nsight Compute on the decode kernel ----
+metrics="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second,\
+sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_issued.avg.pct_of_peak_sustained_active,\
+smsp__issue_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,\
+l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,\
+l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum"
+note "### Nsight Compute: the decode kernel (kvq_decode_c*), 32k tokens, batch 32 (launch order: fp16, KIVI-2, KIVI-4)"
+if [ "$dry" = 0 ] && ! have ncu; then
+    note "ncu not found"
+else
+    step ncu 50 "$out/ncu.log" ncu --csv --page raw --log-file "$out/ncu.csv" --kernel-name regex:kvq_decode_c \
+        --launch-count 6 --metrics "$metrics" "$bin/bench_gpu_decode" --ctx 32k --batch 32 --steps 1 --warmup 0 --hbm-mib 0
+    if [ "$dry" = 1 ]; then
+        note "    $(cat "$out/ncu.log")"
+    elif [ -s "$out/ncu.csv" ] && have python3; then
+        python3 - "$out/ncu.csv" >>"$sum" <<'EOF'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if r]
+head = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+if head is None:
+    print("no kernel rows in ncu.csv (see ncu.log)"); sys.exit(0)
+h = rows[head]
+col = lambda r, name: r[h.index(name)] if name in h and h.index(name) < len(r) else "?"
+print("| # | kernel | grid | us | DRAM % peak | DRAM GB/s | achieved occupancy % | issue slots busy % | issue active % | smem ld conflicts / wavefronts | smem st conflicts / wavefronts |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for i, r in enumerate(rows[head + 2:]):
+    if len(r) < len(h) // 2: continue
+    num = lambda n: col(r, n).replace(",", "")
+    try: us = "%.1f" % (float(num("gpu__time_duration.sum")) / 1e3)
+    except ValueError: us = num("gpu__time_duration.sum")
+    print("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s |" % (
+        i, col(r, "Kernel Name")[:40], col(r, "Grid Size"), us,
+        num("dram__throughput.avg.pct_of_peak_sustained_elapsed"), num("dram__bytes_read.sum.per_second"),
+        num("sm__warps_active.avg.pct_of_peak_sustained_active"), num("sm__inst_issued.avg.pct_of_peak_sustained_active"),
+        num("smsp__issue_active.avg.pct_of_peak_sustained_active"),
+        num("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"), num("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"),
+        num("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"), num("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum")))
+print("\n(units as ncu reports them: DRAM GB/s in its unit row of ncu.csv; time from gpu__time_duration)")
+EOF
+    else
+        note "ncu wrote no table (exit $rc): $(grep -m 3 -i 'error\|permission' "$out/ncu.log" | tr '\n' ' ')"
+    fi
+    [ "$rc" -ne 0 ] && status=1
+fi
+note ""
+note "Results: $out (steps.txt has each step's exit and time); total $(($(date +%s) - start)) s of a $budget s budget."
+cat "$sum"
+exit $status
