@@ -210,6 +210,8 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
     }
     /* first estimate: the least count among the locations of the block's unpredicated instructions */
     const double unknown = 1e300;
+    double *first_est = kvq_calloc((size_t)nb, sizeof *first_est);
+    if (!first_est) goto done;
     for (int k = 0; k < nb; k++) {
         double c = unknown;
         int seen = 0;
@@ -217,11 +219,18 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
             if (f.in[i].loc < 0) continue;
             double lc = loc_count[f.in[i].loc];
             if (f.in[i].pred) continue; /* may run with no lane on */
-            if (lc < 0) lc = 0.0; /* a line the run never reached */
+            /* a line the profile does not hold: the emulator counts a basic block under its first line, and
+             * code it never ran has no count either; such lines say nothing */
+            if (lc < 0) {
+                const int l = f.locs[f.in[i].loc].line[0];
+                if (!(prof->bb_line && l > 0 && l < prof->n_lines && prof->bb_line[l])) continue;
+                lc = 0.0; /* starts a block of the emulated code, and the run never got there */
+            }
             seen = 1;
             if (lc < c) c = lc;
         }
         b[k].count = !reach[k] ? 0.0 : seen ? c : unknown;
+        first_est[k] = b[k].count;
     }
     /* the flow: a block runs at most as often as its predecessors together and its successors together */
     for (int it = 0, changed = 1; changed && it < 4 * nb; it++) {
@@ -242,8 +251,18 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
             }
         }
     }
+    const char *dbg = getenv("KVQ_COST_DEBUG");
     for (int k = 0; k < nb; k++) {
         int n = b[k].last - b[k].first + 1;
+        if (dbg && !strcmp(dbg, fn)) {
+            fprintf(stderr, "block %d ins %d..%d n %d reach %d count %.0f est %.0f", k, b[k].first, b[k].last, n,
+                    reach[k], b[k].count, first_est[k]);
+            for (int i = b[k].first; i <= b[k].last; i++)
+                if (f.in[i].loc >= 0 && (i == b[k].first || f.in[i].loc != f.in[i - 1].loc))
+                    fprintf(stderr, " [%d:%.0f%s]", f.locs[f.in[i].loc].line[0], loc_count[f.in[i].loc],
+                            f.in[i].pred ? "p" : "");
+            fprintf(stderr, "\n");
+        }
         out->instructions += n;
         if (b[k].count >= unknown) {
             out->blocks_unknown++;
@@ -254,6 +273,7 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
         out->blocks_run += b[k].count > 0;
     }
     out->blocks = nb;
+    kvq_free(first_est);
     rc = 0;
 done:
     kvq_free(f.in);

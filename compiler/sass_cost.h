@@ -18,6 +18,10 @@ typedef struct {
     const sass_loc *loc;
     const double *count;
     int n;
+    /* lines that start a basic block of the emulated code (bb_line[l] != 0, l < n_lines): such a line absent
+     * from the profile never ran; another absent line is inside a block the profile counts under its first line */
+    const unsigned char *bb_line;
+    int n_lines;
 } sass_profile;
 
 typedef struct {

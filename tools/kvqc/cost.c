@@ -21,6 +21,8 @@ typedef struct {
     sass_loc *loc;
     double *count;
     int n, cap;
+    unsigned char *bb_line; /* lines of the unit that start a basic block of the emulated code */
+    int n_lines;
 } profile_buf;
 
 static char *slurp(const char *path, size_t *len)
@@ -233,6 +235,31 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
         kvq_free(text);
         return -1;
     }
+    /* every basic block's line, run or not: the trace calls in the module's code */
+    {
+        int n_lines = 1;
+        for (const char *c = src; *c; c++) n_lines += *c == '\n';
+        pb->bb_line = kvq_calloc((size_t)n_lines + 1, 1);
+        pb->n_lines = n_lines + 1;
+        snprintf(cmd, sizeof cmd,
+                 "objdump -d --no-show-raw-insn '%s' | awk '/call.*<__sanitizer_cov_trace_pc/{sub(\":\",\"\",$1); "
+                 "print $1}' | addr2line -e '%s'",
+                 so, so);
+        char *bbs = pb->bb_line ? run_text(cmd) : NULL;
+        for (char *l = bbs; l && *l;) {
+            char *e = strchr(l, '\n');
+            if (e) *e = '\0';
+            char *d = strstr(l, " (discriminator");
+            if (d) *d = '\0';
+            char *colon = strrchr(l, ':');
+            if (colon && (size_t)(colon - l) == strlen(cu) && !strncmp(l, cu, strlen(cu))) {
+                int line = atoi(colon + 1);
+                if (line > 0 && line < pb->n_lines) pb->bb_line[line] = 1;
+            }
+            l = e ? e + 1 : NULL;
+        }
+        kvq_free(bbs);
+    }
     char *sp = sym;
     int rc = 0;
     for (char *l = body ? body + 1 : NULL; l && *l && strncmp(l, "module ", 7) && !rc;
@@ -388,7 +415,7 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
         fprintf(stderr, "kvqc build: cost model: %s\n", msg);
         goto done;
     }
-    sass_profile sp = {pb.loc, pb.count, pb.n};
+    sass_profile sp = {pb.loc, pb.count, pb.n, pb.bb_line, pb.n_lines};
     if (getenv("KVQ_COST_DEBUG"))
         for (int i = 0; i < pb.n; i++) {
             fprintf(stderr, "loc %.0f:", pb.count[i]);
@@ -436,6 +463,7 @@ done:
     kvq_free(shipped);
     kvq_free(pb.loc);
     kvq_free(pb.count);
+    kvq_free(pb.bb_line);
     return rc;
 }
 
