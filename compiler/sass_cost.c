@@ -218,7 +218,7 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
         for (int i = b[k].first; i <= b[k].last; i++) {
             if (f.in[i].loc < 0) continue;
             double lc = loc_count[f.in[i].loc];
-            if (f.in[i].pred) continue; /* may run with no lane on */
+            if (f.in[i].pred && !f.in[i].branch) continue; /* its line may run less often than the block */
             /* a line the profile does not hold: the emulator counts a basic block under its first line, and
              * code it never ran has no count either; such lines say nothing */
             if (lc < 0) {
