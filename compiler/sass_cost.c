@@ -13,6 +13,7 @@ typedef struct {
     int stop;      /* EXIT, RET or an unconditional BRA: no fall-through unless predicated */
     int target;    /* label id of a branch */
     int loc;       /* index into the function's locations, -1 none */
+    char op[32];   /* opcode with modifiers (LDS.128) */
 } ins;
 
 typedef struct {
@@ -119,6 +120,7 @@ static int parse(const char *sass, const char *fn, fn_text *f)
         memcpy(op, q, n);
         op[n] = '\0';
         if (!strcmp(op, "NOP")) continue;
+        snprintf(in.op, sizeof in.op, "%s", op);
         if (!strcmp(op, "BRA") || (!strncmp(op, "BRA.", 4) && strcmp(op, "BRA.DIV"))) {
             const char *t = strstr(q, "`(");
             if (t) {
@@ -130,10 +132,15 @@ static int parse(const char *sass, const char *fn, fn_text *f)
             }
         }
         if (!strcmp(op, "EXIT") || !strncmp(op, "RET", 3)) in.stop = !in.pred, in.branch = -1;
-        if (cur.depth > 0 && cur_id < 0) {
-            if (grow((void **)&f->locs, &f->cap_locs, f->n_locs + 1, sizeof *f->locs)) return -1;
-            f->locs[f->n_locs] = cur;
-            cur_id = f->n_locs++;
+        if (cur.depth > 0 && cur_id < 0) { /* one id per distinct chain */
+            for (int i = 0; i < f->n_locs && cur_id < 0; i++)
+                if (f->locs[i].depth == cur.depth && !memcmp(f->locs[i].line, cur.line, sizeof cur.line[0] * cur.depth))
+                    cur_id = i;
+            if (cur_id < 0) {
+                if (grow((void **)&f->locs, &f->cap_locs, f->n_locs + 1, sizeof *f->locs)) return -1;
+                f->locs[f->n_locs] = cur;
+                cur_id = f->n_locs++;
+            }
         }
         in.loc = cur_id;
         if (grow((void **)&f->in, &f->cap, f->n + 1, sizeof *f->in)) return -1;
@@ -148,6 +155,154 @@ static int same_loc(const sass_loc *a, const sass_loc *b)
     for (int i = 0; i < a->depth; i++)
         if (a->line[i] != b->line[i]) return 0;
     return 1;
+}
+
+/* Data instructions: one per source operation a copy of an unrolled body repeats (not the loop's own control) */
+static int is_data_op(const char *op)
+{
+    static const char *const d[] = {"FFMA", "FMUL", "FADD", "FMNMX", "HFMA2", "HADD2", "HMUL2", "HMMA", "MUFU",
+                                    "LDS",  "LDG",  "STS",  "STG",   "LDSM",  "F2F",   "FSEL", "FSETP"};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
+        size_t n = strlen(d[i]);
+        if (!strncmp(op, d[i], n) && (op[n] == '\0' || op[n] == '.')) return 1;
+    }
+    return 0;
+}
+
+static const fn_text *sort_f; /* qsort's context (the count runs on one thread) */
+static int by_loc_op(const void *x, const void *y)
+{
+    const ins *a = &sort_f->in[*(const int *)x], *b = &sort_f->in[*(const int *)y];
+    if (a->loc != b->loc) return a->loc < b->loc ? -1 : 1;
+    return strcmp(a->op, b->op);
+}
+
+/* Loops the GPU compiler unrolled: the profile counts a line once per source iteration, the SASS loop runs once
+ * per u of them. For each natural loop (innermost first) whose source loop is not `#pragma unroll 1`: u = the
+ * copies of its most repeated line (the least count among that line's data instructions' kinds), and its own
+ * blocks' estimates are divided by u. A loop whose lines all belong to such an unrolled loop is its remainder
+ * copy: its estimates become 0 (all trips counted in the unrolled copy; off by less than u - 1 trips an entry).
+ * 0, -1 out of memory. */
+static int unroll_loops(const fn_text *f, blk *b, int nb, const sass_profile *prof, const double *loc_count)
+{
+    (void)loc_count;
+    int rc = -1, n_loops = 0;
+    char *in = NULL, *own = NULL;
+    int *head = NULL, *size = NULL, *unroll = NULL, *stack = NULL, *order = NULL, *stack2 = NULL;
+    /* back edges p -> h (h at or before p): one natural loop each */
+    int cap = 0;
+    for (int p = 0; p < nb; p++)
+        for (int e = 0; e < b[p].n_succ; e++) cap += b[p].succ[e] <= p;
+    if (cap == 0) return 0;
+    in = kvq_calloc((size_t)cap * nb, 1);
+    own = kvq_calloc((size_t)cap * nb, 1);
+    head = kvq_calloc((size_t)cap, sizeof *head);
+    size = kvq_calloc((size_t)cap, sizeof *size);
+    unroll = kvq_calloc((size_t)cap, sizeof *unroll);
+    order = kvq_calloc((size_t)cap, sizeof *order);
+    stack = kvq_calloc((size_t)nb, sizeof *stack);
+    stack2 = kvq_calloc((size_t)f->n, sizeof *stack2);
+    if (!in || !own || !head || !size || !unroll || !stack || !order || !stack2) goto out;
+    for (int p = 0; p < nb; p++)
+        for (int e = 0; e < b[p].n_succ; e++) {
+            int h = b[p].succ[e];
+            if (h > p) continue;
+            char *L = in + (size_t)n_loops * nb;
+            int sp = 0, n = 1;
+            L[h] = 1;
+            if (!L[p]) L[p] = 1, stack[sp++] = p, n++;
+            while (sp) {
+                int x = stack[--sp];
+                for (int q = 0; q < nb; q++)
+                    for (int g = 0; g < b[q].n_succ; g++)
+                        if (b[q].succ[g] == x && !L[q] && q >= h) L[q] = 1, stack[sp++] = q, n++;
+            }
+            head[n_loops] = h, size[n_loops] = n, order[n_loops] = n_loops;
+            n_loops++;
+        }
+    for (int i = 0; i < n_loops; i++) /* innermost (smallest) first */
+        for (int j = i + 1; j < n_loops; j++)
+            if (size[order[j]] < size[order[i]]) {
+                int t = order[i];
+                order[i] = order[j], order[j] = t;
+            }
+    /* a loop's own blocks: not in a smaller loop */
+    for (int oi = 0; oi < n_loops; oi++) {
+        int l = order[oi];
+        for (int k = 0; k < nb; k++) {
+            if (!in[(size_t)l * nb + k]) continue;
+            int inner = 0;
+            for (int oj = 0; oj < oi && !inner; oj++) inner = in[(size_t)order[oj] * nb + k] && size[order[oj]] < size[l];
+            own[(size_t)l * nb + k] = !inner;
+        }
+    }
+    for (int l = 0; l < n_loops; l++) {
+        unroll[l] = 1;
+        int rolled = 0; /* `#pragma unroll 1` over one of its lines' loops */
+        for (int k = 0; k < nb && !rolled; k++)
+            if (own[(size_t)l * nb + k])
+                for (int i = b[k].first; i <= b[k].last && !rolled; i++) {
+                    int lc = f->in[i].loc;
+                    int line = lc >= 0 ? f->locs[lc].line[0] : 0;
+                    rolled = prof->rolled && line > 0 && line < prof->n_lines && prof->rolled[line] &&
+                             f->in[i].branch > 0;
+                }
+        if (rolled) continue;
+        /* copies of each line: the least count over its data instruction kinds */
+        int n = 0;
+        for (int k = 0; k < nb; k++)
+            if (own[(size_t)l * nb + k])
+                for (int i = b[k].first; i <= b[k].last; i++)
+                    if (f->in[i].loc >= 0 && is_data_op(f->in[i].op)) stack2[n++] = i;
+        sort_f = f;
+        qsort(stack2, (size_t)n, sizeof *stack2, by_loc_op);
+        for (int i = 0; i < n;) {
+            int least = 1 << 30, j = i;
+            while (j < n && f->in[stack2[j]].loc == f->in[stack2[i]].loc) {
+                int k = j;
+                while (k < n && f->in[stack2[k]].loc == f->in[stack2[j]].loc &&
+                       !strcmp(f->in[stack2[k]].op, f->in[stack2[j]].op))
+                    k++;
+                if (k - j < least) least = k - j;
+                j = k;
+            }
+            if (least < (1 << 30) && least > unroll[l]) unroll[l] = least;
+            i = j;
+        }
+    }
+    for (int l = 0; l < n_loops; l++) {
+        int rem = 0;
+        if (unroll[l] == 1) /* a remainder: every line of its own blocks is in a loop unrolled more */
+            for (int m = 0; m < n_loops && !rem; m++) {
+                if (unroll[m] <= 1 || m == l) continue;
+                int all = 1, any = 0;
+                for (int k = 0; k < nb && all; k++)
+                    if (own[(size_t)l * nb + k])
+                        for (int i = b[k].first; i <= b[k].last && all; i++) {
+                            if (f->in[i].loc < 0 || f->in[i].branch) continue;
+                            int found = 0;
+                            for (int k2 = 0; k2 < nb && !found; k2++)
+                                if (own[(size_t)m * nb + k2])
+                                    for (int j = b[k2].first; j <= b[k2].last && !found; j++)
+                                        found = f->in[j].loc == f->in[i].loc;
+                            all = found, any = 1;
+                        }
+                rem = all && any;
+            }
+        for (int k = 0; k < nb; k++)
+            if (own[(size_t)l * nb + k] && b[k].count < 1e299) b[k].count = rem ? 0.0 : b[k].count / unroll[l];
+    }
+    rc = 0;
+out:
+    kvq_free(in);
+    kvq_free(own);
+    kvq_free(head);
+    kvq_free(size);
+    kvq_free(unroll);
+    kvq_free(stack);
+    kvq_free(order);
+    kvq_free(stack2);
+    return rc;
 }
 
 int sass_cost_function(const char *sass, const char *fn, const sass_profile *prof, sass_cost *out)
@@ -232,6 +387,7 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
         b[k].count = !reach[k] ? 0.0 : seen ? c : unknown;
         first_est[k] = b[k].count;
     }
+    if (unroll_loops(&f, b, nb, prof, loc_count) != 0) goto done;
     /* the flow: a block runs at most as often as its predecessors together and its successors together */
     for (int it = 0, changed = 1; changed && it < 4 * nb; it++) {
         changed = 0;

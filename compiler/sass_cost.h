@@ -22,6 +22,9 @@ typedef struct {
      * from the profile never ran; another absent line is inside a block the profile counts under its first line */
     const unsigned char *bb_line;
     int n_lines;
+    /* lines of a loop under `#pragma unroll 1` (rolled[l] != 0, l < n_lines; may be NULL): the SASS loop whose
+     * branch has that line runs once per source iteration */
+    const unsigned char *rolled;
 } sass_profile;
 
 typedef struct {

@@ -27,7 +27,9 @@ int main(void)
     /* 4 warps; the loop runs 10 times in each; one warp stores */
     sass_loc loc[6] = {{{10}, 1}, {{20, 12}, 2}, {{21, 12}, 2}, {{30}, 1}, {{31}, 1}, {{40}, 1}};
     double count[6] = {4, 40, 40, 4, 1, 4};
-    sass_profile prof = {loc, count, 6, NULL, 0};
+    unsigned char rolled[64] = {0};
+    rolled[21] = 1; /* the loop's branch line is a `#pragma unroll 1` loop: two FFMAs an iteration */
+    sass_profile prof = {loc, count, 6, NULL, 64, rolled};
     sass_cost c;
 
     th_begin("sass cost: each block's count times its instructions");
@@ -42,7 +44,7 @@ int main(void)
     sass_loc other[6];
     memcpy(other, loc, sizeof other);
     other[1].line[1] = 13, other[2].line[1] = 13; /* the loop's lines reached through another call */
-    sass_profile p2 = {other, count, 6, NULL, 0};
+    sass_profile p2 = {other, count, 6, NULL, 64, rolled};
     TH_CHECK(sass_cost_function(sass, "k", &p2, &c) == 0, "function not found");
     /* the loop block has no known line: bounded by the flow (entry 4 + itself) -- not 40 */
     TH_CHECK(c.executed != 177.0, "an unmatched chain counted as matched");
@@ -54,10 +56,18 @@ int main(void)
     double k3[5] = {4, 40, 40, 4, 4};
     unsigned char bb[64] = {0};
     bb[31] = 1;
-    sass_profile p3 = {l3, k3, 5, bb, 64};
+    sass_profile p3 = {l3, k3, 5, bb, 64, rolled};
     (void)c3;
     TH_CHECK(sass_cost_function(sass, "k", &p3, &c) == 0, "function not found");
     TH_CHECK(c.executed == 176.0, "executed %.1f, expected 176 (the store never ran)", c.executed);
+    th_end();
+
+    th_begin("sass cost: a loop the compiler unrolled runs once per copy set, not once per source trip");
+    /* not `#pragma unroll 1`: line 20's two FFMAs are two copies of one source iteration, so the 40 trips the
+     * profile counts are 20 SASS iterations */
+    sass_profile p4 = {loc, count, 6, NULL, 0, NULL};
+    TH_CHECK(sass_cost_function(sass, "k", &p4, &c) == 0, "function not found");
+    TH_CHECK(c.executed == 97.0, "executed %.1f, expected 97 (8 + 4 x 20 + 4 + 1 + 4)", c.executed);
     th_end();
 
     th_begin("sass cost: a function not in the text");

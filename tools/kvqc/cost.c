@@ -195,6 +195,11 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
     }
     char cu[PATH_MAX];
     snprintf(cu, sizeof cu, "%.*s.cu", (int)(strlen(so) - 3), so);
+    if (access(so, R_OK) != 0) {
+        snprintf(msg, ms, "the profiled module %s is gone", so);
+        kvq_free(text);
+        return -1;
+    }
     char *tu = slurp(cu, NULL);
     int same = tu && !strcmp(tu, src);
     kvq_free(tu);
@@ -352,6 +357,7 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
     cu_compiled c;
     char *diag = NULL, *sass = NULL, *shipped = NULL;
     profile_buf pb = {0};
+    unsigned char *rolled = NULL;
     memset(&c, 0, sizeof c);
     /* 1. the shipped unit with line information: the same instructions as the shipped cubin */
     if (cu_nvrtc_compile_lineinfo(src, arch, 1, &c, &diag, msg, sizeof msg) != KVQ_OK) {
@@ -391,31 +397,52 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
     }
     /* 2. the real step under the emulator, the split sized for the arch's SMs */
     const int sm = atoi(arch + 3), sms = sm >= 90 ? 132 : 108;
-    char prof[] = "/tmp/kvq_profile_XXXXXX";
-    int fd = mkstemp(prof);
-    if (fd < 0) goto done;
-    close(fd);
-    char sms_s[16];
-    snprintf(sms_s, sizeof sms_s, "%d", sms);
-    setenv("KVQ_EMU_PROFILE", prof, 1);
-    setenv("KVQ_EMU_SMS", sms_s, 1);
-    setenv("KVQ_EMU_ARCH", sm >= 90 ? "sm_90" : "sm_80", 1);
-    int st = run_step(sch, p, a->batch, a->tokens, msg, sizeof msg);
-    unsetenv("KVQ_EMU_PROFILE");
-    unsetenv("KVQ_EMU_SMS");
-    unsetenv("KVQ_EMU_ARCH");
-    if (st != 0) {
-        fprintf(stderr, "kvqc build: cost model: emulated step: %s\n", msg);
+    /* the profile is kept beside the outputs (<arch>-b<B>-t<T>.profile) and read again while the emulated module
+     * it names is in the JIT cache and holds the same unit: the run takes minutes, the mapping a second */
+    char prof[PATH_MAX + 96];
+    snprintf(prof, sizeof prof, "%s/%s-b%d-t%d.profile", dir, arch, a->batch, a->tokens);
+    if (read_profile(prof, src, &pb, msg, sizeof msg) != 0) {
+        kvq_free(pb.loc);
+        kvq_free(pb.count);
+        kvq_free(pb.bb_line);
+        memset(&pb, 0, sizeof pb);
         unlink(prof);
-        goto done;
+        char sms_s[16];
+        snprintf(sms_s, sizeof sms_s, "%d", sms);
+        setenv("KVQ_EMU_PROFILE", prof, 1);
+        setenv("KVQ_EMU_SMS", sms_s, 1);
+        setenv("KVQ_EMU_ARCH", sm >= 90 ? "sm_90" : "sm_80", 1);
+        int st = run_step(sch, p, a->batch, a->tokens, msg, sizeof msg);
+        unsetenv("KVQ_EMU_PROFILE");
+        unsetenv("KVQ_EMU_SMS");
+        unsetenv("KVQ_EMU_ARCH");
+        if (st != 0) {
+            fprintf(stderr, "kvqc build: cost model: emulated step: %s\n", msg);
+            goto done;
+        }
+        if (read_profile(prof, src, &pb, msg, sizeof msg) != 0) {
+            fprintf(stderr, "kvqc build: cost model: %s\n", msg);
+            goto done;
+        }
     }
-    st = read_profile(prof, src, &pb, msg, sizeof msg);
-    unlink(prof);
-    if (st != 0) {
-        fprintf(stderr, "kvqc build: cost model: %s\n", msg);
-        goto done;
+    /* lines of loops under `#pragma unroll 1` */
+    rolled = kvq_calloc((size_t)pb.n_lines + 1, 1);
+    if (!rolled) goto done;
+    {
+        int line = 1, prev_pragma = 0;
+        for (const char *c = src; *c && line < pb.n_lines;) {
+            const char *e = strchr(c, '\n');
+            size_t len = e ? (size_t)(e - c) : strlen(c);
+            const char *t = c;
+            while (t < c + len && (*t == ' ' || *t == '\t')) t++;
+            int is_for = !strncmp(t, "for (", 5);
+            if (is_for && prev_pragma) rolled[line] = 1;
+            if (t < c + len) prev_pragma = !strncmp(t, "#pragma unroll 1", 16) && (t[16] == '\0' || t[16] == ' ' || t[16] == '\n');
+            line++;
+            c = e ? e + 1 : c + len;
+        }
     }
-    sass_profile sp = {pb.loc, pb.count, pb.n, pb.bb_line, pb.n_lines};
+    sass_profile sp = {pb.loc, pb.count, pb.n, pb.bb_line, pb.n_lines, rolled};
     if (getenv("KVQ_COST_DEBUG"))
         for (int i = 0; i < pb.n; i++) {
             fprintf(stderr, "loc %.0f:", pb.count[i]);
@@ -464,6 +491,7 @@ done:
     kvq_free(pb.loc);
     kvq_free(pb.count);
     kvq_free(pb.bb_line);
+    kvq_free(rolled);
     return rc;
 }
 
