@@ -369,22 +369,24 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
     if (!first_est) goto done;
     for (int k = 0; k < nb; k++) {
         double c = unknown;
-        int seen = 0;
+        int seen = 0, never = 0;
         for (int i = b[k].first; i <= b[k].last; i++) {
             if (f.in[i].loc < 0) continue;
             double lc = loc_count[f.in[i].loc];
             if (f.in[i].pred && !f.in[i].branch) continue; /* its line may run less often than the block */
             /* a line the profile does not hold: the emulator counts a basic block under its first line, and
-             * code it never ran has no count either; such lines say nothing */
+             * code it never ran has no count either. A block none of whose lines ran, one of them the first
+             * line of an emulated basic block, never ran; otherwise such lines say nothing (the GPU compiler
+             * may compute a condition's branch without branching: its line then shares a block with others) */
             if (lc < 0) {
                 const int l = f.locs[f.in[i].loc].line[0];
-                if (!(prof->bb_line && l > 0 && l < prof->n_lines && prof->bb_line[l])) continue;
-                lc = 0.0; /* starts a block of the emulated code, and the run never got there */
+                never |= prof->bb_line && l > 0 && l < prof->n_lines && prof->bb_line[l];
+                continue;
             }
             seen = 1;
             if (lc < c) c = lc;
         }
-        b[k].count = !reach[k] ? 0.0 : seen ? c : unknown;
+        b[k].count = !reach[k] ? 0.0 : seen ? c : never ? 0.0 : unknown;
         first_est[k] = b[k].count;
     }
     if (unroll_loops(&f, b, nb, prof, loc_count) != 0) goto done;
