@@ -177,32 +177,49 @@ static int by_loc_op(const void *x, const void *y)
     return strcmp(a->op, b->op);
 }
 
-/* Loops the GPU compiler unrolled: the profile counts a line once per source iteration, the SASS loop runs once
- * per u of them. For each natural loop (innermost first) whose source loop is not `#pragma unroll 1`: u = the
- * copies of its most repeated line (the least count among that line's data instructions' kinds), and its own
- * blocks' estimates are divided by u. A loop whose lines all belong to such an unrolled loop is its remainder
- * copy: its estimates become 0 (all trips counted in the unrolled copy; off by less than u - 1 trips an entry).
- * 0, -1 out of memory. */
-static int unroll_loops(const fn_text *f, blk *b, int nb, const sass_profile *prof, const double *loc_count)
+/* copies[i] for each instruction i of block k: how many copies of its line the block holds (the least count
+ * among the line's data instruction kinds in the block; 1 for a line without data instructions). A line of a
+ * loop body unrolled u times, or of an inner loop unrolled fully, runs once per copy: its count over its copies
+ * is the block's. */
+static void line_copies(const fn_text *f, const blk *bk, int *idx, int *copies)
 {
-    (void)loc_count;
-    int rc = -1, n_loops = 0;
-    char *in = NULL, *own = NULL;
-    int *head = NULL, *size = NULL, *unroll = NULL, *stack = NULL, *order = NULL, *stack2 = NULL;
-    /* back edges p -> h (h at or before p): one natural loop each */
-    int cap = 0;
+    int n = 0;
+    for (int i = bk->first; i <= bk->last; i++) {
+        copies[i] = 1;
+        if (f->in[i].loc >= 0 && is_data_op(f->in[i].op)) idx[n++] = i;
+    }
+    sort_f = f;
+    qsort(idx, (size_t)n, sizeof *idx, by_loc_op);
+    for (int i = 0; i < n;) {
+        int least = 1 << 30, j = i;
+        while (j < n && f->in[idx[j]].loc == f->in[idx[i]].loc) {
+            int k = j;
+            while (k < n && f->in[idx[k]].loc == f->in[idx[j]].loc && !strcmp(f->in[idx[k]].op, f->in[idx[j]].op))
+                k++;
+            if (k - j < least) least = k - j;
+            j = k;
+        }
+        for (int m = bk->first; m <= bk->last; m++)
+            if (f->in[m].loc == f->in[idx[i]].loc) copies[m] = least;
+        i = j;
+    }
+}
+
+/* Per block: whether its innermost natural loop is a `#pragma unroll 1` loop (its branch's line is one: its
+ * lines are not copies), and whether that loop is a remainder copy of an unrolled loop (not rolled, every data
+ * line of its own blocks held with more copies by a block outside it: the trips are counted in the unrolled
+ * copy; off by less than u - 1 trips an entry). 0, -1 out of memory. */
+static int loop_facts(const fn_text *f, const blk *b, int nb, const sass_profile *prof, const int *copies,
+                      char *rolled, char *remainder)
+{
+    int rc = -1, n_loops = 0, cap = 0;
     for (int p = 0; p < nb; p++)
         for (int e = 0; e < b[p].n_succ; e++) cap += b[p].succ[e] <= p;
     if (cap == 0) return 0;
-    in = kvq_calloc((size_t)cap * nb, 1);
-    own = kvq_calloc((size_t)cap * nb, 1);
-    head = kvq_calloc((size_t)cap, sizeof *head);
-    size = kvq_calloc((size_t)cap, sizeof *size);
-    unroll = kvq_calloc((size_t)cap, sizeof *unroll);
-    order = kvq_calloc((size_t)cap, sizeof *order);
-    stack = kvq_calloc((size_t)nb, sizeof *stack);
-    stack2 = kvq_calloc((size_t)f->n, sizeof *stack2);
-    if (!in || !own || !head || !size || !unroll || !stack || !order || !stack2) goto out;
+    char *in = kvq_calloc((size_t)cap * nb, 1);
+    int *size = kvq_calloc((size_t)cap, sizeof *size), *stack = kvq_calloc((size_t)nb, sizeof *stack);
+    int *inner = kvq_calloc((size_t)nb, sizeof *inner);
+    if (!in || !size || !stack || !inner) goto out;
     for (int p = 0; p < nb; p++)
         for (int e = 0; e < b[p].n_succ; e++) {
             int h = b[p].succ[e];
@@ -213,95 +230,45 @@ static int unroll_loops(const fn_text *f, blk *b, int nb, const sass_profile *pr
             if (!L[p]) L[p] = 1, stack[sp++] = p, n++;
             while (sp) {
                 int x = stack[--sp];
-                for (int q = 0; q < nb; q++)
+                for (int q = h; q < nb; q++)
                     for (int g = 0; g < b[q].n_succ; g++)
-                        if (b[q].succ[g] == x && !L[q] && q >= h) L[q] = 1, stack[sp++] = q, n++;
+                        if (b[q].succ[g] == x && !L[q]) L[q] = 1, stack[sp++] = q, n++;
             }
-            head[n_loops] = h, size[n_loops] = n, order[n_loops] = n_loops;
-            n_loops++;
+            size[n_loops++] = n;
         }
-    for (int i = 0; i < n_loops; i++) /* innermost (smallest) first */
-        for (int j = i + 1; j < n_loops; j++)
-            if (size[order[j]] < size[order[i]]) {
-                int t = order[i];
-                order[i] = order[j], order[j] = t;
-            }
-    /* a loop's own blocks: not in a smaller loop */
-    for (int oi = 0; oi < n_loops; oi++) {
-        int l = order[oi];
+    for (int k = 0; k < nb; k++) { /* the innermost loop of each block */
+        inner[k] = -1;
+        for (int l = 0; l < n_loops; l++)
+            if (in[(size_t)l * nb + k] && (inner[k] < 0 || size[l] < size[inner[k]])) inner[k] = l;
+    }
+    for (int l = 0; l < n_loops; l++) {
+        int is_rolled = 0, all_elsewhere = 1, data = 0, multi = 0;
         for (int k = 0; k < nb; k++) {
-            if (!in[(size_t)l * nb + k]) continue;
-            int inner = 0;
-            for (int oj = 0; oj < oi && !inner; oj++) inner = in[(size_t)order[oj] * nb + k] && size[order[oj]] < size[l];
-            own[(size_t)l * nb + k] = !inner;
-        }
-    }
-    for (int l = 0; l < n_loops; l++) {
-        unroll[l] = 1;
-        int rolled = 0; /* `#pragma unroll 1` over one of its lines' loops */
-        for (int k = 0; k < nb && !rolled; k++)
-            if (own[(size_t)l * nb + k])
-                for (int i = b[k].first; i <= b[k].last && !rolled; i++) {
-                    int lc = f->in[i].loc;
-                    int line = lc >= 0 ? f->locs[lc].line[0] : 0;
-                    rolled = prof->rolled && line > 0 && line < prof->n_lines && prof->rolled[line] &&
-                             f->in[i].branch > 0;
-                }
-        if (rolled) continue;
-        /* copies of each line: the least count over its data instruction kinds */
-        int n = 0;
-        for (int k = 0; k < nb; k++)
-            if (own[(size_t)l * nb + k])
-                for (int i = b[k].first; i <= b[k].last; i++)
-                    if (f->in[i].loc >= 0 && is_data_op(f->in[i].op)) stack2[n++] = i;
-        sort_f = f;
-        qsort(stack2, (size_t)n, sizeof *stack2, by_loc_op);
-        for (int i = 0; i < n;) {
-            int least = 1 << 30, j = i;
-            while (j < n && f->in[stack2[j]].loc == f->in[stack2[i]].loc) {
-                int k = j;
-                while (k < n && f->in[stack2[k]].loc == f->in[stack2[j]].loc &&
-                       !strcmp(f->in[stack2[k]].op, f->in[stack2[j]].op))
-                    k++;
-                if (k - j < least) least = k - j;
-                j = k;
+            if (inner[k] != l) continue;
+            for (int i = b[k].first; i <= b[k].last; i++) {
+                const int lc = f->in[i].loc, line = lc >= 0 ? f->locs[lc].line[0] : 0;
+                is_rolled |= f->in[i].branch > 0 && prof->rolled && line > 0 && line < prof->n_lines &&
+                             prof->rolled[line];
+                if (lc < 0 || !is_data_op(f->in[i].op)) continue;
+                data = 1;
+                multi |= copies[i] > 1;
+                int found = 0;
+                for (int k2 = 0; k2 < nb && !found; k2++)
+                    if (!in[(size_t)l * nb + k2])
+                        for (int j = b[k2].first; j <= b[k2].last && !found; j++)
+                            found = f->in[j].loc == lc && copies[j] > 1;
+                all_elsewhere &= found;
             }
-            if (least < (1 << 30) && least > unroll[l]) unroll[l] = least;
-            i = j;
         }
-    }
-    for (int l = 0; l < n_loops; l++) {
-        int rem = 0;
-        if (unroll[l] == 1) /* a remainder: every line of its own blocks is in a loop unrolled more */
-            for (int m = 0; m < n_loops && !rem; m++) {
-                if (unroll[m] <= 1 || m == l) continue;
-                int all = 1, any = 0;
-                for (int k = 0; k < nb && all; k++)
-                    if (own[(size_t)l * nb + k])
-                        for (int i = b[k].first; i <= b[k].last && all; i++) {
-                            if (f->in[i].loc < 0 || f->in[i].branch) continue;
-                            int found = 0;
-                            for (int k2 = 0; k2 < nb && !found; k2++)
-                                if (own[(size_t)m * nb + k2])
-                                    for (int j = b[k2].first; j <= b[k2].last && !found; j++)
-                                        found = f->in[j].loc == f->in[i].loc;
-                            all = found, any = 1;
-                        }
-                rem = all && any;
-            }
         for (int k = 0; k < nb; k++)
-            if (own[(size_t)l * nb + k] && b[k].count < 1e299) b[k].count = rem ? 0.0 : b[k].count / unroll[l];
+            if (inner[k] == l) rolled[k] = (char)is_rolled, remainder[k] = !is_rolled && data && !multi && all_elsewhere;
     }
     rc = 0;
 out:
     kvq_free(in);
-    kvq_free(own);
-    kvq_free(head);
     kvq_free(size);
-    kvq_free(unroll);
     kvq_free(stack);
-    kvq_free(order);
-    kvq_free(stack2);
+    kvq_free(inner);
     return rc;
 }
 
@@ -363,10 +330,21 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
         for (int e = 0; e < b[x].n_succ; e++)
             if (!reach[b[x].succ[e]]) reach[b[x].succ[e]] = 1, stack[sp++] = b[x].succ[e];
     }
-    /* first estimate: the least count among the locations of the block's unpredicated instructions */
+    /* first estimate: the least count among the lines of the block's unpredicated instructions and branches,
+     * each over its copies in the block (not in a `#pragma unroll 1` loop's blocks: their lines are not copies) */
     const double unknown = 1e300;
     double *first_est = kvq_calloc((size_t)nb, sizeof *first_est);
-    if (!first_est) goto done;
+    int *copies = kvq_calloc((size_t)f.n, sizeof *copies), *idx = kvq_calloc((size_t)f.n, sizeof *idx);
+    char *rolled = kvq_calloc((size_t)nb, 1), *remainder = kvq_calloc((size_t)nb, 1);
+    int facts = -1;
+    if (first_est && copies && idx && rolled && remainder) {
+        for (int k = 0; k < nb; k++) line_copies(&f, &b[k], idx, copies);
+        facts = loop_facts(&f, b, nb, prof, copies, rolled, remainder);
+    }
+    if (facts != 0) {
+        kvq_free(first_est), kvq_free(copies), kvq_free(idx), kvq_free(rolled), kvq_free(remainder);
+        goto done;
+    }
     for (int k = 0; k < nb; k++) {
         double c = unknown;
         int seen = 0, never = 0;
@@ -384,12 +362,13 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
                 continue;
             }
             seen = 1;
+            if (!rolled[k]) lc /= copies[i];
             if (lc < c) c = lc;
         }
-        b[k].count = !reach[k] ? 0.0 : seen ? c : never ? 0.0 : unknown;
+        b[k].count = !reach[k] || remainder[k] ? 0.0 : seen ? c : never ? 0.0 : unknown;
         first_est[k] = b[k].count;
     }
-    if (unroll_loops(&f, b, nb, prof, loc_count) != 0) goto done;
+    kvq_free(copies), kvq_free(idx), kvq_free(rolled), kvq_free(remainder);
     /* the flow: a block runs at most as often as its predecessors together and its successors together */
     for (int it = 0, changed = 1; changed && it < 4 * nb; it++) {
         changed = 0;
