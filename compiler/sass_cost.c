@@ -358,8 +358,12 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
              * may compute a condition's branch without branching: its line then shares a block with others) */
             if (lc < 0) {
                 const int l = f.locs[f.in[i].loc].line[0];
-                never |= prof->bb_line && l > 0 && l < prof->n_lines && prof->bb_line[l];
-                continue;
+                if (!(prof->bb_line && l > 0 && l < prof->n_lines && prof->bb_line[l])) continue;
+                if (prof->bb_line[l] == 1) { /* a plain statement (no condition) that never ran */
+                    never = 1;
+                    continue;
+                }
+                lc = 0.0; /* 2: a line that starts a block and has no condition of its own: it never ran */
             }
             seen = 1;
             if (!rolled[k]) lc /= copies[i];

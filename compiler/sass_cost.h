@@ -18,8 +18,11 @@ typedef struct {
     const sass_loc *loc;
     const double *count;
     int n;
-    /* lines that start a basic block of the emulated code (bb_line[l] != 0, l < n_lines): such a line absent
-     * from the profile never ran; another absent line is inside a block the profile counts under its first line */
+    /* lines that start a basic block of the emulated code (bb_line[l] != 0, l < n_lines), 2 when the line holds
+     * no condition (if, ?:, &&, ||, a loop header): absent from the profile, such a line never ran, and its block
+     * did not either; a line with a condition may share its block with code that ran (the GPU compiler computes
+     * `if (c) x = y;` without a branch), so it says so only of a block none of whose lines ran. Another absent
+     * line is inside a block the profile counts under its first line: it says nothing. */
     const unsigned char *bb_line;
     int n_lines;
     /* lines of a loop under `#pragma unroll 1` (rolled[l] != 0, l < n_lines; may be NULL): the SASS loop whose

@@ -264,6 +264,19 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
             l = e ? e + 1 : NULL;
         }
         kvq_free(bbs);
+        /* 2: lines without a condition of their own */
+        int line = 1;
+        for (const char *c = src; *c && pb->bb_line; line++) {
+            const char *e = strchr(c, '\n');
+            size_t len = e ? (size_t)(e - c) : strlen(c);
+            char text[512];
+            snprintf(text, sizeof text, "%.*s", (int)(len < sizeof text ? len : sizeof text - 1), c);
+            if (line < pb->n_lines && pb->bb_line[line] && !strstr(text, "if (") && !strchr(text, '?') &&
+                !strstr(text, "for (") && !strstr(text, "while") && !strstr(text, "&&") && !strstr(text, "||") &&
+                !strstr(text, "KVQ_BY_KIND") && !strstr(text, "#"))
+                pb->bb_line[line] = 2;
+            c = e ? e + 1 : c + len;
+        }
     }
     char *sp = sym;
     int rc = 0;
