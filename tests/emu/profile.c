@@ -43,6 +43,10 @@ static struct {
     uint32_t n_keys, cap_keys;
     uint32_t *index; /* open addressing: key id + 1, 0 empty; 2 x cap_keys slots */
     uint32_t *lane;  /* [PROF_THREADS][cap_keys]: this block's per-thread counts */
+    uint32_t *touched; /* the keys this block counted (block_end folds only these: a launch of many small
+                        * blocks would otherwise cost keys x threads a block) */
+    unsigned char *is_touched;
+    uint32_t n_touched;
     /* the thread's last block: a function's first block is reported before its enter hook runs, so the enter
      * hook moves that count to the key with the new call site */
     uint32_t last_id[PROF_THREADS];
@@ -69,6 +73,17 @@ NO_INSTR static int grow(void)
         return -1;
     }
     P.keys = k;
+    uint32_t *touched = realloc(P.touched, (size_t)cap * sizeof *touched);
+    unsigned char *is_touched = realloc(P.is_touched, cap);
+    if (!touched || !is_touched) {
+        if (touched) P.touched = touched;
+        if (is_touched) P.is_touched = is_touched;
+        free(lane);
+        free(index);
+        return -1;
+    }
+    memset(is_touched + P.cap_keys, 0, cap - P.cap_keys);
+    P.touched = touched, P.is_touched = is_touched;
     for (unsigned t = 0; t < PROF_THREADS && P.lane; t++)
         memcpy(lane + (size_t)t * cap, P.lane + (size_t)t * P.cap_keys, P.cap_keys * sizeof *lane);
     free(P.lane);
@@ -88,8 +103,10 @@ NO_INSTR static int grow(void)
 NO_INSTR static void block_end(unsigned n)
 {
     if (n > PROF_THREADS) n = PROF_THREADS;
-    for (unsigned w = 0; w * 32 < n; w++)
-        for (uint32_t k = 0; k < P.n_keys; k++) {
+    for (uint32_t i = 0; i < P.n_touched; i++) {
+        const uint32_t k = P.touched[i];
+        P.is_touched[k] = 0;
+        for (unsigned w = 0; w * 32 < n; w++) {
             uint32_t mx = 0;
             for (unsigned l = w * 32; l < n && l < w * 32 + 32; l++) {
                 uint32_t *c = &P.lane[(size_t)l * P.cap_keys + k];
@@ -98,6 +115,8 @@ NO_INSTR static void block_end(unsigned n)
             }
             P.keys[k].warp_count += mx;
         }
+    }
+    P.n_touched = 0;
     for (unsigned i = 0; i < PROF_THREADS; i++) P.sp[i] = 0, P.last_id[i] = 0;
 }
 
@@ -147,6 +166,7 @@ NO_INSTR static void record(unsigned t, uintptr_t pc)
             const prof_key *o = &P.keys[id - 1];
             if (o->depth == k.depth && !memcmp(o->pc, k.pc, (size_t)k.depth * sizeof k.pc[0])) {
                 P.lane[(size_t)t * P.cap_keys + id - 1]++;
+                if (!P.is_touched[id - 1]) P.is_touched[id - 1] = 1, P.touched[P.n_touched++] = id - 1;
                 P.last_id[t] = id, P.last_pc[t] = pc;
                 return;
             }
@@ -198,4 +218,6 @@ __attribute__((destructor)) NO_INSTR static void write_profile(void)
     free(P.keys);
     free(P.index);
     free(P.lane);
+    free(P.touched);
+    free(P.is_touched);
 }

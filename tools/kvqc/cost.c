@@ -23,6 +23,8 @@ typedef struct {
     int n, cap;
     unsigned char *bb_line; /* lines of the unit that start a basic block of the emulated code */
     int n_lines;
+    unsigned long exit_site[16384]; /* offsets of the keys of function exit blocks (not counted) */
+    int n_exit;
 } profile_buf;
 
 static char *slurp(const char *path, size_t *len)
@@ -246,23 +248,54 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
         for (const char *c = src; *c; c++) n_lines += *c == '\n';
         pb->bb_line = kvq_calloc((size_t)n_lines + 1, 1);
         pb->n_lines = n_lines + 1;
+        /* the trace calls, each with 1 when its block is a function's exit block (it calls the exit hook before
+         * the next trace call): gcc gives that block the line of the function's last statement, which it does
+         * not execute (a loop in an untaken else branch would seem to run once a call), so exit blocks are not
+         * counted and their lines say nothing */
         snprintf(cmd, sizeof cmd,
-                 "objdump -d --no-show-raw-insn '%s' | awk '/call.*<__sanitizer_cov_trace_pc/{sub(\":\",\"\",$1); "
-                 "print $1}' | addr2line -e '%s'",
-                 so, so);
-        char *bbs = pb->bb_line ? run_text(cmd) : NULL;
-        for (char *l = bbs; l && *l;) {
+                 "objdump -d --no-show-raw-insn '%s' | awk '/call.*<__sanitizer_cov_trace_pc/{if (p != \"\") print p, 0; "
+                 "sub(\":\",\"\",$1); p = $1} /call.*<__cyg_profile_func_exit/{if (p != \"\") print p, 1; p = \"\"} "
+                 "END{if (p != \"\") print p, 0}'",
+                 so);
+        char *sites = pb->bb_line ? run_text(cmd) : NULL;
+        char stmp[] = "/tmp/kvq_cost_sites_XXXXXX";
+        int sfd = sites ? mkstemp(stmp) : -1;
+        FILE *sf = sfd >= 0 ? fdopen(sfd, "w") : NULL;
+        int n_sites = 0;
+        for (char *l = sites; sf && l && *l; n_sites++) {
+            char *e = strchr(l, '\n');
+            unsigned long addr = strtoul(l, NULL, 16);
+            int exit_blk = e && e > l && e[-1] == '1';
+            fprintf(sf, "%lx\n", addr);
+            if (exit_blk && pb->n_exit < (int)(sizeof pb->exit_site / sizeof pb->exit_site[0]))
+                pb->exit_site[pb->n_exit++] = addr + 4; /* the key's offset: in the 5-byte call */
+            l = e ? e + 1 : NULL;
+        }
+        if (sf) fclose(sf);
+        char *bbs = NULL;
+        if (sf) {
+            snprintf(cmd, sizeof cmd, "addr2line -e '%s' < '%s'", so, stmp);
+            bbs = run_text(cmd);
+            unlink(stmp);
+        }
+        int site = 0;
+        for (char *l = bbs, *sl = sites; l && *l; site++) {
             char *e = strchr(l, '\n');
             if (e) *e = '\0';
+            char *se = sl ? strchr(sl, '\n') : NULL;
+            int exit_blk = se && se > sl && se[-1] == '1';
+            sl = se ? se + 1 : NULL;
             char *d = strstr(l, " (discriminator");
             if (d) *d = '\0';
             char *colon = strrchr(l, ':');
-            if (colon && (size_t)(colon - l) == strlen(cu) && !strncmp(l, cu, strlen(cu))) {
+            if (!exit_blk && colon && (size_t)(colon - l) == strlen(cu) && !strncmp(l, cu, strlen(cu))) {
                 int line = atoi(colon + 1);
                 if (line > 0 && line < pb->n_lines) pb->bb_line[line] = 1;
             }
             l = e ? e + 1 : NULL;
         }
+        (void)n_sites;
+        kvq_free(sites);
         kvq_free(bbs);
         /* 2: lines without a condition of their own */
         int line = 1;
@@ -286,6 +319,11 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
         int depth, used;
         if (sscanf(l, "%llu %d%n", &cnt, &depth, &used) != 2) break;
         sass_loc loc = {{0}, 0};
+        int exit_blk = 0;
+        {
+            unsigned long off0 = strtoul(l + used, NULL, 16);
+            for (int i = 0; i < pb->n_exit && !exit_blk; i++) exit_blk = pb->exit_site[i] == off0;
+        }
         for (int i = 0; i < depth; i++) {
             char *e = strchr(sp, '\n');
             if (!e) break;
@@ -308,7 +346,7 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
         /* the outermost call is the emulator's entry thunk calling the kernel (KVQ_KERNEL_EXPORT's line): the
          * GPU's chains start in the kernel */
         loc.depth--;
-        if (loc.depth > 0) rc = add_loc(pb, &loc, (double)cnt);
+        if (loc.depth > 0 && !exit_blk) rc = add_loc(pb, &loc, (double)cnt);
     }
     kvq_free(sym);
     kvq_free(text);
