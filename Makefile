@@ -120,7 +120,7 @@ test:
 PREFIX ?= /usr/local
 DEST := $(DESTDIR)$(PREFIX)
 # What the emu and cuda backends read at run time (kvq_data_dir in kvq.h), in the checkout's shape.
-EMU_RUNTIME_FILES := exec.c warp.c cp_async.c fiber.c emu.h emu_abi.h emu_internal.h fiber.h emu_cuda.h emu_half.h
+EMU_RUNTIME_FILES := exec.c warp.c cp_async.c fiber.c profile.c emu.h emu_abi.h emu_internal.h fiber.h emu_cuda.h emu_half.h
 install: $(LIB) $(SOLIB) $(TOOLS)
 	mkdir -p $(DEST)/include $(DEST)/lib/pkgconfig $(DEST)/bin $(DEST)/share/kvq/templates $(DEST)/share/kvq/tests/emu
 	cp runtime/include/kvq.h $(DEST)/include/

@@ -45,6 +45,11 @@ const char *cu_nvrtc_version(void);
 kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu_compiled *out, char **diag, char *msg,
                             size_t msg_size);
 
+/* The same with NVRTC's --generate-line-info (SASS -> source lines for kvqc build's cost model; the code is the
+ * same as without it). */
+kvq_status cu_nvrtc_compile_lineinfo(const char *src, const char *arch, int use_cache, cu_compiled *out, char **diag,
+                                     char *msg, size_t msg_size);
+
 /* Parses ptxas -v lines ("Compiling entry function 'X' for 'sm_90'", "N bytes stack frame, ...", "Used N
  * registers, ... N bytes smem") into per-kernel figures. Returns the count, or -1 on allocation failure. */
 int cu_parse_resources(const char *log, cu_kernel_res **out);

@@ -27,10 +27,10 @@ extern char **environ;
 #define EMU_SAN ""
 #endif
 
-static const char *const emu_rt_files[] = {"exec.c", "warp.c", "cp_async.c", "fiber.c"};
+static const char *const emu_rt_files[] = {"exec.c", "warp.c", "cp_async.c", "fiber.c", "profile.c"};
 static const char *const emu_hdr_files[] = {"emu.h",   "emu_abi.h",  "emu_internal.h",
                                             "fiber.h", "emu_cuda.h", "emu_half.h"};
-#define N_RT 4
+#define N_RT 5
 #define N_HDR 6
 
 /* A kernel's attributes as the driver holds them: ptxas's registers and static shared memory, and the dynamic
@@ -352,8 +352,12 @@ static kvq_status emu_load(cu_dev *d, const char *src, const char *scheme, cu_mo
 
     char cmd[1024];
     /* -ffp-contract=off: the policy kernels reproduce the host's separately rounded products (kvq_dmul) */
-    snprintf(cmd, sizeof cmd, "%s -std=c++14 %s -g0 -fPIC -shared -fno-exceptions -fno-rtti -ffp-contract=off%s",
-             e->cxx, e->opt, EMU_SAN);
+    /* $KVQ_EMU_PROFILE (kvqc build's cost model): unoptimised, with line tables, every call and basic block
+     * reported to tests/emu/profile.c, which writes the warp counts to that file when the module is unloaded */
+    const char *prof = getenv("KVQ_EMU_PROFILE");
+    snprintf(cmd, sizeof cmd, "%s -std=c++14 %s -fPIC -shared -fno-exceptions -fno-rtti -ffp-contract=off%s", e->cxx,
+             prof && *prof ? "-O0 -g -finstrument-functions -fsanitize-coverage=trace-pc" : e->opt, EMU_SAN);
+    if (!(prof && *prof)) strncat(cmd, " -g0", sizeof cmd - strlen(cmd) - 1);
     emit_buf kb = {0};
     emit_buf_printf(&kb, "%s\n%s\n%s\n%s\n", EMIT_CUDA_KVQ_VERSION, cmd, objs[0], e->emu_dir);
     emit_buf_put(&kb, src, strlen(src));
@@ -405,7 +409,8 @@ static kvq_status emu_load(cu_dev *d, const char *src, const char *scheme, cu_mo
             return rc < 0 ? KVQ_ERR_UNAVAILABLE : KVQ_ERR_INTERNAL;
         }
         unlink(log);
-        if (!tmpdir) unlink(cu); /* kept only on failure, for the message */
+        /* kept on failure, for the message, and for a profile (the source its line numbers refer to) */
+        if (!tmpdir && !(prof && *prof)) unlink(cu);
     }
     void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
     if (tmpdir) {
@@ -613,7 +618,9 @@ kvq_status cu_emu_open(cu_dev *d, char *msg, size_t n)
     d->ops = &emu_ops;
     d->impl = e;
     snprintf(d->arch, sizeof d->arch, "emu");
-    d->sm_count = 4;
+    /* $KVQ_EMU_SMS: the SM count the plan sizes its split for (kvqc build's cost model: 132, an H100's) */
+    const char *sms = getenv("KVQ_EMU_SMS");
+    d->sm_count = sms && atoi(sms) > 0 && atoi(sms) <= 1024 ? atoi(sms) : 4;
     e->ctx = __atomic_add_fetch(&emu_ctx_ids, 1, __ATOMIC_RELAXED);
     emu_current = e->ctx; /* current on the opening thread, as cu_driver_open's context is */
     return KVQ_OK;

@@ -141,14 +141,19 @@ int cu_parse_resources(const char *log, cu_kernel_res **out)
 
 /* ---- compile ---- */
 
-#define N_OPTS 4
-static void options(const char *arch, char opt_arch[64], const char *opts[N_OPTS])
+#define N_OPTS 5
+/* The options; the count used (4, or 5 with line info). */
+static int options(const char *arch, int lineinfo, char opt_arch[64], const char *opts[N_OPTS])
 {
     snprintf(opt_arch, 64, "--gpu-architecture=%s", arch);
     opts[0] = opt_arch;
     opts[1] = "--std=c++14";
     opts[2] = "--ptxas-options=-v";  /* the resource lines the report and the tests read */
     opts[3] = "--diag-suppress=177"; /* templates define helpers a given plan does not use */
+    /* kvqc build's cost model maps SASS to source lines; -lineinfo adds the tables, not code (the cost model
+     * checks that the instructions equal the shipped cubin's) */
+    opts[4] = "--generate-line-info";
+    return lineinfo ? 5 : 4;
 }
 
 /* The failure text: options, NVRTC log, numbered source. */
@@ -173,8 +178,8 @@ static char *failure_text(const char *src, const char *const *opts, int nopt, co
     return b.s;
 }
 
-kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu_compiled *out, char **diag, char *msg,
-                            size_t n)
+static kvq_status compile(const char *src, const char *arch, int lineinfo, int use_cache, cu_compiled *out,
+                          char **diag, char *msg, size_t n)
 {
     memset(out, 0, sizeof *out);
     if (diag) *diag = NULL;
@@ -182,12 +187,12 @@ kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu
     if (st != KVQ_OK) return st;
     char opt_arch[64];
     const char *opts[N_OPTS];
-    options(arch, opt_arch, opts);
+    const int nopts = options(arch, lineinfo, opt_arch, opts);
 
     /* Cache key (DESIGN §7): source, options, compiler version, target, kvq version. */
     emit_buf kb = {0};
     emit_buf_printf(&kb, "%s\n%s\n%s\n", EMIT_CUDA_KVQ_VERSION, nv.version, arch);
-    for (int i = 0; i < N_OPTS; i++) emit_buf_printf(&kb, "%s\n", opts[i]);
+    for (int i = 0; i < nopts; i++) emit_buf_printf(&kb, "%s\n", opts[i]);
     emit_buf_put(&kb, src, strlen(src));
     if (kb.failed) {
         emit_buf_free(&kb);
@@ -222,7 +227,7 @@ kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu
         snprintf(msg, n, "cuda: nvrtcCreateProgram: %s", nv.error(r));
         return r == 1 ? KVQ_ERR_NOMEM : KVQ_ERR_INTERNAL;
     }
-    r = nv.compile(prog, N_OPTS, opts);
+    r = nv.compile(prog, nopts, opts);
     size_t log_size = 0;
     nv.log_size(prog, &log_size);
     char *log = kvq_malloc(log_size + 1);
@@ -235,7 +240,7 @@ kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu
     if (log_size) nv.log(prog, log);
     log[log_size] = 0;
     if (r != 0) {
-        char *text = failure_text(src, opts, N_OPTS, log);
+        char *text = failure_text(src, opts, nopts, log);
         char path[4200] = "";
         if (text && kvq_cache_dir()[0]) {
             char fkey[80];
@@ -301,4 +306,16 @@ kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu
         kvq_cache_put(key, "cubin", sec, 3);
     }
     return KVQ_OK;
+}
+
+kvq_status cu_nvrtc_compile(const char *src, const char *arch, int use_cache, cu_compiled *out, char **diag, char *msg,
+                            size_t n)
+{
+    return compile(src, arch, 0, use_cache, out, diag, msg, n);
+}
+
+kvq_status cu_nvrtc_compile_lineinfo(const char *src, const char *arch, int use_cache, cu_compiled *out, char **diag,
+                                     char *msg, size_t n)
+{
+    return compile(src, arch, 1, use_cache, out, diag, msg, n);
 }

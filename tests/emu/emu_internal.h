@@ -98,4 +98,7 @@ const char *emu_warp_op_name(int op);
 void emu_cp_reset(struct emu_thr *t);
 void emu_cp_free(struct emu_thr *t);
 
+/* Called after each thread block with its thread count when set (profile.c, a profiled module's counts). */
+extern void (*emu_block_end_hook)(unsigned n_threads);
+
 #endif

@@ -21,6 +21,7 @@
 
 __thread struct emu_thread_pub *emu_self_;
 __thread struct emu_block_pub *emu_blk_;
+void (*emu_block_end_hook)(unsigned n_threads);
 struct emu_run *emu_run_;
 
 static pthread_mutex_t launch_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -357,6 +358,7 @@ static emu_status run_block(struct emu_run *R, unsigned long long b)
         R->st.switches++;
         emu_fiber_switch(&R->main, t->fiber);
     }
+    if (emu_block_end_hook) emu_block_end_hook(R->n); /* profile.c: a profiled module's warp counts */
     R->st.blocks++;
     R->st.threads += R->n;
     R->st.plain_blocks += R->mode == MODE_PLAIN;

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "alloc.h"
+#include "cost.h"
 #include "cpu/cpu_aot.h"
 #include "cuda/cu.h"
 #include "emit_llvm.h"
@@ -42,6 +43,8 @@ typedef struct {
     const char *cpu_name, *cpu_features;
     kvq_dims dims;
     kvq_dtype input;
+    int cost;               /* --cost: the cost model over an emulated decode step (cost.txt) */
+    kvqc_cost_args cost_at; /* its workload */
 } build_args;
 
 static void usage(void)
@@ -50,13 +53,17 @@ static void usage(void)
             "usage: kvqc build FILE [--target cuda|cpu|all] [--scheme NAME] [--arch sm_80,sm_90] [-o DIR]\n"
             "                  [--layers L] [--heads H] [--kv-heads HKV] [--head-dim D] [--input f32|f16|bf16]\n"
             "                  [--no-compile] [--cpu NAME] [--cpu-features STR]\n"
+            "                  [--cost [--cost-batch B] [--cost-tokens T]]\n"
             "  Writes DIR/<scheme>/ (DIR defaults to generated). --target cuda (the default): kernels.cu,\n"
             "  kernels.h, manifest.json, resources.txt, and a cubin plus PTX per architecture (NVRTC).\n"
             "  --target cpu: the cpu backend's object cpu-<cpu>-<key>.o and its line in cpu.json (LLVM), for this\n"
             "  host or for --cpu NAME / --cpu-features STR (LLVM's spellings; --cpu alone: that CPU's own\n"
             "  features). --target all: both. Every scheme of FILE unless --scheme.\n"
             "  Dimensions default to the scheme's `model { }` block, else 32 layers, 32 heads, 8 kv heads,\n"
-            "  head_dim 128; inputs default to f32 (what the runtime's backends pass the kernels).\n");
+            "  head_dim 128; inputs default to f32 (what the runtime's backends pass the kernels).\n"
+            "  --cost: the decode kernels' executed warp-instructions per token and per byte, registers, shared\n"
+            "  memory, CTAs and bytes in flight per SM, from one decode step of B sequences of T tokens (defaults\n"
+            "  1 and 32768) run under the emulator, mapped onto the cubin's SASS by line (cost.txt; slow: minutes).\n");
 }
 
 static int parse_dim(const char *opt, const char *s, int *out)
@@ -77,6 +84,8 @@ static int parse_args(int argc, char **argv, build_args *a)
     memset(a, 0, sizeof *a);
     a->out = "generated";
     a->input = KVQ_F32;
+    a->cost_at.batch = 1;
+    a->cost_at.tokens = 32768;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
@@ -89,6 +98,13 @@ static int parse_args(int argc, char **argv, build_args *a)
             a->out = argv[++i];
         else if (!strcmp(o, "--no-compile"))
             a->no_compile = 1;
+        else if (!strcmp(o, "--cost"))
+            a->cost = 1;
+        else if (!strcmp(o, "--cost-batch") && v) {
+            if (parse_dim(o, argv[++i], &a->cost_at.batch)) return -1;
+        } else if (!strcmp(o, "--cost-tokens") && v) {
+            if (parse_dim(o, argv[++i], &a->cost_at.tokens)) return -1;
+        }
         else if (!strcmp(o, "--target") && v) {
             const char *t = argv[++i];
             a->cpu = !strcmp(t, "cpu") || !strcmp(t, "all");
@@ -239,24 +255,36 @@ static int compile_archs(const build_args *a, const char *dir, const char *src, 
 /* cuobjdump: $KVQ_CUOBJDUMP; the one tools/ensure-sass-tools.sh installs in the build directory, found from
  * kvqc's own place (build/kvqc, or build/san/kvqc beside build/sass-tools) whatever the current directory; or
  * PATH's. */
+static const char *find_sass_tool(const char *tool, const char *env, char *path, size_t size);
 static const char *find_cuobjdump(void)
 {
-    const char *e = getenv("KVQ_CUOBJDUMP");
-    if (e && *e) return access(e, X_OK) == 0 ? e : NULL;
     static char path[PATH_MAX + 32];
+    return find_sass_tool("cuobjdump", "KVQ_CUOBJDUMP", path, sizeof path);
+}
+static const char *find_nvdisasm(void)
+{
+    static char path[PATH_MAX + 32];
+    return find_sass_tool("nvdisasm", "KVQ_NVDISASM", path, sizeof path);
+}
+static const char *find_sass_tool(const char *tool, const char *env, char *path, size_t size)
+{
+    const char *e = getenv(env);
+    if (e && *e) return access(e, X_OK) == 0 ? e : NULL;
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n > 0) {
         self[n] = '\0';
         char *slash = strrchr(self, '/');
         if (slash) *slash = '\0';
-        const char *rel[] = {"sass-tools/cuobjdump", "../sass-tools/cuobjdump"};
+        const char *rel[] = {"sass-tools", "../sass-tools"};
         for (int i = 0; i < 2; i++) {
-            snprintf(path, sizeof path, "%s/%s", self, rel[i]);
+            snprintf(path, size, "%s/%s/%s", self, rel[i], tool);
             if (access(path, X_OK) == 0) return path;
         }
     }
-    return system("command -v cuobjdump >/dev/null 2>&1") == 0 ? "cuobjdump" : NULL;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "command -v %s >/dev/null 2>&1", tool);
+    return system(cmd) == 0 ? tool : NULL;
 }
 
 /* The whole output of `cmd`, NUL-terminated (caller frees), or NULL. */
@@ -426,7 +454,7 @@ static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_comp
     snprintf(dir, sizeof dir, "%s/%s", a->out, kvq_scheme_name(sch));
     int rc = 0;
     emit_cuda_text t;
-    emit_buf json = {0}, report = {0}, count = {0};
+    emit_buf json = {0}, report = {0}, count = {0}, cost = {0};
     if (mkdirs(dir) != 0) {
         fprintf(stderr, "kvqc build: cannot create %s: %s\n", dir, strerror(errno));
         rc = 1;
@@ -449,6 +477,18 @@ static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_comp
                  write_file(dir, "manifest.json", t.manifest, t.manifest_len);
         if (!rc && can_compile) rc = write_file(dir, "resources.txt", report.s, report.len);
         if (!rc && can_compile) rc = count_archs(a, p, dir, t.source, &count) || write_file(dir, "instructions.txt", count.s, count.len);
+        if (!rc && can_compile && a->cost) {
+            const char *nvd = find_nvdisasm();
+            if (!nvd) {
+                fprintf(stderr, "kvqc build: --cost: no nvdisasm (tools/ensure-sass-tools.sh installs it)\n");
+                rc = 1;
+            } else {
+                kvqc_cost_header(&a->cost_at, &cost);
+                for (int i = 0; i < a->n_archs && !rc; i++)
+                    rc = kvqc_cost(&a->cost_at, sch, p, dir, t.source, a->archs[i], nvd, &cost) != 0;
+                if (!rc) rc = write_file(dir, "cost.txt", cost.s, cost.len);
+            }
+        }
         if (!rc) {
             printf("%s: %d layer class%s, %d layers, %d/%d heads, head_dim %d", dir, p->n_classes,
                    p->n_classes == 1 ? "" : "es", p->layers, p->heads, p->kv_heads, p->head_dim);
@@ -457,12 +497,14 @@ static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_comp
             printf("\n");
             if (can_compile) fputs(report.s, stdout);
             if (can_compile) fputs(count.s, stdout);
+            if (cost.s) fputs(cost.s, stdout);
         }
         emit_cuda_text_free(&t);
     }
     emit_buf_free(&json);
     emit_buf_free(&report);
     emit_buf_free(&count);
+    emit_buf_free(&cost);
     kvq_free(p);
     return rc ? 1 : 0;
 }

@@ -1,0 +1,430 @@
+/* kvqc build's cost model (docs/cuda.md, "Cost model"): SASS with line information -> basic blocks -> each
+ * block's executions from the emulator's warp counts of its source locations -> executed warp-instructions. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "sass_cost.h"
+
+typedef struct {
+    int pred;      /* guarded by a predicate other than PT */
+    int branch;    /* BRA to a label (not BRA.DIV: the warp runs converged, the fall-through is taken) */
+    int stop;      /* EXIT, RET or an unconditional BRA: no fall-through unless predicated */
+    int target;    /* label id of a branch */
+    int loc;       /* index into the function's locations, -1 none */
+    char op[32];   /* opcode with modifiers (LDS.128) */
+} ins;
+
+typedef struct {
+    int first, last;
+    int succ[2], n_succ;
+    double count;
+} blk;
+
+typedef struct {
+    ins *in;
+    int n, cap;
+    sass_loc *locs;
+    int n_locs, cap_locs;
+    char (*label)[32];
+    int *label_at; /* instruction index of each label */
+    int n_labels, cap_labels;
+} fn_text;
+
+static int grow(void **p, int *cap, int need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    int nc = *cap ? *cap : 256;
+    while (nc < need) nc *= 2;
+    void *q = kvq_realloc(*p, (size_t)nc * elem);
+    if (!q) return -1;
+    *p = q, *cap = nc;
+    return 0;
+}
+
+static int label_id(fn_text *f, const char *name, size_t len)
+{
+    if (len >= sizeof f->label[0]) len = sizeof f->label[0] - 1;
+    for (int i = 0; i < f->n_labels; i++)
+        if (strlen(f->label[i]) == len && !strncmp(f->label[i], name, len)) return i;
+    int cap = f->cap_labels;
+    if (grow((void **)&f->label, &cap, f->n_labels + 1, sizeof f->label[0])) return -1;
+    cap = f->cap_labels;
+    if (grow((void **)&f->label_at, &cap, f->n_labels + 1, sizeof f->label_at[0])) return -1;
+    f->cap_labels = cap;
+    memcpy(f->label[f->n_labels], name, len);
+    f->label[f->n_labels][len] = '\0';
+    f->label_at[f->n_labels] = -1;
+    return f->n_labels++;
+}
+
+/* "\t//## File "x", line 12 inlined at "x", line 40": the first line number */
+static int comment_line(const char *s)
+{
+    const char *t = strstr(s, ", line ");
+    return t ? atoi(t + 7) : -1;
+}
+
+/* The text of function `fn`: instructions with their locations and the labels. 0 ok, 1 absent, -1 no memory. */
+static int parse(const char *sass, const char *fn, fn_text *f)
+{
+    char head[160];
+    snprintf(head, sizeof head, "\n.text.%s:\n", fn);
+    const char *s = strstr(sass, head);
+    if (!s) return 1;
+    s += strlen(head);
+    sass_loc cur = {{0}, 0};
+    int cur_id = -1, in_group = 0;
+    while (*s) {
+        const char *e = strchr(s, '\n');
+        size_t len = e ? (size_t)(e - s) : strlen(s);
+        char line[512];
+        if (len >= sizeof line) len = sizeof line - 1;
+        memcpy(line, s, len);
+        line[len] = '\0';
+        s = e ? e + 1 : s + len;
+        const char *p = line;
+        while (*p == ' ' || *p == '\t') p++;
+        if (!strncmp(p, ".section", 8) || !strncmp(p, "//----", 6)) break;
+        if (!strncmp(p, "//##", 4)) {
+            if (!in_group) cur.depth = 0, in_group = 1, cur_id = -1;
+            int l = comment_line(p);
+            if (l > 0 && cur.depth < SASS_LOC_DEPTH) cur.line[cur.depth++] = l;
+            continue;
+        }
+        in_group = 0;
+        if (p[0] == '.' && p[len - (size_t)(p - line) - 1] == ':') { /* a label */
+            int id = label_id(f, p, strlen(p) - 1);
+            if (id < 0) return -1;
+            f->label_at[id] = f->n;
+            continue;
+        }
+        if (strncmp(p, "/*", 2)) continue;
+        const char *q = strstr(p, "*/");
+        if (!q) continue;
+        q += 2;
+        while (*q == ' ') q++;
+        if (!*q) continue;
+        ins in;
+        memset(&in, 0, sizeof in);
+        in.target = -1;
+        if (*q == '@') {
+            in.pred = strncmp(q, "@PT ", 4) != 0;
+            while (*q && *q != ' ') q++;
+            while (*q == ' ') q++;
+        }
+        size_t n = strcspn(q, " ;");
+        char op[32];
+        if (n == 0 || n >= sizeof op) continue;
+        memcpy(op, q, n);
+        op[n] = '\0';
+        if (!strcmp(op, "NOP")) continue;
+        snprintf(in.op, sizeof in.op, "%s", op);
+        if (!strcmp(op, "BRA") || (!strncmp(op, "BRA.", 4) && strcmp(op, "BRA.DIV"))) {
+            const char *t = strstr(q, "`(");
+            if (t) {
+                t += 2;
+                int id = label_id(f, t, strcspn(t, ")"));
+                if (id < 0) return -1;
+                in.branch = 1, in.target = id;
+                in.stop = !in.pred;
+            }
+        }
+        if (!strcmp(op, "EXIT") || !strncmp(op, "RET", 3)) in.stop = !in.pred, in.branch = -1;
+        if (cur.depth > 0 && cur_id < 0) { /* one id per distinct chain */
+            for (int i = 0; i < f->n_locs && cur_id < 0; i++)
+                if (f->locs[i].depth == cur.depth && !memcmp(f->locs[i].line, cur.line, sizeof cur.line[0] * cur.depth))
+                    cur_id = i;
+            if (cur_id < 0) {
+                if (grow((void **)&f->locs, &f->cap_locs, f->n_locs + 1, sizeof *f->locs)) return -1;
+                f->locs[f->n_locs] = cur;
+                cur_id = f->n_locs++;
+            }
+        }
+        in.loc = cur_id;
+        if (grow((void **)&f->in, &f->cap, f->n + 1, sizeof *f->in)) return -1;
+        f->in[f->n++] = in;
+    }
+    return 0;
+}
+
+static int same_loc(const sass_loc *a, const sass_loc *b)
+{
+    if (a->depth != b->depth) return 0;
+    for (int i = 0; i < a->depth; i++)
+        if (a->line[i] != b->line[i]) return 0;
+    return 1;
+}
+
+/* Data instructions: one per source operation a copy of an unrolled body repeats (not the loop's own control) */
+static int is_data_op(const char *op)
+{
+    static const char *const d[] = {"FFMA", "FMUL", "FADD", "FMNMX", "HFMA2", "HADD2", "HMUL2", "HMMA", "MUFU",
+                                    "LDS",  "LDG",  "STS",  "STG",   "LDSM",  "F2F",   "FSEL", "FSETP"};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
+        size_t n = strlen(d[i]);
+        if (!strncmp(op, d[i], n) && (op[n] == '\0' || op[n] == '.')) return 1;
+    }
+    return 0;
+}
+
+static const fn_text *sort_f; /* qsort's context (the count runs on one thread) */
+static int by_loc_op(const void *x, const void *y)
+{
+    const ins *a = &sort_f->in[*(const int *)x], *b = &sort_f->in[*(const int *)y];
+    if (a->loc != b->loc) return a->loc < b->loc ? -1 : 1;
+    return strcmp(a->op, b->op);
+}
+
+/* copies[i] for each instruction i of block k: how many copies of its line the block holds (the least count
+ * among the line's data instruction kinds in the block; 1 for a line without data instructions). A line of a
+ * loop body unrolled u times, or of an inner loop unrolled fully, runs once per copy: its count over its copies
+ * is the block's. */
+static void line_copies(const fn_text *f, const blk *bk, int *idx, int *copies)
+{
+    int n = 0;
+    for (int i = bk->first; i <= bk->last; i++) {
+        copies[i] = 1;
+        if (f->in[i].loc >= 0 && is_data_op(f->in[i].op)) idx[n++] = i;
+    }
+    sort_f = f;
+    qsort(idx, (size_t)n, sizeof *idx, by_loc_op);
+    for (int i = 0; i < n;) {
+        int least = 1 << 30, j = i;
+        while (j < n && f->in[idx[j]].loc == f->in[idx[i]].loc) {
+            int k = j;
+            while (k < n && f->in[idx[k]].loc == f->in[idx[j]].loc && !strcmp(f->in[idx[k]].op, f->in[idx[j]].op))
+                k++;
+            if (k - j < least) least = k - j;
+            j = k;
+        }
+        for (int m = bk->first; m <= bk->last; m++)
+            if (f->in[m].loc == f->in[idx[i]].loc) copies[m] = least;
+        i = j;
+    }
+}
+
+/* Per block: whether its innermost natural loop is a `#pragma unroll 1` loop (its branch's line is one: its
+ * lines are not copies), and whether that loop is a remainder copy of an unrolled loop (not rolled, every data
+ * line of its own blocks held with more copies by a block outside it: the trips are counted in the unrolled
+ * copy; off by less than u - 1 trips an entry). 0, -1 out of memory. */
+static int loop_facts(const fn_text *f, const blk *b, int nb, const sass_profile *prof, const int *copies,
+                      char *rolled, char *remainder)
+{
+    int rc = -1, n_loops = 0, cap = 0;
+    for (int p = 0; p < nb; p++)
+        for (int e = 0; e < b[p].n_succ; e++) cap += b[p].succ[e] <= p;
+    if (cap == 0) return 0;
+    char *in = kvq_calloc((size_t)cap * nb, 1);
+    int *size = kvq_calloc((size_t)cap, sizeof *size), *stack = kvq_calloc((size_t)nb, sizeof *stack);
+    int *inner = kvq_calloc((size_t)nb, sizeof *inner);
+    if (!in || !size || !stack || !inner) goto out;
+    for (int p = 0; p < nb; p++)
+        for (int e = 0; e < b[p].n_succ; e++) {
+            int h = b[p].succ[e];
+            if (h > p) continue;
+            char *L = in + (size_t)n_loops * nb;
+            int sp = 0, n = 1;
+            L[h] = 1;
+            if (!L[p]) L[p] = 1, stack[sp++] = p, n++;
+            while (sp) {
+                int x = stack[--sp];
+                for (int q = h; q < nb; q++)
+                    for (int g = 0; g < b[q].n_succ; g++)
+                        if (b[q].succ[g] == x && !L[q]) L[q] = 1, stack[sp++] = q, n++;
+            }
+            size[n_loops++] = n;
+        }
+    for (int k = 0; k < nb; k++) { /* the innermost loop of each block */
+        inner[k] = -1;
+        for (int l = 0; l < n_loops; l++)
+            if (in[(size_t)l * nb + k] && (inner[k] < 0 || size[l] < size[inner[k]])) inner[k] = l;
+    }
+    for (int l = 0; l < n_loops; l++) {
+        int is_rolled = 0, all_elsewhere = 1, data = 0, multi = 0;
+        for (int k = 0; k < nb; k++) {
+            if (inner[k] != l) continue;
+            for (int i = b[k].first; i <= b[k].last; i++) {
+                const int lc = f->in[i].loc, line = lc >= 0 ? f->locs[lc].line[0] : 0;
+                is_rolled |= f->in[i].branch > 0 && prof->rolled && line > 0 && line < prof->n_lines &&
+                             prof->rolled[line];
+                if (lc < 0 || !is_data_op(f->in[i].op)) continue;
+                data = 1;
+                multi |= copies[i] > 1;
+                int found = 0;
+                for (int k2 = 0; k2 < nb && !found; k2++)
+                    if (!in[(size_t)l * nb + k2])
+                        for (int j = b[k2].first; j <= b[k2].last && !found; j++)
+                            found = f->in[j].loc == lc && copies[j] > 1;
+                all_elsewhere &= found;
+            }
+        }
+        for (int k = 0; k < nb; k++)
+            if (inner[k] == l) rolled[k] = (char)is_rolled, remainder[k] = !is_rolled && data && !multi && all_elsewhere;
+    }
+    rc = 0;
+out:
+    kvq_free(in);
+    kvq_free(size);
+    kvq_free(stack);
+    kvq_free(inner);
+    return rc;
+}
+
+int sass_cost_function(const char *sass, const char *fn, const sass_profile *prof, sass_cost *out)
+{
+    memset(out, 0, sizeof *out);
+    fn_text f;
+    memset(&f, 0, sizeof f);
+    int rc = parse(sass, fn, &f);
+    blk *b = NULL;
+    char *leader = NULL, *reach = NULL;
+    double *loc_count = NULL;
+    int *stack = NULL;
+    if (rc != 0 || f.n == 0) {
+        rc = rc ? rc : 1;
+        goto done;
+    }
+    rc = -1;
+    leader = kvq_calloc((size_t)f.n + 1, 1);
+    b = kvq_calloc((size_t)f.n, sizeof *b);
+    loc_count = kvq_calloc((size_t)f.n_locs + 1, sizeof *loc_count);
+    reach = kvq_calloc((size_t)f.n, 1);
+    stack = kvq_calloc((size_t)f.n, sizeof *stack);
+    if (!leader || !b || !loc_count || !reach || !stack) goto done;
+    /* each location's count; -1 when the profile does not hold it (never run, as far as the profile knows) */
+    for (int i = 0; i < f.n_locs; i++) {
+        loc_count[i] = -1.0;
+        for (int j = 0; j < prof->n; j++)
+            if (same_loc(&f.locs[i], &prof->loc[j])) {
+                loc_count[i] = prof->count[j];
+                break;
+            }
+    }
+    /* basic blocks: the entry, labels, and what follows a branch or an exit */
+    leader[0] = 1;
+    for (int i = 0; i < f.n_labels; i++)
+        if (f.label_at[i] >= 0 && f.label_at[i] < f.n) leader[f.label_at[i]] = 1;
+    for (int i = 0; i < f.n; i++)
+        if (f.in[i].branch) leader[i + 1] = 1;
+    int nb = 0;
+    int *blk_of = stack; /* reused below as the reachability stack after this */
+    for (int i = 0; i < f.n; i++) {
+        if (leader[i]) b[nb++].first = i;
+        b[nb - 1].last = i;
+        blk_of[i] = nb - 1;
+    }
+    for (int k = 0; k < nb; k++) {
+        const ins *t = &f.in[b[k].last];
+        if (t->branch > 0 && t->target >= 0 && f.label_at[t->target] >= 0 && f.label_at[t->target] < f.n)
+            b[k].succ[b[k].n_succ++] = blk_of[f.label_at[t->target]];
+        if (!t->stop && k + 1 < nb) b[k].succ[b[k].n_succ++] = k + 1;
+    }
+    /* reachable from the entry (a BRA.DIV slow path is not) */
+    int sp = 0;
+    reach[0] = 1;
+    stack[sp++] = 0;
+    while (sp) {
+        int x = stack[--sp];
+        for (int e = 0; e < b[x].n_succ; e++)
+            if (!reach[b[x].succ[e]]) reach[b[x].succ[e]] = 1, stack[sp++] = b[x].succ[e];
+    }
+    /* first estimate: the least count among the lines of the block's unpredicated instructions and branches,
+     * each over its copies in the block (not in a `#pragma unroll 1` loop's blocks: their lines are not copies) */
+    const double unknown = 1e300;
+    double *first_est = kvq_calloc((size_t)nb, sizeof *first_est);
+    int *copies = kvq_calloc((size_t)f.n, sizeof *copies), *idx = kvq_calloc((size_t)f.n, sizeof *idx);
+    char *rolled = kvq_calloc((size_t)nb, 1), *remainder = kvq_calloc((size_t)nb, 1);
+    int facts = -1;
+    if (first_est && copies && idx && rolled && remainder) {
+        for (int k = 0; k < nb; k++) line_copies(&f, &b[k], idx, copies);
+        facts = loop_facts(&f, b, nb, prof, copies, rolled, remainder);
+    }
+    if (facts != 0) {
+        kvq_free(first_est), kvq_free(copies), kvq_free(idx), kvq_free(rolled), kvq_free(remainder);
+        goto done;
+    }
+    for (int k = 0; k < nb; k++) {
+        double c = unknown;
+        int seen = 0, never = 0;
+        for (int i = b[k].first; i <= b[k].last; i++) {
+            if (f.in[i].loc < 0) continue;
+            double lc = loc_count[f.in[i].loc];
+            if (f.in[i].pred && !f.in[i].branch) continue; /* its line may run less often than the block */
+            /* a line the profile does not hold: the emulator counts a basic block under its first line, and
+             * code it never ran has no count either. A block none of whose lines ran, one of them the first
+             * line of an emulated basic block, never ran; otherwise such lines say nothing (the GPU compiler
+             * may compute a condition's branch without branching: its line then shares a block with others) */
+            if (lc < 0) {
+                const int l = f.locs[f.in[i].loc].line[0];
+                if (!(prof->bb_line && l > 0 && l < prof->n_lines && prof->bb_line[l])) continue;
+                if (prof->bb_line[l] == 1) { /* a plain statement (no condition) that never ran */
+                    never = 1;
+                    continue;
+                }
+                lc = 0.0; /* 2: a line that starts a block and has no condition of its own: it never ran */
+            }
+            seen = 1;
+            if (!rolled[k]) lc /= copies[i];
+            if (lc < c) c = lc;
+        }
+        b[k].count = !reach[k] || remainder[k] ? 0.0 : seen ? c : never ? 0.0 : unknown;
+        first_est[k] = b[k].count;
+    }
+    kvq_free(copies), kvq_free(idx), kvq_free(rolled), kvq_free(remainder);
+    /* the flow: a block runs at most as often as its predecessors together and its successors together */
+    for (int it = 0, changed = 1; changed && it < 4 * nb; it++) {
+        changed = 0;
+        for (int k = 0; k < nb; k++) {
+            if (!reach[k]) continue;
+            if (k > 0) {
+                double in = 0.0;
+                for (int p = 0; p < nb; p++)
+                    for (int e = 0; e < b[p].n_succ; e++)
+                        if (b[p].succ[e] == k) in += b[p].count;
+                if (in < b[k].count) b[k].count = in, changed = 1;
+            }
+            if (b[k].n_succ) {
+                double o = 0.0;
+                for (int e = 0; e < b[k].n_succ; e++) o += b[b[k].succ[e]].count;
+                if (o < b[k].count) b[k].count = o, changed = 1;
+            }
+        }
+    }
+    const char *dbg = getenv("KVQ_COST_DEBUG");
+    for (int k = 0; k < nb; k++) {
+        int n = b[k].last - b[k].first + 1;
+        if (dbg && !strcmp(dbg, fn)) {
+            fprintf(stderr, "block %d ins %d..%d n %d reach %d count %.0f est %.0f", k, b[k].first, b[k].last, n,
+                    reach[k], b[k].count, first_est[k]);
+            for (int i = b[k].first; i <= b[k].last; i++)
+                if (f.in[i].loc >= 0 && (i == b[k].first || f.in[i].loc != f.in[i - 1].loc))
+                    fprintf(stderr, " [%d:%.0f%s]", f.locs[f.in[i].loc].line[0], loc_count[f.in[i].loc],
+                            f.in[i].pred ? "p" : "");
+            fprintf(stderr, "\n");
+        }
+        out->instructions += n;
+        if (b[k].count >= unknown) {
+            out->blocks_unknown++;
+            out->instr_unknown += n;
+            continue;
+        }
+        out->executed += b[k].count * n;
+        out->blocks_run += b[k].count > 0;
+    }
+    out->blocks = nb;
+    kvq_free(first_est);
+    rc = 0;
+done:
+    kvq_free(f.in);
+    kvq_free(f.locs);
+    kvq_free(f.label);
+    kvq_free(f.label_at);
+    kvq_free(leader);
+    kvq_free(b);
+    kvq_free(loc_count);
+    kvq_free(reach);
+    kvq_free(stack);
+    return rc;
+}

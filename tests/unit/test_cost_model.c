@@ -1,0 +1,151 @@
+/* kvqc build --cost (docs/cuda.md, "Cost model") against the runtime: the tiles the model counted (its profile
+ * of a real decode step under the emulator) must be the tiles the runtime produces for that step -- the list
+ * cu_qlayer_tiles builds from the layer after the same step on the emu backend, split for the same SM count --
+ * in number per (sequence, kv head) and in mean tokens. A model that assumed the plan's tile (128 tokens) where
+ * the runtime cuts KIVI pages into tiles of 32 fails here. Also: the row parses, per_byte = per_token / bytes,
+ * and the executed total is that of a real run (more than the tiles' tokens). Skips without libnvrtc, nvdisasm,
+ * addr2line or objdump. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cuda/cu.h"
+#include "cuda/cu_backend.h"
+#include "harness.h"
+#include "kvq.h"
+#include "rt_internal.h"
+
+#define TOKENS 300
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = calloc(1, 1 << 16);
+    size_t n = buf ? fread(buf, 1, (1 << 16) - 1, f) : 0;
+    if (buf) buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* The runtime's tiles for the step kvqc's cost model runs (tools/kvqc/cost.c, run_step): 32 layers, 32 / 8
+ * heads, head_dim 128, fp32, one sequence of TOKENS prefilled tokens, one decode step of layer 0. */
+static int runtime_tiles(const char *spec, int *n_tiles, int *tokens)
+{
+    kvq_spec *sp = NULL;
+    if (kvq_spec_parse_file(spec, &sp) != KVQ_OK) return -1;
+    kvq_engine_config cfg;
+    kvq_engine_config_init(&cfg);
+    cfg.backend = KVQ_BACKEND_EMU;
+    cfg.dtype = KVQ_F32;
+    cfg.dims.layers = 32, cfg.dims.heads = 32, cfg.dims.kv_heads = 8, cfg.dims.head_dim = 128;
+    kvq_engine *e = NULL;
+    kvq_seq *s = NULL;
+    char err[512];
+    int rc = -1;
+    const size_t nkv = (size_t)8 * TOKENS * 128, nq = (size_t)32 * TOKENS * 128;
+    float *k = calloc(nkv, sizeof *k), *v = calloc(nkv, sizeof *v), *q = calloc(nq, sizeof *q);
+    float *out = calloc(32 * 128, sizeof *out);
+    if (!k || !v || !q || !out) goto done;
+    for (size_t i = 0; i < nkv; i++) k[i] = (float)((i * 7919) % 1000) / 500.0f - 1.0f, v[i] = -k[i];
+    if (kvq_engine_create(kvq_spec_scheme_at(sp, 0), &cfg, &e, err, sizeof err) != KVQ_OK) {
+        printf("note: %s\n", err);
+        goto done;
+    }
+    if (kvq_seq_create(e, &s) != KVQ_OK) goto done;
+    kvq_prefill_item pi = {s, TOKENS, k, v, q};
+    if (kvq_prefill(e, 0, &pi, 1) != KVQ_OK) goto done;
+    kvq_decode_item di = {s, k, v, q, out};
+    if (kvq_decode(e, 0, &di, 1) != KVQ_OK) goto done;
+    const cu_layer *L = s->bseq->layers[0];
+    int nt = 0;
+    if (L->sparse) goto done;
+    cu_qlayer_tiles(e->ctx, &L->q, &nt);
+    int toks = 0;
+    for (int i = 0; i < nt; i++) toks += e->ctx->htiles[i].n;
+    *n_tiles = nt, *tokens = toks;
+    rc = 0;
+done:
+    if (rc) printf("note: %s\n", e ? kvq_engine_errmsg(e) : "no engine");
+    kvq_engine_free(e);
+    kvq_spec_free(sp);
+    free(k), free(v), free(q), free(out);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    char kvqc[PATH_MAX], why[512], *slash;
+    if (!realpath(argv[0], kvqc)) snprintf(kvqc, sizeof kvqc, "%s", argv[0]);
+    for (int i = 0; i < 2; i++)
+        if ((slash = strrchr(kvqc, '/'))) *slash = '\0';
+    strncat(kvqc, "/kvqc", sizeof kvqc - strlen(kvqc) - 1);
+    if (chdir(th_srcdir()) != 0 || access(kvqc, X_OK) != 0) {
+        printf("FAIL cost model: no kvqc at %s or no source directory\n", kvqc);
+        return 1;
+    }
+    const char *tool = getenv("KVQ_NVDISASM");
+    int have = tool && *tool ? access(tool, X_OK) == 0 : access("build/sass-tools/nvdisasm", X_OK) == 0;
+    if (cu_nvrtc_load(why, sizeof why) != KVQ_OK) {
+        printf("SKIP cost model: %s\n", why);
+        return th_summary();
+    }
+    if (!have || system("command -v addr2line >/dev/null 2>&1 && command -v objdump >/dev/null 2>&1") != 0) {
+        printf("SKIP cost model: no nvdisasm (tools/ensure-sass-tools.sh) or no binutils\n");
+        return th_summary();
+    }
+    const char *specs[] = {"specs/kivi2.kvq", "specs/fp16.kvq"};
+    const char *names[] = {"kivi2", "fp16"};
+    for (int si = 0; si < 2; si++) {
+        th_begin("cost model, %s: the tiles it counted are the runtime's (%d tokens + 1)", names[si], TOKENS);
+        char dir[] = "/tmp/kvq_test_cost_XXXXXX", cmd[2 * PATH_MAX], path[PATH_MAX];
+        TH_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+        snprintf(cmd, sizeof cmd, "'%s' build %s --arch sm_90 -o %s --cost --cost-tokens %d >/dev/null 2>%s/err",
+                 kvqc, specs[si], dir, TOKENS, dir);
+        int st = system(cmd);
+        snprintf(path, sizeof path, "%s/err", dir);
+        char *err = slurp(path);
+        TH_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvqc build --cost failed (%d): %.300s", st, err ? err : "");
+        free(err);
+        snprintf(path, sizeof path, "%s/%s/cost.txt", dir, names[si]);
+        char *txt = slurp(path);
+        TH_CHECK(txt != NULL, "no %s", path);
+        int rows = 0;
+        double tiles = 0, tile_tok = 0, per_tok = 0, bytes = 0, per_byte = 0, executed = 0;
+        for (char *l = txt ? strtok(txt, "\n") : NULL; l; l = strtok(NULL, "\n")) {
+            if (l[0] == '#' || !strncmp(l, "kernel", 6)) continue;
+            char fn[64], arch[16];
+            int batch, tokens, regs, smem, ctas;
+            double inflight, merge;
+            int n = sscanf(l, "%63s %15s %d %d %lf %lf %lf %d %d %d %lf %lf %lf %lf %lf", fn, arch, &batch, &tokens,
+                           &per_tok, &bytes, &per_byte, &regs, &smem, &ctas, &inflight, &tiles, &tile_tok, &merge,
+                           &executed);
+            TH_CHECK(n == 15, "row does not parse: %s", l);
+            if (n != 15) continue;
+            rows++;
+            TH_CHECK(batch == 1 && tokens == TOKENS && regs > 0 && ctas > 0 && inflight > 0, "row %s", l);
+            TH_CHECK(per_byte > 0 && per_byte - per_tok / bytes < 1e-3 && per_tok / bytes - per_byte < 1e-3,
+                     "per_byte %.3f", per_byte);
+        }
+        TH_CHECK(rows == 1, "%d rows", rows);
+        free(txt);
+        int nt = 0, toks = 0;
+        setenv("KVQ_EMU_SMS", "132", 1);
+        TH_CHECK(runtime_tiles(specs[si], &nt, &toks) == 0, "the runtime's step failed");
+        unsetenv("KVQ_EMU_SMS");
+        TH_CHECK(toks == TOKENS + 1, "the runtime's tiles hold %d tokens", toks);
+        TH_CHECK(nt > 0 && tiles > nt - 0.05 && tiles < nt + 0.05, "model: %.2f tiles, runtime: %d", tiles, nt);
+        TH_CHECK(tile_tok > (double)toks / nt - 0.1 && tile_tok < (double)toks / nt + 0.1,
+                 "model: %.1f tokens a tile, runtime: %.1f", tile_tok, (double)toks / nt);
+        /* every token's q.K and p.V is at least one warp-instruction of some warp: a real run, not a plan */
+        TH_CHECK(executed > 8.0 * (TOKENS + 1), "executed %.0f", executed);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+        th_end();
+    }
+    return th_summary();
+}

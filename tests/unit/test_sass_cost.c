@@ -1,0 +1,77 @@
+/* kvqc build --cost's SASS side (compiler/sass_cost.c; docs/cuda.md, "Cost model"): basic blocks of hand-written
+ * nvdisasm -gi text, each counted from the profile's warp counts of its lines (with their inlining), loops by
+ * their real trip counts, code one warp runs charged once, unreachable code and copies bounded by the flow. */
+#include <string.h>
+
+#include "harness.h"
+#include "sass_cost.h"
+
+#define I(a, text) "        /*" a "*/                   " text " ;\n"
+#define F(l) "\t//## File \"k.cu\", line " #l "\n"
+#define FI(l, at) "\t//## File \"k.cu\", line " #l " inlined at \"k.cu\", line " #at "\n"
+
+/* entry (line 10); a loop of lines 20-21 inlined at 12; a store only warp 0 makes (line 31, branched around);
+ * the exit; the trailing self-branch nothing reaches */
+static const char sass[] = "//--------------------- .text.k --------------------------\n"
+                           "\t.section\t.text.k,\"ax\",@progbits\n"
+                           ".text.k:\n" F(10) I("0000", "MOV R1, c[0x0][0x28]") I("0010", "MOV R2, RZ")
+                           ".L_x_1:\n" FI(20, 12) F(12) I("0020", "FFMA R3, R3, R3, R3") I("0030", "FFMA R3, R3, R3, R3")
+                           FI(21, 12) F(12) I("0040", "ISETP.GE.AND P0, PT, R2, R4, PT") I("0050", "@!P0 BRA `(.L_x_1)")
+                           F(30) I("0060", "@P1 BRA `(.L_x_2)") F(31) I("0070", "STG.E [R4.64], R3")
+                           ".L_x_2:\n" F(40) I("0080", "EXIT")
+                           ".L_x_3:\n" I("0090", "BRA `(.L_x_3)")
+                           "\t.section\t.text.other,\"ax\",@progbits\n";
+
+int main(void)
+{
+    /* 4 warps; the loop runs 10 times in each; one warp stores */
+    sass_loc loc[6] = {{{10}, 1}, {{20, 12}, 2}, {{21, 12}, 2}, {{30}, 1}, {{31}, 1}, {{40}, 1}};
+    double count[6] = {4, 40, 40, 4, 1, 4};
+    unsigned char rolled[64] = {0};
+    rolled[21] = 1; /* the loop's branch line is a `#pragma unroll 1` loop: two FFMAs an iteration */
+    sass_profile prof = {loc, count, 6, NULL, 64, rolled};
+    sass_cost c;
+
+    th_begin("sass cost: each block's count times its instructions");
+    TH_CHECK(sass_cost_function(sass, "k", &prof, &c) == 0, "function not found");
+    /* 2 x 4 + 4 x 40 (the loop, all its trips) + 1 x 4 + 1 x 1 (the store: one warp) + 1 x 4; the self-branch 0 */
+    TH_CHECK(c.executed == 177.0, "executed %.1f, expected 177", c.executed);
+    TH_CHECK(c.instructions == 10 && c.blocks == 6 && c.blocks_run == 5, "instructions %d blocks %d run %d",
+             c.instructions, c.blocks, c.blocks_run);
+    th_end();
+
+    th_begin("sass cost: a loop's count is its trips, not its lines' (the inline chain must match)");
+    sass_loc other[6];
+    memcpy(other, loc, sizeof other);
+    other[1].line[1] = 13, other[2].line[1] = 13; /* the loop's lines reached through another call */
+    sass_profile p2 = {other, count, 6, NULL, 64, rolled};
+    TH_CHECK(sass_cost_function(sass, "k", &p2, &c) == 0, "function not found");
+    /* the loop block has no known line: bounded by the flow (entry 4 + itself) -- not 40 */
+    TH_CHECK(c.executed != 177.0, "an unmatched chain counted as matched");
+    th_end();
+
+    th_begin("sass cost: a line that starts an emulated block and is absent never ran");
+    double c3[6] = {4, 40, 40, 4, 0, 4};
+    sass_loc l3[5] = {{{10}, 1}, {{20, 12}, 2}, {{21, 12}, 2}, {{30}, 1}, {{40}, 1}};
+    double k3[5] = {4, 40, 40, 4, 4};
+    unsigned char bb[64] = {0};
+    bb[31] = 1;
+    sass_profile p3 = {l3, k3, 5, bb, 64, rolled};
+    (void)c3;
+    TH_CHECK(sass_cost_function(sass, "k", &p3, &c) == 0, "function not found");
+    TH_CHECK(c.executed == 176.0, "executed %.1f, expected 176 (the store never ran)", c.executed);
+    th_end();
+
+    th_begin("sass cost: a loop the compiler unrolled runs once per copy set, not once per source trip");
+    /* not `#pragma unroll 1`: line 20's two FFMAs are two copies of one source iteration, so the 40 trips the
+     * profile counts are 20 SASS iterations */
+    sass_profile p4 = {loc, count, 6, NULL, 0, NULL};
+    TH_CHECK(sass_cost_function(sass, "k", &p4, &c) == 0, "function not found");
+    TH_CHECK(c.executed == 97.0, "executed %.1f, expected 97 (8 + 4 x 20 + 4 + 1 + 4)", c.executed);
+    th_end();
+
+    th_begin("sass cost: a function not in the text");
+    TH_CHECK(sass_cost_function(sass, "nope", &prof, &c) == 1, "found a missing function");
+    th_end();
+    return th_summary();
+}
