@@ -172,8 +172,8 @@ static void test_window_rules(void)
     th_begin("layout: KIVI and OTT window rules split a prefill as the papers do");
     kvq_quant_cfg q;
     memset(&q, 0, sizeof q);
-    q.key = (kvq_tensor_cfg){2, KVQ_GRAN_CHANNEL, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
-    q.value = (kvq_tensor_cfg){2, KVQ_GRAN_TOKEN, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+    q.key = (kvq_tensor_cfg){.bits = 2, .gran = KVQ_GRAN_CHANNEL, .group = 32, .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
+    q.value = (kvq_tensor_cfg){.bits = 2, .gran = KVQ_GRAN_TOKEN, .group = 32, .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
     q.residual = 128;
     kvq_window_rule rk, rv;
     kvq_window_rule_of(&q, 0, &rk);
