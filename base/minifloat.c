@@ -93,3 +93,21 @@ float kvq_f32_from_e8m0(uint8_t c)
     if (c == 0xff) return NAN;
     return ldexpf(1.0f, (int)c - 127);
 }
+
+void kvq_minifloat_encode_n(kvq_minifloat which, const float *x, size_t n, uint8_t *out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = which == KVQ_MF_E4M3   ? kvq_e4m3_from_f32(x[i])
+                 : which == KVQ_MF_E5M2 ? kvq_e5m2_from_f32(x[i])
+                 : which == KVQ_MF_E2M1 ? kvq_e2m1_from_f32(x[i])
+                                        : kvq_e8m0_from_f32(x[i]);
+}
+
+void kvq_minifloat_decode_n(kvq_minifloat which, const uint8_t *c, size_t n, float *out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = which == KVQ_MF_E4M3   ? kvq_f32_from_e4m3(c[i])
+                 : which == KVQ_MF_E5M2 ? kvq_f32_from_e5m2(c[i])
+                 : which == KVQ_MF_E2M1 ? kvq_f32_from_e2m1(c[i])
+                                        : kvq_f32_from_e8m0(c[i]);
+}

@@ -21,6 +21,7 @@
 #ifndef KVQ_MINIFLOAT_H
 #define KVQ_MINIFLOAT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define KVQ_E4M3_MAX 448.0f
@@ -36,5 +37,11 @@ float kvq_f32_from_e4m3(uint8_t c);
 float kvq_f32_from_e5m2(uint8_t c);
 float kvq_f32_from_e2m1(uint8_t c); /* low 4 bits */
 float kvq_f32_from_e8m0(uint8_t c);
+
+
+/* Whole arrays, by format (the Python package's tests compare them with ml_dtypes). */
+typedef enum { KVQ_MF_E4M3 = 0, KVQ_MF_E5M2 = 1, KVQ_MF_E2M1 = 2, KVQ_MF_E8M0 = 3 } kvq_minifloat;
+void kvq_minifloat_encode_n(kvq_minifloat which, const float *x, size_t n, uint8_t *out);
+void kvq_minifloat_decode_n(kvq_minifloat which, const uint8_t *c, size_t n, float *out);
 
 #endif
