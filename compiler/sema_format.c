@@ -53,7 +53,8 @@ void sema_h_format(sema_state *S, const ast_stmt *st, const sema_ctx *c, const s
         if (best)
             ERR(a->loc, "unknown format '%s'; did you mean '%s'?", sema_q(b, sizeof b, a->text), best);
         else
-            ERR(a->loc, "format must be int, q8_0, q4_0, q4_1, q5_0, q5_1, e4m3, e5m2, nvfp4, mxfp4 or codebook, not '%s'",
+            ERR(a->loc,
+                "format must be int, q8_0, q4_0, q4_1, q5_0, q5_1, e4m3, e5m2, nvfp4, mxfp4 or codebook, not '%s'",
                 sema_q(b, sizeof b, a->text));
         return;
     }
@@ -81,7 +82,8 @@ void sema_h_format(sema_state *S, const ast_stmt *st, const sema_ctx *c, const s
         }
         if (m->kind == AST_IDENT && !strcmp(m->text, "normal")) {
             if (st->n_args > 2) {
-                ERR(nth(st, 2)->loc, "unexpected '%s' (usage: format codebook normal)", sema_q(b, sizeof b, nth(st, 2)->text));
+                ERR(nth(st, 2)->loc, "unexpected '%s' (usage: format codebook normal)",
+                    sema_q(b, sizeof b, nth(st, 2)->text));
                 return;
             }
             f.codebook_normal = 1;
@@ -189,6 +191,8 @@ void sema_check_format(sema_state *S, const sema_scheme *s, const sema_lcfg *t, 
                    "format %s stores no zero point (it is symmetric), so 'zero' does not apply to the %s", fn, name);
     if (!kvq_format_has_tensor_scale(k) && t->p[F + T_TSCALE].owner >= 0 && (b = BLAME(&t->p[F + T_TSCALE], pf)))
         sema_error(S, b->src, sema_prov_loc(b), "tensor_scale applies to formats e4m3, e5m2 and nvfp4, not %s", fn);
+    if (k != KVQ_FMT_INT && x->group == KVQ_GROUP_HIDDEN && (b = BLAME(&t->p[F + T_GROUP], pf)))
+        sema_error(S, b->src, sema_prov_loc(b), "group hidden needs format int, not %s", fn);
     if (k != KVQ_FMT_INT && x->channel_separable && (b = BLAME(&t->p[F + T_CS], pf)))
         sema_error(S, b->src, sema_prov_loc(b), "channel_separable needs format int, not %s", fn);
     if (k != KVQ_FMT_INT && t->c.quant.saliency.metric != KVQ_SAL_NONE && (b = BLAME(pf, &t->p[F_SAL_METRIC])))

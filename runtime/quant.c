@@ -316,20 +316,11 @@ kvq_qparams kvq_format_quantize_group(const kvq_format_cfg *f, int bits, kvq_par
     kvq_qparams p = {1.0f, 0.0f};
     switch (f->kind) {
     case KVQ_FMT_INT: return kvq_quantize_group(x, n, stride, bits, scale_dt, zero_dt, codes);
-    case KVQ_FMT_INT_SYM: {
-        int half = 1 << (bits - 1), lh = half - 1;
-        float amax = absmax_of(x, n, stride);
-        p.scale = amax > 0.0f ? kvq_param_round_up(amax / (float)lh, scale_dt) : 0.0f;
-        if (scale_dt == KVQ_DT_FP16 && p.scale > KVQ_PARAM_F16_MAX) p.scale = KVQ_PARAM_F16_MAX;
-        for (size_t i = 0; i < n; i++) {
-            float v = p.scale > 0.0f ? __builtin_rintf(x[i * stride] / p.scale) : 0.0f;
-            if (!(v == v)) v = 0.0f;
-            if (v > (float)lh) v = (float)lh;
-            if (v < (float)-lh) v = (float)-lh;
-            codes[i] = (uint8_t)((int)v + half);
-        }
+    case KVQ_FMT_INT_SYM:
+    case KVQ_FMT_CODEBOOK:
+        p = kvq_format_fit(f, bits, scale_dt, zero_dt, x, n, stride);
+        for (size_t i = 0; i < n; i++) codes[i] = kvq_format_code(f, bits, x[i * stride], p, tscale);
         return p;
-    }
     case KVQ_FMT_Q8_0: {
         float d = absmax_of(x, n, stride) / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -372,21 +363,61 @@ kvq_qparams kvq_format_quantize_group(const kvq_format_cfg *f, int bits, kvq_par
         for (size_t i = 0; i < n; i++) codes[i] = step > 0.0f ? kvq_e2m1_from_f32(x[i * stride] / step) : 0;
         return p;
     }
-    default: { /* codebook */
-        const float *lv = f->levels;
-        int nl = f->n_levels;
+    default: return p;
+    }
+}
+
+int kvq_format_elementwise(kvq_format_kind k)
+{
+    return k == KVQ_FMT_INT || k == KVQ_FMT_INT_SYM || k == KVQ_FMT_CODEBOOK || k == KVQ_FMT_E4M3 ||
+           k == KVQ_FMT_E5M2;
+}
+
+kvq_qparams kvq_format_fit(const kvq_format_cfg *f, int bits, kvq_param_dtype scale_dt, kvq_param_dtype zero_dt,
+                           const float *x, size_t n, size_t stride)
+{
+    kvq_qparams p = {1.0f, 0.0f};
+    if (f->kind == KVQ_FMT_INT) {
+        float mn = x[0], mx = x[0];
+        for (size_t i = 1; i < n; i++) {
+            float v = x[i * stride];
+            if (v < mn) mn = v;
+            if (v > mx) mx = v;
+        }
+        return kvq_qparams_fit(mn, mx, bits, scale_dt, zero_dt);
+    }
+    if (f->kind == KVQ_FMT_INT_SYM) {
+        float amax = absmax_of(x, n, stride);
+        p.scale = amax > 0.0f ? kvq_param_round_up(amax / (float)((1 << (bits - 1)) - 1), scale_dt) : 0.0f;
+    } else if (f->kind == KVQ_FMT_CODEBOOK) {
         if (f->codebook_normal) {
             double ss = 0;
             for (size_t i = 0; i < n; i++) ss += (double)x[i * stride] * (double)x[i * stride];
             p.scale = kvq_param_round((float)sqrt(ss / (double)n), scale_dt);
         } else {
-            float top = fmaxf(fabsf(lv[0]), fabsf(lv[nl - 1]));
+            float top = fmaxf(fabsf(f->levels[0]), fabsf(f->levels[f->n_levels - 1]));
             p.scale = kvq_param_round_up(absmax_of(x, n, stride) / top, scale_dt);
         }
-        if (scale_dt == KVQ_DT_FP16 && p.scale > KVQ_PARAM_F16_MAX) p.scale = KVQ_PARAM_F16_MAX;
-        for (size_t i = 0; i < n; i++)
-            codes[i] = nearest_level(p.scale > 0.0f ? x[i * stride] / p.scale : 0.0f, lv, nl);
-        return p;
     }
+    if (scale_dt == KVQ_DT_FP16 && p.scale > KVQ_PARAM_F16_MAX) p.scale = KVQ_PARAM_F16_MAX;
+    return p;
+}
+
+uint8_t kvq_format_code(const kvq_format_cfg *f, int bits, float x, kvq_qparams p, float tscale)
+{
+    switch (f->kind) {
+    case KVQ_FMT_INT: return (uint8_t)kvq_quant_code(x, p, bits);
+    case KVQ_FMT_INT_SYM: {
+        int half = 1 << (bits - 1), lh = half - 1;
+        float v = p.scale > 0.0f ? __builtin_rintf(x / p.scale) : 0.0f;
+        if (!(v == v)) v = 0.0f;
+        if (v > (float)lh) v = (float)lh;
+        if (v < (float)-lh) v = (float)-lh;
+        return (uint8_t)((int)v + half);
+    }
+    case KVQ_FMT_CODEBOOK: return nearest_level(p.scale > 0.0f ? x / p.scale : 0.0f, f->levels, f->n_levels);
+    case KVQ_FMT_E4M3: return kvq_e4m3_from_f32(x / tscale);
+    case KVQ_FMT_E5M2: return kvq_e5m2_from_f32(x / tscale);
+    default: return 0;
     }
 }

@@ -117,6 +117,15 @@ kvq_qparams kvq_format_quantize_group(const kvq_format_cfg *f, int bits, kvq_par
                                       kvq_param_dtype zero_dt, float tscale, const float *x, size_t n,
                                       size_t stride, uint8_t *codes);
 
+/* The two halves of kvq_format_quantize_group for the formats whose codes depend on the stored parameters only
+ * (int, int symmetric, codebooks, e4m3, e5m2: kvq_format_elementwise), for groups that are not contiguous (a
+ * per-channel group spans a page's tokens): the parameters of n values stride apart, then each element's code.
+ * The q types (their codes use ggml's unrounded fp32 d) and the block formats need the whole group at once. */
+int kvq_format_elementwise(kvq_format_kind k);
+kvq_qparams kvq_format_fit(const kvq_format_cfg *f, int bits, kvq_param_dtype scale_dt, kvq_param_dtype zero_dt,
+                           const float *x, size_t n, size_t stride);
+uint8_t kvq_format_code(const kvq_format_cfg *f, int bits, float x, kvq_qparams p, float tscale);
+
 /* x = z + (s * T) * L[code]: fp32, a multiply, a multiply, an add (no fused multiply-add). For int, T = 1 and
  * this is kvq_dequant exactly. */
 static inline float kvq_format_dequant(float level, kvq_qparams p, float tscale)
