@@ -85,8 +85,8 @@ int main(void)
         x[4] = -0.51f; /* 7.99 -> 7 */
         kvq_qparams p = quant(KVQ_FMT_Q4_0, 4, 1, x, 32, c);
         TH_CHECK(p.scale == 1.0f && p.zero == 0.0f, "q4_0 d %g", p.scale);
-        TH_CHECK(c[0] == 15 && c[1] == 8 && c[2] == 9 && c[3] == 0 && c[4] == 7 && c[5] == 8, "q4_0 codes %d %d %d %d %d %d",
-                 c[0], c[1], c[2], c[3], c[4], c[5]);
+        TH_CHECK(c[0] == 15 && c[1] == 8 && c[2] == 9 && c[3] == 0 && c[4] == 7 && c[5] == 8,
+                 "q4_0 codes %d %d %d %d %d %d", c[0], c[1], c[2], c[3], c[4], c[5]);
         /* The largest magnitude positive: d = -1, so +8 -> code 0 (level -8 * -1) and -8 clips to 15 (ggml's
          * asymmetry: -8 comes back as -7). */
         x[3] = 8.0f;
@@ -96,7 +96,8 @@ int main(void)
         float lv[32];
         kvq_format_cfg f = fmt(KVQ_FMT_Q4_0);
         kvq_format_levels(&f, 4, lv);
-        TH_CHECK(kvq_format_dequant(lv[c[3]], p, 1) == 8.0f && kvq_format_dequant(lv[c[6]], p, 1) == -7.0f, "q4_0 dequant");
+        TH_CHECK(kvq_format_dequant(lv[c[3]], p, 1) == 8.0f && kvq_format_dequant(lv[c[6]], p, 1) == -7.0f,
+                 "q4_0 dequant");
         /* q5_0: d = -16 / -16 = 1, code = (int)(x + 16.5), at most 31. */
         memset(x, 0, sizeof x);
         x[0] = -16.0f;
@@ -130,8 +131,8 @@ int main(void)
         x[2] = -2.5f;
         x[3] = 0.49f;
         p = quant(KVQ_FMT_Q8_0, 8, 1, x, 32, c);
-        TH_CHECK(p.scale == 1.0f && c[0] == 255 && c[1] == 131 && c[2] == 125 && c[3] == 128 && c[4] == 128, "q8_0 %d %d %d",
-                 c[1], c[2], c[3]);
+        TH_CHECK(p.scale == 1.0f && c[0] == 255 && c[1] == 131 && c[2] == 125 && c[3] == 128 && c[4] == 128,
+                 "q8_0 %d %d %d", c[1], c[2], c[3]);
         /* d is computed in fp32 and stored in fp16: amax 100 gives d = 100/127 -> fp16 0.7876 (0x3a4d). */
         x[0] = 100.0f;
         p = quant(KVQ_FMT_Q8_0, 8, 1, x, 32, c);
@@ -176,7 +177,8 @@ int main(void)
         TH_CHECK(p.scale == 1.125f && kvq_format_scale8_encode(KVQ_FMT_NVFP4, p.scale) == 0x39, "nvfp4 e4m3 scale %g",
                  p.scale);
         TH_CHECK(kvq_format_tensor_scale(KVQ_FMT_NVFP4, 2688.0f) == 1.0f &&
-                     kvq_format_tensor_scale(KVQ_FMT_E4M3, 224.0f) == 0.5f && kvq_format_tensor_scale(KVQ_FMT_E4M3, 0) == 1.0f,
+                     kvq_format_tensor_scale(KVQ_FMT_E4M3, 224.0f) == 0.5f &&
+                     kvq_format_tensor_scale(KVQ_FMT_E4M3, 0) == 1.0f,
                  "tensor scales");
         /* e4m3 with T = 2: 3 -> 1.5 (0x3c); e5m2: 3 -> 1.5 (0x3e). */
         x[0] = 3.0f;
@@ -207,8 +209,8 @@ int main(void)
         f.levels[3] = 1;
         float y[4] = {2.0f, 0.25f, 1.25f, -2.0f};
         p = kvq_format_quantize_group(&f, 2, KVQ_DT_FP16, KVQ_DT_FP16, 1, y, 4, 1, c);
-        TH_CHECK(p.scale == 2.0f && c[0] == 3 && c[1] == 2 && c[2] == 2 && c[3] == 0, "codebook %g %d %d %d %d", p.scale,
-                 c[0], c[1], c[2], c[3]);
+        TH_CHECK(p.scale == 2.0f && c[0] == 3 && c[1] == 2 && c[2] == 2 && c[3] == 0, "codebook %g %d %d %d %d",
+                 p.scale, c[0], c[1], c[2], c[3]);
         /* A codebook of 3 levels at 2 bits: code 3 is unused and decodes to 0. */
         f.n_levels = 3;
         kvq_format_levels(&f, 2, lv);

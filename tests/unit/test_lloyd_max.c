@@ -2,8 +2,8 @@
  * N(0,1) at 1-4 bits (Max 1960 Table I: 0.3634, 0.1175, 0.03454, 0.009497) and Max's levels; against the same
  * quantizers solved independently to 30 digits (mpmath, Lloyd's iteration run to convergence): Max's 3- and 4-bit
  * errors are off in their last digit (0.0345478 and 0.0095010 exactly), so the published figures are held to 0.05 %
- * and the exact ones to 1e-9; the optimality conditions at every bit width; the scaling to N(0, sigma^2) and N(0, 1/D); the MSE
- * integral against a brute-force numerical integration; bad arguments. */
+ * and the exact ones to 1e-9; the optimality conditions at every bit width; the scaling to N(0, sigma^2) and
+ * N(0, 1/D); the MSE integral against a brute-force numerical integration; bad arguments. */
 #include "harness.h"
 #include "lloyd_max.h"
 
