@@ -36,7 +36,8 @@ static unsigned encode(float x, int ebits, int mbits, int bias, double maxv)
 static float decode(unsigned c, int ebits, int mbits, int bias)
 {
     unsigned ef = (c >> mbits) & ((1u << ebits) - 1u), mf = c & ((1u << mbits) - 1u);
-    double v = ef == 0 ? ldexp((double)mf, 1 - bias - mbits) : ldexp((double)(mf | 1u << mbits), (int)ef - bias - mbits);
+    double v = ef == 0 ? ldexp((double)mf, 1 - bias - mbits)
+                       : ldexp((double)(mf | 1u << mbits), (int)ef - bias - mbits);
     return (float)((c >> (ebits + mbits)) & 1u ? -v : v);
 }
 
