@@ -179,3 +179,44 @@ def test_normal_codebook_mse():
         xq = scales[0, 0] * formats.levels("codebook", bits, "normal")[codes[0]]
         emp = float(np.mean((x - xq) ** 2))
         assert abs(emp - mse) < 0.03 * mse + 1e-4, (bits, emp, mse)
+
+
+@pytest.mark.parametrize("name,fmt", [("q4_0", "q4_0"), ("q5_1", "q5_1"), ("nvfp4", "nvfp4"), ("mxfp4", "mxfp4"),
+                                      ("fp8-e4m3", "e4m3")])
+def test_engine_cache_is_the_formats_quantization(root, name, fmt):
+    """A format spec through kvq.Engine: no backend named falls back to the reference backend (the cpu backend
+    refuses the format), and the cache read back is kvq.formats' quantization of the fp16 input."""
+    import os
+
+    import kvq
+    spec = os.path.join(root, "specs", "formats", name + ".kvq")
+    H, T, D = 2, 48, 64
+    rng = np.random.default_rng(7)
+    k = (rng.standard_normal((H, T, D)) * 2).astype(np.float16).astype(np.float32)
+    v = rng.standard_normal((H, T, D)).astype(np.float16).astype(np.float32)
+    with kvq.Engine(spec, layers=1, heads=4, kv_heads=H, head_dim=D, scheme_name=name) as eng:
+        assert eng.backend == "reference"
+        seq = eng.sequence()
+        eng.prefill(0, seq, k, v)
+        rk, rv = eng.read_cache(seq, 0)
+    for x, r in ((k, rk), (v, rv)):
+        T_scale = 1.0
+        if fmt in ("e4m3", "nvfp4"):  # tensor_scale prompt: amax / (largest element * largest block scale)
+            T_scale = float(np.float32(np.abs(x).max()) / np.float32(448.0 if fmt == "e4m3" else 6.0 * 448.0))
+        if fmt == "e4m3":
+            want = (formats.decode("e4m3", formats.encode("e4m3", x / np.float32(T_scale))) *
+                    np.float32(T_scale)).astype(np.float32)
+        else:
+            codes, scales, zeros = formats.quantize(fmt, x, tensor_scale=T_scale)
+            g = formats.BLOCK[fmt]
+            L = formats.levels(fmt)[codes].reshape(H, T, D // g, g)
+            want = (zeros[..., None] + (scales[..., None] * np.float32(T_scale)) * L).reshape(H, T, D)
+        assert np.array_equal(r, want.astype(np.float32)), (name, np.abs(r - want).max())
+    try:
+        kvq.Engine(spec, layers=1, heads=4, kv_heads=H, head_dim=D, backend="cpu", scheme_name=name)
+    except kvq.KvqUnavailableError:
+        pass  # no cpu backend in this build / here
+    except kvq.KvqUnsupportedError as e:
+        assert fmt in str(e) and "cpu" in str(e), str(e)
+    else:
+        raise AssertionError("the cpu backend accepted format %s" % fmt)
