@@ -30,6 +30,7 @@ typedef enum {
 
 #define KVQ_CODEBOOK_MAX 16     /* levels of a codebook (bits 1..4) */
 #define KVQ_TENSOR_SCALE_PROMPT 0.0f
+#define KVQ_TENSOR_SCALE_PROMPT_PER_HEAD (-1.0) /* sema's field value for `prompt per head` */
 
 typedef struct {
     kvq_format_kind kind;
@@ -42,6 +43,8 @@ typedef struct {
     /* E4M3, E5M2, NVFP4: the tensor scale T (> 0, static), or KVQ_TENSOR_SCALE_PROMPT: computed from the
      * layer's first quantized batch (the prompt), amax / (largest element * largest block scale). */
     float tensor_scale;
+    /* tensor_scale prompt per head: one T per kv head (each from its own head's prompt values). */
+    int tensor_scale_per_head;
 } kvq_format_cfg;
 
 /* The format's name as the spec writes it ("int", "q4_0", "nvfp4", ...). */

@@ -33,7 +33,10 @@ static void tset(kvq_tensor_cfg *t, int k, double v)
     case T_SCALE: t->scale_dtype = i ? KVQ_DT_FP32 : KVQ_DT_FP16; break;
     case T_ZERO: t->zero_dtype = i ? KVQ_DT_FP32 : KVQ_DT_FP16; break;
     case T_FORMAT: break; /* sema_put_format: a format is more than a number */
-    default: t->format.tensor_scale = (float)v; break;
+    default:
+        t->format.tensor_scale = v < 0 ? KVQ_TENSOR_SCALE_PROMPT : (float)v;
+        t->format.tensor_scale_per_head = v < 0;
+        break;
     }
 }
 

@@ -141,7 +141,28 @@ void sema_h_tensor_scale(sema_state *S, const ast_stmt *st, const sema_ctx *c, c
     char b[64];
     (void)d;
     if (a->kind == AST_IDENT && !strcmp(a->text, "prompt")) {
-        sema_put_tensor(S, c, T_TSCALE, KVQ_TENSOR_SCALE_PROMPT, st->loc);
+        const ast_arg *p1 = a->next, *p2 = p1 ? p1->next : NULL;
+        if (!p1) {
+            sema_put_tensor(S, c, T_TSCALE, KVQ_TENSOR_SCALE_PROMPT, st->loc);
+            return;
+        }
+        if (p1->kind == AST_IDENT && !strcmp(p1->text, "per") && p2 && p2->kind == AST_IDENT &&
+            !strcmp(p2->text, "head") && !p2->next) {
+            sema_put_tensor(S, c, T_TSCALE, KVQ_TENSOR_SCALE_PROMPT_PER_HEAD, st->loc);
+            return;
+        }
+        if (p1->kind == AST_IDENT && !strcmp(p1->text, "per") && p2 && !p2->next)
+            ERR(p2->loc,
+                "a tensor scale is per tensor or 'per head', not per '%s' (scales per token or per group are the "
+                "groups': per token; group N)",
+                sema_q(b, sizeof b, p2->text));
+        else
+            ERR(p1->loc, "unexpected '%s' (usage: tensor_scale X | prompt [per head])", sema_q(b, sizeof b, p1->text));
+        return;
+    }
+    if (st->n_args > 1) {
+        ERR(a->next->loc, "unexpected '%s' (usage: tensor_scale X | prompt [per head])",
+            sema_q(b, sizeof b, a->next->text));
         return;
     }
     if ((a->kind == AST_INT || a->kind == AST_REAL) && a->num > 0 && a->num <= 3.4e38 && (float)a->num > 0) {

@@ -70,7 +70,9 @@ void kvq_page_layout_compute(const kvq_page_format *f, kvq_page_layout *o)
     o->mask_size = f->masked ? kvq_align16(H * ((cap + 7) / 8)) : 0;
     off += o->mask_size;
     o->tscale = off;
-    o->tscale_size = quantized && kvq_format_has_tensor_scale(f->format.kind) ? KVQ_ALIGN : 0;
+    o->tscale_size = quantized && kvq_format_has_tensor_scale(f->format.kind)
+                         ? kvq_align16(4 * (f->format.tensor_scale_per_head ? H : 1))
+                         : 0;
     off += o->tscale_size;
     o->total = off;
 }

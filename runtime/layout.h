@@ -14,7 +14,7 @@
  *   mask    keys of layers with an outlier pool: [kv_head][ceil(capacity/8)] bytes, bit t%8 of byte t/8 set when
  *           token t's quantized slot is masked out of attention (the token lives in the outlier/spill pool)
  *   tscale  element formats with a tensor scale (e4m3, e5m2, nvfp4): the fp32 tensor scale T the page's codes
- *           were made with
+ *           were made with, [1] or (per head) [kv_head]
  *
  * Element formats (scheme_format.h) change only the sizes: scale entries are 1 byte (nvfp4: e4m3, mxfp4: e8m0)
  * or absent (e4m3/e5m2 elements), zero entries absent for the symmetric formats; q5_0/q5_1 codes are 5 bits, a
@@ -61,7 +61,8 @@ typedef struct {
     size_t codes_size, scale_size, zero_size, factor_size, mask_size;
     size_t code_bytes_per_token; /* for one kv head */
     int n_groups;                /* per token: scale/zero entries per token per kv head (1 when hidden) */
-    size_t tscale, tscale_size;  /* element formats with a tensor scale (e4m3, e5m2, nvfp4): one fp32 T */
+    size_t tscale, tscale_size;  /* element formats with a tensor scale (e4m3, e5m2, nvfp4): fp32 T, one per
+                                    page or (tensor_scale prompt per head) one per kv head */
 } kvq_page_layout;
 
 /* Bytes of one token's codes for one kv head (head_dim channels at `bits`). head_dim is a multiple of 32. */

@@ -211,15 +211,17 @@ static kvq_qparams get_qparams(const ref_page *p, size_t idx)
     return qp;
 }
 
-void ref_page_set_tscale(ref_page *p, float t)
+void ref_page_set_tscale(ref_page *p, const float *t)
 {
-    if (p->lay.tscale_size) memcpy(p->mem + p->lay.tscale, &t, sizeof t);
+    if (!p->lay.tscale_size) return;
+    memcpy(p->mem + p->lay.tscale, t, (p->fmt.format.tensor_scale_per_head ? (size_t)p->fmt.kv_heads : 1) * sizeof *t);
 }
 
-static float page_tscale(const ref_page *p)
+static float page_tscale(const ref_page *p, int h)
 {
     float t = 1.0f;
-    if (p->lay.tscale_size) memcpy(&t, p->mem + p->lay.tscale, sizeof t);
+    if (p->lay.tscale_size)
+        memcpy(&t, p->mem + p->lay.tscale + (p->fmt.format.tensor_scale_per_head ? (size_t)h * sizeof t : 0), sizeof t);
     return t;
 }
 
@@ -288,7 +290,7 @@ static void quant_token(ref_page *p, const float *x, size_t head_stride, int slo
             if (f->format.kind != KVQ_FMT_INT) {
                 /* Element formats: the format's own rounding (quant.h); sema keeps them off hidden groups and
                  * channel factors. */
-                put_qparams(p, idx, kvq_format_quantize_group(&f->format, bits, sdt(f), zdt(f), page_tscale(p),
+                put_qparams(p, idx, kvq_format_quantize_group(&f->format, bits, sdt(f), zdt(f), page_tscale(p, h),
                                                                y + g * G, (size_t)G, 1, codes + g * G));
                 continue;
             }
@@ -336,7 +338,7 @@ void ref_page_fill(ref_page *p, const float *x, size_t head_stride, const int *p
                 for (int c = 0; c < D; c++)
                     codes[c] = f->format.kind != KVQ_FMT_INT
                                    ? kvq_format_code(&f->format, bits, xh[(size_t)i * (size_t)D + (size_t)c], qp[c],
-                                                     page_tscale(p))
+                                                     page_tscale(p, h))
                                    : (uint8_t)kvq_quant_code(xh[(size_t)i * (size_t)D + (size_t)c], qp[c], bits);
                 kvq_pack_codes(codes, D, bits, slot_codes(p, h, i));
             }
@@ -395,7 +397,7 @@ void ref_page_read(const ref_page *p, int h, int slot, float *out)
         float r;
         if (f->format.kind != KVQ_FMT_INT) {
             /* x = z + (s * T) * L[code] (scheme_format.h) */
-            r = kvq_format_dequant(p->levels[codes[c]], get_qparams(p, idx), page_tscale(p));
+            r = kvq_format_dequant(p->levels[codes[c]], get_qparams(p, idx), page_tscale(p, h));
         } else {
             kvq_qparams qp = {get_param(scale, idx, f->scale_bytes), get_param(zero, idx, f->zero_bytes)};
             r = kvq_dequant(codes[c], qp);
