@@ -361,6 +361,16 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
     for (int l = 0; l < p->layers; l++) {
         const kvq_layer_cfg *cfg = kvq_scheme_layer(scheme, l);
         int c = 0;
+        /* The kernels decode asymmetric integers only: another element format gets no plan, so no kernel (JIT or
+         * kvqc build) decodes its codes as integers. */
+        for (int w = 0; w < 2 && cfg->mode != KVQ_MODE_SPARSE; w++) {
+            const kvq_tensor_cfg *t = w ? &cfg->quant.value : &cfg->quant.key;
+            if (kvq_bits_is_fp16(t->bits) || t->format.kind == KVQ_FMT_INT) continue;
+            snprintf(msg, n,
+                     "plan: layer %d: the %s' element format %s has no kernel yet (the reference backend runs it)", l,
+                     w ? "values" : "keys", kvq_format_name(t->format.kind));
+            return KVQ_ERR_UNSUPPORTED;
+        }
         while (c < p->n_classes && !layer_eq(seen[c], cfg)) c++;
         if (c == p->n_classes) {
             if (c == PLAN_MAX_CLASSES) {

@@ -7,6 +7,8 @@
 
 #include <stddef.h>
 
+#include "scheme_format.h"
+
 #define KVQ_NAME_MAX 64
 #define KVQ_MAX_LAYER_RANGES 64
 
@@ -39,6 +41,7 @@ typedef struct {
     int group;             /* > 0, KVQ_GROUP_ALL or KVQ_GROUP_HIDDEN */
     kvq_param_dtype scale_dtype;
     kvq_param_dtype zero_dtype;
+    kvq_format_cfg format; /* element format (scheme_format.h); zero-initialised = asymmetric integers */
 } kvq_tensor_cfg;
 
 typedef struct {

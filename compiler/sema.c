@@ -31,7 +31,12 @@ static void tset(kvq_tensor_cfg *t, int k, double v)
     case T_CS: t->channel_separable = i; break;
     case T_GROUP: t->group = i; break;
     case T_SCALE: t->scale_dtype = i ? KVQ_DT_FP32 : KVQ_DT_FP16; break;
-    default: t->zero_dtype = i ? KVQ_DT_FP32 : KVQ_DT_FP16; break;
+    case T_ZERO: t->zero_dtype = i ? KVQ_DT_FP32 : KVQ_DT_FP16; break;
+    case T_FORMAT: break; /* sema_put_format: a format is more than a number */
+    default:
+        t->format.tensor_scale = v < 0 ? KVQ_TENSOR_SCALE_PROMPT : (float)v;
+        t->format.tensor_scale_per_head = v < 0;
+        break;
     }
 }
 
@@ -81,8 +86,9 @@ void sema_default_layer(kvq_layer_cfg *c)
     c->mode = KVQ_MODE_QUANT;
     /* Unquantized unless a scheme says `bits`; KIVI's granularity (keys per channel, values per token) and
      * group size 32. */
-    c->quant.key = (kvq_tensor_cfg){16, KVQ_GRAN_CHANNEL, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
-    c->quant.value = (kvq_tensor_cfg){16, KVQ_GRAN_TOKEN, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+    c->quant.key = (kvq_tensor_cfg){.bits = 16, .gran = KVQ_GRAN_CHANNEL, .group = 32, .scale_dtype = KVQ_DT_FP16};
+    c->quant.value = (kvq_tensor_cfg){.bits = 16, .gran = KVQ_GRAN_TOKEN, .group = 32, .scale_dtype = KVQ_DT_FP16};
+    /* zero fp16, format int (asymmetric integers), tensor scale 'prompt' where a format has one: the zeros. */
     c->quant.sinks = 0;
     c->quant.residual = 0;
     c->quant.flush = KVQ_FLUSH_KIVI;
@@ -171,6 +177,31 @@ void sema_gput(sema_state *S, int g, double v, ast_loc at)
     s->g[g] = sema_here(S, at);
 }
 
+static void put_format_one(sema_lcfg *t, int key, const kvq_format_cfg *f, const sema_prov *p)
+{
+    kvq_tensor_cfg *x = key ? &t->c.quant.key : &t->c.quant.value;
+    float ts = x->format.tensor_scale;
+    x->format = *f;
+    x->format.tensor_scale = ts;
+    t->p[(key ? F_KEY : F_VALUE) + T_FORMAT] = *p;
+}
+
+void sema_put_format(sema_state *S, const sema_ctx *c, const kvq_format_cfg *f, ast_loc at)
+{
+    sema_scheme *s = &S->all[S->cur];
+    sema_prov p = sema_here(S, at);
+    if (c->range == RANGE_NONE) return;
+    for (int key = 1; key >= 0; key--) {
+        if ((key && c->kind == B_VALUE) || (!key && c->kind == B_KEY)) continue;
+        if (c->range >= 0) {
+            for (int i = c->range; i < c->range + c->n_range; i++) put_format_one(&s->ranges[i].cfg, key, f, &p);
+            continue;
+        }
+        put_format_one(&s->base, key, f, &p);
+        for (int i = 0; i < s->n_ranges; i++) put_format_one(&s->ranges[i].cfg, key, f, &p);
+    }
+}
+
 /* The tensors a tensor statement sets: one inside key { } / value { }, both elsewhere. */
 void sema_put_tensor(sema_state *S, const sema_ctx *c, int t, double v, ast_loc at)
 {
@@ -181,19 +212,13 @@ void sema_put_tensor(sema_state *S, const sema_ctx *c, int t, double v, ast_loc 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Checks on the resolved scheme */
 
-/* The statement to blame for a rule involving fields ps[0..n): the latest one this scheme set. NULL when all
- * of them come from the parent or the defaults (then the parent has reported it already). */
-static const sema_prov *blame(const sema_state *S, const sema_prov *const *ps, int n)
+const sema_prov *sema_blame(const sema_state *S, const sema_prov *const *ps, int n)
 {
     const sema_prov *best = NULL;
     for (int i = 0; i < n; i++)
         if (ps[i] && ps[i]->owner == S->cur && (!best || ps[i]->seq > best->seq)) best = ps[i];
     return best;
 }
-
-#define BLAME(...)                                                                                                     \
-    blame(S, (const sema_prov *const[]){__VA_ARGS__},                                                                  \
-          (int)(sizeof((const sema_prov *const[]){__VA_ARGS__}) / sizeof(const sema_prov *)))
 
 static void check_tensor(sema_state *S, const sema_scheme *s, const sema_lcfg *t, int key)
 {
@@ -204,6 +229,7 @@ static void check_tensor(sema_state *S, const sema_scheme *s, const sema_lcfg *t
     int hd = s->model.head_dim;
 
     if (kvq_bits_is_fp16(x->bits)) return;
+    sema_check_format(S, s, t, key);
     if (x->channel_separable && x->gran == KVQ_GRAN_CHANNEL && (b = BLAME(&t->p[F + T_CS], &t->p[F + T_GRAN])))
         sema_error(S, b->src, sema_prov_loc(b),
                    "channel_separable needs per token quantization, but the %s are per channel", name);
@@ -319,6 +345,8 @@ static void finish(sema_state *S, sema_scheme *s)
 
     sync_saliency_bits(S, &s->base);
     for (int i = 0; i < s->n_ranges; i++) sync_saliency_bits(S, &s->ranges[i].cfg);
+    sema_finish_format(&s->base);
+    for (int i = 0; i < s->n_ranges; i++) sema_finish_format(&s->ranges[i].cfg);
 
     check_layer(S, s, &s->base);
     for (int i = 0; i < s->n_ranges; i++) {

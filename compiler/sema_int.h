@@ -11,7 +11,18 @@
 /* Fields of a layer configuration, addressed by number so a statement can be applied to many layers at once
  * and every field can carry a provenance. */
 
-enum { T_BITS, T_GRAN, T_CS, T_GROUP, T_SCALE, T_ZERO, T_COUNT };
+enum {
+    T_BITS,
+    T_GRAN,
+    T_CS,
+    T_GROUP,
+    T_SCALE,
+    T_ZERO,
+    /* element formats (sema_format.c) */
+    T_FORMAT,
+    T_TSCALE,
+    T_COUNT
+};
 enum {
     F_MODE,
     F_KEY,
@@ -129,12 +140,30 @@ sema_prov sema_here(sema_state *S, ast_loc at);
 void sema_put(sema_state *S, const sema_ctx *c, int f, double v, ast_loc at);
 void sema_put_tensor(sema_state *S, const sema_ctx *c, int t, double v, ast_loc at);
 void sema_gput(sema_state *S, int g, double v, ast_loc at);
+/* Sets the element format (kind and codebook; a target's tensor scale is kept) of the tensors of c. */
+void sema_put_format(sema_state *S, const sema_ctx *c, const kvq_format_cfg *f, ast_loc at);
 
 /* Makes room for `need` ranges in s (at most KVQ_MAX_LAYER_RANGES); 0 when out of memory. */
 int sema_reserve_ranges(sema_state *S, sema_scheme *s, int need);
 
 /* The statements of a block, applied in order (sema_stmt.c). */
 void sema_walk(sema_state *S, const ast_block *b, const sema_ctx *c);
+
+/* Element formats (sema_format.c): the `format` and `tensor_scale` statements, and the checks of a resolved
+ * tensor's format (bits, granularity, group, scale and zero against what the format fixes). */
+struct stmt_def;
+void sema_h_format(sema_state *S, const ast_stmt *st, const sema_ctx *c, const struct stmt_def *d);
+void sema_h_tensor_scale(sema_state *S, const ast_stmt *st, const sema_ctx *c, const struct stmt_def *d);
+void sema_check_format(sema_state *S, const sema_scheme *s, const sema_lcfg *t, int key);
+/* Fills a `codebook normal` tensor's levels for its bits (Lloyd-Max for N(0,1), base/lloyd_max.h). */
+void sema_finish_format(sema_lcfg *t);
+
+/* The statement to blame for a rule involving fields ps[0..n): the latest one this scheme set. NULL when all
+ * of them come from the parent or the defaults (then the parent has reported it already). */
+const sema_prov *sema_blame(const sema_state *S, const sema_prov *const *ps, int n);
+#define BLAME(...)                                                                                                     \
+    sema_blame(S, (const sema_prov *const[]){__VA_ARGS__},                                                             \
+               (int)(sizeof((const sema_prov *const[]){__VA_ARGS__}) / sizeof(const sema_prov *)))
 int sema_edit_distance(const char *a, const char *b);
 
 #endif

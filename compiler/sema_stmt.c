@@ -570,6 +570,10 @@ static const stmt_def DEFS[] = {
     {"group", M_TENSOR, h_group, NO_BLOCK, 1, 1, "group N|all|hidden", 0},
     {"scale", M_TENSOR, h_dtype, NO_BLOCK, 1, 1, "scale fp16|fp32", 0},
     {"zero", M_TENSOR, h_dtype, NO_BLOCK, 1, 1, "zero fp16|fp32", 0},
+    /* element formats: sema_format.c */
+    {"format", M_TENSOR, sema_h_format, NO_BLOCK, 1, 1 + KVQ_CODEBOOK_MAX,
+     "format int [symmetric] | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | e4m3 | e5m2 | nvfp4 | mxfp4 | codebook normal|L1 L2 ...", 0},
+    {"tensor_scale", M_TENSOR, sema_h_tensor_scale, NO_BLOCK, 1, 3, "tensor_scale X | prompt [per head]", 0},
     {"key", M_QUANT, h_tensor_block, NEEDS_BLOCK, 0, 0, "key { ... }", 0},
     {"value", M_QUANT, h_tensor_block, NEEDS_BLOCK, 0, 0, "value { ... }", 0},
     {"sinks", M_QUANT | B_WHEN_S, h_count, NO_BLOCK, 1, 1, "sinks N", 0},

@@ -2,6 +2,7 @@
 #include "layout.h"
 
 #include "policy.h"
+#include "quant.h"
 
 size_t kvq_code_bytes(int head_dim, int bits)
 {
@@ -10,12 +11,11 @@ size_t kvq_code_bytes(int head_dim, int bits)
     return (size_t)head_dim * (size_t)bits / 8;
 }
 
-static int param_bytes(kvq_param_dtype dt) { return dt == KVQ_DT_FP32 ? 4 : 2; }
-
 void kvq_page_format_init(kvq_page_format *fmt, const kvq_tensor_cfg *t, int bits, int masked, int kv_heads,
                           int head_dim, int capacity)
 {
-    fmt->bits = bits;
+    fmt->format = t->format;
+    fmt->bits = kvq_bits_is_fp16(bits) ? bits : kvq_format_code_bits(&t->format, bits);
     fmt->gran = t->gran;
     fmt->channel_separable = t->gran == KVQ_GRAN_TOKEN && t->channel_separable;
     fmt->hidden = t->gran == KVQ_GRAN_TOKEN && t->group == KVQ_GROUP_HIDDEN;
@@ -24,8 +24,8 @@ void kvq_page_format_init(kvq_page_format *fmt, const kvq_tensor_cfg *t, int bit
     else
         fmt->group = t->group > 0 ? t->group : capacity;
     fmt->masked = masked;
-    fmt->scale_bytes = param_bytes(t->scale_dtype);
-    fmt->zero_bytes = param_bytes(t->zero_dtype);
+    fmt->scale_bytes = kvq_format_scale_bytes(t->format.kind, t->scale_dtype);
+    fmt->zero_bytes = kvq_format_zero_bytes(t->format.kind, t->zero_dtype);
     fmt->kv_heads = kv_heads;
     fmt->head_dim = head_dim;
     fmt->capacity = capacity;
@@ -69,6 +69,11 @@ void kvq_page_layout_compute(const kvq_page_format *f, kvq_page_layout *o)
     o->mask = off;
     o->mask_size = f->masked ? kvq_align16(H * ((cap + 7) / 8)) : 0;
     off += o->mask_size;
+    o->tscale = off;
+    o->tscale_size = quantized && kvq_format_has_tensor_scale(f->format.kind)
+                         ? kvq_align16(4 * (f->format.tensor_scale_per_head ? H : 1))
+                         : 0;
+    off += o->tscale_size;
     o->total = off;
 }
 

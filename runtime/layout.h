@@ -13,6 +13,12 @@
  *   factor  channel-separable only: [kv_head][head_dim]    ZipCache Eq. 6 channel factors c_i (scale dtype)
  *   mask    keys of layers with an outlier pool: [kv_head][ceil(capacity/8)] bytes, bit t%8 of byte t/8 set when
  *           token t's quantized slot is masked out of attention (the token lives in the outlier/spill pool)
+ *   tscale  element formats with a tensor scale (e4m3, e5m2, nvfp4): the fp32 tensor scale T the page's codes
+ *           were made with, [1] or (per head) [kv_head]
+ *
+ * Element formats (scheme_format.h) change only the sizes: scale entries are 1 byte (nvfp4: e4m3, mxfp4: e8m0)
+ * or absent (e4m3/e5m2 elements), zero entries absent for the symmetric formats; q5_0/q5_1 codes are 5 bits, a
+ * 4-bit plane (D/2 bytes) followed by the fifth bits as a 1-bit plane (D/8 bytes).
  *
  * Bit order of codes: a token's codes for channels 0..D-1 are packed little-endian into 32-bit words, channel c
  * at bits [(c*b) % 32, +b) of word (c*b)/32, for b in {1, 2, 4, 8}. A 3-bit code is two planes: the low two bits
@@ -46,6 +52,7 @@ typedef struct {
     int scale_bytes;     /* 2 (fp16) or 4 (fp32) */
     int zero_bytes;
     int kv_heads, head_dim, capacity;
+    kvq_format_cfg format; /* element format (scheme_format.h); bits above is its code width */
 } kvq_page_format;
 
 /* Byte offsets of each section from the start of the page, and the total size. Absent sections have size 0. */
@@ -54,12 +61,15 @@ typedef struct {
     size_t codes_size, scale_size, zero_size, factor_size, mask_size;
     size_t code_bytes_per_token; /* for one kv head */
     int n_groups;                /* per token: scale/zero entries per token per kv head (1 when hidden) */
+    size_t tscale, tscale_size;  /* element formats with a tensor scale (e4m3, e5m2, nvfp4): fp32 T, one per
+                                    page or (tensor_scale prompt per head) one per kv head */
 } kvq_page_layout;
 
 /* Bytes of one token's codes for one kv head (head_dim channels at `bits`). head_dim is a multiple of 32. */
 size_t kvq_code_bytes(int head_dim, int bits);
 
-/* Fills `fmt` for tensor `t` of a quant-mode layer at the given class bits and capacity. */
+/* Fills `fmt` for tensor `t` of a quant-mode layer at the given class bits and capacity (a named element
+ * format's own code width replaces the bits). */
 void kvq_page_format_init(kvq_page_format *fmt, const kvq_tensor_cfg *t, int bits, int masked, int kv_heads,
                           int head_dim, int capacity);
 void kvq_page_layout_compute(const kvq_page_format *fmt, kvq_page_layout *out);

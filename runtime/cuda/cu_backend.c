@@ -68,6 +68,8 @@ static kvq_status probe_emu(char *msg, size_t n) { return probe_kind(CU_DEV_EMU,
 
 static kvq_status cu_supports(const kvq_be_engine *e, char *msg, size_t n)
 {
+    kvq_status st = kvq_be_refuse_formats(e, "cuda/emu", msg, n);
+    if (st != KVQ_OK) return st;
     for (int l = 0; l < e->dims.layers; l++) {
         const kvq_layer_cfg *c = kvq_scheme_layer(e->scheme, l);
         if (c->mode == KVQ_MODE_SPARSE) continue;

@@ -53,6 +53,7 @@ typedef struct {
     int count;       /* slots filled (an appendable page fills one token per step) */
     uint8_t *mem;    /* lay.total bytes, zero-initialised */
     int *pos;        /* [H][cap] token position of each slot (host metadata) */
+    float levels[256]; /* element formats other than int: the level table L (kvq_format_levels) */
 } ref_page;
 
 /* Allocates a page of the given format (capacity inside fmt). */
@@ -63,6 +64,9 @@ void ref_page_free(ref_page *p);
 void ref_page_fill(ref_page *p, const float *x, size_t head_stride, const int *pos, size_t pos_stride);
 /* Appends one token (per-token or fp16 pages only): x [H][D]. */
 void ref_page_append(ref_page *p, const float *x, int pos);
+/* The tensor scale T of element formats that have one (e4m3, e5m2, nvfp4): set before a fill or an append,
+ * stored in the page's tscale section; t[kv_heads] (each head's; all equal unless per head). */
+void ref_page_set_tscale(ref_page *p, const float *t);
 /* Dequantized slot of head h (fp32). */
 void ref_page_read(const ref_page *p, int h, int slot, float *out);
 int ref_page_masked(const ref_page *p, int h, int slot);
@@ -114,6 +118,7 @@ typedef struct ref_qlayer {
     int *probe_pos;       /* [probe_cap] absolute positions, ascending */
     int n_probes, n_rows; /* probes chosen for this cycle; rows recorded so far (rows[i] is probe_pos[i]'s) */
     int cycle_first;      /* position of window slot 0 during this cycle */
+    float *tscale[2];     /* element formats' tensor scale T of K, of V, per kv head; 0 until known */
     float *rows;          /* [probe_cap][H][wcap]: per kv head, the group's query heads' probabilities summed */
 } ref_qlayer;
 

@@ -19,11 +19,39 @@
 #include "alloc.h"
 #include "half.h"
 #include "policy.h"
+#include "quant.h"
 #include "ref.h"
 
 static int saliency_on(const ref_qlayer *L) { return L->cfg->saliency.metric != KVQ_SAL_NONE; }
 static const kvq_tensor_cfg *tcfg(const ref_qlayer *L, int which) { return which ? &L->cfg->value : &L->cfg->key; }
 static int masked_tensor(const ref_qlayer *L, int which) { return which == 0 && L->cfg->outliers.keep > 0; }
+
+/* The tensor scale T of tensor `which` for element formats that have one (e4m3, e5m2, nvfp4): the spec's static
+ * value, or (tensor_scale prompt) from the absolute maximum of the first values the layer is given: the whole
+ * prompt, K and V each over every kv head, or each kv head's own (per head); a layer prefilled with no tokens:
+ * its first flushed batch. Fixed from then on: later tokens beyond the prompt's range saturate (minifloat.h).
+ * x: [H][n] (each head's n values). */
+static void set_tscale(ref_qlayer *L, int which, const float *x, size_t n)
+{
+    const kvq_format_cfg *f = &tcfg(L, which)->format;
+    float *T = L->tscale[which];
+    if (T[0] > 0.0f || !kvq_format_has_tensor_scale(f->kind) || kvq_bits_is_fp16(tcfg(L, which)->bits)) return;
+    if (f->tensor_scale > 0.0f || n == 0) {
+        for (int h = 0; h < L->H; h++) T[h] = f->tensor_scale;
+        return;
+    }
+    float all = 0.0f;
+    for (int h = 0; h < L->H; h++) {
+        float amax = 0.0f;
+        for (size_t i = 0; i < n; i++) {
+            float a = x[(size_t)h * n + i] < 0 ? -x[(size_t)h * n + i] : x[(size_t)h * n + i];
+            if (a > amax) amax = a;
+        }
+        T[h] = amax;
+        if (amax > all) all = amax;
+    }
+    for (int h = 0; h < L->H; h++) T[h] = kvq_format_tensor_scale(f->kind, f->tensor_scale_per_head ? T[h] : all);
+}
 
 /* A flush of one token goes into an appendable page when the tensor's pages can take tokens one at a time
  * (per token without channel factors, or fp16) and no saliency split applies (KVQ_APPEND_PAGE_TOKENS). */
@@ -105,6 +133,7 @@ static kvq_status flush_pages(ref_qlayer *L, int which, const float *x, int B, i
 {
     int H = L->H, D = L->D;
     const kvq_tensor_cfg *t = tcfg(L, which);
+    set_tscale(L, which, x, (size_t)B * (size_t)D);
     float *gx = ref_arena_take(a, (size_t)H * (size_t)B * (size_t)D * sizeof(float));
     int *gpos = ref_arena_take(a, (size_t)H * (size_t)B * sizeof(int));
     unsigned char *gmask = ref_arena_take(a, (size_t)H * (size_t)B);
@@ -131,6 +160,7 @@ static kvq_status flush_pages(ref_qlayer *L, int which, const float *x, int B, i
             /* The pages were planned by plan_flush from the same counts; a mismatch is a bug, not bad input. */
             if (pg->fmt.capacity != caps[j] || pg->fmt.gran != t->gran) return KVQ_ERR_INTERNAL;
             (*next)++;
+            ref_page_set_tscale(pg, L->tscale[which]);
             ref_page_fill(pg, gx + (size_t)off * (size_t)D, (size_t)B * (size_t)D, gpos + off, (size_t)B);
             if (pg->fmt.masked)
                 for (int h = 0; h < H; h++)
@@ -163,6 +193,10 @@ void ref_qlayer_free(ref_qlayer *L)
     }
     ref_pool_free(&L->pool);
     ref_pool_free(&L->spill);
+    for (int w = 0; w < 2; w++) {
+        kvq_free(L->tscale[w]);
+        L->tscale[w] = NULL;
+    }
     kvq_free(L->probe_pos);
     kvq_free(L->rows);
     L->probe_pos = NULL;
@@ -204,6 +238,7 @@ kvq_status ref_qlayer_prefill(ref_layer *RL, const kvq_be_engine *e, int layer, 
         st = ref_win_init(&L->sink[w], H, D, cfg->sinks);
         if (st == KVQ_OK) st = ref_win_init(&L->win[w], H, D, L->rule[w].capacity);
         if (st == KVQ_OK) st = ref_pages_reserve(&L->pages[w], npages[w]);
+        if (st == KVQ_OK && !(L->tscale[w] = kvq_calloc((size_t)H, sizeof *L->tscale[w]))) st = KVQ_ERR_NOMEM;
     }
     if (st == KVQ_OK && cfg->outliers.keep > 0) {
         st = ref_pool_init(&L->pool, H, D, cfg->outliers.keep);
@@ -241,6 +276,8 @@ kvq_status ref_qlayer_prefill(ref_layer *RL, const kvq_be_engine *e, int layer, 
     float *kr = ref_arena_take(&a, TD * sizeof(float)), *vr = ref_arena_take(&a, TD * sizeof(float));
     ref_round_f16(kr, it->k, TD);
     ref_round_f16(vr, it->v, TD);
+    set_tscale(L, 0, kr, (size_t)T * (size_t)D);
+    set_tscale(L, 1, vr, (size_t)T * (size_t)D);
     for (int t = 0; t < S; t++) {
         ref_win_push(&L->sink[0], kr + (size_t)t * (size_t)D, (size_t)T * (size_t)D, t);
         ref_win_push(&L->sink[1], vr + (size_t)t * (size_t)D, (size_t)T * (size_t)D, t);
@@ -403,10 +440,14 @@ static kvq_status do_flushes(ref_qlayer *L, const step_plan *p, const float *xne
                 L->append[w] = ap;
             }
             if (p->direct[w]) {
+                set_tscale(L, w, xnew[w], (size_t)D);
+                ref_page_set_tscale(ap, L->tscale[w]);
                 ref_page_append(ap, xnew[w], pos);
             } else {
                 float *buf = ref_arena_take(&r->arena, (size_t)H * (size_t)D * sizeof(float));
                 int fp = take_oldest(&L->win[w], 1, buf);
+                set_tscale(L, w, buf, (size_t)D);
+                ref_page_set_tscale(ap, L->tscale[w]);
                 ref_page_append(ap, buf, fp);
             }
             B[w] = 0;

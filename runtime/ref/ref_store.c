@@ -138,6 +138,8 @@ kvq_status ref_page_new(const kvq_page_format *fmt, kvq_segment seg, ref_page **
     p->fmt = *fmt;
     kvq_page_layout_compute(fmt, &p->lay);
     p->seg = seg;
+    if (fmt->format.kind != KVQ_FMT_INT && !kvq_bits_is_fp16(fmt->bits))
+        kvq_format_levels(&fmt->format, fmt->bits, p->levels);
     p->mem = kvq_calloc(1, p->lay.total);
     p->pos = kvq_malloc((size_t)fmt->kv_heads * (size_t)fmt->capacity * sizeof *p->pos);
     if (!p->mem || !p->pos) {
@@ -156,9 +158,16 @@ void ref_page_free(ref_page *p)
     kvq_free(p);
 }
 
-/* Parameters are stored in the scale dtype: fp16 as its bit pattern, fp32 as its bytes, little-endian both. */
+/* Parameters are stored in the scale dtype: fp16 as its bit pattern, fp32 as its bytes, little-endian both;
+ * one-byte scales (nvfp4: e4m3, mxfp4: e8m0) by kvq_format_scale8_encode; 0 bytes: nothing stored. */
+static void put_param8(const ref_page *p, uint8_t *sec, size_t i, int bytes, float v)
+{
+    if (bytes == 1) sec[i] = kvq_format_scale8_encode(p->fmt.format.kind, v);
+}
+
 static void put_param(uint8_t *sec, size_t i, int bytes, float v)
 {
+    if (bytes == 0 || bytes == 1) return; /* put_param8 */
     if (bytes == 2) {
         uint16_t h = kvq_f16_from_f32(v);
         sec[2 * i] = (uint8_t)h;
@@ -172,12 +181,48 @@ static void put_param(uint8_t *sec, size_t i, int bytes, float v)
 
 static float get_param(const uint8_t *sec, size_t i, int bytes)
 {
+    if (bytes == 0 || bytes == 1) return 0.0f; /* get_scale */
     if (bytes == 2) return kvq_f32_from_f16((uint16_t)(sec[2 * i] | sec[2 * i + 1] << 8));
     uint32_t u = 0;
     for (int b = 0; b < 4; b++) u |= (uint32_t)sec[4 * i + (size_t)b] << (8 * b);
     float v;
     memcpy(&v, &u, 4);
     return v;
+}
+
+/* A group's stored scale and zero, any element format: 1 where no scale is stored, 0 where no zero is. */
+static void put_qparams(const ref_page *p, size_t idx, kvq_qparams qp)
+{
+    const kvq_page_format *f = &p->fmt;
+    put_param(p->mem + p->lay.scale, idx, f->scale_bytes, qp.scale);
+    put_param8(p, p->mem + p->lay.scale, idx, f->scale_bytes, qp.scale);
+    put_param(p->mem + p->lay.zero, idx, f->zero_bytes, qp.zero);
+}
+
+static kvq_qparams get_qparams(const ref_page *p, size_t idx)
+{
+    const kvq_page_format *f = &p->fmt;
+    kvq_qparams qp = {1.0f, 0.0f};
+    if (f->scale_bytes == 1)
+        qp.scale = kvq_format_scale8_decode(f->format.kind, p->mem[p->lay.scale + idx]);
+    else if (f->scale_bytes)
+        qp.scale = get_param(p->mem + p->lay.scale, idx, f->scale_bytes);
+    if (f->zero_bytes) qp.zero = get_param(p->mem + p->lay.zero, idx, f->zero_bytes);
+    return qp;
+}
+
+void ref_page_set_tscale(ref_page *p, const float *t)
+{
+    if (!p->lay.tscale_size) return;
+    memcpy(p->mem + p->lay.tscale, t, (p->fmt.format.tensor_scale_per_head ? (size_t)p->fmt.kv_heads : 1) * sizeof *t);
+}
+
+static float page_tscale(const ref_page *p, int h)
+{
+    float t = 1.0f;
+    if (p->lay.tscale_size)
+        memcpy(&t, p->mem + p->lay.tscale + (p->fmt.format.tensor_scale_per_head ? (size_t)h * sizeof t : 0), sizeof t);
+    return t;
 }
 
 static uint8_t *slot_codes(const ref_page *p, int h, int slot)
@@ -241,8 +286,15 @@ static void quant_token(ref_page *p, const float *x, size_t head_stride, int slo
             y[c] = f->channel_separable ? xh[c] / get_param(factor, (size_t)h * (size_t)D + (size_t)c, f->scale_bytes)
                                         : xh[c];
         for (int g = 0; g < ng; g++) {
-            kvq_qparams qp = kvq_quantize_group(y + g * G, (size_t)G, 1, bits, sdt(f), zdt(f), codes + g * G);
             size_t idx = ((size_t)h * (size_t)f->capacity + (size_t)slot) * (size_t)ng + (size_t)g;
+            if (f->format.kind != KVQ_FMT_INT) {
+                /* Element formats: the format's own rounding (quant.h); sema keeps them off hidden groups and
+                 * channel factors. */
+                put_qparams(p, idx, kvq_format_quantize_group(&f->format, bits, sdt(f), zdt(f), page_tscale(p, h),
+                                                               y + g * G, (size_t)G, 1, codes + g * G));
+                continue;
+            }
+            kvq_qparams qp = kvq_quantize_group(y + g * G, (size_t)G, 1, bits, sdt(f), zdt(f), codes + g * G);
             put_param(scale, idx, f->scale_bytes, qp.scale);
             put_param(zero, idx, f->zero_bytes, qp.zero);
         }
@@ -265,7 +317,6 @@ void ref_page_fill(ref_page *p, const float *x, size_t head_stride, const int *p
     }
     if (f->gran == KVQ_GRAN_CHANNEL) {
         /* KIVI keys: one group per (head, channel) over the page's tokens (the page is one group of G tokens). */
-        uint8_t *scale = p->mem + p->lay.scale, *zero = p->mem + p->lay.zero;
         kvq_qparams qp[256];
         uint8_t codes[256];
         for (int h = 0; h < H; h++) {
@@ -277,12 +328,18 @@ void ref_page_fill(ref_page *p, const float *x, size_t head_stride, const int *p
                     if (v < mn) mn = v;
                     if (v > mx) mx = v;
                 }
-                qp[c] = kvq_qparams_fit(mn, mx, bits, sdt(f), zdt(f));
-                put_param(scale, (size_t)h * (size_t)D + (size_t)c, f->scale_bytes, qp[c].scale);
-                put_param(zero, (size_t)h * (size_t)D + (size_t)c, f->zero_bytes, qp[c].zero);
+                if (f->format.kind != KVQ_FMT_INT) /* elementwise formats only (sema: the others are per token) */
+                    qp[c] = kvq_format_fit(&f->format, bits, sdt(f), zdt(f), xh + c, (size_t)n, (size_t)D);
+                else
+                    qp[c] = kvq_qparams_fit(mn, mx, bits, sdt(f), zdt(f));
+                put_qparams(p, (size_t)h * (size_t)D + (size_t)c, qp[c]);
             }
             for (int i = 0; i < n; i++) {
-                for (int c = 0; c < D; c++) codes[c] = (uint8_t)kvq_quant_code(xh[(size_t)i * (size_t)D + (size_t)c], qp[c], bits);
+                for (int c = 0; c < D; c++)
+                    codes[c] = f->format.kind != KVQ_FMT_INT
+                                   ? kvq_format_code(&f->format, bits, xh[(size_t)i * (size_t)D + (size_t)c], qp[c],
+                                                     page_tscale(p, h))
+                                   : (uint8_t)kvq_quant_code(xh[(size_t)i * (size_t)D + (size_t)c], qp[c], bits);
                 kvq_pack_codes(codes, D, bits, slot_codes(p, h, i));
             }
         }
@@ -337,8 +394,14 @@ void ref_page_read(const ref_page *p, int h, int slot, float *out)
             idx = (size_t)slot;
         else
             idx = ((size_t)h * (size_t)f->capacity + (size_t)slot) * (size_t)p->lay.n_groups + (size_t)(c / f->group);
-        kvq_qparams qp = {get_param(scale, idx, f->scale_bytes), get_param(zero, idx, f->zero_bytes)};
-        float r = kvq_dequant(codes[c], qp);
+        float r;
+        if (f->format.kind != KVQ_FMT_INT) {
+            /* x = z + (s * T) * L[code] (scheme_format.h) */
+            r = kvq_format_dequant(p->levels[codes[c]], get_qparams(p, idx), page_tscale(p, h));
+        } else {
+            kvq_qparams qp = {get_param(scale, idx, f->scale_bytes), get_param(zero, idx, f->zero_bytes)};
+            r = kvq_dequant(codes[c], qp);
+        }
         /* ZipCache Alg. 1: multiply the channel factor back (one fp32 multiply after dequantization). */
         if (f->channel_separable) r = r * get_param(factor, (size_t)h * (size_t)D + (size_t)c, f->scale_bytes);
         out[c] = r;

@@ -132,6 +132,7 @@ int main(void)
     int n = 0;
     check_dir("specs", &syn, &n);
     check_dir("specs/paper", &syn, &n);
+    check_dir("specs/formats", &syn, &n);
     th_begin("account == runtime: every spec covered (%d schemes)", n);
     TH_CHECK(n >= 8, "only %d schemes found under specs/", n);
     th_end();

@@ -9,7 +9,9 @@
 #include "kvq.h"
 #include "kvqc.h"
 #include "tool_spec.h"
-#include "scheme.h" /* model dims given in the spec, auto (calibrated) layers */
+#include "lloyd_max.h" /* the MSE of a codebook on N(0,1) */
+#include "quant.h"     /* element formats: which have a tensor scale */
+#include "scheme.h"    /* model dims given in the spec, auto (calibrated) layers */
 
 #define MAX_REPORT_LAYERS 4096
 
@@ -161,6 +163,66 @@ static int count_auto_layers(const kvq_scheme *s, int layers)
     return n;
 }
 
+/* One tensor's element format in words ("" for asymmetric integers, the default, so that reports of integer
+ * schemes read as before). */
+static void describe_format(const kvq_tensor_cfg *t, char *buf, size_t n)
+{
+    const kvq_format_cfg *f = &t->format;
+    size_t len = 0;
+    int w;
+    buf[0] = '\0';
+    if (kvq_bits_is_fp16(t->bits) || f->kind == KVQ_FMT_INT) return;
+    w = snprintf(buf, n, "%s%s, %d-bit codes", kvq_format_name(f->kind),
+                 f->kind == KVQ_FMT_CODEBOOK ? (f->codebook_normal ? " normal" : " (explicit)") : "", t->bits);
+    if (w > 0 && (size_t)w < n) len = (size_t)w;
+    if (kvq_format_has_tensor_scale(f->kind)) {
+        if (f->tensor_scale > 0)
+            w = snprintf(buf + len, n - len, ", tensor scale %g", f->tensor_scale);
+        else
+            w = snprintf(buf + len, n - len, ", tensor scale from the prompt");
+        if (w > 0 && (size_t)w < n - len) len += (size_t)w;
+    }
+    if (f->kind == KVQ_FMT_CODEBOOK) {
+        double lv[KVQ_CODEBOOK_MAX];
+        w = snprintf(buf + len, n - len, "; levels");
+        if (w > 0 && (size_t)w < n - len) len += (size_t)w;
+        for (int i = 0; i < f->n_levels; i++) {
+            lv[i] = f->levels[i];
+            w = snprintf(buf + len, n - len, " %.6g", f->levels[i]);
+            if (w > 0 && (size_t)w < n - len) len += (size_t)w;
+        }
+        /* The levels are for N(0,1) (normal) or for the group scaled to max |level| (explicit): their MSE on
+         * N(0,1) is the figure to compare with Lloyd-Max's. */
+        w = snprintf(buf + len, n - len, " (MSE for N(0,1): %.6g)", kvq_normal_quant_mse(lv, f->n_levels, 1.0));
+        if (w > 0 && (size_t)w < n - len) len += (size_t)w;
+    }
+}
+
+static void print_formats(const kvq_scheme *s, int layers)
+{
+    char prev[2][512] = {"", ""}, cur[2][512];
+    int from = 0;
+    for (int l = 0; l <= layers; l++) {
+        if (l < layers) {
+            const kvq_layer_cfg *c = kvq_scheme_layer(s, l);
+            describe_format(&c->quant.key, cur[0], sizeof cur[0]);
+            describe_format(&c->quant.value, cur[1], sizeof cur[1]);
+            if (c->mode == KVQ_MODE_SPARSE) cur[0][0] = cur[1][0] = '\0';
+            if (l > 0 && !strcmp(cur[0], prev[0]) && !strcmp(cur[1], prev[1])) continue;
+        }
+        if (l > 0 && (prev[0][0] || prev[1][0])) {
+            const char *what[2] = {"keys", "values"};
+            for (int k = 0; k < 2; k++)
+                if (prev[k][0])
+                    printf("  %s, layers %d..%d: format %s\n", what[k], from, l - 1, prev[k]);
+        }
+        if (l < layers) {
+            memcpy(prev, cur, sizeof prev);
+            from = l;
+        }
+    }
+}
+
 static void print_text(const report_args *a, const kvq_scheme *s, const kvq_dims *d, const kvq_mem_stats *m)
 {
     printf("scheme %s (%s:%d)\n", s->name, s->file, s->line);
@@ -171,6 +233,7 @@ static void print_text(const report_args *a, const kvq_scheme *s, const kvq_dims
     if (autos && !a->have_sparse)
         printf("  note: %d auto layer(s) counted as quantized; pass --sparse-layers to count a calibrated map\n",
                autos);
+    print_formats(s, d->layers);
     printf("  %-14s %14s %16s %10s\n", "segment", "K/V vectors", "bytes", "MiB");
     for (int k = 0; k < KVQ_SEG_COUNT; k++) {
         if (!m->bytes[k] && !m->tokens[k]) continue;
