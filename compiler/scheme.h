@@ -31,6 +31,11 @@ typedef enum { KVQ_OUTLIER_KEY_L1_SMALLEST = 0, KVQ_OUTLIER_KEY_L1_LARGEST = 1 }
 /* What a layer does with its cache. AUTO: decided per layer by calibration (TailorKV dense preference score). */
 typedef enum { KVQ_MODE_QUANT = 0, KVQ_MODE_SPARSE = 1, KVQ_MODE_AUTO = 2 } kvq_layer_mode;
 
+/* Rotation of a tensor's head vectors before they are stored (docs/language.md, "Rotations"): QuaRot/SpinQuant's
+ * Walsh-Hadamard, TurboQuant's Haar-random orthogonal matrix. The engine applies it (runtime/rt_rotate.c), so
+ * every backend stores and attends rotated vectors and sees no rotation itself. */
+typedef enum { KVQ_ROT_NONE = 0, KVQ_ROT_HADAMARD = 1, KVQ_ROT_RANDOM = 2 } kvq_rotation;
+
 /* Quantization of one tensor (keys or values). */
 typedef struct {
     int bits;              /* 1, 2, 3, 4, 8, or 16 (= kept fp16, not quantized) */
@@ -39,6 +44,8 @@ typedef struct {
     int group;             /* > 0, KVQ_GROUP_ALL or KVQ_GROUP_HIDDEN */
     kvq_param_dtype scale_dtype;
     kvq_param_dtype zero_dtype;
+    kvq_rotation rotate;   /* applied to quantized tensors (bits < 16) of quantize-mode layers */
+    int rotate_seed;       /* hadamard: the seed of its random signs, -1 = no signs; random: the matrix's seed */
 } kvq_tensor_cfg;
 
 typedef struct {

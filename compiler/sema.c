@@ -31,6 +31,8 @@ static void tset(kvq_tensor_cfg *t, int k, double v)
     case T_CS: t->channel_separable = i; break;
     case T_GROUP: t->group = i; break;
     case T_SCALE: t->scale_dtype = i ? KVQ_DT_FP32 : KVQ_DT_FP16; break;
+    case T_ROT: t->rotate = i == 1 ? KVQ_ROT_HADAMARD : i == 2 ? KVQ_ROT_RANDOM : KVQ_ROT_NONE; break;
+    case T_ROT_SEED: t->rotate_seed = i; break;
     default: t->zero_dtype = i ? KVQ_DT_FP32 : KVQ_DT_FP16; break;
     }
 }
@@ -81,8 +83,8 @@ void sema_default_layer(kvq_layer_cfg *c)
     c->mode = KVQ_MODE_QUANT;
     /* Unquantized unless a scheme says `bits`; KIVI's granularity (keys per channel, values per token) and
      * group size 32. */
-    c->quant.key = (kvq_tensor_cfg){16, KVQ_GRAN_CHANNEL, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
-    c->quant.value = (kvq_tensor_cfg){16, KVQ_GRAN_TOKEN, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+    c->quant.key = (kvq_tensor_cfg){16, KVQ_GRAN_CHANNEL, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16, KVQ_ROT_NONE, -1};
+    c->quant.value = (kvq_tensor_cfg){16, KVQ_GRAN_TOKEN, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16, KVQ_ROT_NONE, -1};
     c->quant.sinks = 0;
     c->quant.residual = 0;
     c->quant.flush = KVQ_FLUSH_KIVI;

@@ -11,7 +11,17 @@
 /* Fields of a layer configuration, addressed by number so a statement can be applied to many layers at once
  * and every field can carry a provenance. */
 
-enum { T_BITS, T_GRAN, T_CS, T_GROUP, T_SCALE, T_ZERO, T_COUNT };
+enum {
+    T_BITS,
+    T_GRAN,
+    T_CS,
+    T_GROUP,
+    T_SCALE,
+    T_ZERO,
+    T_ROT,      /* rotate: kvq_rotation (sema_stmt.c h_rotate sets both rotation fields) */
+    T_ROT_SEED,
+    T_COUNT
+};
 enum {
     F_MODE,
     F_KEY,

@@ -180,6 +180,38 @@ static void h_dtype(sema_state *S, const ast_stmt *st, const sema_ctx *c, const 
     if (k >= 0) sema_put_tensor(S, c, st->name[0] == 's' ? T_SCALE : T_ZERO, k, st->loc);
 }
 
+/* `rotate none|hadamard|random [seed S]` (docs/language.md, "Rotations"): hadamard without a seed has no random
+ * signs; random needs its seed, so the matrix is named in the spec and every machine builds the same one. */
+static void h_rotate(sema_state *S, const ast_stmt *st, const sema_ctx *c, const stmt_def *d)
+{
+    int k = choice_arg(S, st, arg(st, 0), "none|hadamard|random"), seed = -1;
+    (void)d;
+    if (k < 0) return;
+    if (st->n_args == 2) {
+        ERR(st->loc, "usage: %s", d->usage);
+        return;
+    }
+    if (st->n_args == 3) {
+        if (k == KVQ_ROT_NONE) {
+            ERR(arg(st, 1)->loc, "'rotate none' takes no seed");
+            return;
+        }
+        if (choice_arg(S, st, arg(st, 1), "seed") < 0) return;
+        if (arg(st, 2)->kind == AST_INT && arg(st, 2)->num < 0) {
+            char q[64];
+            ERR(arg(st, 2)->loc, "seed must not be negative, not '%s'", sema_q(q, sizeof q, arg(st, 2)->text));
+            return;
+        }
+        if (!int_arg(S, st, arg(st, 2), 0, 2147483647, &seed)) return;
+    } else if (k == KVQ_ROT_RANDOM) {
+        ERR(st->loc, "rotate random needs a seed (rotate random seed S): the seed names the matrix, so every "
+                     "backend and machine builds the same one");
+        return;
+    }
+    sema_put_tensor(S, c, T_ROT, k, st->loc);
+    sema_put_tensor(S, c, T_ROT_SEED, seed, st->loc);
+}
+
 static void h_tensor_block(sema_state *S, const ast_stmt *st, const sema_ctx *c, const stmt_def *d)
 {
     sema_ctx in = *c;
@@ -570,6 +602,7 @@ static const stmt_def DEFS[] = {
     {"group", M_TENSOR, h_group, NO_BLOCK, 1, 1, "group N|all|hidden", 0},
     {"scale", M_TENSOR, h_dtype, NO_BLOCK, 1, 1, "scale fp16|fp32", 0},
     {"zero", M_TENSOR, h_dtype, NO_BLOCK, 1, 1, "zero fp16|fp32", 0},
+    {"rotate", M_TENSOR, h_rotate, NO_BLOCK, 1, 3, "rotate none|hadamard|random [seed S]", 0},
     {"key", M_QUANT, h_tensor_block, NEEDS_BLOCK, 0, 0, "key { ... }", 0},
     {"value", M_QUANT, h_tensor_block, NEEDS_BLOCK, 0, 0, "value { ... }", 0},
     {"sinks", M_QUANT | B_WHEN_S, h_count, NO_BLOCK, 1, 1, "sinks N", 0},

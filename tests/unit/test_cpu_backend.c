@@ -494,8 +494,8 @@ static void test_ir(void)
     memset(&k, 0, sizeof k);
     k.head_dim = 128;
     k.gqa = 4;
-    kvq_tensor_cfg kc = {2, KVQ_GRAN_CHANNEL, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
-    kvq_tensor_cfg vc = {2, KVQ_GRAN_TOKEN, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16};
+    kvq_tensor_cfg kc = {2, KVQ_GRAN_CHANNEL, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16, KVQ_ROT_NONE, -1};
+    kvq_tensor_cfg vc = {2, KVQ_GRAN_TOKEN, 0, 32, KVQ_DT_FP16, KVQ_DT_FP16, KVQ_ROT_NONE, -1};
     kvq_page_format_init(&k.k.fmt, &kc, 2, 0, 8, 128, 32);
     kvq_page_format_init(&k.v.fmt, &vc, 2, 0, 8, 128, 64);
     char *a = emit_llvm_ir_text(&k, 8), *b = emit_llvm_ir_text(&k, 8), *c = emit_llvm_ir_text(&k, 16);

@@ -29,7 +29,8 @@ static char *read_text(const char *path)
 static int same_tensor(const kvq_tensor_cfg *a, const kvq_tensor_cfg *b)
 {
     return a->bits == b->bits && a->gran == b->gran && a->channel_separable == b->channel_separable &&
-           a->group == b->group && a->scale_dtype == b->scale_dtype && a->zero_dtype == b->zero_dtype;
+           a->group == b->group && a->scale_dtype == b->scale_dtype && a->zero_dtype == b->zero_dtype &&
+           a->rotate == b->rotate && a->rotate_seed == b->rotate_seed;
 }
 
 static int same_layer(const kvq_layer_cfg *a, const kvq_layer_cfg *b)
