@@ -7,6 +7,8 @@
 
 #include <stddef.h>
 
+#include "scheme_format.h"
+
 #define KVQ_NAME_MAX 64
 #define KVQ_MAX_LAYER_RANGES 64
 
@@ -46,6 +48,7 @@ typedef struct {
     kvq_param_dtype zero_dtype;
     kvq_rotation rotate;   /* applied to quantized tensors (bits < 16) of quantize-mode layers */
     int rotate_seed;       /* hadamard: the seed of its random signs, -1 = no signs; random: the matrix's seed */
+    kvq_format_cfg format; /* element format (scheme_format.h); zero-initialised = asymmetric integers */
 } kvq_tensor_cfg;
 
 typedef struct {

@@ -56,12 +56,72 @@ static inline float kvq_dequant(uint32_t code, kvq_qparams p)
 float kvq_channel_factor(float absmax, kvq_param_dtype dt);
 
 /* Packs head_dim codes of one token (values < 2^bits) into dst (kvq_code_bytes(head_dim, bits) bytes), in the
- * bit order of layout.h; bits in {1, 2, 3, 4, 8}. unpack is the inverse. */
+ * bit order of layout.h; bits in {1, 2, 3, 4, 5, 8}. unpack is the inverse. */
 void kvq_pack_codes(const uint8_t *codes, int head_dim, int bits, uint8_t *dst);
 void kvq_unpack_codes(const uint8_t *src, int head_dim, int bits, uint8_t *codes);
 
 /* Quantizes n values (stride apart) as one group: fits parameters, writes n codes. */
 kvq_qparams kvq_quantize_group(const float *x, size_t n, size_t stride, int bits, kvq_param_dtype scale_dt,
                                kvq_param_dtype zero_dt, uint8_t *codes);
+
+
+/* ---- element formats (compiler/scheme_format.h): x = z + s * T * L[code] ----
+ *
+ * Each format's own rounding, bit for bit:
+ *   int          as above (kvq_qparams_fit, kvq_quant_code).
+ *   int sym      s = absmax / (2^(b-1) - 1) rounded up to the scale dtype; code = clamp(rint(x / s),
+ *                -(2^(b-1) - 1), 2^(b-1) - 1) + 2^(b-1); L = code - 2^(b-1). No zero stored; bits >= 2.
+ *   q8_0         ggml quantize_row_q8_0_ref: d = absmax / 127, id = d ? 1/d : 0, q = roundf(x * id) (half away
+ *                from zero); code = q + 128, L = code - 128, s = fp16(d).
+ *   q4_0, q5_0   ggml quantize_row_q4_0_ref / q5_0: m = the element of largest magnitude (the first of ties),
+ *                d = m / -8 (-16), id = d ? 1/d : 0, code = min(15 (31), (int)(x * id + 8.5 (16.5))) truncated;
+ *                L = code - 8 (16), s = fp16(d).
+ *   q4_1, q5_1   ggml quantize_row_q4_1_ref / q5_1: d = (max - min) / 15 (31), id = d ? 1/d : 0,
+ *                code = min(15 (31), (int)((x - min) * id + 0.5)); s = fp16(d), z = fp16(min), L = code.
+ *                (ggml computes the codes with the fp32 d and min, and stores them rounded to fp16.)
+ *   e4m3, e5m2   code = the element format of x / T (base/minifloat.h: nearest even, saturating); s = 1.
+ *   nvfp4        blocks of 16: s = e4m3((absmax / 6) / T); code = e2m1(x / (s * T)) (s = 0: codes +0).
+ *   mxfp4        OCP MX v1.0 Sec. 6.3: blocks of 32: s = 2^(floor(log2(absmax)) - 2) (e8m0; 2 = e2m1's largest
+ *                exponent), code = e2m1(x / s), saturating (absmax / s < 8: the top values clamp to 6).
+ *   codebook     s = absmax / max |L| rounded up to the scale dtype (explicit levels), or the group's root mean
+ *                square rounded to nearest (`normal`: the levels are for N(0,1)); code = the nearest level to
+ *                x / s, the lower of two equally near; s = 0 gives code of the level nearest 0.
+ * NaN inputs give code 0 / the format's zero (the engine refuses non-finite K/V before this). */
+#include "scheme_format.h"
+
+/* Bits of one code of a format whose tensor says `bits` (the named formats fix their own). */
+int kvq_format_code_bits(const kvq_format_cfg *f, int bits);
+/* The block size a format fixes (32 for the q types and MXFP4, 16 for NVFP4), 0 when the group is free. */
+int kvq_format_block(kvq_format_kind k);
+int kvq_format_has_zero(kvq_format_kind k);         /* stores a zero / min per group */
+int kvq_format_has_group_scale(kvq_format_kind k);  /* stores a scale per group (all but e4m3 / e5m2) */
+int kvq_format_has_tensor_scale(kvq_format_kind k); /* e4m3, e5m2, nvfp4 */
+/* Bytes of one stored group scale: 1 (nvfp4: e4m3, mxfp4: e8m0), 0 (none), else the scale dtype's. */
+int kvq_format_scale_bytes(kvq_format_kind k, kvq_param_dtype scale_dt);
+int kvq_format_zero_bytes(kvq_format_kind k, kvq_param_dtype zero_dt);
+/* A one-byte group scale's encoding and value (nvfp4: e4m3, mxfp4: e8m0). */
+uint8_t kvq_format_scale8_encode(kvq_format_kind k, float s);
+float kvq_format_scale8_decode(kvq_format_kind k, uint8_t c);
+
+/* The level table L[0 .. 2^code_bits) (code_bits <= 8). */
+void kvq_format_levels(const kvq_format_cfg *f, int bits, float *table);
+
+/* The tensor scale T computed from a batch's absolute maximum (the prompt): amax / (largest element value *
+ * largest block scale): e4m3 amax / 448, e5m2 amax / 57344, nvfp4 amax / (6 * 448); 1 when amax is 0 or the
+ * format has no tensor scale. */
+float kvq_format_tensor_scale(kvq_format_kind k, float amax);
+
+/* Quantizes n values (stride apart) as one group of format f: writes n codes, returns the stored parameters
+ * (scale as stored, decoded; zero 0 where none is stored). tscale: T (1 for formats without). */
+kvq_qparams kvq_format_quantize_group(const kvq_format_cfg *f, int bits, kvq_param_dtype scale_dt,
+                                      kvq_param_dtype zero_dt, float tscale, const float *x, size_t n,
+                                      size_t stride, uint8_t *codes);
+
+/* x = z + (s * T) * L[code]: fp32, a multiply, a multiply, an add (no fused multiply-add). For int, T = 1 and
+ * this is kvq_dequant exactly. */
+static inline float kvq_format_dequant(float level, kvq_qparams p, float tscale)
+{
+    return p.zero + (p.scale * tscale) * level;
+}
 
 #endif
