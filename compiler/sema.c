@@ -33,6 +33,7 @@ static void tset(kvq_tensor_cfg *t, int k, double v)
     case T_SCALE: t->scale_dtype = i ? KVQ_DT_FP32 : KVQ_DT_FP16; break;
     case T_ROT: t->rotate = i == 1 ? KVQ_ROT_HADAMARD : i == 2 ? KVQ_ROT_RANDOM : KVQ_ROT_NONE; break;
     case T_ROT_SEED: t->rotate_seed = i; break;
+    case T_TQ: t->turboquant = i == 1 ? KVQ_TQ_MSE : i == 2 ? KVQ_TQ_PROD : KVQ_TQ_NONE; break;
     default: t->zero_dtype = i ? KVQ_DT_FP32 : KVQ_DT_FP16; break;
     }
 }
@@ -199,6 +200,33 @@ static const sema_prov *blame(const sema_state *S, const sema_prov *const *ps, i
     blame(S, (const sema_prov *const[]){__VA_ARGS__},                                                                  \
           (int)(sizeof((const sema_prov *const[]){__VA_ARGS__}) / sizeof(const sema_prov *)))
 
+/* TurboQuant quantizes whole rotated head vectors with Lloyd-Max codes of 1-4 bits (the prod variant: b - 1 of
+ * them plus its 1-bit QJL sketch). */
+static void check_turboquant(sema_state *S, const sema_lcfg *t, int key)
+{
+    const kvq_tensor_cfg *x = key ? &t->c.quant.key : &t->c.quant.value;
+    const int F = key ? F_KEY : F_VALUE;
+    const char *name = key ? "keys" : "values", *v = x->turboquant == KVQ_TQ_PROD ? "prod" : "mse";
+    const sema_prov *b;
+    int lo = x->turboquant == KVQ_TQ_PROD ? 2 : 1;
+    if ((x->bits < lo || x->bits > 4) && (b = BLAME(&t->p[F + T_BITS], &t->p[F + T_TQ])))
+        sema_error(S, b->src, sema_prov_loc(b), "turboquant %s of the %s needs bits %d to 4, not %d%s", v, name, lo,
+                   x->bits, lo == 2 ? " (b - 1 bits of codes plus the 1-bit QJL sketch)" : "");
+    if ((x->gran != KVQ_GRAN_TOKEN || x->group != KVQ_GROUP_ALL || x->channel_separable) &&
+        (b = BLAME(&t->p[F + T_GRAN], &t->p[F + T_GROUP], &t->p[F + T_CS], &t->p[F + T_TQ])))
+        sema_error(S, b->src, sema_prov_loc(b),
+                   "turboquant quantizes whole head vectors: the %s must stay per token, group all, without "
+                   "channel_separable (turboquant sets the first two)",
+                   name);
+    if (x->rotate != KVQ_ROT_RANDOM && (b = BLAME(&t->p[F + T_ROT], &t->p[F + T_TQ])))
+        sema_error(S, b->src, sema_prov_loc(b),
+                   "turboquant needs rotate random (its codebook is the law of a randomly rotated unit vector's "
+                   "coordinates); turboquant sets it, a later rotate changed it");
+    if (t->c.quant.saliency.metric != KVQ_SAL_NONE && (b = BLAME(&t->p[F_SAL_METRIC], &t->p[F + T_TQ])))
+        sema_error(S, b->src, sema_prov_loc(b), "turboquant and saliency cannot be combined (saliency needs two "
+                                                "precision classes of the kvq quantizer)");
+}
+
 static void check_tensor(sema_state *S, const sema_scheme *s, const sema_lcfg *t, int key)
 {
     const kvq_tensor_cfg *x = key ? &t->c.quant.key : &t->c.quant.value;
@@ -208,6 +236,7 @@ static void check_tensor(sema_state *S, const sema_scheme *s, const sema_lcfg *t
     int hd = s->model.head_dim;
 
     if (kvq_bits_is_fp16(x->bits)) return;
+    if (x->turboquant != KVQ_TQ_NONE) check_turboquant(S, t, key);
     if (x->channel_separable && x->gran == KVQ_GRAN_CHANNEL && (b = BLAME(&t->p[F + T_CS], &t->p[F + T_GRAN])))
         sema_error(S, b->src, sema_prov_loc(b),
                    "channel_separable needs per token quantization, but the %s are per channel", name);

@@ -11,6 +11,7 @@
 
 #include "harness.h"
 #include "rotation.h"
+#include "test_engine_util.h"
 #include "turboquant.h"
 
 #define D 128
@@ -113,9 +114,117 @@ static void test_inner_product(void)
     }
 }
 
+/* specs/rotate/turboquant.kvq through the engine on the reference backend: attention over what the cache holds
+ * (read_cache) equals the decode output, TurboQuant at 4 + 3 bits stays close to exact attention on structured
+ * K/V, the memory equals kvq_scheme_account's; the compiled backends refuse TurboQuant clearly. */
+static void test_engine(const char *name)
+{
+    th_begin("engine: %s (specs/rotate/turboquant.kvq) on the reference: decode = attention over read_cache, "
+             "stats = kvq_scheme_account; cpu and emu refuse it",
+             name);
+    enum { H = 2, Hq = 4, T = 150, L = 1 };
+    kvq_spec *sp = tu_spec_file("specs/rotate/turboquant.kvq");
+    const kvq_scheme *s = sp ? kvq_spec_scheme(sp, name) : NULL;
+    TH_CHECK(s, "scheme %s", name);
+    kvq_engine *e = s ? tu_engine(s, L, Hq, H, D, KVQ_F32) : NULL;
+    kvq_synth_params p = kvq_synth_params_default();
+    p.layers = 4, p.kv_heads = H, p.heads = Hq, p.head_dim = D, p.tokens = T + 1, p.seed = 3;
+    kvq_synth syn = {0};
+    char err[256];
+    TH_CHECK(kvq_synth_generate(&p, &syn, err, sizeof err) == KVQ_OK, "synth: %s", err);
+    float *k = malloc((size_t)H * (T + 1) * D * 4), *v = malloc((size_t)H * (T + 1) * D * 4);
+    float *q = malloc((size_t)Hq * (T + 1) * D * 4);
+    tu_slice(syn.k, 3, H, T + 1, D, 0, T + 1, k); /* layer 3: outlier channels and tokens */
+    tu_slice(syn.v, 3, H, T + 1, D, 0, T + 1, v);
+    tu_slice(syn.q, 3, Hq, T + 1, D, 0, T + 1, q);
+    float *pk = malloc((size_t)H * T * D * 4), *pv = malloc((size_t)H * T * D * 4);
+    float dk[H * D], dv[H * D], dq[Hq * D], out[Hq * D], ex[D];
+    for (int h = 0; h < H; h++) {
+        memcpy(pk + (size_t)h * T * D, k + (size_t)h * (T + 1) * D, (size_t)T * D * 4);
+        memcpy(pv + (size_t)h * T * D, v + (size_t)h * (T + 1) * D, (size_t)T * D * 4);
+        memcpy(dk + h * D, k + ((size_t)h * (T + 1) + T) * D, D * 4);
+        memcpy(dv + h * D, v + ((size_t)h * (T + 1) + T) * D, D * 4);
+    }
+    for (int h = 0; h < Hq; h++) memcpy(dq + h * D, q + ((size_t)h * (T + 1) + T) * D, D * 4);
+    kvq_seq *seq = NULL;
+    TH_CHECK(e && kvq_seq_create(e, &seq) == KVQ_OK, "engine");
+    kvq_prefill_item it = {seq, T, pk, pv, NULL};
+    TH_CHECK(!th_failed() && kvq_prefill(e, 0, &it, 1) == KVQ_OK, "prefill: %s", kvq_engine_errmsg(e));
+    if (!th_failed()) {
+        kvq_account_opts o;
+        memset(&o, 0, sizeof o);
+        kvq_dims dims = {L, Hq, H, D};
+        kvq_mem_stats acc, run;
+        TH_CHECK(kvq_scheme_account(s, &dims, 1, T, &o, &acc) == KVQ_OK && kvq_engine_stats(e, &run) == KVQ_OK,
+                 "stats");
+        TH_CHECK(acc.device_bytes == run.device_bytes, "account %llu bytes, engine %llu",
+                 (unsigned long long)acc.device_bytes, (unsigned long long)run.device_bytes);
+    }
+    kvq_decode_item d = {seq, dk, dv, dq, out};
+    TH_CHECK(!th_failed() && kvq_decode(e, 0, &d, 1) == KVQ_OK, "decode: %s", kvq_engine_errmsg(e));
+    float *rk = malloc((size_t)H * (T + 1) * D * 4), *rv = malloc((size_t)H * (T + 1) * D * 4);
+    int n = 0;
+    TH_CHECK(!th_failed() && kvq_seq_read_cache(e, seq, 0, rk, rv, T + 1, &n) == KVQ_OK && n == T + 1, "read");
+    double worst_self = 0, worst_exact = 0;
+    for (int h = 0; h < Hq && !th_failed(); h++) {
+        int g = h / (Hq / H);
+        tu_exact_attention(dq + h * D, rk + (size_t)g * (T + 1) * D, rv + (size_t)g * (T + 1) * D, T + 1, D,
+                           1 / sqrt((double)D), ex);
+        worst_self = fmax(worst_self, tu_rel_err(out + h * D, ex, D, 1e-3));
+        tu_exact_attention(dq + h * D, k + (size_t)g * (T + 1) * D, v + (size_t)g * (T + 1) * D, T + 1, D,
+                           1 / sqrt((double)D), ex);
+        worst_exact = fmax(worst_exact, tu_rel_err(out + h * D, ex, D, 1e-3));
+    }
+    /* Theorem 1 holds for any fixed vector (Pi x / |x| is uniform on the sphere): the stored MSE tensors'
+     * relative squared error, averaged over the tokens, is D_mse(b) (the kvq_lloyd_max MSE of N(0, 1)). */
+    static const double dmse[5] = {0, 0.3634, 0.1175, 0.03455, 0.0095};
+    double rel[2] = {0, 0};
+    for (int w = 0; w < 2 && !th_failed(); w++)
+        for (int i = 0; i < H * (T + 1); i++) {
+            const float *x = (w ? v : k) + (size_t)i * D, *y = (w ? rv : rk) + (size_t)i * D;
+            double e2 = 0, n2 = 0;
+            for (int c = 0; c < D; c++) {
+                e2 += ((double)x[c] - y[c]) * ((double)x[c] - y[c]);
+                n2 += (double)x[c] * x[c];
+            }
+            rel[w] += e2 / n2 / (H * (T + 1));
+        }
+    printf("  %s: output vs attention over read_cache %.2g, vs exact attention %.3g; relative MSE keys %.4f "
+           "values %.4f\n",
+           name, worst_self, worst_exact, rel[0], rel[1]);
+    TH_CHECK(worst_self < 1e-4, "decode differs from attention over what the cache holds by %.3g", worst_self);
+    for (int w = 0; w < 2 && s; w++) {
+        const kvq_tensor_cfg *t = w ? &s->base.quant.value : &s->base.quant.key;
+        if (t->turboquant != KVQ_TQ_MSE) continue;
+        TH_CHECK(fabs(rel[w] / dmse[t->bits] - 1) < 0.1, "%s: relative MSE %.4f, Theorem 1's %.4f at %d bits",
+                 w ? "values" : "keys", rel[w], dmse[t->bits], t->bits);
+    }
+    for (int b = 0; b < 2 && s; b++) {
+        kvq_engine_config cfg;
+        kvq_engine_config_init(&cfg);
+        cfg.dims = (kvq_dims){L, Hq, H, D};
+        cfg.backend = b ? KVQ_BACKEND_EMU : KVQ_BACKEND_CPU;
+        kvq_engine *x = NULL;
+        kvq_status st = kvq_engine_create(s, &cfg, &x, err, sizeof err);
+        TH_CHECK(st == KVQ_ERR_UNSUPPORTED || st == KVQ_ERR_UNAVAILABLE, "%s backend: %s", b ? "emu" : "cpu",
+                 kvq_status_str(st));
+        TH_CHECK(st == KVQ_ERR_UNAVAILABLE || strstr(err, "TurboQuant"), "%s backend's message: %s", b ? "emu" : "cpu",
+                 err);
+        kvq_engine_free(x);
+    }
+    free(k), free(v), free(q), free(pk), free(pv), free(rk), free(rv);
+    kvq_synth_free(&syn);
+    kvq_engine_free(e);
+    kvq_spec_free(sp);
+    th_end();
+}
+
 int main(void)
 {
     test_mse();
     test_inner_product();
+    test_engine("turboquant-k4v3");
+    test_engine("turboquant-k3v2");
+    test_engine("turboquant-mse3");
     return th_summary();
 }
