@@ -143,6 +143,13 @@ static void test_language(void)
                  "c layer 1");
     }
     kvq_spec_free(sp);
+    /* the study's specs (docs/eval.md) */
+    sp = tu_spec_file("specs/rotate/kivi-hadamard.kvq");
+    const kvq_scheme *h = sp ? kvq_spec_scheme(sp, "kivi2-hadamard") : NULL;
+    TH_CHECK(h && h->base.quant.key.rotate == KVQ_ROT_HADAMARD && h->base.quant.value.rotate == KVQ_ROT_HADAMARD &&
+                 h->base.quant.key.bits == 2 && h->base.quant.residual == 128,
+             "specs/rotate/kivi-hadamard.kvq: kivi2-hadamard");
+    kvq_spec_free(sp);
     th_end();
 }
 
