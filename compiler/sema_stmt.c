@@ -220,8 +220,10 @@ static void h_turboquant(sema_state *S, const ast_stmt *st, const sema_ctx *c, c
     int k = choice_arg(S, st, arg(st, 0), "none|mse|prod"), seed = -1;
     if (k < 0) return;
     if (k == KVQ_TQ_NONE) {
-        if (st->n_args > 1) ERR(arg(st, 1)->loc, "'turboquant none' takes no seed");
-        else sema_put_tensor(S, c, T_TQ, KVQ_TQ_NONE, st->loc);
+        if (st->n_args > 1)
+            ERR(arg(st, 1)->loc, "'turboquant none' takes no seed");
+        else
+            sema_put_tensor(S, c, T_TQ, KVQ_TQ_NONE, st->loc);
         return;
     }
     if (st->n_args != 3) {
