@@ -219,8 +219,53 @@ static void test_engine(const char *name)
     th_end();
 }
 
+/* Every head_dim kvq supports (the codes of 96 channels at 1-3 bits, the QJL plane): the decode output is
+ * attention over what read_cache returns, and the values' distortion is Theorem 1's. */
+static void test_head_dims(void)
+{
+    static const int dims[] = {64, 96, 256};
+    for (int di = 0; di < 3; di++) {
+        int Dh = dims[di], H = 1, Hq = 2, T = 60;
+        th_begin("engine: turboquant prod 3 keys, mse 2 values at head_dim %d: decode = attention over read_cache",
+                 Dh);
+        kvq_spec *sp = tu_spec_text("scheme t { key { bits 3; turboquant prod seed 4; }\n"
+                                    "  value { bits 2; turboquant mse seed 5; } }\n");
+        kvq_engine *e = sp ? tu_engine(kvq_spec_scheme(sp, "t"), 1, Hq, H, Dh, KVQ_F32) : NULL;
+        kvq_seq *seq = NULL;
+        TH_CHECK(e && kvq_seq_create(e, &seq) == KVQ_OK, "engine");
+        size_t n = (size_t)H * (T + 1) * Dh;
+        float *k = malloc(n * 4), *v = malloc(n * 4), *q = malloc((size_t)Hq * Dh * 4), *out = malloc((size_t)Hq * Dh * 4);
+        float *rk = malloc(n * 4), *rv = malloc(n * 4), *ex = malloc((size_t)Dh * 4);
+        tu_fill(k, n, 2);
+        tu_fill(v, n, 1);
+        tu_fill(q, (size_t)Hq * Dh, 1);
+        kvq_prefill_item it = {seq, T, k, v, NULL}; /* H = 1: the first T rows */
+        TH_CHECK(!th_failed() && kvq_prefill(e, 0, &it, 1) == KVQ_OK, "prefill: %s", kvq_engine_errmsg(e));
+        kvq_decode_item d = {seq, k + (size_t)T * Dh, v + (size_t)T * Dh, q, out};
+        TH_CHECK(!th_failed() && kvq_decode(e, 0, &d, 1) == KVQ_OK, "decode: %s", kvq_engine_errmsg(e));
+        int got = 0;
+        TH_CHECK(!th_failed() && kvq_seq_read_cache(e, seq, 0, rk, rv, T + 1, &got) == KVQ_OK && got == T + 1, "read");
+        for (int h = 0; h < Hq && !th_failed(); h++) {
+            tu_exact_attention(q + (size_t)h * Dh, rk, rv, T + 1, Dh, 1 / sqrt((double)Dh), ex);
+            double rel = tu_rel_err(out + (size_t)h * Dh, ex, (size_t)Dh, 1e-3);
+            TH_CHECK(rel < 1e-4, "head %d: %.3g from attention over read_cache", h, rel);
+        }
+        double e2 = 0, n2 = 0;
+        for (size_t i = 0; i < n && !th_failed(); i++) {
+            e2 += ((double)v[i] - rv[i]) * ((double)v[i] - rv[i]);
+            n2 += (double)v[i] * v[i];
+        }
+        TH_CHECK(fabs(e2 / n2 / 0.1175 - 1) < 0.15, "values' relative MSE %.4f, Theorem 1's 0.1175", e2 / n2);
+        free(k), free(v), free(q), free(out), free(rk), free(rv), free(ex);
+        kvq_engine_free(e);
+        kvq_spec_free(sp);
+        th_end();
+    }
+}
+
 int main(void)
 {
+    test_head_dims();
     test_mse();
     test_inner_product();
     test_engine("turboquant-k4v3");
