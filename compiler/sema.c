@@ -84,10 +84,10 @@ void sema_default_layer(kvq_layer_cfg *c)
     c->mode = KVQ_MODE_QUANT;
     /* Unquantized unless a scheme says `bits`; KIVI's granularity (keys per channel, values per token) and
      * group size 32. */
-    c->quant.key = (kvq_tensor_cfg){.bits = 16, .gran = KVQ_GRAN_CHANNEL, .group = 32, .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16,
-                                      .rotate = KVQ_ROT_NONE, .rotate_seed = -1};
-    c->quant.value = (kvq_tensor_cfg){.bits = 16, .gran = KVQ_GRAN_TOKEN, .group = 32, .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16,
-                                      .rotate = KVQ_ROT_NONE, .rotate_seed = -1};
+    c->quant.key = (kvq_tensor_cfg){.bits = 16, .gran = KVQ_GRAN_CHANNEL, .group = 32, .scale_dtype = KVQ_DT_FP16,
+                                    .zero_dtype = KVQ_DT_FP16, .rotate = KVQ_ROT_NONE, .rotate_seed = -1};
+    c->quant.value = (kvq_tensor_cfg){.bits = 16, .gran = KVQ_GRAN_TOKEN, .group = 32, .scale_dtype = KVQ_DT_FP16,
+                                      .zero_dtype = KVQ_DT_FP16, .rotate = KVQ_ROT_NONE, .rotate_seed = -1};
     c->quant.sinks = 0;
     c->quant.residual = 0;
     c->quant.flush = KVQ_FLUSH_KIVI;

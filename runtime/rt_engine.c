@@ -426,7 +426,8 @@ kvq_status kvq_decode(kvq_engine *e, int layer, const kvq_decode_item *items, in
         if (st == KVQ_OK) st = rt_check_q(e, fn, i, layer, bi[i].q, 1, pos);
         /* Rotations: each item's new K/V rows and its query rows, once per step (rt_rotate.c). */
         float *b = buf + (size_t)i * per;
-        if (st == KVQ_OK && rt_rotate_active(e, layer)) st = rt_rotate_in(e, fn, i, layer, b, b + nkv, b + 2 * nkv, 1, pos);
+        if (st == KVQ_OK && rt_rotate_active(e, layer))
+            st = rt_rotate_in(e, fn, i, layer, b, b + nkv, b + 2 * nkv, 1, pos);
         if (st != KVQ_OK) {
             kvq_free(bi);
             kvq_free(buf);

@@ -154,8 +154,10 @@ static void test_bit_order(void)
 static void test_page_cut(void)
 {
     th_begin("layout.md: a flush's page capacities (per channel: the group; per token and bits 16: all of it)");
-    kvq_tensor_cfg ch = {.bits = 2, .gran = KVQ_GRAN_CHANNEL, .channel_separable = 0, .group = 32, .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
-    kvq_tensor_cfg tok = {.bits = 2, .gran = KVQ_GRAN_TOKEN, .channel_separable = 0, .group = 32, .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
+    kvq_tensor_cfg ch = {.bits = 2, .gran = KVQ_GRAN_CHANNEL, .channel_separable = 0, .group = 32,
+                         .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
+    kvq_tensor_cfg tok = {.bits = 2, .gran = KVQ_GRAN_TOKEN, .channel_separable = 0, .group = 32,
+                          .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
     kvq_tensor_cfg f16 = {.bits = 16, .gran = KVQ_GRAN_CHANNEL, .group = 32};
     TH_CHECK(kvq_flush_page_tokens(&ch, 1000) == 32 && kvq_flush_page_tokens(&ch, 5) == 5, "per channel: %d %d",
              kvq_flush_page_tokens(&ch, 1000), kvq_flush_page_tokens(&ch, 5));
