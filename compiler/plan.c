@@ -361,6 +361,11 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
     for (int l = 0; l < p->layers; l++) {
         const kvq_layer_cfg *cfg = kvq_scheme_layer(scheme, l);
         int c = 0;
+        if (kvq_layer_turboquant(cfg)) {
+            snprintf(msg, n, "plan: layer %d stores TurboQuant codes (turboquant), which the compiled kernels do not "
+                             "decode yet (the reference backend does)", l);
+            return KVQ_ERR_UNSUPPORTED;
+        }
         /* The kernels decode asymmetric integers only: another element format gets no plan, so no kernel (JIT or
          * kvqc build) decodes its codes as integers. */
         for (int w = 0; w < 2 && cfg->mode != KVQ_MODE_SPARSE; w++) {

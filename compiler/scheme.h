@@ -33,6 +33,15 @@ typedef enum { KVQ_OUTLIER_KEY_L1_SMALLEST = 0, KVQ_OUTLIER_KEY_L1_LARGEST = 1 }
 /* What a layer does with its cache. AUTO: decided per layer by calibration (TailorKV dense preference score). */
 typedef enum { KVQ_MODE_QUANT = 0, KVQ_MODE_SPARSE = 1, KVQ_MODE_AUTO = 2 } kvq_layer_mode;
 
+/* Rotation of a tensor's head vectors before they are stored (docs/language.md, "Rotations"): QuaRot/SpinQuant's
+ * Walsh-Hadamard, TurboQuant's Haar-random orthogonal matrix. The engine applies it (runtime/rt_rotate.c), so
+ * every backend stores and attends rotated vectors and sees no rotation itself. */
+typedef enum { KVQ_ROT_NONE = 0, KVQ_ROT_HADAMARD = 1, KVQ_ROT_RANDOM = 2 } kvq_rotation;
+/* TurboQuant (arXiv 2504.19874, runtime/turboquant.h): per-token head vectors after `rotate random`, their norm
+ * stored and each coordinate of the unit vector a Lloyd-Max level of N(0, 1/D) (MSE, Algorithm 1), or b - 1 such
+ * bits plus a 1-bit QJL sketch of the residual (PROD, Algorithm 2). */
+typedef enum { KVQ_TQ_NONE = 0, KVQ_TQ_MSE = 1, KVQ_TQ_PROD = 2 } kvq_turboquant;
+
 /* Quantization of one tensor (keys or values). */
 typedef struct {
     int bits;              /* 1, 2, 3, 4, 8, or 16 (= kept fp16, not quantized) */
@@ -41,6 +50,10 @@ typedef struct {
     int group;             /* > 0, KVQ_GROUP_ALL or KVQ_GROUP_HIDDEN */
     kvq_param_dtype scale_dtype;
     kvq_param_dtype zero_dtype;
+    kvq_rotation rotate;   /* applied to quantized tensors (bits < 16) of quantize-mode layers */
+    int rotate_seed;       /* hadamard: the seed of its random signs, -1 = no signs; random: the matrix's seed */
+    kvq_turboquant turboquant; /* NONE: the format below; else TurboQuant codes (per token, group all, rotated;
+                                  its QJL matrix is seeded by rotate_seed) */
     kvq_format_cfg format; /* element format (scheme_format.h); zero-initialised = asymmetric integers */
 } kvq_tensor_cfg;
 
@@ -120,5 +133,13 @@ const kvq_layer_cfg *kvq_scheme_layer(const kvq_scheme *s, int layer);
 
 /* 1 if bits means "kept fp16" (not quantized). */
 static inline int kvq_bits_is_fp16(int bits) { return bits >= 16; }
+
+/* 1 if a quantize-mode layer stores TurboQuant codes (only the reference backend decodes them so far). */
+static inline int kvq_layer_turboquant(const kvq_layer_cfg *c)
+{
+    const kvq_quant_cfg *q = &c->quant;
+    return c->mode != KVQ_MODE_SPARSE && ((q->key.turboquant != KVQ_TQ_NONE && !kvq_bits_is_fp16(q->key.bits)) ||
+                                          (q->value.turboquant != KVQ_TQ_NONE && !kvq_bits_is_fp16(q->value.bits)));
+}
 
 #endif

@@ -33,7 +33,10 @@ static void tset(kvq_tensor_cfg *t, int k, double v)
     case T_SCALE: t->scale_dtype = i ? KVQ_DT_FP32 : KVQ_DT_FP16; break;
     case T_ZERO: t->zero_dtype = i ? KVQ_DT_FP32 : KVQ_DT_FP16; break;
     case T_FORMAT: break; /* sema_put_format: a format is more than a number */
-    default:
+    case T_ROT: t->rotate = i == 1 ? KVQ_ROT_HADAMARD : i == 2 ? KVQ_ROT_RANDOM : KVQ_ROT_NONE; break;
+    case T_ROT_SEED: t->rotate_seed = i; break;
+    case T_TQ: t->turboquant = i == 1 ? KVQ_TQ_MSE : i == 2 ? KVQ_TQ_PROD : KVQ_TQ_NONE; break;
+    default: /* T_TSCALE */
         t->format.tensor_scale = v < 0 ? KVQ_TENSOR_SCALE_PROMPT : (float)v;
         t->format.tensor_scale_per_head = v < 0;
         break;
@@ -86,9 +89,11 @@ void sema_default_layer(kvq_layer_cfg *c)
     c->mode = KVQ_MODE_QUANT;
     /* Unquantized unless a scheme says `bits`; KIVI's granularity (keys per channel, values per token) and
      * group size 32. */
-    c->quant.key = (kvq_tensor_cfg){.bits = 16, .gran = KVQ_GRAN_CHANNEL, .group = 32, .scale_dtype = KVQ_DT_FP16};
-    c->quant.value = (kvq_tensor_cfg){.bits = 16, .gran = KVQ_GRAN_TOKEN, .group = 32, .scale_dtype = KVQ_DT_FP16};
-    /* zero fp16, format int (asymmetric integers), tensor scale 'prompt' where a format has one: the zeros. */
+    c->quant.key = (kvq_tensor_cfg){.bits = 16, .gran = KVQ_GRAN_CHANNEL, .group = 32, .scale_dtype = KVQ_DT_FP16,
+                                    .zero_dtype = KVQ_DT_FP16, .rotate = KVQ_ROT_NONE, .rotate_seed = -1};
+    c->quant.value = (kvq_tensor_cfg){.bits = 16, .gran = KVQ_GRAN_TOKEN, .group = 32, .scale_dtype = KVQ_DT_FP16,
+                                      .zero_dtype = KVQ_DT_FP16, .rotate = KVQ_ROT_NONE, .rotate_seed = -1};
+    /* format int (asymmetric integers), tensor scale 'prompt' where a format has one: the zeros. */
     c->quant.sinks = 0;
     c->quant.residual = 0;
     c->quant.flush = KVQ_FLUSH_KIVI;
@@ -220,6 +225,37 @@ const sema_prov *sema_blame(const sema_state *S, const sema_prov *const *ps, int
     return best;
 }
 
+/* TurboQuant quantizes whole rotated head vectors with Lloyd-Max codes of 1-4 bits (the prod variant: b - 1 of
+ * them plus its 1-bit QJL sketch). */
+static void check_turboquant(sema_state *S, const sema_lcfg *t, int key)
+{
+    const kvq_tensor_cfg *x = key ? &t->c.quant.key : &t->c.quant.value;
+    const int F = key ? F_KEY : F_VALUE;
+    const char *name = key ? "keys" : "values", *v = x->turboquant == KVQ_TQ_PROD ? "prod" : "mse";
+    const sema_prov *b;
+    int lo = x->turboquant == KVQ_TQ_PROD ? 2 : 1;
+    if ((x->bits < lo || x->bits > 4) && (b = BLAME(&t->p[F + T_BITS], &t->p[F + T_TQ])))
+        sema_error(S, b->src, sema_prov_loc(b), "turboquant %s of the %s needs bits %d to 4, not %d%s", v, name, lo,
+                   x->bits, lo == 2 ? " (b - 1 bits of codes plus the 1-bit QJL sketch)" : "");
+    if ((x->gran != KVQ_GRAN_TOKEN || x->group != KVQ_GROUP_ALL || x->channel_separable) &&
+        (b = BLAME(&t->p[F + T_GRAN], &t->p[F + T_GROUP], &t->p[F + T_CS], &t->p[F + T_TQ])))
+        sema_error(S, b->src, sema_prov_loc(b),
+                   "turboquant quantizes whole head vectors: the %s must stay per token, group all, without "
+                   "channel_separable (turboquant sets the first two)",
+                   name);
+    if (x->rotate != KVQ_ROT_RANDOM && (b = BLAME(&t->p[F + T_ROT], &t->p[F + T_TQ])))
+        sema_error(S, b->src, sema_prov_loc(b),
+                   "turboquant needs rotate random (its codebook is the law of a randomly rotated unit vector's "
+                   "coordinates); turboquant sets it, a later rotate changed it");
+    if (x->format.kind != KVQ_FMT_INT && (b = BLAME(&t->p[F + T_FORMAT], &t->p[F + T_TQ])))
+        sema_error(S, b->src, sema_prov_loc(b),
+                   "turboquant stores its own codes (Lloyd-Max levels of a rotated unit vector); the %s cannot also "
+                   "have format %s", name, kvq_format_name(x->format.kind));
+    if (t->c.quant.saliency.metric != KVQ_SAL_NONE && (b = BLAME(&t->p[F_SAL_METRIC], &t->p[F + T_TQ])))
+        sema_error(S, b->src, sema_prov_loc(b), "turboquant and saliency cannot be combined (saliency needs two "
+                                                "precision classes of the kvq quantizer)");
+}
+
 static void check_tensor(sema_state *S, const sema_scheme *s, const sema_lcfg *t, int key)
 {
     const kvq_tensor_cfg *x = key ? &t->c.quant.key : &t->c.quant.value;
@@ -230,6 +266,7 @@ static void check_tensor(sema_state *S, const sema_scheme *s, const sema_lcfg *t
 
     if (kvq_bits_is_fp16(x->bits)) return;
     sema_check_format(S, s, t, key);
+    if (x->turboquant != KVQ_TQ_NONE) check_turboquant(S, t, key);
     if (x->channel_separable && x->gran == KVQ_GRAN_CHANNEL && (b = BLAME(&t->p[F + T_CS], &t->p[F + T_GRAN])))
         sema_error(S, b->src, sema_prov_loc(b),
                    "channel_separable needs per token quantization, but the %s are per channel", name);

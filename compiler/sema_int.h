@@ -21,6 +21,9 @@ enum {
     /* element formats (sema_format.c) */
     T_FORMAT,
     T_TSCALE,
+    T_ROT,      /* rotate: kvq_rotation (sema_stmt.c h_rotate sets both rotation fields) */
+    T_ROT_SEED,
+    T_TQ,       /* turboquant: kvq_turboquant (h_turboquant also sets per token, group all, rotate random) */
     T_COUNT
 };
 enum {

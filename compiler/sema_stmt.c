@@ -180,6 +180,71 @@ static void h_dtype(sema_state *S, const ast_stmt *st, const sema_ctx *c, const 
     if (k >= 0) sema_put_tensor(S, c, st->name[0] == 's' ? T_SCALE : T_ZERO, k, st->loc);
 }
 
+/* `rotate none|hadamard|random [seed S]` (docs/language.md, "Rotations"): hadamard without a seed has no random
+ * signs; random needs its seed, so the matrix is named in the spec and every machine builds the same one. */
+static void h_rotate(sema_state *S, const ast_stmt *st, const sema_ctx *c, const stmt_def *d)
+{
+    int k = choice_arg(S, st, arg(st, 0), "none|hadamard|random"), seed = -1;
+    (void)d;
+    if (k < 0) return;
+    if (st->n_args == 2) {
+        ERR(st->loc, "usage: %s", d->usage);
+        return;
+    }
+    if (st->n_args == 3) {
+        if (k == KVQ_ROT_NONE) {
+            ERR(arg(st, 1)->loc, "'rotate none' takes no seed");
+            return;
+        }
+        if (choice_arg(S, st, arg(st, 1), "seed") < 0) return;
+        if (arg(st, 2)->kind == AST_INT && arg(st, 2)->num < 0) {
+            char q[64];
+            ERR(arg(st, 2)->loc, "seed must not be negative, not '%s'", sema_q(q, sizeof q, arg(st, 2)->text));
+            return;
+        }
+        if (!int_arg(S, st, arg(st, 2), 0, 2147483647, &seed)) return;
+    } else if (k == KVQ_ROT_RANDOM) {
+        ERR(st->loc, "rotate random needs a seed (rotate random seed S): the seed names the matrix, so every "
+                     "backend and machine builds the same one");
+        return;
+    }
+    sema_put_tensor(S, c, T_ROT, k, st->loc);
+    sema_put_tensor(S, c, T_ROT_SEED, seed, st->loc);
+}
+
+/* `turboquant mse|prod seed S` (docs/language.md, "TurboQuant"): TurboQuant's quantizer of whole head vectors,
+ * so it also sets per token, group all and `rotate random seed S` (Pi of the paper; S seeds the QJL matrix too).
+ * `turboquant none` turns the quantizer off and leaves the rest. */
+static void h_turboquant(sema_state *S, const ast_stmt *st, const sema_ctx *c, const stmt_def *d)
+{
+    int k = choice_arg(S, st, arg(st, 0), "none|mse|prod"), seed = -1;
+    if (k < 0) return;
+    if (k == KVQ_TQ_NONE) {
+        if (st->n_args > 1)
+            ERR(arg(st, 1)->loc, "'turboquant none' takes no seed");
+        else
+            sema_put_tensor(S, c, T_TQ, KVQ_TQ_NONE, st->loc);
+        return;
+    }
+    if (st->n_args != 3) {
+        ERR(st->loc, "turboquant %s needs a seed (usage: %s): the seed names its random rotation and QJL matrix",
+            k == KVQ_TQ_MSE ? "mse" : "prod", d->usage);
+        return;
+    }
+    if (choice_arg(S, st, arg(st, 1), "seed") < 0) return;
+    if (arg(st, 2)->kind == AST_INT && arg(st, 2)->num < 0) {
+        char q[64];
+        ERR(arg(st, 2)->loc, "seed must not be negative, not '%s'", sema_q(q, sizeof q, arg(st, 2)->text));
+        return;
+    }
+    if (!int_arg(S, st, arg(st, 2), 0, 2147483647, &seed)) return;
+    sema_put_tensor(S, c, T_TQ, k, st->loc);
+    sema_put_tensor(S, c, T_GRAN, KVQ_GRAN_TOKEN, st->loc);
+    sema_put_tensor(S, c, T_GROUP, KVQ_GROUP_ALL, st->loc);
+    sema_put_tensor(S, c, T_ROT, KVQ_ROT_RANDOM, st->loc);
+    sema_put_tensor(S, c, T_ROT_SEED, seed, st->loc);
+}
+
 static void h_tensor_block(sema_state *S, const ast_stmt *st, const sema_ctx *c, const stmt_def *d)
 {
     sema_ctx in = *c;
@@ -574,6 +639,8 @@ static const stmt_def DEFS[] = {
     {"format", M_TENSOR, sema_h_format, NO_BLOCK, 1, 1 + KVQ_CODEBOOK_MAX,
      "format int [symmetric] | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | e4m3 | e5m2 | nvfp4 | mxfp4 | codebook normal|L1 L2 ...", 0},
     {"tensor_scale", M_TENSOR, sema_h_tensor_scale, NO_BLOCK, 1, 3, "tensor_scale X | prompt [per head]", 0},
+    {"rotate", M_TENSOR, h_rotate, NO_BLOCK, 1, 3, "rotate none|hadamard|random [seed S]", 0},
+    {"turboquant", M_TENSOR, h_turboquant, NO_BLOCK, 1, 3, "turboquant none|mse|prod seed S", 0},
     {"key", M_QUANT, h_tensor_block, NEEDS_BLOCK, 0, 0, "key { ... }", 0},
     {"value", M_QUANT, h_tensor_block, NEEDS_BLOCK, 0, 0, "value { ... }", 0},
     {"sinks", M_QUANT | B_WHEN_S, h_count, NO_BLOCK, 1, 1, "sinks N", 0},

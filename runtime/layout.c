@@ -29,6 +29,12 @@ void kvq_page_format_init(kvq_page_format *fmt, const kvq_tensor_cfg *t, int bit
     fmt->kv_heads = kv_heads;
     fmt->head_dim = head_dim;
     fmt->capacity = capacity;
+    fmt->tq = kvq_bits_is_fp16(bits) ? KVQ_TQ_NONE : t->turboquant;
+    if (fmt->tq != KVQ_TQ_NONE) {
+        /* One group of the head; norms fp32: a head vector's norm can pass fp16's range where its elements do not */
+        fmt->group = head_dim;
+        fmt->scale_bytes = fmt->zero_bytes = 4;
+    }
 }
 
 void kvq_page_layout_compute(const kvq_page_format *f, kvq_page_layout *o)
@@ -37,7 +43,7 @@ void kvq_page_layout_compute(const kvq_page_format *f, kvq_page_layout *o)
     size_t off = 0;
     int quantized = !kvq_bits_is_fp16(f->bits);
 
-    o->code_bytes_per_token = kvq_code_bytes(f->head_dim, f->bits);
+    o->code_bytes_per_token = kvq_code_bytes(f->head_dim, f->tq == KVQ_TQ_PROD ? f->bits - 1 : f->bits);
     o->n_groups = 0;
     o->codes = off;
     o->codes_size = kvq_align16(H * cap * o->code_bytes_per_token);
@@ -54,6 +60,7 @@ void kvq_page_layout_compute(const kvq_page_format *f, kvq_page_layout *o)
             o->n_groups = (int)(D / (size_t)f->group);
             n_scale = n_zero = H * cap * (size_t)o->n_groups;
         }
+        if (f->tq == KVQ_TQ_MSE) n_zero = 0; /* the norm only */
     }
     o->scale = off;
     o->scale_size = kvq_align16(n_scale * (size_t)f->scale_bytes);
@@ -65,6 +72,10 @@ void kvq_page_layout_compute(const kvq_page_format *f, kvq_page_layout *o)
     o->factor = off;
     o->factor_size = quantized && f->channel_separable ? kvq_align16(H * D * (size_t)f->scale_bytes) : 0;
     off += o->factor_size;
+
+    o->qjl = off;
+    o->qjl_size = f->tq == KVQ_TQ_PROD ? kvq_align16(H * cap * D / 8) : 0;
+    off += o->qjl_size;
 
     o->mask = off;
     o->mask_size = f->masked ? kvq_align16(H * ((cap + 7) / 8)) : 0;

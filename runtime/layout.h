@@ -11,6 +11,7 @@
  *           per token, group hidden: [capacity]
  *   zero    same shape as scale
  *   factor  channel-separable only: [kv_head][head_dim]    ZipCache Eq. 6 channel factors c_i (scale dtype)
+ *   qjl     TurboQuant prod only: [kv_head][capacity][head_dim / 8] the QJL sign bits, 1-bit plane order
  *   mask    keys of layers with an outlier pool: [kv_head][ceil(capacity/8)] bytes, bit t%8 of byte t/8 set when
  *           token t's quantized slot is masked out of attention (the token lives in the outlier/spill pool)
  *   tscale  element formats with a tensor scale (e4m3, e5m2, nvfp4): the fp32 tensor scale T the page's codes
@@ -23,7 +24,9 @@
  * Bit order of codes: a token's codes for channels 0..D-1 are packed little-endian into 32-bit words, channel c
  * at bits [(c*b) % 32, +b) of word (c*b)/32, for b in {1, 2, 4, 8}. A 3-bit code is two planes: the low two bits
  * as a 2-bit plane (D/4 bytes) followed by the high bit as a 1-bit plane (D/8 bytes). b = 16 stores fp16 values
- * (no scale/zero).
+ * (no scale/zero). TurboQuant pages (turboquant.h) store the level indices at b bits (mse) or b - 1 bits (prod),
+ * the vector's norm as the per-token scale, and for prod the residual's norm as the per-token zero (none for
+ * mse).
  *
  * fp16 windows (sinks, residual, outlier and spill pools, sparse local and host copies) are
  * [kv_head][capacity][head_dim] fp16 for K and the same for V. */
@@ -49,6 +52,7 @@ typedef struct {
     int group;           /* resolved: tokens per group (per channel) or channels per group (per token); 0 = hidden */
     int hidden;          /* per token, one group over every kv head */
     int masked;          /* keys of a layer with an outlier pool */
+    kvq_turboquant tq;   /* TurboQuant codes (per token, one group of head_dim) */
     int scale_bytes;     /* 2 (fp16) or 4 (fp32) */
     int zero_bytes;
     int kv_heads, head_dim, capacity;
@@ -59,6 +63,7 @@ typedef struct {
 typedef struct {
     size_t codes, scale, zero, factor, mask, total;
     size_t codes_size, scale_size, zero_size, factor_size, mask_size;
+    size_t qjl, qjl_size;        /* TurboQuant prod's sign bits */
     size_t code_bytes_per_token; /* for one kv head */
     int n_groups;                /* per token: scale/zero entries per token per kv head (1 when hidden) */
     size_t tscale, tscale_size;  /* element formats with a tensor scale (e4m3, e5m2, nvfp4): fp32 T, one per

@@ -40,6 +40,16 @@ static kvq_status check_seqs(kvq_engine *e, const char *fn, int layer, kvq_seq *
     return st;
 }
 
+/* Rotations are applied by the engine on host rows (rt_rotate.c): a device step would need q rotated and the
+ * output rotated back on the device, which no backend does yet. Refused, not silently wrong. */
+static kvq_status no_rotations(kvq_engine *e, const char *fn, int layer)
+{
+    return rt_error(e, KVQ_ERR_UNSUPPORTED,
+                    "%s: layer %d of scheme '%s' rotates its keys or values (rotate): device tensors do not apply "
+                    "rotations yet; use kvq_decode (host tensors), which does",
+                    fn, layer, e->scheme->name);
+}
+
 /* The checks of a device decode batch (kvq_decode_device, kvq_decode_run). */
 static kvq_status check_decode(kvq_engine *e, const char *fn, int layer, const kvq_dev_decode *b)
 {
@@ -50,6 +60,7 @@ static kvq_status check_decode(kvq_engine *e, const char *fn, int layer, const k
     if (st == KVQ_OK) st = check_tensor(e, fn, "k", &b->k, 0);
     if (st == KVQ_OK) st = check_tensor(e, fn, "v", &b->v, 0);
     if (st == KVQ_OK) st = check_tensor(e, fn, "out", &b->out, 1);
+    if (st == KVQ_OK && rt_rotate_active(e, layer)) st = no_rotations(e, fn, layer);
     if (st == KVQ_OK && !rows_disjoint(&b->out, b->n_seqs, d->heads, d->head_dim))
         st = rt_error(e, KVQ_ERR_INVALID, "%s: out's rows overlap (token stride %lld, head stride %lld)", fn,
                       b->out.token_stride, b->out.head_stride);
@@ -185,7 +196,10 @@ kvq_status kvq_decode_plan(kvq_engine *e, kvq_seq *const *seqs, int n_seqs, void
     if (!e) return KVQ_ERR_INVALID;
     if (!e->be->decode_plan) return no_steps(e, fn);
     kvq_status st = KVQ_OK;
-    for (int l = 0; l < e->cfg.dims.layers && st == KVQ_OK; l++) st = rt_check_batch(e, fn, l, seqs, n_seqs, seq_of, 0);
+    for (int l = 0; l < e->cfg.dims.layers && st == KVQ_OK; l++) {
+        st = rt_check_batch(e, fn, l, seqs, n_seqs, seq_of, 0);
+        if (st == KVQ_OK && rt_rotate_active(e, l)) st = no_rotations(e, fn, l);
+    }
     kvq_backend_seq **bs = NULL;
     if (st == KVQ_OK) st = backend_seqs(e, fn, seqs, n_seqs, &bs);
     if (st != KVQ_OK) return st;

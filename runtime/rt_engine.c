@@ -141,6 +141,12 @@ kvq_status kvq_engine_create(const kvq_scheme *scheme, const kvq_engine_config *
     e->bee.seed = cfg->seed;
     e->bee.threads = cfg->threads;
     e->bee.layer_sparse = e->layer_sparse;
+    st = rt_rotate_init(e, msg, sizeof msg);
+    if (st != KVQ_OK) {
+        kvq_status_msg(errbuf, errbuf_size, st, "%s", msg[0] ? msg : "out of memory");
+        kvq_engine_free(e);
+        return st;
+    }
 
     st = be->supports(&e->bee, msg, sizeof msg);
     if (st == KVQ_OK) st = be->prepare(&e->bee, &e->ctx, msg, sizeof msg);
@@ -159,6 +165,7 @@ void kvq_engine_free(kvq_engine *e)
     if (!e) return;
     while (e->seqs) kvq_seq_free(e, e->seqs);
     if (e->ctx) e->be->destroy(e->ctx);
+    rt_rotate_free(e);
     kvq_free(e->layer_sparse);
     kvq_free(e->layer_auto);
     kvq_free(e->layer_decided);
@@ -303,6 +310,7 @@ kvq_status kvq_prefill(kvq_engine *e, int layer, const kvq_prefill_item *items, 
     float **bufs = kvq_calloc((size_t)n_items * 3, sizeof *bufs);
     float *scratch = NULL;
     int calibrate = !e->layer_decided[layer];
+    int rotate = rt_rotate_configured(e, layer); /* rotated in place: fp32 inputs are copied too */
     int max_n = 0;
     for (int i = 0; i < n_items; i++) max_n = items[i].n_tokens > max_n ? items[i].n_tokens : max_n;
     if (calibrate) scratch = kvq_malloc((size_t)max_n * sizeof *scratch);
@@ -316,7 +324,7 @@ kvq_status kvq_prefill(kvq_engine *e, int layer, const kvq_prefill_item *items, 
         size_t cnt[3] = {nkv, nkv, nq};
         for (int t = 0; t < 3 && st == KVQ_OK; t++) {
             if (!src[t]) continue;
-            if (e->cfg.dtype == KVQ_F32) continue; /* used in place */
+            if (e->cfg.dtype == KVQ_F32 && !rotate) continue; /* used in place */
             bufs[3 * i + t] = kvq_malloc(cnt[t] * sizeof(float));
             if (!bufs[3 * i + t])
                 st = KVQ_ERR_NOMEM;
@@ -352,9 +360,14 @@ kvq_status kvq_prefill(kvq_engine *e, int layer, const kvq_prefill_item *items, 
     }
     if (st == KVQ_OK) {
         char msg[RT_ERRMSG_MAX] = "";
-        st = e->be->prefill(e->ctx, layer, bi, n_items, msg, sizeof msg);
+        /* Rotations (rt_rotate.c) once the layer's mode is known; a refusal names the rotated element. */
+        for (int i = 0; i < n_items && st == KVQ_OK && rt_rotate_active(e, layer); i++)
+            st = rt_rotate_in(e, fn, i, layer, bufs[3 * i], bufs[3 * i + 1], bufs[3 * i + 2], bi[i].n_tokens, 0);
+        if (st == KVQ_OK) {
+            st = e->be->prefill(e->ctx, layer, bi, n_items, msg, sizeof msg);
+            if (st != KVQ_OK) rt_error(e, st, "%s: layer %d: %s", fn, layer, msg[0] ? msg : kvq_status_str(st));
+        }
         if (st != KVQ_OK) {
-            rt_error(e, st, "%s: layer %d: %s", fn, layer, msg[0] ? msg : kvq_status_str(st));
             if (calibrate) { /* as before the call */
                 e->layer_decided[layer] = 0;
                 e->layer_sparse[layer] = 0;
@@ -411,6 +424,10 @@ kvq_status kvq_decode(kvq_engine *e, int layer, const kvq_decode_item *items, in
         st = rt_check_kv(e, fn, i, layer, "k", bi[i].k, 1, pos);
         if (st == KVQ_OK) st = rt_check_kv(e, fn, i, layer, "v", bi[i].v, 1, pos);
         if (st == KVQ_OK) st = rt_check_q(e, fn, i, layer, bi[i].q, 1, pos);
+        /* Rotations: each item's new K/V rows and its query rows, once per step (rt_rotate.c). */
+        float *b = buf + (size_t)i * per;
+        if (st == KVQ_OK && rt_rotate_active(e, layer))
+            st = rt_rotate_in(e, fn, i, layer, b, b + nkv, b + 2 * nkv, 1, pos);
         if (st != KVQ_OK) {
             kvq_free(bi);
             kvq_free(buf);
@@ -420,6 +437,7 @@ kvq_status kvq_decode(kvq_engine *e, int layer, const kvq_decode_item *items, in
     char msg[RT_ERRMSG_MAX] = "";
     st = e->be->decode(e->ctx, layer, bi, n_items, msg, sizeof msg);
     if (st != KVQ_OK) rt_error(e, st, "%s: layer %d: %s", fn, layer, msg[0] ? msg : kvq_status_str(st));
+    for (int i = 0; i < n_items && st == KVQ_OK; i++) rt_rotate_out(e, layer, items[i].out, d->heads);
     kvq_free(bi);
     kvq_free(buf);
     return st;
@@ -491,6 +509,7 @@ kvq_status kvq_seq_read_cache(kvq_engine *e, const kvq_seq *s, int layer, float 
     char msg[RT_ERRMSG_MAX] = "";
     st = e->be->read_cache(e->ctx, s->bseq, layer, k, v, capacity, n_tokens, msg, sizeof msg);
     if (st != KVQ_OK) return rt_error(e, st, "%s: %s", fn, msg[0] ? msg : kvq_status_str(st));
+    rt_rotate_back(e, layer, k, v, capacity, *n_tokens); /* the cache in the caller's basis */
     return KVQ_OK;
 }
 

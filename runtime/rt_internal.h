@@ -3,6 +3,7 @@
 #define KVQ_RT_INTERNAL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "backend.h"
 #include "kvq.h"
@@ -17,6 +18,10 @@ struct kvq_seq {
     kvq_seq *prev, *next;     /* the engine's list of live sequences */
 };
 
+struct kvq_rot;
+/* Vectors the engine has rotated, by kind (rt_rotate.c; test_rotate counts them). */
+enum { RT_ROT_K, RT_ROT_V, RT_ROT_Q, RT_ROT_OUT, RT_ROT_KINDS };
+
 struct kvq_engine {
     const kvq_scheme *scheme;
     kvq_engine_config cfg;
@@ -29,6 +34,12 @@ struct kvq_engine {
     unsigned char *layer_used;   /* [layers] some sequence has prefilled the layer: its mode is final */
     double *layer_score;         /* [layers] dense preference score of calibrated layers (NaN otherwise) */
     kvq_seq *seqs;
+    /* Rotations (rt_rotate.c): the distinct matrices the scheme names, built once per engine, and each layer's
+     * rotation of its keys (rot[2 l]) and values (rot[2 l + 1]) when it quantizes them, else NULL. */
+    struct kvq_rot *rots;
+    int n_rots;
+    const struct kvq_rot **rot;
+    uint64_t rot_count[RT_ROT_KINDS];
     char errmsg[RT_ERRMSG_MAX];
 };
 
@@ -54,6 +65,22 @@ size_t rt_dtype_size(kvq_dtype dt);
 kvq_status rt_check_kv(kvq_engine *e, const char *fn, int item, int layer, const char *tensor, const float *x,
                        int n_tokens, int pos0);
 kvq_status rt_check_q(kvq_engine *e, const char *fn, int item, int layer, const float *q, int n_tokens, int pos0);
+
+/* rt_rotate.c: rotations as an engine-level transform (docs/runtime.md, "Rotations").
+ * init builds every rotation the scheme's layers name (at engine creation; msg says why on failure); configured:
+ * the scheme rotates some tensor of the layer if it quantizes; active: it does now (the layer's mode decided
+ * quantize). rotate_in rotates one item's K/V rows [kv_heads][n][D] and, with the keys, its queries
+ * [heads][n][D] (q may be NULL), in place, then applies the input policy to what will be stored (refusing a
+ * rotated element beyond fp16's range); rotate_out rotates `rows` output rows back; rotate_back rotates the
+ * first n_tokens rows of each kv head of read_cache's arrays back. */
+kvq_status rt_rotate_init(kvq_engine *e, char *msg, size_t msg_size);
+void rt_rotate_free(kvq_engine *e);
+int rt_rotate_configured(const kvq_engine *e, int layer);
+int rt_rotate_active(const kvq_engine *e, int layer);
+kvq_status rt_rotate_in(kvq_engine *e, const char *fn, int item, int layer, float *k, float *v, float *q,
+                        int n_tokens, int pos0);
+void rt_rotate_out(kvq_engine *e, int layer, float *out, int rows);
+void rt_rotate_back(const kvq_engine *e, int layer, float *k, float *v, int capacity, int n_tokens);
 
 /* The folder of a scheme's kernels built ahead of time (kvqc build): $KVQ_GENERATED_DIR/<scheme>, else
  * kvq_data_dir()/generated/<scheme>. Used by the cpu and cuda backends alike. */

@@ -74,6 +74,11 @@ static kvq_status cu_supports(const kvq_be_engine *e, char *msg, size_t n)
         const kvq_layer_cfg *c = kvq_scheme_layer(e->scheme, l);
         if (c->mode == KVQ_MODE_SPARSE) continue;
         const kvq_quant_cfg *q = &c->quant;
+        if (kvq_layer_turboquant(c)) {
+            snprintf(msg, n, "layer %d: TurboQuant codes (turboquant) are not decoded by the cuda kernels yet (the "
+                             "reference backend decodes them)", l);
+            return KVQ_ERR_UNSUPPORTED;
+        }
         if (q->saliency.metric != KVQ_SAL_NONE && q->outliers.keep > 0) {
             snprintf(msg, n, "layer %d: outlier pools combined with saliency classes are not supported", l);
             return KVQ_ERR_UNSUPPORTED;

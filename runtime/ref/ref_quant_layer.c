@@ -106,7 +106,7 @@ static kvq_status alloc_pages(const ref_qlayer *L, int which, int B, ref_page **
         plan_flush(L, which, B, f, sg);
         for (int j = 0; j < k && st == KVQ_OK; j++) {
             st = ref_page_new(&f[j], sg[j], &dst[*n]);
-            if (st == KVQ_OK) (*n)++;
+            if (st == KVQ_OK) dst[(*n)++]->tq = L->tq[which];
         }
     }
     kvq_free(f);
@@ -196,6 +196,9 @@ void ref_qlayer_free(ref_qlayer *L)
     for (int w = 0; w < 2; w++) {
         kvq_free(L->tscale[w]);
         L->tscale[w] = NULL;
+        kvq_tq_free(L->tq[w]);
+        kvq_free(L->tq[w]);
+        L->tq[w] = NULL;
     }
     kvq_free(L->probe_pos);
     kvq_free(L->rows);
@@ -239,6 +242,13 @@ kvq_status ref_qlayer_prefill(ref_layer *RL, const kvq_be_engine *e, int layer, 
         if (st == KVQ_OK) st = ref_win_init(&L->win[w], H, D, L->rule[w].capacity);
         if (st == KVQ_OK) st = ref_pages_reserve(&L->pages[w], npages[w]);
         if (st == KVQ_OK && !(L->tscale[w] = kvq_calloc((size_t)H, sizeof *L->tscale[w]))) st = KVQ_ERR_NOMEM;
+    }
+    for (int w = 0; w < 2 && st == KVQ_OK; w++) {
+        /* TurboQuant: the layer's quantizer (levels, QJL matrix seeded by the tensor's rotate seed) */
+        const kvq_tensor_cfg *t = tcfg(L, w);
+        if (t->turboquant == KVQ_TQ_NONE || kvq_bits_is_fp16(t->bits)) continue;
+        L->tq[w] = kvq_calloc(1, sizeof *L->tq[w]);
+        st = L->tq[w] ? kvq_tq_init(L->tq[w], D, t->bits, t->turboquant == KVQ_TQ_PROD, t->rotate_seed) : KVQ_ERR_NOMEM;
     }
     if (st == KVQ_OK && cfg->outliers.keep > 0) {
         st = ref_pool_init(&L->pool, H, D, cfg->outliers.keep);
@@ -378,7 +388,7 @@ kvq_status ref_qlayer_reserve(ref_qlayer *L, ref_reserve *r)
                     kvq_page_format_init(&f, tcfg(L, w), tcfg(L, w)->bits, masked_tensor(L, w), H, D,
                                          KVQ_APPEND_PAGE_TOKENS);
                     st = ref_page_new(&f, KVQ_SEG_BODY_HIGH, &r->pages[n]);
-                    if (st == KVQ_OK) n++;
+                    if (st == KVQ_OK) r->pages[n++]->tq = L->tq[w];
                     if (st == KVQ_OK) st = ref_pages_reserve(&L->pages[w], 1);
                 }
             } else {

@@ -279,6 +279,22 @@ static void quant_token(ref_page *p, const float *x, size_t head_stride, int slo
         }
         return;
     }
+    if (f->tq != KVQ_TQ_NONE) {
+        /* TurboQuant Algorithms 1-2 on the rotated head vector: norm as the scale, residual norm as the zero */
+        uint8_t signs[256];
+        int cb = f->tq == KVQ_TQ_PROD ? bits - 1 : bits;
+        for (int h = 0; h < H; h++) {
+            float norm, rnorm = 0;
+            size_t idx = (size_t)h * (size_t)f->capacity + (size_t)slot;
+            kvq_tq_quantize(p->tq, x + (size_t)h * head_stride, codes, &norm, signs, &rnorm);
+            put_param(scale, idx, f->scale_bytes, norm);
+            kvq_pack_codes(codes, D, cb, slot_codes(p, h, slot));
+            if (f->tq != KVQ_TQ_PROD) continue;
+            put_param(zero, idx, f->zero_bytes, rnorm);
+            kvq_pack_codes(signs, D, 1, p->mem + p->lay.qjl + idx * (size_t)(D / 8));
+        }
+        return;
+    }
     int G = f->group, ng = p->lay.n_groups;
     for (int h = 0; h < H; h++) {
         const float *xh = x + (size_t)h * head_stride;
@@ -385,6 +401,19 @@ void ref_page_read(const ref_page *p, int h, int slot, float *out)
     }
     const uint8_t *scale = p->mem + p->lay.scale, *zero = p->mem + p->lay.zero, *factor = p->mem + p->lay.factor;
     uint8_t codes[256];
+    if (f->tq != KVQ_TQ_NONE) {
+        /* TurboQuant's dequantization: the prod key's q.k is Algorithm 2's unbiased estimate */
+        uint8_t signs[256];
+        size_t idx = (size_t)h * (size_t)f->capacity + (size_t)slot;
+        kvq_unpack_codes(src, D, f->tq == KVQ_TQ_PROD ? bits - 1 : bits, codes);
+        float norm = get_param(scale, idx, f->scale_bytes), rnorm = 0;
+        if (f->tq == KVQ_TQ_PROD) {
+            rnorm = get_param(zero, idx, f->zero_bytes);
+            kvq_unpack_codes(p->mem + p->lay.qjl + idx * (size_t)(D / 8), D, 1, signs);
+        }
+        kvq_tq_dequant(p->tq, codes, norm, signs, rnorm, out);
+        return;
+    }
     kvq_unpack_codes(src, D, bits, codes);
     for (int c = 0; c < D; c++) {
         size_t idx;

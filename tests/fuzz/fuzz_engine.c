@@ -59,13 +59,17 @@ static void make_spec(reader *r, fuzz_case *c)
     const char *vgroup = (v % 3) == 0 ? "32" : (v % 3) == 1 ? "64" : "all";
     const char *sd = u8(r) & 1 ? "fp32" : "fp16";
     const char *zd = u8(r) & 1 ? "fp32" : "fp16";
-    int sinks = (int)(u8(r) % 3) * 2;
+    unsigned sb = u8(r);
+    int sinks = (int)(sb % 3) * 2;
+    /* the same byte's next digit: a rotation (engine-level, docs/runtime.md "Rotations") for KIVI and OTT */
+    static const char *const rot[3] = {"", " rotate hadamard seed 5;", " rotate random seed 9;"};
+    const char *rotate = rot[sb / 3 % 3];
     switch (family) {
     case 0: /* KIVI */
         snprintf(c->spec, sizeof c->spec,
                  "scheme f { key { bits %d; per channel; group %d; scale %s; zero %s; }\n"
-                 "  value { bits %d; per token; group %s; scale %s; zero %s; }\n  residual %d; sinks %d; }\n",
-                 kb, kg, sd, zd, vb, vgroup, sd, zd, rmul * kg, sinks);
+                 "  value { bits %d; per token; group %s; scale %s; zero %s; }\n  residual %d; sinks %d;%s }\n",
+                 kb, kg, sd, zd, vb, vgroup, sd, zd, rmul * kg, sinks, rotate);
         break;
     case 1: { /* OTT: flush group with an outlier pool (reads sequenced: the corpus means the same everywhere) */
         int keep = 1 + (int)(u8(r) % 4);
@@ -74,8 +78,8 @@ static void make_spec(reader *r, fuzz_case *c)
         snprintf(c->spec, sizeof c->spec,
                  "scheme f { key { bits %d; per channel; group %d; scale %s; }\n"
                  "  value { bits %d; per token; group %s; zero %s; }\n  residual %d; flush group;\n"
-                 "  outliers { keep %d; by key_l1 %s; spill %d; } }\n",
-                 kb == 16 ? 2 : kb, kg, sd, vb == 16 ? 2 : vb, vgroup, zd, rmul * kg, keep, by, spill);
+                 "  outliers { keep %d; by key_l1 %s; spill %d; }%s }\n",
+                 kb == 16 ? 2 : kb, kg, sd, vb == 16 ? 2 : vb, vgroup, zd, rmul * kg, keep, by, spill, rotate);
         break;
     }
     case 2: { /* ZipCache: saliency with probes, channel-separable values */

@@ -494,8 +494,10 @@ static void test_ir(void)
     memset(&k, 0, sizeof k);
     k.head_dim = 128;
     k.gqa = 4;
-    kvq_tensor_cfg kc = {.bits = 2, .gran = KVQ_GRAN_CHANNEL, .group = 32};
-    kvq_tensor_cfg vc = {.bits = 2, .gran = KVQ_GRAN_TOKEN, .group = 32};
+    kvq_tensor_cfg kc = {.bits = 2, .gran = KVQ_GRAN_CHANNEL, .channel_separable = 0, .group = 32,
+                         .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
+    kvq_tensor_cfg vc = {.bits = 2, .gran = KVQ_GRAN_TOKEN, .channel_separable = 0, .group = 32,
+                         .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
     kvq_page_format_init(&k.k.fmt, &kc, 2, 0, 8, 128, 32);
     kvq_page_format_init(&k.v.fmt, &vc, 2, 0, 8, 128, 64);
     char *a = emit_llvm_ir_text(&k, 8), *b = emit_llvm_ir_text(&k, 8), *c = emit_llvm_ir_text(&k, 16);
@@ -525,8 +527,10 @@ static void test_ir(void)
         int vbmi = vnni && __builtin_cpu_supports("avx512vbmi");
         char *c8 = emit_llvm_ir_text(&k1, 16 | EMIT_LLVM_NO_INT8);
         emit_llvm_kernel k4 = k1, k44 = k1;
-        kvq_tensor_cfg kc4 = {.bits = 4, .gran = KVQ_GRAN_CHANNEL, .group = 32};
-        kvq_tensor_cfg vc4 = {.bits = 4, .gran = KVQ_GRAN_TOKEN, .group = 32};
+        kvq_tensor_cfg kc4 = {.bits = 4, .gran = KVQ_GRAN_CHANNEL, .channel_separable = 0, .group = 32,
+                              .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
+        kvq_tensor_cfg vc4 = {.bits = 4, .gran = KVQ_GRAN_TOKEN, .channel_separable = 0, .group = 32,
+                              .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
         kvq_page_format_init(&k4.k.fmt, &kc4, 4, 0, 8, 128, 32);
         kvq_page_format_init(&k44.k.fmt, &kc4, 4, 0, 8, 128, 32);
         kvq_page_format_init(&k44.v.fmt, &vc4, 4, 0, 8, 128, 64);
@@ -547,7 +551,8 @@ static void test_ir(void)
                  "4-bit keys and values: not int16 keys with an int8 P.V (VBMI)");
         /* 3-bit values (two planes) keep the int16 P.V */
         emit_llvm_kernel k3 = k44;
-        kvq_tensor_cfg vc3 = {.bits = 3, .gran = KVQ_GRAN_TOKEN, .group = 32};
+        kvq_tensor_cfg vc3 = {.bits = 3, .gran = KVQ_GRAN_TOKEN, .channel_separable = 0, .group = 32,
+                              .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
         kvq_page_format_init(&k3.v.fmt, &vc3, 3, 0, 8, 128, 64);
         char *c3 = emit_llvm_ir_text(&k3, 16);
         TH_CHECK(c3 && !strstr(c3, "vpdpbusd"), "3-bit values take an int8 P.V");

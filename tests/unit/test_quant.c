@@ -147,7 +147,8 @@ static void test_param_rounding(void)
 static void test_layout_sizes(void)
 {
     th_begin("layout: page sections are 16-byte aligned and sized by the format");
-    kvq_tensor_cfg key = {.bits = 2, .gran = KVQ_GRAN_CHANNEL, .group = 32};
+    kvq_tensor_cfg key = {.bits = 2, .gran = KVQ_GRAN_CHANNEL, .channel_separable = 0, .group = 32,
+                          .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
     kvq_page_format f;
     kvq_page_layout l;
     kvq_page_format_init(&f, &key, 2, 1, 8, 128, 32);
@@ -156,8 +157,8 @@ static void test_layout_sizes(void)
     TH_CHECK(l.codes_size == 8192 && l.scale_size == 2048 && l.zero_size == 2048, "sizes %zu %zu %zu",
              l.codes_size, l.scale_size, l.zero_size);
     TH_CHECK(l.mask_size == 32 && l.total == 8192 + 4096 + 32, "mask %zu total %zu", l.mask_size, l.total);
-    kvq_tensor_cfg val = {
-        .bits = 3, .gran = KVQ_GRAN_TOKEN, .channel_separable = 1, .group = 32, .scale_dtype = KVQ_DT_FP32};
+    kvq_tensor_cfg val = {.bits = 3, .gran = KVQ_GRAN_TOKEN, .channel_separable = 1, .group = 32,
+                          .scale_dtype = KVQ_DT_FP32, .zero_dtype = KVQ_DT_FP16};
     kvq_page_format_init(&f, &val, 3, 0, 2, 96, 5);
     kvq_page_layout_compute(&f, &l);
     /* codes 2 x 5 x 36 = 360 -> 368; scale fp32 2x5x3 = 120 -> 128; zero fp16 60 -> 64; factor fp32 2x96 = 768. */

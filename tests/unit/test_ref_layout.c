@@ -58,12 +58,8 @@ static void test_pages(const char *doc)
     th_begin("layout.md: worked pages E1..E6 (section sizes and total)");
     for (size_t i = 0; i < sizeof pages / sizeof pages[0]; i++) {
         const page_ex *x = &pages[i];
-        kvq_tensor_cfg t = {.bits = x->bits,
-                            .gran = (kvq_gran)x->gran,
-                            .channel_separable = x->cs,
-                            .group = x->group,
-                            .scale_dtype = (kvq_param_dtype)x->sdt,
-                            .zero_dtype = (kvq_param_dtype)x->zdt};
+        kvq_tensor_cfg t = {.bits = x->bits, .gran = (kvq_gran)x->gran, .channel_separable = x->cs, .group = x->group,
+                            .scale_dtype = (kvq_param_dtype)x->sdt, .zero_dtype = (kvq_param_dtype)x->zdt};
         kvq_page_format f;
         kvq_page_layout lay;
         kvq_page_format_init(&f, &t, x->bits, x->masked, x->H, x->D, x->cap);
@@ -158,8 +154,10 @@ static void test_bit_order(void)
 static void test_page_cut(void)
 {
     th_begin("layout.md: a flush's page capacities (per channel: the group; per token and bits 16: all of it)");
-    kvq_tensor_cfg ch = {.bits = 2, .gran = KVQ_GRAN_CHANNEL, .group = 32};
-    kvq_tensor_cfg tok = {.bits = 2, .gran = KVQ_GRAN_TOKEN, .group = 32};
+    kvq_tensor_cfg ch = {.bits = 2, .gran = KVQ_GRAN_CHANNEL, .channel_separable = 0, .group = 32,
+                         .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
+    kvq_tensor_cfg tok = {.bits = 2, .gran = KVQ_GRAN_TOKEN, .channel_separable = 0, .group = 32,
+                          .scale_dtype = KVQ_DT_FP16, .zero_dtype = KVQ_DT_FP16};
     kvq_tensor_cfg f16 = {.bits = 16, .gran = KVQ_GRAN_CHANNEL, .group = 32};
     TH_CHECK(kvq_flush_page_tokens(&ch, 1000) == 32 && kvq_flush_page_tokens(&ch, 5) == 5, "per channel: %d %d",
              kvq_flush_page_tokens(&ch, 1000), kvq_flush_page_tokens(&ch, 5));
