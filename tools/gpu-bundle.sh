@@ -16,6 +16,7 @@ die() { echo "gpu-bundle: $*" >&2; exit 1; }
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/share/kvq/tests/emu" "$out/share/kvq/templates" "$out/cache" || die "cannot make $out"
+out=$(cd "$out" && pwd) # absolute: the pre-fill runs from inside it
 bins="$build/kvq $build/kvqc $build/bench/bench_gpu_decode $(ls "$build"/gpu/test_* 2>/dev/null | grep -v '\.d$')"
 for b in $bins; do
     [ -x "$b" ] || die "$b is missing (make gpu-bundle builds it)"
