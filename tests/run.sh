@@ -77,7 +77,7 @@ done
 # The programs, the ones known to take minutes under the sanitizers first so that the others fill the gaps.
 progs=""
 for t in "$build"/tests/test_*; do [ -f "$t" ] && [ -x "$t" ] && progs="$progs $t"; done
-first="test_cuda_replay test_cpu_backend test_cuda_device test_cuda_backend test_cuda_serve test_cuda_atomic test_cuda_emu"
+first="test_cuda_replay test_cpu_backend test_cuda_device test_cuda_backend test_cuda_serve test_cuda_atomic test_cuda_emu test_cuda_fakedrv"
 order=""
 for n in $first; do case " $progs " in *" $build/tests/$n "*) order="$order $build/tests/$n" ;; esac; done
 for t in $progs; do case " $order " in *" $t "*) ;; *) order="$order $t" ;; esac; done

@@ -1,7 +1,7 @@
 /* The cuda and emu backends' vtables (backend.h): engine preparation (plan, generated unit, module, parameter
  * layout check), sequences, batched prefill and decode (one fused decode kernel launch per layer step for the
  * whole batch, split over KV chunks with a merge when the grid would be small), accounting and read_cache. The
- * layer logic is in cu_qlayer.c and cu_slayer.c. */
+ * layer logic is in cu_qlayer.c and cu_slayer.c, the helpers below them in cu_base.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,154 +10,48 @@
 #include "cu_backend.h"
 #include "emit_cuda.h"
 
-/* ---- helpers shared with the layer files ---- */
-
-kvq_status cu_scratch(kvq_backend_ctx *c, uint64_t *buf, size_t *have, size_t need, char *msg, size_t n)
+/* The eager decode path's scratch (decode_run: queries, outputs, new rows, tiles, split-KV partials) for batches
+ * of up to max_batch sequences of up to max_tokens tokens, sized once, so that no such step allocates (S: the
+ * planned steps' bounds, cu_step_reserve's). */
+kvq_status cu_scratch_reserve(kvq_backend_ctx *c, int max_batch, const cu_step *S, char *msg, size_t ms)
 {
-    if (need <= *have && *buf) return KVQ_OK;
-    size_t cap = *have ? *have : 4096;
-    while (cap < need) cap *= 2;
-    uint64_t nb = 0;
-    kvq_status st = cu_dev_alloc(c->dev, cap, &nb, msg, n);
-    if (st != KVQ_OK) return st;
-    cu_dev_free(c->dev, *buf);
-    *buf = nb;
-    *have = cap;
-    return KVQ_OK;
-}
-
-kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                     const void *params, size_t size, char *msg, size_t n)
-{
-    if (c->rec) return cu_step_record(c, kernel, gx, gy, params, size, msg, n); /* a plan: into its tables */
-    const unsigned g[3] = {gx, gy, gz}, b[3] = {bx, 1, 1};
-    return cu_dev_launch(c->dev, c->mod, kernel, g, b, params, size, msg, n);
-}
-
-kvq_status cu_stage_take(kvq_backend_ctx *c, size_t bytes, void **out, char *msg, size_t n)
-{
-    *out = NULL;
-    size_t need = (bytes + 15) & ~(size_t)15;
-    if (c->hst_used + need > c->hst_bytes) {
-        /* full: the copies queued from it must have read it before it is written again (a sync, which after
-         * warm-up only a run of steps without one reaches: cu_decode_enqueue's), and it grows if too small */
-        kvq_status st = c->hst ? cu_dev_sync(c->dev, msg, n) : KVQ_OK;
-        if (st != KVQ_OK) return st;
-        if (need > c->hst_bytes) {
-            size_t cap = c->hst_bytes ? 2 * c->hst_bytes : 65536;
-            while (cap < need) cap *= 2;
-            void *h = NULL;
-            uint64_t hd = 0;
-            st = cu_dev_alloc_host(c->dev, cap, &h, &hd, msg, n);
-            if (st != KVQ_OK) return st;
+    size_t n = (size_t)max_batch, H = (size_t)c->H, Hq = (size_t)c->Hq, D = (size_t)c->D;
+    int tiles = S->tiles_cap > 0 ? S->tiles_cap : 1;
+    size_t part = 0;
+    for (int k = 0; k < c->plan->n_classes; k++) {
+        int ch = cu_chunks_max(c, k, max_batch);
+        if (ch > tiles) ch = tiles;
+        if ((size_t)ch * n * Hq * (D + 1) * sizeof(float) > part) part = (size_t)ch * n * Hq * (D + 1) * sizeof(float);
+    }
+    kvq_status st = cu_scratch(c, &c->qbuf, &c->qbuf_bytes, (2 * n * Hq * D + n * Hq) * sizeof(float), msg, ms);
+    if (st == KVQ_OK) st = cu_scratch(c, &c->kvin, &c->kvin_bytes, n * 2 * H * D * 2, msg, ms);
+    if (st == KVQ_OK) st = cu_scratch(c, &c->tiles, &c->tiles_bytes, n * (size_t)tiles * sizeof(kvq_tile), msg, ms);
+    if (st == KVQ_OK) st = cu_scratch(c, &c->seqs, &c->seqs_bytes, n * sizeof(kvq_seq_tiles), msg, ms);
+    if (st == KVQ_OK && part) st = cu_scratch(c, &c->part, &c->part_bytes, part, msg, ms);
+    /* a sequence's policy work (its kernels' outputs, reused item after item) and one token's rows */
+    if (st == KVQ_OK && S->pol_seq) st = cu_scratch(c, &c->pol, &c->pol_bytes, S->pol_seq + S->zaux_seq, msg, ms);
+    if (st == KVQ_OK) st = cu_scratch(c, &c->stage, &c->stage_bytes, 2 * H * D * 2 + 64, msg, ms);
+    /* the page-locked staging of two steps' host data (tiles, tables, queries, outputs, new rows, policy items):
+     * page-locked allocation synchronises too, and a capture refuses it */
+    size_t hst = 2 * (n * (size_t)tiles * sizeof(kvq_tile) + n * sizeof(kvq_seq_tiles) +
+                      2 * n * Hq * D * sizeof(float) + n * (4 * H * D * 2 + 4096));
+    if (st == KVQ_OK && hst > c->hst_bytes) {
+        size_t cap = c->hst_bytes ? c->hst_bytes : 65536;
+        while (cap < hst) cap *= 2;
+        void *h = NULL;
+        uint64_t hd = 0;
+        st = cu_dev_sync(c->dev, msg, ms); /* the copies queued from the old staging have read it */
+        if (st == KVQ_OK) st = cu_dev_alloc_host(c->dev, cap, &h, &hd, msg, ms);
+        if (st == KVQ_OK) {
             cu_dev_free_host(c->dev, c->hst);
-            c->hst = h, c->hst_dev = hd, c->hst_bytes = cap;
+            c->hst = h, c->hst_dev = hd, c->hst_bytes = cap, c->hst_used = 0;
         }
-        c->hst_used = 0;
     }
-    *out = c->hst + c->hst_used;
-    c->hst_used += need;
-    return KVQ_OK;
+    if (st == KVQ_OK) cu_scratch_release(c); /* outside a step: what grew before is freed now */
+    return st;
 }
 
-kvq_status cu_upload(kvq_backend_ctx *c, uint64_t dst, const void *src, size_t bytes, char *msg, size_t n)
-{
-    if (!bytes) return KVQ_OK;
-    if (!c->in_step) return cu_dev_h2d(c->dev, dst, src, bytes, msg, n);
-    void *h = NULL;
-    kvq_status st = cu_stage_take(c, bytes, &h, msg, n);
-    if (st != KVQ_OK) return st;
-    memcpy(h, src, bytes);
-    return cu_dev_h2d_async(c->dev, dst, h, bytes, msg, n);
-}
-
-unsigned cu_grid_y(long long blocks)
-{
-    return blocks < 1 ? 1u : blocks > (long long)CU_GRID_YZ_MAX ? CU_GRID_YZ_MAX : (unsigned)blocks;
-}
-
-kvq_status cu_win_init(kvq_backend_ctx *c, cu_win *w, int cap, char *msg, size_t n)
-{
-    memset(w, 0, sizeof *w);
-    w->cap = cap;
-    w->bytes = kvq_window_tensor_bytes(c->H, c->D, cap);
-    if (cap == 0) return KVQ_OK;
-    kvq_status st = cu_pool_get(c, w->bytes, &w->addr, msg, n);
-    if (st != KVQ_OK) return st;
-    w->pos = kvq_calloc((size_t)cap, sizeof *w->pos);
-    if (!w->pos) {
-        cu_win_free(c, w);
-        snprintf(msg, n, "out of memory");
-        return KVQ_ERR_NOMEM;
-    }
-    return KVQ_OK;
-}
-
-kvq_rows cu_rows_f16(uint64_t base, int head_stride, int first, int ring)
-{
-    kvq_rows r;
-    memset(&r, 0, sizeof r);
-    r.base = base, r.f16 = 1, r.head_stride = head_stride, r.first = first, r.ring = ring;
-    return r;
-}
-
-void cu_win_free(kvq_backend_ctx *c, cu_win *w)
-{
-    cu_pool_put(c, w->addr, w->bytes);
-    kvq_free(w->pos);
-    memset(w, 0, sizeof *w);
-}
-
-kvq_status cu_win_push(kvq_backend_ctx *c, cu_win *w, const kvq_rows *src, int n, const int *pos, char *msg,
-                       size_t msg_n)
-{
-    if (n <= 0) return KVQ_OK;
-    kvq_store_params sp;
-    memset(&sp, 0, sizeof sp);
-    sp.src = *src;
-    sp.dst = w->addr;
-    sp.dst_cap = w->cap;
-    sp.slot = (w->head + w->count) % w->cap;
-    sp.dst_ring = w->cap;
-    sp.n = n;
-    kvq_status st = cu_launch(c, "kvq_store_f16", (unsigned)c->H, cu_grid_y(n), 1, 128, &sp, sizeof sp, msg, msg_n);
-    if (st != KVQ_OK) return st;
-    for (int i = 0; i < n; i++) w->pos[(w->head + w->count + i) % w->cap] = pos[i];
-    w->count += n;
-    return KVQ_OK;
-}
-
-void cu_tiles_push(kvq_backend_ctx *c, int *nt, kvq_tile t)
-{
-    if (*nt == c->htiles_cap) {
-        int cap = c->htiles_cap ? 2 * c->htiles_cap : 256;
-        kvq_tile *nb = kvq_realloc(c->htiles, (size_t)cap * sizeof *nb);
-        if (!nb) {
-            *nt = -1; /* reported by the caller as out of memory */
-            return;
-        }
-        c->htiles = nb;
-        c->htiles_cap = cap;
-    }
-    if (*nt >= 0) c->htiles[(*nt)++] = t;
-}
-
-void cu_tiles_windows(kvq_backend_ctx *c, int *nt, const cu_win *k, const cu_win *v, int tile)
-{
-    for (int i = 0; i < k->count && *nt >= 0;) {
-        int ks = (k->head + i) % k->cap, vs = (v->head + i) % v->cap;
-        int n = k->count - i;
-        if (n > k->cap - ks) n = k->cap - ks;
-        if (n > v->cap - vs) n = v->cap - vs;
-        if (n > tile) n = tile;
-        kvq_tile t;
-        memset(&t, 0, sizeof t);
-        t.k = k->addr, t.v = v->addr, t.k_slot = ks, t.v_slot = vs, t.k_cap = k->cap, t.v_cap = v->cap, t.n = n;
-        t.kinds = KVQ_SRC_F16 | KVQ_SRC_F16 << 8;
-        cu_tiles_push(c, nt, t);
-        i += n;
-    }
-}
+static uint64_t dev_addr(const void *p) { return (uint64_t)(uintptr_t)p; }
 
 /* ---- vtable ---- */
 
@@ -204,6 +98,8 @@ static void ctx_free(kvq_backend_ctx *c)
     cu_dev_free(c->dev, c->aux);
     cu_dev_free(c->dev, c->pol);
     cu_dev_free(c->dev, c->kvin);
+    cu_scratch_release(c);
+    kvq_free(c->retired);
     cu_step_free(c);
     cu_pool_free(c);
     cu_dev_free_host(c->dev, c->hst);
@@ -221,9 +117,12 @@ static kvq_status prepare_kind(cu_dev_kind kind, const kvq_be_engine *e, kvq_bac
     kvq_backend_ctx *c = kvq_calloc(1, sizeof *c);
     if (!c) return KVQ_ERR_NOMEM;
     c->e = *e;
+    c->record = cu_step_record;
     c->H = e->dims.kv_heads, c->Hq = e->dims.heads, c->D = e->dims.head_dim;
     kvq_status st = cu_dev_open(kind, &c->dev, msg, n);
     char *src = NULL;
+    cu_ctx_scope cs;
+    if (st == KVQ_OK) cu_dev_enter(c->dev, &cs); /* the device's context, on this thread, until the end */
     if (st == KVQ_OK) {
         c->plan = kvq_malloc(sizeof *c->plan);
         st = c->plan ? plan_build(e->scheme, &e->dims, KVQ_F32, c->plan, msg, n) : KVQ_ERR_NOMEM;
@@ -248,6 +147,7 @@ static kvq_status prepare_kind(cu_dev_kind kind, const kvq_be_engine *e, kvq_bac
                 cu_dev_occupancy(c->dev, c->mod, kname, c->plan->threads, (size_t)c->plan->cls[k].smem);
     }
     c->sm_count = cu_dev_sm_count(c->dev) > 0 ? cu_dev_sm_count(c->dev) : 1;
+    if (c->dev) cu_dev_leave(c->dev, &cs);
     if (st != KVQ_OK) {
         if (st == KVQ_ERR_NOMEM) snprintf(msg, n, "out of memory");
         ctx_free(c);
@@ -348,101 +248,11 @@ static kvq_status cu_prefill(kvq_backend_ctx *c, int layer, const kvq_be_prefill
     return KVQ_OK;
 }
 
-/* Split-KV: chunks of a sequence's tiles so that the grid fills every SM to its occupancy (the occupancy API with
- * the kernel's block and shared memory, times the SM count), counted in tokens (a tile holds up to `tile`) with a
- * floor of KVQ_CHUNK_MIN_TOKENS: below it the merge and the per-chunk setup cost more than the parallelism
- * gains. One chunk when the batch alone fills the device. */
-#define KVQ_CHUNK_MIN_TOKENS 256
-int cu_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_tiles)
-{
-    int occ = c->decode_blocks_per_sm[cls];
-    long want = (long)(occ > 0 ? occ : 1) * c->sm_count, blocks = (long)c->H * n_items;
-    long chunks = blocks >= want ? 1 : (want + blocks - 1) / blocks;
-    int tile = c->plan->cls[cls].tile, floor_tiles = (KVQ_CHUNK_MIN_TOKENS + tile - 1) / tile;
-    if (chunks > max_tiles) chunks = max_tiles;
-    if (chunks < 1) chunks = 1;
-    int tpc = (int)((max_tiles + chunks - 1) / chunks);
-    if (tpc < floor_tiles) tpc = floor_tiles;
-    return tpc < 1 ? 1 : tpc;
-}
-
-/* The most chunks cu_tiles_per_chunk can give at n_items: it splits into at most this many, whatever the tiles. */
-int cu_chunks_max(const kvq_backend_ctx *c, int cls, int n_items)
-{
-    int occ = c->decode_blocks_per_sm[cls];
-    long want = (long)(occ > 0 ? occ : 1) * c->sm_count, blocks = (long)c->H * n_items;
-    long chunks = blocks >= want ? 1 : (want + blocks - 1) / blocks;
-    return chunks < 1 ? 1 : (int)chunks;
-}
-
 static kvq_status layer_save(cu_layer *L, cu_snap *s)
 {
     if (!L->sparse) return cu_qlayer_save(&L->q, s);
     cu_slayer_save(&L->s, s);
     return KVQ_OK;
-}
-
-static uint64_t dev_addr(const void *p) { return (uint64_t)(uintptr_t)p; }
-
-kvq_status cu_convert_qkv(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t q, uint64_t kv, char *msg,
-                          size_t ms)
-{
-    int H = c->H, Hq = c->Hq, D = c->D;
-    kvq_status st = cu_convert_rows(c, dev_addr(dv->q.data), dv->q.dtype, dv->q.token_stride, dv->q.head_stride, q,
-                                    KVQ_F32, (long long)Hq * D, D, n, Hq, D, 1.0f, msg, ms);
-    if (st == KVQ_OK)
-        st = cu_convert_rows(c, dev_addr(dv->k.data), dv->k.dtype, dv->k.token_stride, dv->k.head_stride, kv, KVQ_F16,
-                             2LL * H * D, D, n, H, D, 1.0f, msg, ms);
-    if (st == KVQ_OK)
-        st = cu_convert_rows(c, dev_addr(dv->v.data), dv->v.dtype, dv->v.token_stride, dv->v.head_stride,
-                             kv + (uint64_t)H * D * 2, KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
-    return st;
-}
-
-kvq_status cu_convert_out(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t out, uint64_t lse, char *msg,
-                          size_t ms)
-{
-    int Hq = c->Hq, D = c->D;
-    kvq_status st = cu_convert_rows(c, out, KVQ_F32, (long long)Hq * D, D, dev_addr(dv->out.data), dv->out.dtype,
-                                    dv->out.token_stride, dv->out.head_stride, n, Hq, D, 1.0f, msg, ms);
-    if (st == KVQ_OK && dv->lse)
-        st = cu_convert_rows(c, lse, KVQ_F32, Hq, 1, dev_addr(dv->lse), KVQ_F32, Hq, 1, n, Hq, 1, 0.69314718055994531f,
-                             msg, ms);
-    return st;
-}
-
-kvq_status cu_decode_launch(kvq_backend_ctx *c, int cls, int n, int nch, int tpc, uint64_t q, uint64_t seqs,
-                            uint64_t out, uint64_t lse, uint64_t part, char *msg, size_t ms)
-{
-    int H = c->H, Hq = c->Hq, D = c->D;
-    kvq_decode_params dp;
-    memset(&dp, 0, sizeof dp);
-    dp.q = q, dp.out = out, dp.seqs = seqs, dp.lse = lse;
-    dp.part_o = part, dp.part_lse = part + (uint64_t)n * Hq * nch * D * sizeof(float);
-    dp.scale = c->e.softmax_scale * 1.4426950408889634f; /* log2(e): the kernel works in base 2 */
-    dp.batch = n, dp.n_chunks = nch, dp.tiles_per_chunk = tpc;
-    char kname[32];
-    snprintf(kname, sizeof kname, "kvq_decode_c%d", cls);
-    const unsigned g[3] = {(unsigned)H, (unsigned)nch, (unsigned)n};
-    const unsigned b[3] = {(unsigned)c->plan->tx, (unsigned)c->plan->ty, (unsigned)c->plan->tz};
-    kvq_status st =
-        cu_dev_launch_smem(c->dev, c->mod, kname, g, b, (unsigned)c->plan->cls[cls].smem, &dp, sizeof dp, msg, ms);
-    if (st == KVQ_OK && nch > 1) {
-        const unsigned mg[3] = {(unsigned)Hq, (unsigned)n, 1}, mb[3] = {(unsigned)(D < 256 ? D : 256), 1, 1};
-        st = cu_dev_launch(c->dev, c->mod, "kvq_merge", mg, mb, &dp, sizeof dp, msg, ms);
-    }
-    return st;
-}
-
-kvq_status cu_convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long sts, long long shs, uint64_t dst,
-                           int ddt, long long dts, long long dhs, int n, int heads, int dim, float mul, char *msg,
-                           size_t ms)
-{
-    kvq_convert_params p;
-    memset(&p, 0, sizeof p);
-    p.src = src, p.dst = dst, p.src_ts = sts, p.src_hs = shs, p.dst_ts = dts, p.dst_hs = dhs;
-    p.src_dtype = sdt, p.dst_dtype = ddt, p.n = n, p.dim = dim, p.mul = mul;
-    return cu_launch(c, "kvq_convert_rows", (unsigned)heads, cu_grid_y(n), 1, 128, &p, sizeof p, msg, ms);
 }
 
 
@@ -704,6 +514,7 @@ static kvq_status be_reserve(kvq_backend_ctx *c, size_t bytes, char *msg, size_t
     cu_ctx_scope cs;
     cu_dev_enter(c->dev, &cs);
     kvq_status st = cu_pool_reserve(c, bytes, msg, ms);
+    if (st == KVQ_OK) cu_scratch_release(c); /* a reservation is outside the steps: outgrown scratch is freed */
     cu_dev_leave(c->dev, &cs);
     return st;
 }
@@ -714,6 +525,7 @@ static kvq_status be_reserve_step(kvq_backend_ctx *c, int max_batch, int max_tok
     cu_ctx_scope cs;
     cu_dev_enter(c->dev, &cs);
     kvq_status st = cu_step_reserve(c, max_batch, max_tokens, msg, ms);
+    if (st == KVQ_OK) st = cu_scratch_reserve(c, max_batch, &c->step, msg, ms);
     cu_dev_leave(c->dev, &cs);
     return st;
 }

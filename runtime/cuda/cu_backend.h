@@ -252,6 +252,8 @@ struct kvq_backend_ctx {
     size_t pol_bytes; /* policy kernels' inputs, outputs and work */
     uint64_t kvin;
     size_t kvin_bytes; /* kvq_decode_device: the batch's new K and V rows, fp16 [n][2][H][D] */
+    uint64_t *retired; /* scratch outgrown inside steps, freed outside them (cu_scratch_release) */
+    int n_retired, cap_retired;
     kvq_tile *htiles;
     int htiles_cap;
     cu_pool pool;
@@ -268,6 +270,9 @@ struct kvq_backend_ctx {
     int sm_count;
     cu_step step;
     cu_rec *rec; /* set while kvq_decode_plan records a layer's work */
+    /* where cu_launch sends a launch while rec is set: cu_step_record (a hook, so cu_base.c calls nothing above it) */
+    kvq_status (*record)(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, const void *params,
+                         size_t size, char *msg, size_t ms);
 };
 
 /* cu_pool.c: zero-filled device memory from the engine's pool (cu_pool_put zeroes a block when it comes back). */
@@ -277,13 +282,13 @@ void cu_pool_put(kvq_backend_ctx *c, uint64_t addr, size_t bytes);
 kvq_status cu_pool_reserve(kvq_backend_ctx *c, size_t bytes, char *msg, size_t n);
 void cu_pool_free(kvq_backend_ctx *c);
 
-/* cu_backend.c */
+/* cu_base.c: the helpers the layer files and planned steps call (they call only cu_dev and cu_pool) */
 /* Host data for the device: inside a decode step, copied into the page-locked staging and sent with an async
  * copy on the engine's stream (no synchronisation); outside, a synchronous copy. */
 kvq_status cu_upload(kvq_backend_ctx *c, uint64_t dst, const void *src, size_t bytes, char *msg, size_t n);
 /* *out = `bytes` of the page-locked staging for this step (16-byte aligned). */
 kvq_status cu_stage_take(kvq_backend_ctx *c, size_t bytes, void **out, char *msg, size_t n);
-/* A decode step's device work, queued on the engine's stream without any synchronisation, allocation (after
+/* (cu_backend.c) A decode step's device work, queued on the engine's stream without any synchronisation, allocation (after
  * warm-up) or device-to-host copy (a ZipCache compression included, docs/cuda.md): append, plan, attend,
  * policies. The outputs are left on the device: [n][Hq][D] fp32 at *out_dev. On failure every item is as it
  * was. kvq_decode is this plus one async copy of the outputs into the staging and one cu_dev_sync. The caller
@@ -311,7 +316,12 @@ kvq_status cu_decode_launch(kvq_backend_ctx *c, int cls, int n, int nch, int tpc
 kvq_status cu_convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long sts, long long shs, uint64_t dst,
                            int ddt, long long dts, long long dhs, int n, int heads, int dim, float mul, char *msg,
                            size_t ms);
+/* Device scratch `*buf` of at least `need` bytes: grown (doubling) by a new allocation, never by a free inside a
+ * step (the outgrown buffer is retired until cu_scratch_release, outside steps). */
 kvq_status cu_scratch(kvq_backend_ctx *c, uint64_t *buf, size_t *have, size_t need, char *msg, size_t n);
+void cu_scratch_release(kvq_backend_ctx *c);
+/* (cu_backend.c) kvq_engine_reserve_step: the eager step's scratch for max_batch sequences at the bounds S (cu_step_reserve). */
+kvq_status cu_scratch_reserve(kvq_backend_ctx *c, int max_batch, const cu_step *S, char *msg, size_t ms);
 kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                      const void *params, size_t size, char *msg, size_t n);
 /* gridDim.y for `blocks` blocks of work on y: at most 65535, the hardware's limit (the kernels that take tokens on

@@ -316,7 +316,12 @@ kvq_status cu_dev_event_wait(cu_dev *d, void *ev, char *msg, size_t ms)
     return d->ops->event_wait(d, ev, msg, ms);
 }
 
-void cu_dev_set_stream(cu_dev *d, void *stream) { d->stream = stream ? stream : d->own_stream; }
+void cu_dev_set_stream(cu_dev *d, void *stream)
+{
+    void *to = stream ? stream : d->own_stream;
+    if (to != d->stream && d->ops->join) d->ops->join(d, d->stream, to);
+    d->stream = to;
+}
 void *cu_dev_stream(const cu_dev *d) { return d->stream; }
 
 double cu_dev_peak_gbps(const cu_dev *d) { return d->peak_gbps; }

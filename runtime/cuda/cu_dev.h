@@ -44,7 +44,10 @@ kvq_status cu_dev_memset(cu_dev *d, uint64_t dst, int byte, size_t n, char *msg,
 /* ---- the stream (docs/cuda.md "The host protocol"): launches, async copies and memsets of a device are queued
  * on one stream in order, the device's own (created at open, non-blocking) or the caller's (a CUstream passed as
  * void *). Nothing waits for them until cu_dev_sync or a synchronous copy. ---- */
-/* Binds the device to `stream` (NULL: back to the device's own). The caller keeps its stream alive. */
+/* Binds the device to `stream` (NULL: back to the device's own). The caller keeps its stream alive. The two
+ * streams are joined (ops->join): the new stream's work waits for the old one's, so a pool block zeroed on the
+ * engine's stream is zeroed before a caller's stream writes it, and a block a caller's stream used is zeroed
+ * only after that use; without a synchronisation. */
 void cu_dev_set_stream(cu_dev *d, void *stream);
 void *cu_dev_stream(const cu_dev *d);
 /* cuMemcpyHtoDAsync / cuMemcpyDtoHAsync on the stream. The host side should be page-locked
@@ -68,7 +71,8 @@ double cu_dev_peak_gbps(const cu_dev *d);
 /* Loads the kernels of translation unit `src` (scheme name for generated/ lookup, may be NULL). */
 kvq_status cu_dev_load(cu_dev *d, const char *src, const char *scheme, cu_module **out, char *msg, size_t msg_size);
 void cu_module_free(cu_module *m);
-/* Where the module came from: "generated", "cache", "jit". */
+/* Where the module came from: "generated", "cache", "jit", or "ptx" (the driver refused the cubin: older than
+ * NVRTC; its PTX was JIT-compiled by the driver instead). */
 const char *cu_module_origin(const cu_module *m);
 /* generated/<scheme>/<arch>.cubin when generated/<scheme>/kernels.cu is the code of `src` (comments aside:
  * cu_source_same_code), else NULL (cu_generated.c). */
@@ -95,10 +99,10 @@ kvq_status cu_dev_launch_smem(cu_dev *d, cu_module *m, const char *kernel, const
 kvq_status cu_dev_func_max_dyn_smem(cu_dev *d, cu_module *m, const char *kernel, unsigned bytes, char *msg,
                                     size_t msg_size);
 
-/* The device's context is current on one thread at a time per thread, as the CUDA driver's is: cu_dev_open makes
- * it current on the opening thread, and every entry point of the backends (which any thread may call) brackets
- * its device calls with cu_dev_enter / cu_dev_leave, which make it current on the calling thread and then put
- * back the thread's previous context. A device call on a thread where the context is not current fails as the
+/* The device's context is current on one thread at a time per thread, as the CUDA driver's is: every entry point
+ * of the backends (which any thread may call), engine preparation included, brackets its device calls with
+ * cu_dev_enter / cu_dev_leave, which make it current on the calling thread and then put back the thread's
+ * previous context (on a GPU, cu_dev_open too leaves the thread's current context as it found it). A device call on a thread where the context is not current fails as the
  * driver's do (CUDA_ERROR_INVALID_CONTEXT); the emulated device models this too. */
 typedef struct {
     void *prev;
@@ -143,6 +147,9 @@ typedef struct {
     void (*enter)(cu_dev *, cu_ctx_scope *);
     void (*leave)(cu_dev *, const cu_ctx_scope *);
     void (*close)(cu_dev *);
+    /* Orders stream `to`'s later work after `from`'s work so far (an event recorded on from, waited for by to);
+     * NULL where streams need no joining (the emulator runs everything at once). */
+    void (*join)(cu_dev *, void *from, void *to);
 } cu_dev_ops;
 /* The front (cu_dev.c) does the rest: synchronous copies are async copies + sync, and the counters and the
  * capture checks (cu_counters.h) are kept there, for both implementations. */

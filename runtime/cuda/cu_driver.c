@@ -69,12 +69,17 @@ static struct {
     CUresult (*event_record)(CUevent, CUstream);
     CUresult (*event_sync)(CUevent);
     CUresult (*event_destroy)(CUevent);
+    CUresult (*driver_version)(int *);
+    CUresult (*ctx_state)(CUdevice, unsigned *, int *);
+    CUresult (*stream_wait)(CUstream, CUevent, unsigned);
+    CUresult (*stream_capturing)(CUstream, int *);
 } cu;
 
 typedef struct {
     CUdevice dev;
     CUcontext ctx;
     int borrowed; /* the caller's current context: not ours to release */
+    CUevent join_ev; /* drv_join's */
 } drv_dev;
 
 /* The module's CUfunctions, looked up once per name (cuModuleGetFunction) and kept, not per launch. */
@@ -119,10 +124,86 @@ static const char *err_text(CUresult r)
     return s ? s : "unknown CUDA error";
 }
 
+/* "CUDA 12.4" from cuDriverGetVersion (1000 * major + 10 * minor): every driver error names it. */
+static const char *driver_text(char *buf, size_t n)
+{
+    int v = 0;
+    if (!cu.driver_version || cu.driver_version(&v) != 0 || v <= 0)
+        snprintf(buf, n, "driver version unknown");
+    else
+        snprintf(buf, n, "driver CUDA %d.%d", v / 1000, v % 1000 / 10);
+    return buf;
+}
+
 static kvq_status fail(CUresult r, const char *what, char *msg, size_t n)
 {
-    snprintf(msg, n, "cuda: %s: %s (%d)", what, err_text(r), r);
+    char dv[48];
+    snprintf(msg, n, "cuda: %s: %s (%d) [%s]", what, err_text(r), r, driver_text(dv, sizeof dv));
     return r == 2 ? KVQ_ERR_NOMEM : KVQ_ERR_INTERNAL; /* 2: CUDA_ERROR_OUT_OF_MEMORY */
+}
+
+#define CUDA_ERROR_INVALID_PTX 218
+#define CUDA_ERROR_NO_BINARY_FOR_GPU 209
+#define CUDA_ERROR_UNSUPPORTED_PTX_VERSION 222
+
+/* The newest PTX ISA (10 * major + minor) a driver JIT-compiles, by its version (the PTX ISA release notes). */
+static int driver_ptx_isa(int version)
+{
+    static const int map[][2] = {{13000, 90}, {12090, 88}, {12080, 87}, {12050, 85}, {12040, 84}, {12030, 83},
+                                 {12020, 82}, {12010, 81}, {12000, 80}, {11080, 78}, {11070, 77}, {11060, 76},
+                                 {11050, 75}, {11040, 74}, {11030, 73}, {11020, 72}, {11010, 71}, {11000, 70}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (version >= map[i][0]) return map[i][1];
+    return 0;
+}
+
+/* The oldest PTX ISA that has the target (sm_80: 7.0, sm_86: 7.1, sm_89 and sm_90: 7.8, sm_100: 8.6, sm_120: 8.7). */
+static int target_min_isa(const char *arch)
+{
+    int sm = atoi(arch + 3);
+    return sm >= 120 ? 87 : sm >= 100 ? 86 : sm >= 89 ? 78 : sm >= 86 ? 71 : 70;
+}
+
+/* When the driver refuses the cubin (NVRTC newer than the driver: CUDA_ERROR_NO_BINARY_FOR_GPU, or an ISA it
+ * does not know), the module from the PTX instead, its ".version" lowered to the newest ISA the driver knows when
+ * NVRTC's is newer (the generated kernels use nothing past the target's first ISA; the driver's JIT checks).
+ * A driver too old for the target's ISA, or a PTX the driver refuses too, is an error that names both. */
+static CUresult load_ptx(cu_dev *d, const char *ptx, CUresult cubin_err, CUmodule *mod, char *msg, size_t n)
+{
+    int ver = 0;
+    if (cu.driver_version(&ver) != 0) ver = 0;
+    const char *vl = ptx ? strstr(ptx, ".version ") : NULL;
+    int isa = vl ? atoi(vl + 9) * 10 + (strchr(vl + 9, '.') ? atoi(strchr(vl + 9, '.') + 1) : 0) : 0;
+    int have = driver_ptx_isa(ver), need = target_min_isa(d->arch);
+    char dv[48];
+    driver_text(dv, sizeof dv);
+    if (!vl || have < need) {
+        snprintf(msg, n,
+                 "cuda: cuModuleLoadData: the %s cubin from NVRTC %s was refused: %s (%d); the %s (newest PTX ISA "
+                 "%d.%d) cannot run %s code (PTX ISA %d.%d or newer): update the driver to CUDA %s or newer",
+                 d->arch, cu_nvrtc_version(), err_text(cubin_err), cubin_err, dv, have / 10, have % 10, d->arch,
+                 need / 10, need % 10, cu_nvrtc_version());
+        return cubin_err;
+    }
+    char *text = kvq_malloc(strlen(ptx) + 1);
+    if (!text) return 2;
+    strcpy(text, ptx);
+    if (isa > have) { /* ".version 9.0" -> ".version 8.4": same length for one-digit minors */
+        char *v = text + (vl - ptx) + 9;
+        char buf[16];
+        int len = (int)strcspn(v, " \t\r\n");
+        int k = snprintf(buf, sizeof buf, "%d.%d", have / 10, have % 10);
+        if (k == len) memcpy(v, buf, (size_t)k);
+    }
+    CUresult r = cu.mod_load(mod, text);
+    kvq_free(text);
+    if (r)
+        snprintf(msg, n,
+                 "cuda: cuModuleLoadData: the %s cubin from NVRTC %s was refused: %s (%d), and its PTX (ISA %d.%d%s) "
+                 "too: %s (%d) [%s]: update the driver to CUDA %s or newer",
+                 d->arch, cu_nvrtc_version(), err_text(cubin_err), cubin_err, isa / 10, isa % 10,
+                 isa > have ? ", lowered to the driver's newest" : "", err_text(r), r, dv, cu_nvrtc_version());
+    return r;
 }
 
 static kvq_status load_driver(char *msg, size_t n)
@@ -180,6 +261,10 @@ static kvq_status load_driver(char *msg, size_t n)
         {&cu.event_record, "cuEventRecord"},
         {&cu.event_sync, "cuEventSynchronize"},
         {&cu.event_destroy, "cuEventDestroy_v2"},
+        {&cu.driver_version, "cuDriverGetVersion"},
+        {&cu.ctx_state, "cuDevicePrimaryCtxGetState"},
+        {&cu.stream_wait, "cuStreamWaitEvent"},
+        {&cu.stream_capturing, "cuStreamIsCapturing"},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         void *f = dlsym(h, syms[i].name);
@@ -306,6 +391,18 @@ static kvq_status drv_load(cu_dev *d, const char *src, const char *scheme, cu_mo
     CUmodule mod;
     CUresult r = cu.mod_load(&mod, cubin ? cubin : c.cubin);
     kvq_free(cubin);
+    if (r == CUDA_ERROR_NO_BINARY_FOR_GPU || r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION || r == CUDA_ERROR_INVALID_PTX) {
+        /* the PTX of the same source (generated/ has cubins only: NVRTC's, through the cache) */
+        if (!c.ptx) {
+            kvq_status st = cu_nvrtc_compile(src, d->arch, 1, &c, NULL, msg, n);
+            if (st != KVQ_OK) return st;
+        }
+        CUresult r2 = load_ptx(d, c.ptx, r, &mod, msg, n);
+        cu_compiled_free(&c);
+        if (r2) return r2 == 2 ? KVQ_ERR_NOMEM : KVQ_ERR_INTERNAL;
+        origin = "ptx";
+        r = 0;
+    }
     cu_compiled_free(&c);
     if (r) return fail(r, "cuModuleLoadData", msg, n);
     cu_module *m = kvq_calloc(1, sizeof *m);
@@ -411,12 +508,42 @@ int cu_driver_occupancy(cu_module *m, const char *kernel, int threads, size_t sm
 static void drv_close(cu_dev *d)
 {
     drv_dev *dd = d->impl;
+    cu_ctx_scope cs;
+    drv_enter(d, &cs);
     if (d->own_stream) {
         cu.stream_sync((CUstream)d->own_stream);
         cu.stream_destroy((CUstream)d->own_stream);
     }
+    if (dd->join_ev) cu.event_destroy(dd->join_ev);
+    drv_leave(d, &cs);
     if (!dd->borrowed) cu.ctx_release(dd->dev);
+    /* the thread must not keep a context whose last reference is gone (it was reset: every call on it fails) */
+    CUcontext now = NULL;
+    unsigned flags = 0;
+    int active = 1;
+    if (!dd->borrowed && cu.ctx_get(&now) == 0 && now == dd->ctx && cu.ctx_state(dd->dev, &flags, &active) == 0 &&
+        !active)
+        cu.ctx_set(NULL);
     kvq_free(dd);
+}
+
+#define CU_EVENT_WAIT_EXTERNAL 1
+/* Stream `to` waits for `from`'s work so far (cu_dev_set_stream). Stream capture allows no dependency across
+ * its boundary: into a capturing stream the wait is an external event node (the graph waits for the event's
+ * latest record when it is launched); out of a capturing stream there is none (it would pull the engine's
+ * stream into the capture): the caller orders a captured graph's launches before the engine's next use of
+ * the memory they touch (docs/cuda.md "Streams"). If the event cannot be used, the host waits instead. */
+static void drv_join(cu_dev *d, void *from, void *to)
+{
+    drv_dev *dd = d->impl;
+    int cap_from = 0, cap_to = 0;
+    if (cu.stream_capturing((CUstream)from, &cap_from)) cap_from = 0;
+    if (cu.stream_capturing((CUstream)to, &cap_to)) cap_to = 0;
+    if (cap_from) return;
+    if (dd->join_ev && cu.event_record(dd->join_ev, (CUstream)from) == 0 &&
+        cu.stream_wait((CUstream)to, dd->join_ev, cap_to ? CU_EVENT_WAIT_EXTERNAL : 0) == 0)
+        return;
+    cu.stream_sync((CUstream)from);
 }
 
 static const cu_dev_ops drv_ops = {
@@ -439,7 +566,43 @@ static const cu_dev_ops drv_ops = {
     .enter = drv_enter,
     .leave = drv_leave,
     .close = drv_close,
+    .join = drv_join,
 };
+
+/* The process's own reference to a device's primary context, taken with the first engine (or probe) on it and
+ * kept: an engine's open and close retain and release theirs, so without it the backend's probe (open, close)
+ * would create and reset the context just before the engine creates it again, and every engine freed last
+ * would reset it (cudart's own reference behaves the same way: it is never released). */
+#define DRV_MAX_DEVICES 64
+static int process_ref[DRV_MAX_DEVICES];
+
+/* The context an engine opened on this thread runs in, and its reference: the caller's current context when
+ * there is one (an inference engine's: its device pointers and streams belong to it), else the primary context
+ * of device `ord`. A current primary context is retained like any other use of it (it is the caller's only while
+ * the caller holds its own reference); only a context the caller created (cuCtxCreate) is borrowed, and the
+ * caller keeps it alive while the engine lives. */
+static CUresult bind_context(drv_dev *dd, int ord, int use_current)
+{
+    CUcontext cur = NULL;
+    CUresult r;
+    if (use_current && cu.ctx_get(&cur) == 0 && cur && cu.ctx_device(&dd->dev) == 0) {
+        CUcontext prim = NULL;
+        if ((r = cu.ctx_retain(&prim, dd->dev))) return r;
+        if (prim == cur) {
+            dd->ctx = prim;
+        } else {
+            cu.ctx_release(dd->dev);
+            dd->ctx = cur, dd->borrowed = 1;
+        }
+    } else {
+        if ((r = cu.dev_get(&dd->dev, ord)) || (r = cu.ctx_retain(&dd->ctx, dd->dev))) return r;
+    }
+    if (!dd->borrowed && dd->dev >= 0 && dd->dev < DRV_MAX_DEVICES && !process_ref[dd->dev]) {
+        CUcontext again = NULL;
+        if (cu.ctx_retain(&again, dd->dev) == 0) process_ref[dd->dev] = 1;
+    }
+    return 0;
+}
 
 kvq_status cu_driver_open(cu_dev *d, char *msg, size_t n)
 {
@@ -460,24 +623,24 @@ kvq_status cu_driver_open(cu_dev *d, char *msg, size_t n)
     int major = 0, minor = 0;
     const char *env = getenv("KVQ_CUDA_DEVICE");
     int ord = env && *env ? atoi(env) : 0;
-    /* an engine is bound to the context current on the creating thread when there is one (an inference
-     * engine's: its device pointers and streams belong to it), else to the device's primary context */
-    CUcontext cur = NULL;
-    if (!(env && *env) && cu.ctx_get(&cur) == 0 && cur && cu.ctx_device(&dd->dev) == 0) {
-        dd->ctx = cur, dd->borrowed = 1;
-        ord = (int)dd->dev;
-    }
-    if ((!dd->borrowed && (r = cu.dev_get(&dd->dev, ord))) || (r = cu.dev_attr(&major, CU_ATTR_CC_MAJOR, dd->dev)) ||
-        (r = cu.dev_attr(&minor, CU_ATTR_CC_MINOR, dd->dev)) ||
-        (r = cu.dev_attr(&d->sm_count, CU_ATTR_SM_COUNT, dd->dev)) ||
-        (!dd->borrowed && (r = cu.ctx_retain(&dd->ctx, dd->dev))) || (r = cu.ctx_set(dd->ctx))) {
-        if (!dd->borrowed && dd->ctx) cu.ctx_release(dd->dev);
+    CUcontext prev = NULL;
+    if (cu.ctx_get(&prev) != 0) prev = NULL;
+    if ((r = bind_context(dd, ord, !(env && *env)))) {
         kvq_free(dd);
         snprintf(msg, n, "cuda: unavailable: device %d: %s", ord, err_text(r));
         return KVQ_ERR_UNAVAILABLE;
     }
+    if ((r = cu.dev_attr(&major, CU_ATTR_CC_MAJOR, dd->dev)) || (r = cu.dev_attr(&minor, CU_ATTR_CC_MINOR, dd->dev)) ||
+        (r = cu.dev_attr(&d->sm_count, CU_ATTR_SM_COUNT, dd->dev)) || (r = cu.ctx_set(dd->ctx))) {
+        if (!dd->borrowed) cu.ctx_release(dd->dev);
+        cu.ctx_set(prev);
+        snprintf(msg, n, "cuda: unavailable: device %d: %s", (int)dd->dev, err_text(r));
+        kvq_free(dd);
+        return KVQ_ERR_UNAVAILABLE;
+    }
     if (major < 8) {
         if (!dd->borrowed) cu.ctx_release(dd->dev);
+        cu.ctx_set(prev);
         kvq_free(dd);
         snprintf(msg, n, "cuda: unavailable: device is sm_%d%d, the kernels need sm_80 or newer", major, minor);
         return KVQ_ERR_UNAVAILABLE;
@@ -491,10 +654,14 @@ kvq_status cu_driver_open(cu_dev *d, char *msg, size_t n)
     CUstream s = NULL;
     if ((r = cu.stream_create(&s, CU_STREAM_NON_BLOCKING))) {
         if (!dd->borrowed) cu.ctx_release(dd->dev);
+        cu.ctx_set(prev);
         kvq_free(dd);
         snprintf(msg, n, "cuda: cuStreamCreate: %s", err_text(r));
         return KVQ_ERR_INTERNAL;
     }
+    if ((r = cu.event_create(&dd->join_ev, CU_EVENT_DISABLE_TIMING))) dd->join_ev = NULL; /* drv_join syncs */
+    /* the thread's context as it was: the backend brackets its device calls (cu_dev_enter / cu_dev_leave) */
+    cu.ctx_set(prev);
     d->own_stream = d->stream = s;
     d->ops = &drv_ops;
     d->impl = dd;

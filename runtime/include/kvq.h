@@ -277,7 +277,9 @@ kvq_status kvq_engine_reserve_device(kvq_engine *engine, size_t bytes);
  * without a window is refused (KVQ_ERR_UNSUPPORTED): capture those steps one at a time with kvq_decode_device. */
 
 /* Allocates the step tables and buffers once, for batches of up to max_batch sequences of up to max_tokens tokens
- * (after the step): their addresses never change. A later call replaces them (capture again). */
+ * (after the step): their addresses never change. A later call replaces them (capture again). It also sizes the
+ * scratch and page-locked staging of kvq_decode_device's steps for max_batch, so that after it no step allocates
+ * or frees device memory (a first step may be captured). */
 kvq_status kvq_engine_reserve_step(kvq_engine *engine, int max_batch, int max_tokens);
 /* The host half of the next step of every layer for seqs[0 .. n_seqs) (each prefilled in every layer), its one
  * copy queued on stream (NULL: the engine's own). All-or-nothing: on failure every layer of every sequence is as

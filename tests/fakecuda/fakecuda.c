@@ -139,6 +139,21 @@ static int captures_active, capture_seq, capture_invalid[1024];
 static fakecuda_launch_hook launch_hook;
 static FILE *log_file;
 static int verbose;
+/* CUDA does not survive fork: a child of a process that initialised the driver may not use it. */
+static int forked_after_init;
+/* every handle ever made, so that later uses of destroyed ones are reported, not crashes (and not leaks) */
+static void **handles;
+static int n_handles, cap_handles;
+static void *keep(void *h)
+{
+    if (h && n_handles == cap_handles) {
+        int c = cap_handles ? 2 * cap_handles : 256;
+        void **n = realloc(handles, (size_t)c * sizeof *n);
+        if (n) handles = n, cap_handles = c;
+    }
+    if (h && n_handles < cap_handles) handles[n_handles++] = h;
+    return h;
+}
 
 /* ---- recording ---- */
 static char **logv, **viols;
@@ -250,6 +265,10 @@ static const char *ctx_name(const fc_ctx *c)
 
 static CUresult need_ctx(const char *call)
 {
+    if (forked_after_init) {
+        violation("%s in a child forked after its parent initialised the driver", call);
+        return E_NOT_INITIALIZED;
+    }
     if (!inited) {
         violation("%s before cuInit", call);
         return E_NOT_INITIALIZED;
@@ -443,9 +462,22 @@ static CUresult capture_refuses(const char *call)
         return r_;                                                                                             \
     } while (0)
 
+static void in_child(void)
+{
+    if (inited) forked_after_init = 1;
+    pthread_mutex_init(&mu, NULL);
+}
+
 static CUresult do_init(unsigned flags)
 {
-    if (!inited) configure();
+    if (forked_after_init) {
+        violation("cuInit in a child forked after its parent initialised the driver (CUDA does not survive fork)");
+        return logged(E_NOT_INITIALIZED, "cuInit", "%u", flags);
+    }
+    if (!inited) {
+        configure();
+        pthread_atfork(NULL, NULL, in_child);
+    }
     inited = 1;
     for (int d = 0; d < MAX_DEV; d++) primary[d].primary = 1, primary[d].dev = d;
     return logged(flags ? E_INVALID_VALUE : OK, "cuInit", "%u", flags);
@@ -551,7 +583,7 @@ API CUresult cuCtxCreate_v2(void **ctx, unsigned flags, int dev)
     pthread_mutex_lock(&mu);
     (void)flags;
     CUresult r = !inited ? E_NOT_INITIALIZED : dev != 0 ? E_INVALID_DEVICE : OK;
-    fc_ctx *c = r ? NULL : calloc(1, sizeof *c);
+    fc_ctx *c = r ? NULL : keep(calloc(1, sizeof *c));
     if (!r && !c) r = E_OUT_OF_MEMORY;
     if (!r) {
         c->dev = dev, c->active = 1, c->gen = 1;
@@ -1006,7 +1038,7 @@ API CUresult cuEventCreate(void **out, unsigned flags)
 {
     pthread_mutex_lock(&mu);
     CUresult r = need_ctx("cuEventCreate");
-    fc_event *e = r ? NULL : calloc(1, sizeof *e);
+    fc_event *e = r ? NULL : keep(calloc(1, sizeof *e));
     if (!r && !e) r = E_OUT_OF_MEMORY;
     if (!r) e->ctx = cur, e->gen = cur->gen, e->live = 1, *out = e;
     r = logged(r, "cuEventCreate", "flags=%u", flags);
@@ -1088,7 +1120,7 @@ API CUresult cuStreamWaitEvent(void *hs, void *he, unsigned flags)
         violation("cuStreamWaitEvent merges two capture sequences: CUDA_ERROR_STREAM_CAPTURE_ISOLATION");
         r = E_CAPTURE_ISOLATION;
     }
-    if (!r && !(s->capture && !e->capture)) { /* an external wait adds nothing to the captured order */
+    if (!r) { /* an external wait in a capture: the graph waits for the event's latest record at launch */
         if (e->capture && !s->capture) s->capture = e->capture; /* the stream joins the capture */
         seq = enqueue(s);
         vc_join(&vc[s->id], &e->vc);
@@ -1155,7 +1187,10 @@ static CUresult parse_ptx(const char *ptx, fc_mod *m)
     const char *dot = strchr(v + 9, '.');
     int isa = atoi(v + 9) * 10 + (dot ? atoi(dot + 1) : 0);
     if (isa > driver_ptx_isa(driver_version)) return E_UNSUPPORTED_PTX_VERSION;
-    if (atoi(t + 11) > sm_major * 10 + sm_minor) return E_NO_BINARY_FOR_GPU;
+    int sm = atoi(t + 11);
+    if (sm > sm_major * 10 + sm_minor) return E_NO_BINARY_FOR_GPU;
+    /* a target needs the ISA that introduced it (sm_80: 7.0, sm_86: 7.1, sm_89/sm_90: 7.8) */
+    if (isa < (sm >= 89 ? 78 : sm >= 86 ? 71 : 70)) return 218; /* CUDA_ERROR_INVALID_PTX */
     int n = 0;
     for (const char *p = ptx; (p = strstr(p, ".entry ")); p++) n++;
     m->fns = calloc((size_t)n + 1, sizeof *m->fns);
@@ -1200,7 +1235,7 @@ API CUresult cuModuleLoadData(void **out, const void *image)
             free(m);
             m = NULL;
         } else {
-            *out = m;
+            *out = keep(m);
         }
     }
     r = logged(r, "cuModuleLoadData", "%s", kind);
@@ -1252,7 +1287,8 @@ API CUresult cuFuncGetAttribute(int *v, int attr, void *hf)
     pthread_mutex_lock(&mu);
     fc_func *f = hf;
     CUresult r = func_ok("cuFuncGetAttribute", f);
-    if (!r) *v = attr == 4 ? 96 : attr == 8 ? f->max_dyn : attr == 0 ? 1024 : 0; /* NUM_REGS, MAX_DYNAMIC, MAX_THREADS */
+    /* NUM_REGS, MAX_DYNAMIC_SHARED_SIZE_BYTES, MAX_THREADS_PER_BLOCK */
+    if (!r) *v = attr == 4 ? 96 : attr == 8 ? f->max_dyn : attr == 0 ? 1024 : 0;
     r = logged(r, "cuFuncGetAttribute", "%d", attr);
     pthread_mutex_unlock(&mu);
     return r;
@@ -1353,7 +1389,7 @@ API CUresult cuGetErrorString(CUresult r, const char **s)
     case E_INVALID_HANDLE: *s = "invalid resource handle"; break;
     case E_NOT_FOUND: *s = "named symbol not found"; break;
     case E_CAPTURE_UNSUPPORTED: *s = "operation not permitted when stream is capturing"; break;
-    case E_CAPTURE_ISOLATION: *s = "operation would make the legacy stream depend on a capturing blocking stream"; break;
+    case E_CAPTURE_ISOLATION: *s = "dependency created on uncaptured work in another stream"; break;
     case E_CAPTURED_EVENT: *s = "operation not permitted on an event last recorded in a capturing stream"; break;
     default: *s = NULL; return E_INVALID_VALUE;
     }
@@ -1405,7 +1441,8 @@ static long api_counter(const char *name)
     else if (!strcmp(name, "primary_refs")) n = primary[0].refs;
     else if (!strcmp(name, "live_allocs")) {
         n = 0;
-        for (int i = 0; i < n_allocs; i++) n += allocs[i]->live && allocs[i]->ctx->active && allocs[i]->gen == allocs[i]->ctx->gen;
+        for (int i = 0; i < n_allocs; i++)
+            n += allocs[i]->live && allocs[i]->ctx->active && allocs[i]->gen == allocs[i]->ctx->gen;
     } else if (!strcmp(name, "live_streams")) {
         n = 0;
         for (int i = 1; i < n_streams; i++)

@@ -18,6 +18,7 @@
 #include "harness.h"
 #include "kvq.h"
 #include "synth.h"
+#include "cu_warm.h"
 #include "test_engine_util.h"
 
 typedef struct {
@@ -329,44 +330,53 @@ static void test_tk_needles(void)
     th_end();
 }
 
-int main(void)
+/* A child's job: one case's engine, which compiles its kernels into the cache (a failure shows in the parent). */
+static int warm_job(int i)
+{
+    char err[1024];
+    kvq_spec *sp = NULL;
+    const be_case *c = &cases[i];
+    kvq_status st = c->text ? kvq_spec_parse_string("<test>", c->text, strlen(c->text), &sp)
+                            : kvq_spec_parse_file(th_path(c->file), &sp);
+    if (st == KVQ_OK)
+        kvq_engine_free(
+            make_engine(kvq_spec_scheme(sp, c->scheme), CU_TEST_BACKEND, c->heads, c->kv_heads, err, sizeof err));
+    kvq_spec_free(sp);
+    return 0;
+}
+
+/* Availability: an engine for a trivial scheme. */
+static int probe_backend(char *err, size_t n)
 {
     kvq_spec *spec = NULL;
-    char err[1024];
-    /* availability: an engine for a trivial scheme */
     if (kvq_spec_parse_file(th_path("specs/fp16.kvq"), &spec) != KVQ_OK) {
+        snprintf(err, n, "specs/fp16.kvq does not parse");
+        return -2;
+    }
+    kvq_engine *probe = make_engine(kvq_spec_scheme(spec, NULL), CU_TEST_BACKEND, 4, 2, err, n);
+    kvq_spec_free(spec);
+    kvq_engine_free(probe);
+    return probe ? 0 : -1;
+}
+
+int main(void)
+{
+    char err[1024];
+    /* Creating an engine compiles its kernels: two processes fill the cache first, forked before this process
+     * initialises the device (cu_warm.h; on a GPU, CUDA does not survive fork), each waited for 10 minutes at
+     * most; then the probe here. */
+    int warm_rc = 0, probe = cu_warm_then_probe(N_CASES, 2, warm_job, probe_backend, 600, &warm_rc, err, sizeof err);
+    if (probe == -2) {
         th_begin("emu backend: specs parse");
-        TH_CHECK(0, "specs/fp16.kvq does not parse");
+        TH_CHECK(0, "%s", err);
         th_end();
         return th_summary();
     }
-    kvq_engine *probe = make_engine(kvq_spec_scheme(spec, NULL), CU_TEST_BACKEND, 4, 2, err, sizeof err);
-    kvq_spec_free(spec);
-    if (!probe) {
+    if (probe != 0) {
         printf("skipped: %s\n", err);
         return 0;
     }
-    kvq_engine_free(probe);
-    /* Creating an engine compiles its kernels for the emulator: two processes fill the cache first. */
-    pid_t pid[2];
-    for (int w = 0; w < 2; w++) {
-        pid[w] = fork();
-        if (pid[w] == 0) {
-            for (int i = w; i < N_CASES; i += 2) {
-                kvq_spec *sp = NULL;
-                const be_case *c = &cases[i];
-                kvq_status st = c->text ? kvq_spec_parse_string("<test>", c->text, strlen(c->text), &sp)
-                                        : kvq_spec_parse_file(th_path(c->file), &sp);
-                if (st == KVQ_OK)
-                    kvq_engine_free(make_engine(kvq_spec_scheme(sp, c->scheme), CU_TEST_BACKEND, c->heads, c->kv_heads,
-                                                err, sizeof err));
-                kvq_spec_free(sp);
-            }
-            _exit(0);
-        }
-    }
-    for (int w = 0; w < 2; w++)
-        if (pid[w] > 0) waitpid(pid[w], NULL, 0);
+    if (warm_rc != 0) printf("note: filling the cache in child processes: %s\n", err);
     for (int i = 0; i < N_CASES; i++) run_case(&cases[i]);
     test_tk_needles();
 

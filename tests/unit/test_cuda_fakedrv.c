@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cu_warm.h"
 #include "fakecuda/fakecuda.h"
 #include "kvq_params.cuh"
 #include "test_engine_util.h"
@@ -25,11 +26,25 @@ static int D = 64; /* 128 for the specs whose groups need it */
 #define PROMPT 40
 
 static fakecuda_api fk;
+/* the schemes run here: every scheme of every spec file, once by name (collect_specs) */
+#define MAX_SCHEMES 64
+static struct {
+    char file[512];
+    kvq_spec *spec;
+    const kvq_scheme *s;
+} schemes[MAX_SCHEMES];
+static int n_schemes;
+static kvq_spec *specs_kept[MAX_SCHEMES];
+static int n_specs_kept;
+
 /* the driver calls a test makes as the caller (an inference engine's own context, stream and tensors) */
 static struct {
     int (*retain)(void **, int);
     int (*release)(int);
     int (*set_current)(void *);
+    int (*get_current)(void **);
+    int (*ctx_create)(void **, unsigned, int);
+    int (*ctx_destroy)(void *);
     int (*stream_create)(void **, unsigned);
     int (*stream_destroy)(void *);
     int (*stream_sync)(void *);
@@ -68,7 +83,9 @@ static int setup(void)
         void *slot;
         const char *name;
     } syms[] = {{&drv.retain, "cuDevicePrimaryCtxRetain"}, {&drv.release, "cuDevicePrimaryCtxRelease_v2"},
-                {&drv.set_current, "cuCtxSetCurrent"},     {&drv.stream_create, "cuStreamCreate"},
+                {&drv.set_current, "cuCtxSetCurrent"}, {&drv.get_current, "cuCtxGetCurrent"},
+                {&drv.ctx_create, "cuCtxCreate_v2"}, {&drv.ctx_destroy, "cuCtxDestroy_v2"},
+                {&drv.stream_create, "cuStreamCreate"},
                 {&drv.stream_destroy, "cuStreamDestroy_v2"}, {&drv.stream_sync, "cuStreamSynchronize"},
                 {&drv.mem_alloc, "cuMemAlloc_v2"},         {&drv.mem_free, "cuMemFree_v2"},
                 {&drv.begin_capture, "cuStreamBeginCapture_v2"}, {&drv.end_capture, "cuStreamEndCapture"},
@@ -174,13 +191,255 @@ static void check_quiet(const char *what)
         TH_CHECK(fk.calls(banned[i]) == 0, "%s: %ld calls of %s", what, fk.calls(banned[i]), banned[i]);
 }
 
+
+/* ---- the defects a first GPU run would hit (issue 18), each on fp16 or KIVI-2 ---- */
+static kvq_spec *fp16_spec, *kivi_spec;
+
+static void *current_ctx(void)
+{
+    void *c = NULL;
+    drv.get_current(&c);
+    return c;
+}
+
+/* 1. Each engine retains the primary context; the probe does not create and reset it before prepare creates it
+ *    again; a second engine survives the first; no engine leaves its context current on the caller's thread. */
+static void test_contexts(void)
+{
+    th_begin("defect 1: engines retain the primary context (the probe keeps it alive, a second engine outlives the "
+             "first, the caller's thread keeps its own current context)");
+    char err[1024] = "";
+    drv.set_current(NULL);
+    fk.reset();
+    const kvq_scheme *s = kvq_spec_scheme(fp16_spec, NULL);
+    kvq_engine *a = engine(s, err, sizeof err);
+    TH_CHECK(a, "engine A: %s", err);
+    TH_CHECK(current_ctx() == NULL, "creating an engine left a context current on the caller's thread");
+    kvq_engine *b = a ? engine(s, err, sizeof err) : NULL;
+    TH_CHECK(b, "engine B: %s", err);
+    TH_CHECK(fk.counter("ctx_activations") <= 1 && fk.counter("ctx_resets") == 0,
+             "the primary context was activated %ld times and reset %ld times while two engines were created "
+             "(the probe's open and close must not reset it)",
+             fk.counter("ctx_activations"), fk.counter("ctx_resets"));
+    TH_CHECK(fk.counter("primary_refs") >= 2, "%ld references to the primary context with two engines alive",
+             fk.counter("primary_refs"));
+    kvq_seq *sb[1] = {NULL};
+    if (b) {
+        TH_CHECK(kvq_seq_create(b, &sb[0]) == KVQ_OK && prefill(b, sb, 1, PROMPT) == KVQ_OK, "prefill B: %s",
+                 kvq_engine_errmsg(b));
+        kvq_engine_free(a);
+        a = NULL;
+        TH_CHECK(fk.counter("ctx_resets") == 0, "freeing engine A reset the context engine B runs in");
+        TH_CHECK(decode_host(b, sb, 1) == KVQ_OK, "engine B after A was freed: %s", kvq_engine_errmsg(b));
+    }
+    kvq_engine_free(a);
+    kvq_engine_free(b);
+    TH_CHECK(current_ctx() == NULL, "the caller's thread has a context current after the engines were freed");
+    check_rules("two engines");
+    th_end();
+}
+
+/* 2. The cache is filled by children forked before this process initialised the driver, waited for with a
+ *    timeout (cu_warm.h, as test_cuda_backend does). */
+static int scheme_dims(const kvq_scheme *s); /* the head_dim a scheme runs at here */
+static int warm_job(int i)
+{
+    char err[1024];
+    const kvq_scheme *s = i < n_schemes ? schemes[i].s : kvq_spec_scheme(kivi_spec, NULL);
+    D = scheme_dims(s);
+    kvq_engine *e = engine(s, err, sizeof err);
+    kvq_engine_free(e);
+    return e ? 0 : 1;
+}
+static int probe_job(char *err, size_t n)
+{
+    kvq_engine *e = engine(kvq_spec_scheme(fp16_spec, NULL), err, n);
+    kvq_engine_free(e);
+    return e ? 0 : -1;
+}
+static void test_fork(void)
+{
+    th_begin("defect 2: a GPU test forks its cache-filling children before the driver is initialised, with a timeout");
+    char why[512] = "";
+    int warm_rc = 0;
+    /* the children compile every scheme's kernels into the cache (two NVRTCs at once) */
+    int probe = cu_warm_then_probe(n_schemes + 1, 2, warm_job, probe_job, 900, &warm_rc, why, sizeof why);
+    D = 64;
+    TH_CHECK(warm_rc == 0, "the children could not use the driver: %s", why);
+    TH_CHECK(probe == 0, "the probe after the children: %s", why);
+    check_rules("fork");
+    th_end();
+}
+
+/* 3. Work on a caller's stream and the engine's own is ordered: a prefill's work on the engine's stream before a
+ *    device step on the caller's, and the step's stores before the engine zeroes the blocks it frees. */
+static void test_streams(void)
+{
+    th_begin("defect 3: pool blocks are zeroed after the caller's stream used them, and written there after the "
+             "engine's stream zeroed them (events, no synchronisation)");
+    char err[1024] = "";
+    void *ctx = NULL, *x = NULL;
+    dev_bufs bufs;
+    memset(&bufs, 0, sizeof bufs);
+    fk.reset();
+    TH_CHECK(!drv.retain(&ctx, 0) && !drv.set_current(ctx) && !drv.stream_create(&x, 1) && bufs_alloc(&bufs),
+             "the caller's context, stream and buffers");
+    kvq_engine *e = engine(kvq_spec_scheme(kivi_spec, NULL), err, sizeof err);
+    TH_CHECK(e, "engine: %s", err);
+    for (int round = 0; e && round < 2 && !th_failed(); round++) {
+        kvq_seq *s[2] = {NULL, NULL};
+        TH_CHECK(kvq_seq_create(e, &s[0]) == KVQ_OK && kvq_seq_create(e, &s[1]) == KVQ_OK, "seq_create");
+        TH_CHECK(prefill(e, s, 2, PROMPT) == KVQ_OK, "prefill: %s", kvq_engine_errmsg(e));
+        fk.reset();
+        long syncs = fk.counter("host_syncs");
+        TH_CHECK(decode_dev(e, &bufs, s, 2, x) == KVQ_OK, "decode_device: %s", kvq_engine_errmsg(e));
+        TH_CHECK(fk.counter("host_syncs") == syncs, "a device step synchronised");
+        kvq_seq_free(e, s[0]); /* its blocks go back to the pool, zeroed on the engine's stream */
+        kvq_seq_free(e, s[1]);
+        check_rules(round ? "a second round on the zeroed blocks" : "free after a step on the caller's stream");
+    }
+    drv.stream_sync(x);
+    kvq_engine_free(e);
+    bufs_free(&bufs);
+    if (x) drv.stream_destroy(x);
+    drv.release(0);
+    drv.set_current(NULL);
+    th_end();
+}
+
+/* 4. After kvq_engine_reserve_step, a step of up to max_batch allocates and frees nothing (it may be captured);
+ *    without a reservation a bigger batch allocates what it needs and frees nothing (cuMemFree synchronises). */
+static void test_scratch(void)
+{
+    th_begin("defect 4: scratch is sized at reservation; a step never calls cuMemAlloc or cuMemFree after it, and "
+             "a growing step without one never frees");
+    char err[1024] = "";
+    void *ctx = NULL, *x = NULL;
+    dev_bufs bufs;
+    memset(&bufs, 0, sizeof bufs);
+    fk.reset();
+    TH_CHECK(!drv.retain(&ctx, 0) && !drv.set_current(ctx) && !drv.stream_create(&x, 1) && bufs_alloc(&bufs),
+             "the caller's context, stream and buffers");
+    const kvq_scheme *sch = kvq_spec_scheme(kivi_spec, NULL);
+    kvq_engine *e = engine(sch, err, sizeof err), *g = e ? engine(sch, err, sizeof err) : NULL;
+    TH_CHECK(e && g, "engine: %s", err);
+    kvq_seq *s[4] = {NULL, NULL, NULL, NULL}, *t[4] = {NULL, NULL, NULL, NULL};
+    for (int i = 0; e && g && i < 4; i++)
+        TH_CHECK(kvq_seq_create(e, &s[i]) == KVQ_OK && kvq_seq_create(g, &t[i]) == KVQ_OK, "seq_create");
+    if (e && g && !th_failed()) {
+        TH_CHECK(prefill(e, s, 4, PROMPT) == KVQ_OK && prefill(g, t, 4, PROMPT) == KVQ_OK, "prefill");
+        TH_CHECK(kvq_engine_reserve_step(e, 4, 256) == KVQ_OK, "reserve_step: %s", kvq_engine_errmsg(e));
+        drv.stream_sync(x);
+        /* the first device step, of the reserved batch, captured */
+        fk.reset();
+        void *graph = NULL;
+        TH_CHECK(!drv.begin_capture(x, 0), "begin capture");
+        TH_CHECK(decode_dev(e, &bufs, s, 4, x) == KVQ_OK, "captured decode_device: %s", kvq_engine_errmsg(e));
+        TH_CHECK(!drv.end_capture(x, &graph) && graph, "the capture ends with a graph");
+        if (graph) drv.graph_destroy(graph);
+        check_quiet("the first step after kvq_engine_reserve_step, captured");
+        check_rules("a captured step after the reservation");
+        /* no reservation: batches of 1, then 4 */
+        TH_CHECK(decode_dev(g, &bufs, t, 1, x) == KVQ_OK, "decode_device: %s", kvq_engine_errmsg(g));
+        fk.reset();
+        TH_CHECK(decode_dev(g, &bufs, t, 4, x) == KVQ_OK, "decode_device: %s", kvq_engine_errmsg(g));
+        TH_CHECK(fk.calls("cuMemFree_v2") == 0 && fk.counter("implicit_syncs") == 0,
+                 "a step that grew its scratch called cuMemFree %ld times (%ld implicit synchronisations)",
+                 fk.calls("cuMemFree_v2"), fk.counter("implicit_syncs"));
+        check_rules("a growing step");
+    }
+    drv.stream_sync(x);
+    kvq_engine_free(e);
+    kvq_engine_free(g);
+    bufs_free(&bufs);
+    if (x) drv.stream_destroy(x);
+    drv.release(0);
+    drv.set_current(NULL);
+    th_end();
+}
+
+/* 5. A driver older than NVRTC refuses its cubin: the engine loads the PTX retargeted to the driver's ISA; a
+ *    driver too old for the device's PTX is an error naming the driver's version. */
+static void test_ptx_fallback(void)
+{
+    th_begin("defect 5: an older driver (CUDA 12.4) gets the PTX; one too old for the device's PTX gets an error "
+             "naming its version");
+    char err[1024] = "";
+    const kvq_scheme *s = kvq_spec_scheme(fp16_spec, NULL);
+    fk.set_driver_version(12040);
+    fk.reset();
+    kvq_engine *e = engine(s, err, sizeof err);
+    TH_CHECK(e, "engine on driver 12.4: %s", err);
+    int ptx = 0;
+    for (long i = 0; fk.log_line(i); i++) ptx |= !strcmp(fk.log_line(i), "cuModuleLoadData ptx -> 0");
+    TH_CHECK(ptx, "no PTX module was loaded on driver 12.4");
+    kvq_seq *q[1] = {NULL};
+    if (e) TH_CHECK(kvq_seq_create(e, &q[0]) == KVQ_OK && prefill(e, q, 1, PROMPT) == KVQ_OK &&
+                        decode_host(e, q, 1) == KVQ_OK,
+                    "prefill and decode on the PTX module: %s", kvq_engine_errmsg(e));
+    kvq_engine_free(e);
+    check_rules("driver 12.4");
+    /* too old for the device's PTX: sm_90 needs ISA 7.8 (CUDA 11.8), sm_80 7.0 (CUDA 11.0) */
+    const char *arch = getenv("FAKECUDA_ARCH");
+    int sm80 = arch && strlen(arch) > 3 && atoi(arch + 3) < 89;
+    fk.set_driver_version(sm80 ? 10020 : 11070);
+    e = engine(s, err, sizeof err);
+    TH_CHECK(!e, "an engine on a driver older than the device's PTX ISA");
+    TH_CHECK(strstr(err, sm80 ? "10.2" : "11.7") && strstr(err, "driver"),
+             "the error does not name the driver's version: %s", err);
+    kvq_engine_free(e);
+    fk.set_driver_version(13000);
+    th_end();
+}
+
+
+/* An engine created while the caller's own context (cuCtxCreate, not a primary one) is current runs in it and
+ * takes no primary reference; its device tensors and stream are the caller's, in that context. */
+static void test_borrowed(void)
+{
+    th_begin("contexts: an engine borrows the caller's own context (no primary reference), its work stays there");
+    char err[1024] = "";
+    void *own = NULL, *x = NULL;
+    dev_bufs bufs;
+    memset(&bufs, 0, sizeof bufs);
+    fk.reset();
+    long refs = fk.counter("primary_refs");
+    TH_CHECK(!drv.ctx_create(&own, 0, 0) && !drv.stream_create(&x, 1) && bufs_alloc(&bufs),
+             "the caller's context, stream and buffers");
+    kvq_engine *e = own ? engine(kvq_spec_scheme(fp16_spec, NULL), err, sizeof err) : NULL;
+    TH_CHECK(e, "engine: %s", err);
+    TH_CHECK(fk.counter("primary_refs") == refs, "the engine took a primary reference in the caller's context");
+    TH_CHECK(current_ctx() == own, "the caller's context is no longer current after the engine was created");
+    kvq_seq *s[1] = {NULL};
+    if (e) {
+        TH_CHECK(kvq_seq_create(e, &s[0]) == KVQ_OK && prefill(e, s, 1, PROMPT) == KVQ_OK &&
+                     decode_host(e, s, 1) == KVQ_OK,
+                 "prefill and decode: %s", kvq_engine_errmsg(e));
+        TH_CHECK(decode_dev(e, &bufs, s, 1, x) == KVQ_OK, "decode_device: %s", kvq_engine_errmsg(e));
+        drv.stream_sync(x);
+    }
+    kvq_engine_free(e);
+    bufs_free(&bufs);
+    if (x) drv.stream_destroy(x);
+    check_rules("a borrowed context");
+    if (own) drv.ctx_destroy(own);
+    drv.set_current(NULL);
+    th_end();
+}
+
 /* ---- every spec: the whole protocol ---- */
+static int scheme_dims(const kvq_scheme *s)
+{
+    char err[512];
+    kvq_dims dims = {LAYERS, HEADS, KV_HEADS, 64};
+    return kvq_scheme_check_dims(s, &dims, err, sizeof err) == KVQ_OK ? 64 : 128;
+}
+
 static void run_scheme(const char *file, const kvq_scheme *s)
 {
     char err[1024] = "";
-    D = 64;
+    D = scheme_dims(s);
     kvq_dims dims = {LAYERS, HEADS, KV_HEADS, D};
-    if (kvq_scheme_check_dims(s, &dims, err, sizeof err) != KVQ_OK) D = dims.head_dim = 128;
     th_begin("cuda backend on the fake driver: %s, scheme %s, head_dim %d: two engines, prefill, decode, device "
              "tensors, planned and captured steps keep the driver's rules",
              file, kvq_scheme_name(s), D);
@@ -272,6 +531,26 @@ static void run_scheme(const char *file, const kvq_scheme *s)
         check_rules("read_cache and statistics");
     }
     kvq_engine_free(b);
+    /* a fresh engine's first device step after kvq_engine_reserve_step, captured: nothing allocated in it */
+    kvq_engine *c = !th_failed() ? engine(s, err, sizeof err) : NULL;
+    kvq_seq *sc[2] = {NULL, NULL};
+    if (c) {
+        TH_CHECK(kvq_seq_create(c, &sc[0]) == KVQ_OK && kvq_seq_create(c, &sc[1]) == KVQ_OK &&
+                     prefill(c, sc, 2, PROMPT) == KVQ_OK && kvq_engine_reserve_step(c, 2, 256) == KVQ_OK,
+                 "engine C: %s", kvq_engine_errmsg(c));
+        drv.stream_sync(x);
+        fk.reset();
+        void *g = NULL;
+        TH_CHECK(!drv.begin_capture(x, 0), "begin capture");
+        TH_CHECK(decode_dev(c, &bufs, sc, 2, x) == KVQ_OK, "engine C's first step, captured: %s",
+                 kvq_engine_errmsg(c));
+        TH_CHECK(!drv.end_capture(x, &g) && g, "the capture ends with a graph");
+        if (g) drv.graph_destroy(g);
+        check_quiet("the first kvq_decode_device step after kvq_engine_reserve_step, captured");
+        check_rules("the first step after the reservation, captured");
+        drv.stream_sync(x);
+    }
+    kvq_engine_free(c);
     bufs_free(&bufs);
     if (x) drv.stream_destroy(x);
     drv.release(0);
@@ -283,13 +562,13 @@ static void run_scheme(const char *file, const kvq_scheme *s)
     th_end();
 }
 
-/* Every scheme of every spec file, once by name (a file that includes another runs only its own). */
-static void run_specs(void)
+/* Every scheme of every spec file, once by name (a file that includes another runs only its own): collected
+ * before anything touches the driver, so the children that compile their kernels can be forked first. */
+static void collect_specs(void)
 {
-    static char done[64][64];
-    int n_done = 0;
     char *names[64];
     const char *dirs[] = {"specs", "specs/compare", "specs/paper"};
+    const char *only = getenv("KVQ_TEST_ONLY"); /* a scheme name, for a quick run by hand */
     for (int di = 0; di < 3; di++) {
         int n = th_list_files(dirs[di], ".kvq", names, 64);
         for (int i = 0; i < n; i++) {
@@ -297,15 +576,17 @@ static void run_specs(void)
             snprintf(rel, sizeof rel, "%s/%s", dirs[di], names[i]);
             free(names[i]);
             kvq_spec *spec = tu_spec_file(rel);
-            for (int j = 0; spec && j < kvq_spec_scheme_count(spec); j++) {
+            if (!spec) continue;
+            specs_kept[n_specs_kept++] = spec;
+            for (int j = 0; j < kvq_spec_scheme_count(spec) && n_schemes < MAX_SCHEMES; j++) {
                 const kvq_scheme *s = kvq_spec_scheme_at(spec, j);
-                int seen = 0;
-                for (int k = 0; k < n_done; k++) seen |= !strcmp(done[k], kvq_scheme_name(s));
-                if (seen || n_done == 64) continue;
-                snprintf(done[n_done++], sizeof done[0], "%s", kvq_scheme_name(s));
-                run_scheme(rel, s);
+                int seen = only && strcmp(only, kvq_scheme_name(s));
+                for (int k = 0; k < n_schemes; k++) seen |= !strcmp(kvq_scheme_name(schemes[k].s), kvq_scheme_name(s));
+                if (seen) continue;
+                snprintf(schemes[n_schemes].file, sizeof schemes[0].file, "%s", rel);
+                schemes[n_schemes].spec = spec, schemes[n_schemes++].s = s;
             }
-            kvq_spec_free(spec);
+            if (n_specs_kept == MAX_SCHEMES) return;
         }
     }
 }
@@ -318,6 +599,20 @@ int main(void)
         th_end();
         return th_summary();
     }
-    run_specs();
+    fp16_spec = tu_spec_file("specs/fp16.kvq");
+    kivi_spec = tu_spec_file("specs/kivi2.kvq");
+    collect_specs();
+    if (fp16_spec && kivi_spec) {
+        test_fork(); /* first: before this process initialises the driver */
+        test_contexts();
+        test_borrowed();
+        test_streams();
+        test_scratch();
+        test_ptx_fallback();
+    }
+    for (int i = 0; i < n_schemes; i++) run_scheme(schemes[i].file, schemes[i].s);
+    for (int i = 0; i < n_specs_kept; i++) kvq_spec_free(specs_kept[i]);
+    kvq_spec_free(fp16_spec);
+    kvq_spec_free(kivi_spec);
     return th_summary();
 }
