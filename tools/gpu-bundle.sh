@@ -16,6 +16,7 @@ die() { echo "gpu-bundle: $*" >&2; exit 1; }
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/share/kvq/tests/emu" "$out/share/kvq/templates" "$out/cache" || die "cannot make $out"
+out=$(cd "$out" && pwd) # absolute: the pre-fill runs from inside it
 bins="$build/kvq $build/kvqc $build/bench/bench_gpu_decode $(ls "$build"/gpu/test_* 2>/dev/null | grep -v '\.d$')"
 for b in $bins; do
     [ -x "$b" ] || die "$b is missing (make gpu-bundle builds it)"
@@ -53,18 +54,24 @@ if [ "$prefill" = 1 ]; then
     for arch in sm_90 sm_80; do
         for t in "$out"/bin/test_gpu_*; do
             KVQ_LIBCUDA="$fake" FAKECUDA_ARCH=$arch KVQ_CACHE_DIR="$out/cache" KVQ_SRCDIR="$out/share/kvq" \
-                timeout 1200 "$t" >/dev/null 2>&1
+                timeout 1200 "$t" >/dev/null 2>&1 || true # verdicts and crashes on the fake are not the point
         done
+        # the unit is compiled into the cache before the engine's first launch (the parameter-layout check,
+        # which the fake, running no kernel, fails): the engines' errors after that are expected here
         (cd "$out/share/kvq" && KVQ_LIBCUDA="$fake" FAKECUDA_ARCH=$arch KVQ_CACHE_DIR="$out/cache" \
             KVQ_SRCDIR="$out/share/kvq" timeout 600 "$out/bin/bench_gpu_decode" --compile-only specs/kivi2.kvq \
-            specs/kivi4.kvq specs/ott.kvq specs/zipcache.kvq tailorkv2-sparse >"$out/bench-compile.log" 2>&1) ||
-            die "bench_gpu_decode --compile-only ($arch): $(cat "$out/bench-compile.log")"
-        rm -f "$out/bench-compile.log"
+            specs/kivi4.kvq specs/ott.kvq specs/zipcache.kvq tailorkv2-sparse >/dev/null 2>&1)
     done
     prefilled="sm_90 sm_80 (the GPU tests' and the benchmark's units, through the fake driver)"
 fi
 rm -rf "$out/cache/tmp" 2>/dev/null
 n_cache=$(find "$out/cache" -type f | wc -l)
+# The cache's entries hold cubin, PTX and ptxas log (about 1 MB a unit, 54 MB for the two archs): packed as
+# cache.tar.gz (about a quarter), which gpu-check.sh unpacks into cache/ on the GPU machine.
+if [ "$n_cache" -gt 0 ]; then
+    tar -C "$out" -czf "$out/cache.tar.gz" cache || die "packing the cache"
+fi
+rm -rf "$out/cache"
 glibc=$(for b in "$out"/bin/*; do objdump -T "$b" 2>/dev/null; done | grep -o 'GLIBC_[0-9.]*' | sort -t. -k2,2n -k3,3n -u | tail -n 1)
 size=$(du -sb "$out" | cut -f1)
 {

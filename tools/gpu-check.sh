@@ -38,6 +38,9 @@ bin="$here/bin"
 share="$here/share/kvq"
 export KVQ_SRCDIR="$share"
 export KVQ_CACHE_DIR="$here/cache"
+# the NVRTC cache the bundle pre-filled travels packed (tools/gpu-bundle.sh); unpacked once, here
+if [ ! -d "$here/cache" ] && [ -f "$here/cache.tar.gz" ]; then tar -C "$here" -xzf "$here/cache.tar.gz" || exit 2; fi
+mkdir -p "$here/cache"
 start=$(date +%s)
 status=0
 sum="$out/summary.md"
