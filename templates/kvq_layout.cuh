@@ -1,4 +1,4 @@
-/* Page section offsets (runtime/layout.h) as the kernels compute them from a page's capacity. Plain integer C:
+/* Page section offsets (layout/layout.h) as the kernels compute them from a page's capacity. Plain integer C:
  * also compiled by the host test test_cuda_layout.c, which checks it against kvq_page_layout_compute for every
  * format, so kernels and runtime cannot disagree about where a section starts. */
 #ifndef KVQ_LAYOUT_CUH

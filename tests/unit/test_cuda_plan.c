@@ -1,5 +1,5 @@
 /* The CUDA compiler's host side: the kernels' page offsets (templates/kvq_layout.cuh, compiled here as C)
- * against runtime/layout.c for every format and many capacities; the plan's decode mapping and layer classes;
+ * against layout/layout.c for every format and many capacities; the plan's decode mapping and layer classes;
  * its errors; emit_cuda's determinism and kernel list; SHA-256 test vectors. */
 #include <stdio.h>
 #include <string.h>
