@@ -196,7 +196,7 @@ static int align16(int n) { return (n + 15) & ~15; }
 static int store_par(const kvq_plan *p, const plan_store *st, int tile)
 {
     if (st->bits == 0 || st->bits >= 16) return 1;
-    if (st->gran == KVQ_GRAN_CHANNEL) return p->head_dim;
+    if (st->gran == KVQ_GRAN_CHANNEL) return p->head_dim * kvq_tile_max_pages(tile, st->group);
     if (st->hidden) return tile;
     return tile * (p->head_dim / st->group);
 }
@@ -229,6 +229,12 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
     c->split = s;
     c->p1 = p->threads / s;
     int kp = c->quant ? max_i(store_par(p, &c->k_hi, T), store_par(p, &c->k_lo, T)) : 1;
+    int KP = 1; /* key pages a tile spans (page runs) */
+    if (c->quant) {
+        if (c->k_hi.bits && c->k_hi.bits < 16 && c->k_hi.gran == KVQ_GRAN_CHANNEL) KP = max_i(KP, kvq_tile_max_pages(T, c->k_hi.group));
+        if (c->k_lo.bits && c->k_lo.bits < 16 && c->k_lo.gran == KVQ_GRAN_CHANNEL) KP = max_i(KP, kvq_tile_max_pages(T, c->k_lo.group));
+    }
+    c->kpages = KP;
     int vp = c->quant ? max_i(store_par(p, &c->v_hi, T), store_par(p, &c->v_lo, T)) : 1;
     c->kpar = (kp + 3) & ~3;
     c->vpar = (vp + 3) & ~3;
@@ -241,10 +247,10 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
     c->so_vpar = o, o += align16((2 * c->vpar + D) * 4);
     c->so_kmask = o, o += align16(T);
     c->so_q = o, o += align16(D * G * 4);
-    c->so_qk = o, o += align16(D * G * 4);
-    c->so_qsum = o, o += align16((D / 8 + 1) * G * 4); /* per 8 channels, then the per-channel bias */
+    c->so_qk = o, o += align16(D * G * 4 * KP); /* a fold per key page */
+    c->so_qsum = o, o += align16((D / 8 + KP) * G * 4); /* per 8 channels, then the per-channel bias per page */
     c->so_p = o, o += align16(T * G * 4);
-    c->so_red = o, o += align16((p->threads / 32 + 10) * G * 4); /* warp maxima, bias partials, a and m */
+    c->so_red = o, o += align16((p->threads / 32 + 8 * KP + 2) * G * 4); /* warp maxima, bias partials, a and m */
     c->mma_k = c->mma_v = 0;
     int wgroups = 0;
     if (c->quant) {

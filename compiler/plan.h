@@ -18,6 +18,7 @@
 #include "kvq.h"
 #include "layout.h"
 #include "scheme.h"
+#include "tiles.h"
 
 #define PLAN_MAX_CLASSES 16
 #define PLAN_MAX_LAYERS 1024
@@ -49,6 +50,10 @@ typedef struct {
     /* Decode: largest staged row (bytes per token of one kv head) over the kinds K and V come in. */
     int k_row_bytes, v_row_bytes;
     int tile; /* tokens per decode tile: 32, 64 or 128 */
+    /* Most key pages a tile spans (layout/tiles.h, page runs: KIVI's per-channel key pages of one group each, a
+     * flush of them back to back); the kernel stages and folds the query once per page: kpar, qk, the bias and its
+     * partial sums hold kpages copies. 1 without page runs. */
+    int kpages;
     /* Decode scores (phase 1): `split` adjacent lanes per token (a power of two), each head_dim / split channels
      * of all the GQA heads; `p1` = threads / split token lanes. */
     int split, p1;

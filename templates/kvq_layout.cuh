@@ -62,4 +62,8 @@ KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
     return o;
 }
 
+/* Pages of a page run (layout/tiles.h: the pages of one flush back to back) start this far apart: the page's
+ * total rounded up to 256 bytes, as kvq_page_run_stride. */
+KVQ_HD long long kvq_page_stride(long long total) { return (total + 255) & ~255LL; }
+
 #endif

@@ -758,6 +758,7 @@ const kvq_backend kvq_backend_cuda = {
     .reserve_step = be_reserve_step,
     .decode_plan = be_decode_plan,
     .decode_run = be_decode_run,
+    .step_tiles = cu_step_tiles_info,
 };
 
 const kvq_backend kvq_backend_emu = {
@@ -780,4 +781,5 @@ const kvq_backend kvq_backend_emu = {
     .reserve_step = be_reserve_step,
     .decode_plan = be_decode_plan,
     .decode_run = be_decode_run,
+    .step_tiles = cu_step_tiles_info,
 };

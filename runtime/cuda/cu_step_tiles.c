@@ -157,3 +157,27 @@ void cu_step_tiles_free(kvq_backend_ctx *c, kvq_backend_seq *s)
     kvq_free(s->tl.layer);
     memset(&s->tl, 0, sizeof s->tl);
 }
+
+kvq_status cu_step_tiles_info(kvq_backend_ctx *c, const kvq_backend_seq *s, int layer, kvq_tile_info *out, int cap,
+                              int *n, char *msg, size_t ms)
+{
+    const cu_layer *L = s->layers[layer];
+    int nt = 0;
+    if (L->sparse)
+        cu_slayer_tiles(c, &L->s, &nt);
+    else
+        cu_qlayer_tiles(c, &L->q, &nt);
+    if (nt < 0) {
+        snprintf(msg, ms, "out of memory");
+        return KVQ_ERR_NOMEM;
+    }
+    for (int i = 0; i < nt && i < cap; i++) {
+        const kvq_tile *t = &c->htiles[i];
+        out[i].n = t->n;
+        out[i].k_kind = t->kinds & 255;
+        out[i].v_kind = (t->kinds >> 8) & 255;
+        out[i].k_pages = kvq_tile_pages(t->n, t->k_slot, t->k_cap);
+    }
+    *n = nt;
+    return KVQ_OK;
+}
