@@ -399,7 +399,8 @@ kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, const float *k, co
             /* KIVI values (Alg. 1: popped one at a time), or an fp16 tensor: an appendable page */
             cu_page *ap = L->append[w];
             if (!ap || ap->count == ap->fmt.capacity) {
-                st = page_new(c, L, w, 0, KVQ_APPEND_PAGE_TOKENS, &ap, msg, mn);
+                int first = direct[w] ? pos : win->pos[win->head]; /* aligned: layout.h */
+                st = page_new(c, L, w, 0, kvq_append_page_tokens(first, L->cfg->sinks), &ap, msg, mn);
                 if (st != KVQ_OK) return st;
                 L->append[w] = ap;
             }

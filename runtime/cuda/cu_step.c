@@ -115,7 +115,7 @@ static void layer_bounds(kvq_backend_ctx *c, const kvq_quant_cfg *q, int cls, in
         int pages = append ? 1 : cdiv(B, per_page), maxn = append ? 1 : per_page;
         /* the runs a tile may end at: the pages (at least per_page tokens but for the prefill's and the append
          * page's last), the window's two ring runs */
-        tiles += cdiv(T, append ? KVQ_APPEND_PAGE_TOKENS : per_page) + 4;
+        tiles += (append ? cdiv(T, KVQ_APPEND_ALIGN) + 1 : cdiv(T, per_page)) + 4;
         if (fp16) {
             if (r.capacity) st2 += pages; /* without a window the token's own store (st1) writes the page */
         } else {
