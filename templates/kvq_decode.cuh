@@ -91,7 +91,7 @@ KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot
 /* Decode geometry of a layer class (kvq_class.cuh passes constants, folded after inlining): tile tokens, phase-1
  * lanes per token and token lanes, staged parameter floats, and the byte offsets of the dynamic shared memory. */
 typedef struct {
-    int tile, split, p1, krow, kparn, vparn;
+    int tile, split, p1, voff, kparn, vparn; /* voff: the value rows' offset (keys' rows before it) */
     int so_kpar, so_vpar, so_kmask, so_q, so_qk, so_qsum, so_p, so_red;
     int so_w, mk, mv; /* tensor-core paths (kvq_mma.cuh): the weight fragments; page classes (bit 0 hi, 1 lo) */
     int kpages;       /* most key pages a tile spans (page runs): qk, the bias and kpar hold that many folds */
@@ -441,7 +441,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     kvq_stage_buf kb, vb;
     float *kpar = (float *)(smem + g.so_kpar), *vpar = (float *)(smem + g.so_vpar);
     kb.rows = smem, kb.s = kpar, kb.z = kpar + g.kparn, kb.f = kpar + 2 * g.kparn, kb.mask = smem + g.so_kmask;
-    vb.rows = smem + g.tile * g.krow, vb.s = vpar, vb.z = vpar + g.vparn, vb.f = vpar + 2 * g.vparn, vb.mask = 0;
+    vb.rows = smem + g.voff, vb.s = vpar, vb.z = vpar + g.vparn, vb.f = vpar + 2 * g.vparn, vb.mask = 0;
 
     /* the group's queries, [D][GQA], in the log2 domain */
     float qmax = 0.0f;

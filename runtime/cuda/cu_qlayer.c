@@ -497,7 +497,7 @@ static int stream_run(const cu_qlayer *L, int w, int x, run *r, int *frozen)
 
 void cu_qlayer_head_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt)
 {
-    int tile = c->plan->cls[L->cls].tile;
+    int tile = plan_tile_tokens(&c->plan->cls[L->cls], 1, 1); /* sinks and pools: fp16 rows */
     cu_tiles_windows(c, nt, &L->sink[0], &L->sink[1], tile);
     if (L->has_pool) cu_ott_tiles(c, &L->ott, tile, nt);
 }
@@ -505,7 +505,8 @@ void cu_qlayer_head_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt)
 void cu_qlayer_body_tiles(kvq_backend_ctx *c, const cu_qlayer *L, cu_tile_cursor at, int *nt, int *frozen_nt,
                           cu_tile_cursor *frozen_at)
 {
-    int tile = c->plan->cls[L->cls].tile, kf = 0, vf = 0, all_frozen = 1;
+    const plan_class *pc = &c->plan->cls[L->cls];
+    int kf = 0, vf = 0, all_frozen = 1;
     run kr, vr;
     if (frozen_nt) *frozen_nt = *nt, *frozen_at = at;
     int hk = stream_run(L, 0, at.i, &kr, &kf), hv = stream_run(L, 1, at.j, &vr, &vf);
@@ -521,7 +522,9 @@ void cu_qlayer_body_tiles(kvq_backend_ctx *c, const cu_qlayer *L, cu_tile_cursor
             hv = stream_run(L, 1, at.j, &vr, &vf);
             continue;
         }
-        int n = kvq_tile_len(tile, kr.n - at.ko, vr.n - at.vo, at.ko, kr.pcap); /* the one rule (layout/tiles.h) */
+        /* the one rule (layout/tiles.h), at most what the staging holds of these kinds */
+        int tile = plan_tile_tokens(pc, kr.kind == KVQ_SRC_F16, vr.kind == KVQ_SRC_F16);
+        int n = kvq_tile_len(tile, kr.n - at.ko, vr.n - at.vo, at.ko, kr.pcap);
         kvq_tile t;
         memset(&t, 0, sizeof t);
         t.k = kr.base, t.v = vr.base, t.k_slot = kr.slot + at.ko, t.v_slot = vr.slot + at.vo;

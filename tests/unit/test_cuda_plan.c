@@ -102,7 +102,14 @@ static void test_mapping(void)
             int so[] = {c->so_rows, c->so_kpar, c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_qsum, c->so_p,
                         c->so_red, c->smem};
             for (int k = 0; k + 1 < 10; k++) TH_CHECK(so[k] % 16 == 0 && so[k] < so[k + 1], "offset %d", k);
-            TH_CHECK(c->so_kpar - c->so_rows >= c->tile * (c->k_row_bytes + c->v_row_bytes), "rows region");
+            /* rows sized for the pages (2-bit here), fp16 rows cut to what fits (plan_tile_tokens) */
+            TH_CHECK(c->so_kpar - c->so_rows >= c->rows_bytes && c->rows_k >= c->tile * d.head_dim / 4 &&
+                         c->rows_bytes - c->rows_k >= c->tile * d.head_dim / 4 &&
+                         c->tile_k16 * 2 * d.head_dim <= c->rows_k &&
+                         c->tile_v16 * 2 * d.head_dim <= c->rows_bytes - c->rows_k && c->tile_k16 >= 1 &&
+                         c->tile_v16 >= 1 && plan_tile_tokens(c, 1, 0) == c->tile_k16 &&
+                         plan_tile_tokens(c, 0, 0) == c->tile,
+                     "rows region: %d (keys %d), fp16 tiles %d/%d", c->rows_bytes, c->rows_k, c->tile_k16, c->tile_v16);
             /* page runs (layout/tiles.h): a fold, a bias and its partial sums per key page a tile spans */
             int KP = kvq_tile_max_pages(c->tile, 32);
             TH_CHECK(c->kpages == KP && c->kpar >= KP * d.head_dim, "tile %d: kpages %d kpar %d", c->tile, c->kpages,
