@@ -1,6 +1,6 @@
 # kvq build. `make` builds the library and tools into build/; `make test` builds everything again under
 # AddressSanitizer + UndefinedBehaviorSanitizer into build/san/ and runs every test, ending with
-# "N passed, N failed". Sources are picked up by directory: a new .c file in base/, compiler/ or runtime/
+# "N passed, N failed". Sources are picked up by directory: a new .c file in base/, layout/, compiler/ or runtime/
 # joins libkvq; a new tests/unit/test_*.c becomes a test program.
 
 BUILD ?= build
@@ -10,7 +10,7 @@ CC ?= cc
 # -MMD: header dependencies, so a changed header rebuilds what includes it.
 # -fPIC: the same objects make libkvq.a and libkvq.so.
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g -O2 -ffp-contract=off -Wall -Wextra -Werror -MMD -MP -fPIC
-INCLUDES := -Itests -Itools/common -Ibase -Icompiler -Iruntime -Iruntime/include -Igrammar -I$(BUILD)/gen
+INCLUDES := -Itests -Itools/common -Ibase -Ilayout -Icompiler -Iruntime -Iruntime/include -Igrammar -I$(BUILD)/gen
 ifeq ($(SAN),1)
 SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 endif
@@ -43,7 +43,7 @@ $(GEN)/kvq_lex.c $(GEN)/kvq_lex.h &: grammar/kvq.l $(GEN)/kvq_parse.h
 	flex -o $(GEN)/kvq_lex.c --header-file=$(GEN)/kvq_lex.h $<
 
 GEN_SRC := $(GEN)/kvq_parse.c $(GEN)/kvq_lex.c
-LIB_SRC := $(wildcard base/*.c compiler/*.c runtime/*.c runtime/backend/*.c runtime/ref/*.c)
+LIB_SRC := $(wildcard base/*.c layout/*.c compiler/*.c runtime/*.c runtime/backend/*.c runtime/ref/*.c)
 LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(patsubst $(GEN)/%.c,$(BUILD)/obj/gen/%.o,$(GEN_SRC))
 LIB := $(BUILD)/libkvq.a
 

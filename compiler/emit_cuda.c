@@ -274,6 +274,8 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
     emit_buf_printf(b, "#define KVQ_C_KPAR %d\n#define KVQ_C_VPAR %d\n#define KVQ_C_SBUF %d\n",
                     emit_cuda_par_floats(p, c, 1), emit_cuda_par_floats(p, c, 0), emit_cuda_sbuf_bytes(p, c));
     emit_buf_printf(b, "#define KVQ_C_SPLIT %d\n#define KVQ_C_P1 %d\n", c->split, c->p1);
+    emit_buf_printf(b, "#define KVQ_C_KPAGES %d\n", c->kpages); /* key pages a tile spans (layout/tiles.h) */
+    emit_buf_printf(b, "#define KVQ_C_VOFF %d\n", c->rows_k); /* the value rows' offset in the row buffer */
     emit_buf_printf(b, "#define KVQ_C_MINB %d\n", plan_decode_min_blocks(p, c)); /* ptxas's register cap */
     emit_buf_printf(b,
                     "#define KVQ_C_SMEM %d /* dynamic shared memory: rows %d, kpar %d, vpar %d, kmask %d, q %d, qk %d, "
@@ -302,6 +304,7 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
     put_template(b, "kvq_class.cuh");
     emit_buf_printf(b, "#undef KVQ_C\n#undef KVQ_C_TILE\n#undef KVQ_C_KROW\n#undef KVQ_C_VROW\n"
                        "#undef KVQ_C_KPAR\n#undef KVQ_C_VPAR\n#undef KVQ_C_SBUF\n#undef KVQ_C_SPLIT\n#undef KVQ_C_P1\n#undef KVQ_C_MINB\n"
+                       "#undef KVQ_C_KPAGES\n#undef KVQ_C_VOFF\n"
                        "#undef KVQ_C_SMEM\n#undef KVQ_C_SO_KPAR\n#undef KVQ_C_SO_VPAR\n#undef KVQ_C_SO_KMASK\n"
                        "#undef KVQ_C_SO_Q\n#undef KVQ_C_SO_QK\n#undef KVQ_C_SO_QSUM\n#undef KVQ_C_SO_P\n"
                        "#undef KVQ_C_SO_RED\n#undef KVQ_C_SO_W\n#undef KVQ_C_MMA_K\n#undef KVQ_C_MMA_V\n");

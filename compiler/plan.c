@@ -196,7 +196,7 @@ static int align16(int n) { return (n + 15) & ~15; }
 static int store_par(const kvq_plan *p, const plan_store *st, int tile)
 {
     if (st->bits == 0 || st->bits >= 16) return 1;
-    if (st->gran == KVQ_GRAN_CHANNEL) return p->head_dim;
+    if (st->gran == KVQ_GRAN_CHANNEL) return p->head_dim * kvq_tile_max_pages(tile, st->group);
     if (st->hidden) return tile;
     return tile * (p->head_dim / st->group);
 }
@@ -220,6 +220,22 @@ static int mma_v_ok(const kvq_plan *p, const plan_store *st)
            !st->scale_f32 && (st->hidden || st->group % 16 == 0) && mma_v_groups(p, st) <= 4;
 }
 
+/* n tokens rounded down to a multiple of 16 (when at least 16), at most t */
+static int fit16(int n, int t)
+{
+    if (n >= 16) n &= ~15;
+    if (n < 1) n = 1;
+    return n < t ? n : t;
+}
+
+int plan_tile_tokens(const plan_class *c, int k_f16, int v_f16)
+{
+    int t = c->tile;
+    if (k_f16 && c->tile_k16 < t) t = c->tile_k16;
+    if (v_f16 && c->tile_v16 < t) t = c->tile_v16;
+    return t;
+}
+
 /* Phase 1 and the shared memory layout of class c's decode kernel. */
 static void tile_mapping(const kvq_plan *p, plan_class *c)
 {
@@ -229,22 +245,38 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
     c->split = s;
     c->p1 = p->threads / s;
     int kp = c->quant ? max_i(store_par(p, &c->k_hi, T), store_par(p, &c->k_lo, T)) : 1;
+    int KP = 1; /* key pages a tile spans (page runs) */
+    if (c->quant) {
+        if (c->k_hi.bits && c->k_hi.bits < 16 && c->k_hi.gran == KVQ_GRAN_CHANNEL) KP = max_i(KP, kvq_tile_max_pages(T, c->k_hi.group));
+        if (c->k_lo.bits && c->k_lo.bits < 16 && c->k_lo.gran == KVQ_GRAN_CHANNEL) KP = max_i(KP, kvq_tile_max_pages(T, c->k_lo.group));
+    }
+    c->kpages = KP;
     int vp = c->quant ? max_i(store_par(p, &c->v_hi, T), store_par(p, &c->v_lo, T)) : 1;
     c->kpar = (kp + 3) & ~3;
     c->vpar = (vp + 3) & ~3;
-    int stage = T * (c->k_row_bytes + c->v_row_bytes);
     int merge = (p->tz * G * D + c->p1 * G) * 4; /* o partials of the TZ lanes, d partials of the token lanes */
-    c->rows_bytes = align16(max_i(stage, merge));
+    /* Rows sized for the class's pages (the quantized rows of both classes, fp16 rows for bits-16 stores and sparse
+     * layers), each part at least half the merge scratch that overlays them at the end of a chunk; fp16 rows
+     * (sinks, windows, pools) take as many tokens as fit, a multiple of 16 (plan_tile_tokens). */
+    int qk = 2 * D, qv = 2 * D;
+    if (c->quant && !c->sparse) {
+        qk = max_i(plan_row_bytes(D, c->k_hi.bits), c->k_lo.bits ? plan_row_bytes(D, c->k_lo.bits) : 0);
+        qv = max_i(plan_row_bytes(D, c->v_hi.bits), c->v_lo.bits ? plan_row_bytes(D, c->v_lo.bits) : 0);
+    }
+    c->rows_k = align16(max_i(T * qk, merge / 2));
+    c->rows_bytes = c->rows_k + align16(max_i(T * qv, merge - c->rows_k));
+    c->tile_k16 = fit16(c->rows_k / (2 * D), T);
+    c->tile_v16 = fit16((c->rows_bytes - c->rows_k) / (2 * D), T);
     int o = 0;
     c->so_rows = o, o += c->rows_bytes;
     c->so_kpar = o, o += align16((2 * c->kpar + D) * 4);
     c->so_vpar = o, o += align16((2 * c->vpar + D) * 4);
     c->so_kmask = o, o += align16(T);
     c->so_q = o, o += align16(D * G * 4);
-    c->so_qk = o, o += align16(D * G * 4);
-    c->so_qsum = o, o += align16((D / 8 + 1) * G * 4); /* per 8 channels, then the per-channel bias */
+    c->so_qk = o, o += align16(D * G * 4 * KP); /* a fold per key page */
+    c->so_qsum = o, o += align16((D / 8 + KP) * G * 4); /* per 8 channels, then the per-channel bias per page */
     c->so_p = o, o += align16(T * G * 4);
-    c->so_red = o, o += align16((p->threads / 32 + 10) * G * 4); /* warp maxima, bias partials, a and m */
+    c->so_red = o, o += align16((p->threads / 32 + 8 * KP + 2) * G * 4); /* warp maxima, bias partials, a and m */
     c->mma_k = c->mma_v = 0;
     int wgroups = 0;
     if (c->quant) {
@@ -270,8 +302,8 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
         int need = max_i(T * wgroups * 16, (p->threads / 32) * G * 4 * 4), vq = 0;
         if (c->mma_v & 1) vq = max_i(vq, plan_row_bytes(D, c->v_hi.bits));
         if (c->mma_v & 2) vq = max_i(vq, plan_row_bytes(D, c->v_lo.bits));
-        int start = align16(T * (c->k_row_bytes + vq));
-        if (start >= merge && start + need <= T * (c->k_row_bytes + c->v_row_bytes))
+        int start = align16(c->rows_k + T * vq);
+        if (start >= merge && start + need <= c->rows_bytes)
             c->so_w = c->so_rows + start;
         else
             c->so_w = o, o += align16(need);

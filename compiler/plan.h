@@ -18,6 +18,7 @@
 #include "kvq.h"
 #include "layout.h"
 #include "scheme.h"
+#include "tiles.h"
 
 #define PLAN_MAX_CLASSES 16
 #define PLAN_MAX_LAYERS 1024
@@ -49,6 +50,10 @@ typedef struct {
     /* Decode: largest staged row (bytes per token of one kv head) over the kinds K and V come in. */
     int k_row_bytes, v_row_bytes;
     int tile; /* tokens per decode tile: 32, 64 or 128 */
+    /* Most key pages a tile spans (layout/tiles.h, page runs: KIVI's per-channel key pages of one group each, a
+     * flush of them back to back); the kernel stages and folds the query once per page: kpar, qk, the bias and its
+     * partial sums hold kpages copies. 1 without page runs. */
+    int kpages;
     /* Decode scores (phase 1): `split` adjacent lanes per token (a power of two), each head_dim / split channels
      * of all the GQA heads; `p1` = threads / split token lanes. */
     int split, p1;
@@ -59,6 +64,10 @@ typedef struct {
      * the low class's, for q.K (mma_k) and p.V (mma_v); so_w holds p.V's weight fragments. */
     int mma_k, mma_v;
     int rows_bytes; /* K then V rows of a tile, or the end-of-chunk merge scratch */
+    /* The rows are sized for the class's pages, not for fp16 rows (docs/cuda.md "Shared memory"): keys at
+     * [0, rows_k), values at [rows_k, rows_bytes); a tile whose keys (values) are fp16 rows (sinks, windows, pools)
+     * holds at most tile_k16 (tile_v16) tokens (plan_tile_tokens). */
+    int rows_k, tile_k16, tile_v16;
 } plan_class;
 
 typedef struct kvq_plan {
@@ -81,6 +90,11 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
 
 /* The page format (layout.h) of store `st` at capacity cap, for the plan's dims. */
 void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page_format *fmt);
+
+/* Tokens a decode tile of class c may hold when its keys (k_f16) or values (v_f16) are fp16 rows: the tile, or
+ * fewer where fp16 rows would overrun the staging (plan_class.rows_k). Every tile list the backends build is cut to
+ * it (with kvq_tile_len, layout/tiles.h). */
+int plan_tile_tokens(const plan_class *c, int k_f16, int v_f16);
 
 /* Cache bytes the decode kernel reads per token of one kv head on the quantized path of class c (its body
  * pages, high class): K and V codes, per-token parameters, per-channel parameters and factors amortised over

@@ -8,6 +8,7 @@
 
 #include "kvq.h"
 #include "scheme.h"
+#include "tiles.h"
 
 typedef struct kvq_backend_seq kvq_backend_seq; /* a backend's per-sequence state (opaque to the engine) */
 typedef struct kvq_backend_ctx kvq_backend_ctx; /* a backend's per-engine state */
@@ -90,6 +91,10 @@ typedef struct kvq_backend {
                               size_t msg_size);
     kvq_status (*decode_run)(kvq_backend_ctx *ctx, int layer, kvq_backend_seq *const *seqs, int n,
                              const kvq_dev_decode *batch, char *msg, size_t msg_size);
+    /* Optional (NULL: no tile lists): the decode tiles of `seq` at `layer` as the layer's state makes them now,
+     * i.e. as its last decode step read them (rt_step_tiles). *n = their count; at most cap written. */
+    kvq_status (*step_tiles)(kvq_backend_ctx *ctx, const kvq_backend_seq *seq, int layer, kvq_tile_info *out,
+                             int cap, int *n, char *msg, size_t msg_size);
 } kvq_backend;
 
 extern const kvq_backend kvq_backend_reference;

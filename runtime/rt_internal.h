@@ -55,6 +55,12 @@ kvq_status rt_error(kvq_engine *e, kvq_status st, const char *fmt, ...) __attrib
 kvq_status rt_check_batch(kvq_engine *e, const char *fn, int layer, const void *items, int n,
                           kvq_seq *(*seq_at)(const void *items, int i), int prefill);
 
+/* rt_tiles.c: the decode tiles of sequence s at `layer` as its last decode step read them (the backend rebuilds
+ * the list from the layer's state, which the step left as it read it; a ZipCache layer that compressed after its
+ * attention is the exception): *n their count, at most cap written to out. For kvqc's cost model and the tests of
+ * tile lengths (docs/layout.md "Tiles"). KVQ_ERR_UNSUPPORTED on a backend without tile lists (reference, cpu). */
+kvq_status rt_step_tiles(kvq_engine *e, const kvq_seq *s, int layer, kvq_tile_info *out, int cap, int *n);
+
 /* rt_convert.c: n elements of dtype to fp32. */
 void rt_to_f32(kvq_dtype dt, const void *src, size_t n, float *dst);
 size_t rt_dtype_size(kvq_dtype dt);

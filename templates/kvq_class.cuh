@@ -5,7 +5,9 @@
  *   KVQ_C_KROW, KVQ_C_VROW largest staged row, bytes per token of one kv head
  *   KVQ_C_KPAR, KVQ_C_VPAR staged parameter floats per array (scales, zeros)
  *   KVQ_C_SBUF             bytes of the decode kernel's row buffer (also its merge scratch)
+ *   KVQ_C_VOFF             offset of the value rows in it (keys before; sized for the class's pages)
  *   KVQ_C_SPLIT, KVQ_C_P1  decode phase 1: lanes per token, token lanes
+ *   KVQ_C_KPAGES           most key pages a tile spans (page runs, layout/tiles.h): staged parameters and folds
  *   KVQ_C_MINB             decode blocks per SM for __launch_bounds__: what sm_80's shared memory allows
  *   KVQ_C_SMEM, KVQ_C_SO_* the decode kernel's dynamic shared memory and the offsets of its parts (plan.c)
  *   KVQ_C_MMA_K, KVQ_C_MMA_V  page classes (bit 0 high, bit 1 low) whose q.K / p.V run on tensor cores
@@ -19,10 +21,10 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_
      * kernel's limit with cuFuncSetAttribute), carved at the plan's offsets */
     KVQ_DYNAMIC_SHARED(unsigned char, smem);
     const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO, vhi = KVQ_C_VHI, vlo = KVQ_C_VLO;
-    const kvq_dec_geo g = {KVQ_C_TILE,    KVQ_C_SPLIT,    KVQ_C_P1,       KVQ_C_KROW,  KVQ_C_KPAR,
+    const kvq_dec_geo g = {KVQ_C_TILE,    KVQ_C_SPLIT,    KVQ_C_P1,       KVQ_C_VOFF,  KVQ_C_KPAR,
                            KVQ_C_VPAR,    KVQ_C_SO_KPAR,  KVQ_C_SO_VPAR,  KVQ_C_SO_KMASK, KVQ_C_SO_Q,
                            KVQ_C_SO_QK,   KVQ_C_SO_QSUM,  KVQ_C_SO_P,     KVQ_C_SO_RED,
-                           KVQ_C_SO_W,    KVQ_C_MMA_K,    KVQ_C_MMA_V};
+                           KVQ_C_SO_W,    KVQ_C_MMA_K,    KVQ_C_MMA_V,    KVQ_C_KPAGES};
     kvq_decode_body(&p, smem, khi, klo, vhi, vlo, g);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));

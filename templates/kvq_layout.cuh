@@ -1,4 +1,4 @@
-/* Page section offsets (runtime/layout.h) as the kernels compute them from a page's capacity. Plain integer C:
+/* Page section offsets (layout/layout.h) as the kernels compute them from a page's capacity. Plain integer C:
  * also compiled by the host test test_cuda_layout.c, which checks it against kvq_page_layout_compute for every
  * format, so kernels and runtime cannot disagree about where a section starts. */
 #ifndef KVQ_LAYOUT_CUH
@@ -61,5 +61,9 @@ KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
     o.total = off;
     return o;
 }
+
+/* Pages of a page run (layout/tiles.h: the pages of one flush back to back) start this far apart: the page's
+ * total rounded up to 256 bytes, as kvq_page_run_stride. */
+KVQ_HD long long kvq_page_stride(long long total) { return (total + 255) & ~255LL; }
 
 #endif

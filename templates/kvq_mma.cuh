@@ -91,27 +91,36 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
 
 /* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes 16-token blocks w, w + 4, ...; each lane ends with
  * the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
- * (-inf for masked slots) and kept in the per-head maxima. */
+ * (-inf for masked slots) and kept in the per-head maxima. A tile over several pages of a page run (kcap > 0, the
+ * tile's first token at slot s0 of its first page) takes each block's page's fold (qb + page x D GQA words) and
+ * bias: a block lies in one page (layout/tiles.h: such a tile begins at a page boundary, pages of 16k tokens). */
 KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned char *mask, int masked,
-                            const unsigned *qb, const float *bias, float qinv, int n, int tid, int split, float *ps,
-                            float mloc[KVQ_GQA])
+                            const unsigned *qb, const float *bias, float qinv, int n, int s0, int kcap, int tid,
+                            int split, float *ps, float mloc[KVQ_GQA])
 {
     const int G = KVQ_GQA, KB = KVQ_D / 16;
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int cbpt = kvq_fmt_cbpt(bits, KVQ_D);
     unsigned b[KVQ_D / 16][2];
-#pragma unroll
-    for (int kb = 0; kb < KB; kb++) {
-        const uint2 x = ((const uint2 *)qb)[kb * 32 + lane];
-        b[kb][0] = x.x, b[kb][1] = x.y;
-    }
+    int cur = -1; /* the page whose fold b holds */
     const unsigned msk = bits == 2 ? (3u << 2 * t) | (3u << (2 * t + 16)) : (15u << 4 * (t & 1)) | (15u << (4 * (t & 1) + 16));
     const int sh = bits == 2 ? 8 : t >= 2 ? 8 : 0;
-    const float bh = bias[t & (G - 1)];
+    float bh = 0.0f;
     float mx = KVQ_NEG_INF;
 #pragma unroll 1
     for (int m0 = warp * 16; m0 < n; m0 += KVQ_MMA_NW * 16) {
         KVQ_MARK(1);
+        const int pg = kcap > 0 ? (s0 + m0) / kcap : 0;
+        if (pg != cur) {
+            const uint2 *qp = (const uint2 *)(qb + pg * (KVQ_D * G));
+#pragma unroll
+            for (int kb = 0; kb < KB; kb++) {
+                const uint2 x = qp[kb * 32 + lane];
+                b[kb][0] = x.x, b[kb][1] = x.y;
+            }
+            bh = bias[pg * G + (t & (G - 1))];
+            cur = pg;
+        }
         const uint4 *r0 = (const uint4 *)(rows + (m0 + g) * cbpt), *r1 = (const uint4 *)(rows + (m0 + g + 8) * cbpt);
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll

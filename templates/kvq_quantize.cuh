@@ -1,5 +1,5 @@
 /* Quantize-and-append: rows of K or V (the plan's input dtype, or fp16 from a window) into a page of
- * runtime/layout.h, with the quantizer of runtime/quant.h reproduced step for step so codes and parameters are
+ * layout/layout.h, with the quantizer of runtime/quant.h reproduced step for step so codes and parameters are
  * bit-exact with the reference backend. Group statistics run sequentially in the reference's order (first
  * occurrence wins min/max ties, so a -0/+0 group keeps the same zero). Pages are zeroed when allocated; mask
  * bits are only ever set (atomicOr, since blocks may share a mask byte).

@@ -1,4 +1,4 @@
-/* Unpacking 8 consecutive channels of one token's codes (bit order of runtime/layout.h) into floats.
+/* Unpacking 8 consecutive channels of one token's codes (bit order of layout/layout.h) into floats.
  *
  * No int -> float conversion instructions: a code c becomes the float 2^23 + c by OR-ing it into the mantissa
  * of 2^23 (0x4B000000) — one lop3 that also masks the field (4-bit, 2-bit, 1-bit) or one prmt that also picks

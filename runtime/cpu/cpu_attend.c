@@ -365,9 +365,8 @@ static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j)
     if (vi < 0) return -1;
     t->vhint = vi;
     const cpu_span *vs = &hd->vs[vi];
-    int n = end - i;
-    if (n > TILE) n = TILE;
-    if (n > vs->n - off) n = vs->n - off;
+    /* the one tile rule (layout/tiles.h); the reference's pages are separate allocations: no page runs */
+    int n = kvq_tile_len(TILE, end - i, vs->n - off, i, 0);
     /* Both spans ascend strictly: equal ends at distance n - 1 mean the same consecutive tokens (spans of
      * consecutive positions hold them by construction: no position array is read, they are cache misses). */
     if (!(ks->consec && vs->consec) && (ks->pos[i + n - 1] != p + n - 1 || vs->pos[off + n - 1] != p + n - 1)) {

@@ -324,12 +324,15 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
         if (nt - first[i] > max_tiles) max_tiles = nt - first[i];
     }
     /* the decode kernel stages a tile in shared memory sized for the class's tile: a longer one would overrun it */
-    for (int j = 0; j < nt && st == KVQ_OK; j++)
-        if (c->htiles[j].n > c->plan->cls[cls].tile) {
-            snprintf(msg, ms, "cuda: internal error: a decode tile of %d tokens, the plan's tile is %d", c->htiles[j].n,
-                     c->plan->cls[cls].tile);
+    for (int j = 0; j < nt && st == KVQ_OK; j++) {
+        int kinds = c->htiles[j].kinds, lim = plan_tile_tokens(&c->plan->cls[cls], (kinds & 255) == KVQ_SRC_F16,
+                                                                ((kinds >> 8) & 255) == KVQ_SRC_F16);
+        if (c->htiles[j].n > lim) {
+            snprintf(msg, ms, "cuda: internal error: a decode tile of %d tokens, the plan's tile is %d",
+                     c->htiles[j].n, lim);
             st = KVQ_ERR_INTERNAL;
         }
+    }
     int tpc = cu_tiles_per_chunk(c, cls, n, max_tiles), nch = (max_tiles + tpc - 1) / tpc;
     if (nch < 1) nch = 1;
     if (st == KVQ_OK)
@@ -577,6 +580,7 @@ const kvq_backend kvq_backend_cuda = {
     .reserve_step = be_reserve_step,
     .decode_plan = be_decode_plan,
     .decode_run = be_decode_run,
+    .step_tiles = cu_step_tiles_info,
 };
 
 const kvq_backend kvq_backend_emu = {
@@ -599,4 +603,5 @@ const kvq_backend kvq_backend_emu = {
     .reserve_step = be_reserve_step,
     .decode_plan = be_decode_plan,
     .decode_run = be_decode_run,
+    .step_tiles = cu_step_tiles_info,
 };

@@ -36,6 +36,8 @@ typedef struct {
     int *pos; /* [H][capacity] */
     uint64_t members; /* 0, or device int [H][capacity] not yet turned into pos */
     int pos_base;
+    uint64_t run; /* 0, or the address of the block its flush's page run shares (layout/tiles.h): key pages with the
+                   * same run are back to back at kvq_page_run_stride, and a decode tile may span them */
 } cu_page;
 
 /* An fp16 window on the device, [H][cap][D], used as a ring: logical slot i is ring slot (head + i) % cap. */
@@ -459,6 +461,10 @@ kvq_status cu_step_tiles_prepare(kvq_backend_ctx *c, kvq_backend_seq *s, char *m
 kvq_status cu_step_tiles_plan(kvq_backend_ctx *c, kvq_backend_seq *s, int l, unsigned char *tb, uint64_t dev,
                               size_t *tiles_at, kvq_tile_patch *patch, kvq_seq_tiles *st, char *msg, size_t ms);
 void cu_step_tiles_commit(kvq_backend_seq *s, int l);
+/* The backends' step_tiles (backend.h, rt_step_tiles): the layer's tiles as cu_qlayer_tiles / cu_slayer_tiles
+ * build them now, the list its last decode step read. */
+kvq_status cu_step_tiles_info(kvq_backend_ctx *c, const kvq_backend_seq *s, int layer, kvq_tile_info *out, int cap,
+                              int *n, char *msg, size_t ms);
 /* The device list of layer l is no longer what the mirror says (a failed run, a new prefill): sent whole next. */
 void cu_step_tiles_forget(kvq_backend_seq *s, int l);
 void cu_step_tiles_free(kvq_backend_ctx *c, kvq_backend_seq *s);

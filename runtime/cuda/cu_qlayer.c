@@ -46,8 +46,8 @@ static void page_free(kvq_backend_ctx *c, cu_page *p)
 }
 
 /* A page of tensor w in precision class cls (0: the only or the high class, 1: ZipCache's low class). */
-static kvq_status page_new(kvq_backend_ctx *c, cu_qlayer *L, int w, int cls, int cap, cu_page **out, char *msg,
-                           size_t n)
+static kvq_status page_new_at(kvq_backend_ctx *c, cu_qlayer *L, int w, int cls, int cap, uint64_t at, uint64_t run,
+                              cu_page **out, char *msg, size_t n)
 {
     *out = NULL;
     if (L->n_pages[w] == L->cap_pages[w]) {
@@ -67,7 +67,9 @@ static kvq_status page_new(kvq_backend_ctx *c, cu_qlayer *L, int w, int cls, int
     p->kind = kvq_bits_is_fp16(bits) ? KVQ_SRC_F16 : cls ? KVQ_SRC_LO : KVQ_SRC_HI;
     p->store = (w ? 2 : 0) + cls;
     p->pos = kvq_calloc((size_t)c->H * (size_t)cap, sizeof *p->pos);
-    kvq_status st = p->pos ? cu_pool_get(c, p->lay.total, &p->addr, msg, n) : KVQ_ERR_NOMEM;
+    p->run = run;
+    kvq_status st = !p->pos ? KVQ_ERR_NOMEM : at ? KVQ_OK : cu_pool_get(c, p->lay.total, &p->addr, msg, n);
+    if (st == KVQ_OK && at) p->addr = at; /* a page of a page run: its slice of the run's block */
     if (st != KVQ_OK) {
         page_free(c, p);
         if (st == KVQ_ERR_NOMEM) snprintf(msg, n, "out of memory");
@@ -79,6 +81,40 @@ static kvq_status page_new(kvq_backend_ctx *c, cu_qlayer *L, int w, int cls, int
 nomem:
     snprintf(msg, n, "out of memory");
     return KVQ_ERR_NOMEM;
+}
+
+static kvq_status page_new(kvq_backend_ctx *c, cu_qlayer *L, int w, int cls, int cap, cu_page **out, char *msg,
+                           size_t n)
+{
+    return page_new_at(c, L, w, cls, cap, 0, 0, out, msg, n);
+}
+
+/* The full key pages of a flush class of nc tokens as one page run (layout/tiles.h): one block of the pool for
+ * all of them, each page a slice at kvq_page_run_stride (freed one by one, as any page: the pool's blocks of that
+ * size). *made: pages made (0 when the class's pages do not form a run, or fewer than two of them). */
+static kvq_status page_run_new(kvq_backend_ctx *c, cu_qlayer *L, int w, int cls, int nc, int *made, char *msg,
+                               size_t n)
+{
+    *made = 0;
+    const kvq_tensor_cfg *t = tcfg(L, w);
+    int cap = kvq_flush_page_tokens(t, nc), k = cap > 0 ? nc / cap : 0;
+    if (w != 0 || k < 2 || L->saliency) return KVQ_OK;
+    kvq_page_format f;
+    kvq_page_layout lay;
+    kvq_page_format_init(&f, t, t->bits, L->cfg->outliers.keep > 0, c->H, c->D, cap);
+    if (!kvq_page_run_ok(&f)) return KVQ_OK;
+    kvq_page_layout_compute(&f, &lay);
+    size_t stride = kvq_page_run_stride(lay.total);
+    uint64_t block = 0;
+    kvq_status st = cu_pool_get(c, stride * (size_t)k, &block, msg, n);
+    for (int i = 0; i < k && st == KVQ_OK; i++) {
+        cu_page *p;
+        st = page_new_at(c, L, w, cls, cap, block + (uint64_t)i * stride, block, &p, msg, n);
+        if (st == KVQ_OK) (*made)++;
+    }
+    /* slices no page took go back to the pool */
+    for (int i = *made; i < k && block; i++) cu_pool_put(c, block + (uint64_t)i * stride, stride);
+    return st;
 }
 
 /* Writes n tokens of src (rows t of src are tokens slot..slot+n-1 of the page) into page p: quantize kernels, or
@@ -140,11 +176,18 @@ static kvq_status flush_pages(kvq_backend_ctx *c, cu_qlayer *L, int w, const kvq
                 if (!is_high || (is_high[(size_t)h * B + i] != 0) == (cls == 0)) member[(size_t)h * B + j++] = i;
             nc = j; /* the same for every head: the class size depends on B only */
         }
+        int run_left = 0, run_at = 0; /* the class's full key pages as a page run, made first */
+        if (pre < 0 && !dflags && !is_high && st == KVQ_OK) {
+            st = page_run_new(c, L, w, cls, nc, &run_left, msg, mn);
+            run_at = L->n_pages[w] - run_left;
+        }
         for (int off = 0; off < nc && st == KVQ_OK;) {
             int cap = kvq_flush_page_tokens(t, nc - off);
             cu_page *p;
             if (pre >= 0)
                 p = L->pages[w][pre++];
+            else if (run_left > 0)
+                p = L->pages[w][run_at++], run_left--;
             else
                 st = page_new(c, L, w, cls, cap, &p, msg, mn);
             if (st != KVQ_OK) break;
@@ -356,7 +399,8 @@ kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, const float *k, co
             /* KIVI values (Alg. 1: popped one at a time), or an fp16 tensor: an appendable page */
             cu_page *ap = L->append[w];
             if (!ap || ap->count == ap->fmt.capacity) {
-                st = page_new(c, L, w, 0, KVQ_APPEND_PAGE_TOKENS, &ap, msg, mn);
+                int first = direct[w] ? pos : win->pos[win->head]; /* aligned: layout.h */
+                st = page_new(c, L, w, 0, kvq_append_page_tokens(first, L->cfg->sinks), &ap, msg, mn);
                 if (st != KVQ_OK) return st;
                 L->append[w] = ap;
             }
@@ -423,6 +467,8 @@ kvq_status cu_qlayer_after_attend(kvq_backend_ctx *c, cu_qlayer *L, uint64_t q, 
 typedef struct {
     uint64_t base;
     int kind, cap, slot, n;
+    int np;   /* pages it takes in the stream: more than 1 for a page run */
+    int pcap; /* a page run's page capacity (layout/tiles.h), else 0 */
 } run;
 
 /* Run x of stream w (0 keys, 1 values): pages 0 .. n_pages - 1 (an empty page is a run of 0 tokens), then the
@@ -432,22 +478,26 @@ static int stream_run(const cu_qlayer *L, int w, int x, run *r, int *frozen)
 {
     if (x < L->n_pages[w]) {
         const cu_page *p = L->pages[w][x];
-        *r = (run){p->addr, p->kind, p->fmt.capacity, 0, p->count};
+        *r = (run){p->addr, p->kind, p->fmt.capacity, 0, p->count, 1, 0};
         *frozen = p != L->append[w];
+        /* keys: the pages of a flush's page run are one run (full pages, back to back) */
+        while (w == 0 && p->run && x + r->np < L->n_pages[w] && L->pages[w][x + r->np]->run == p->run)
+            r->n += L->pages[w][x + r->np++]->count;
+        if (r->np > 1) r->pcap = p->fmt.capacity;
         return 1;
     }
     const cu_win *win = &L->win[w];
     int k = x - L->n_pages[w], first = win->count < win->cap - win->head ? win->count : win->cap - win->head;
     *frozen = 0;
-    if (k == 0 && first > 0) *r = (run){win->addr, KVQ_SRC_F16, win->cap, win->head, first};
-    else if (k == 1 && win->count > first) *r = (run){win->addr, KVQ_SRC_F16, win->cap, 0, win->count - first};
+    if (k == 0 && first > 0) *r = (run){win->addr, KVQ_SRC_F16, win->cap, win->head, first, 1, 0};
+    else if (k == 1 && win->count > first) *r = (run){win->addr, KVQ_SRC_F16, win->cap, 0, win->count - first, 1, 0};
     else return 0;
     return 1;
 }
 
 void cu_qlayer_head_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt)
 {
-    int tile = c->plan->cls[L->cls].tile;
+    int tile = plan_tile_tokens(&c->plan->cls[L->cls], 1, 1); /* sinks and pools: fp16 rows */
     cu_tiles_windows(c, nt, &L->sink[0], &L->sink[1], tile);
     if (L->has_pool) cu_ott_tiles(c, &L->ott, tile, nt);
 }
@@ -455,14 +505,15 @@ void cu_qlayer_head_tiles(kvq_backend_ctx *c, const cu_qlayer *L, int *nt)
 void cu_qlayer_body_tiles(kvq_backend_ctx *c, const cu_qlayer *L, cu_tile_cursor at, int *nt, int *frozen_nt,
                           cu_tile_cursor *frozen_at)
 {
-    int tile = c->plan->cls[L->cls].tile, kf = 0, vf = 0, all_frozen = 1;
+    const plan_class *pc = &c->plan->cls[L->cls];
+    int kf = 0, vf = 0, all_frozen = 1;
     run kr, vr;
     if (frozen_nt) *frozen_nt = *nt, *frozen_at = at;
     int hk = stream_run(L, 0, at.i, &kr, &kf), hv = stream_run(L, 1, at.j, &vr, &vf);
     /* the keys' and the values' streams hold the same tokens in the same order: cut where either run ends */
     while (hk && hv && *nt >= 0) {
         if (at.ko == kr.n) {
-            at.i++, at.ko = 0;
+            at.i += kr.np, at.ko = 0;
             hk = stream_run(L, 0, at.i, &kr, &kf);
             continue;
         }
@@ -471,8 +522,9 @@ void cu_qlayer_body_tiles(kvq_backend_ctx *c, const cu_qlayer *L, cu_tile_cursor
             hv = stream_run(L, 1, at.j, &vr, &vf);
             continue;
         }
-        int n = kr.n - at.ko < vr.n - at.vo ? kr.n - at.ko : vr.n - at.vo;
-        if (n > tile) n = tile;
+        /* the one rule (layout/tiles.h), at most what the staging holds of these kinds */
+        int tile = plan_tile_tokens(pc, kr.kind == KVQ_SRC_F16, vr.kind == KVQ_SRC_F16);
+        int n = kvq_tile_len(tile, kr.n - at.ko, vr.n - at.vo, at.ko, kr.pcap);
         kvq_tile t;
         memset(&t, 0, sizeof t);
         t.k = kr.base, t.v = vr.base, t.k_slot = kr.slot + at.ko, t.v_slot = vr.slot + at.vo;

@@ -158,7 +158,7 @@ kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, const float *k, co
 
 void cu_slayer_tiles(kvq_backend_ctx *c, const cu_slayer *L, int *nt)
 {
-    int tile = c->plan->cls[L->cls].tile;
+    int tile = plan_tile_tokens(&c->plan->cls[L->cls], 1, 1); /* fp16 rows only */
     cu_tiles_windows(c, nt, &L->local[0], &L->local[1], tile);
     for (int o = 0; o < L->n_fetch && *nt >= 0; o += tile) {
         kvq_tile t;

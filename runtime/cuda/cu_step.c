@@ -103,7 +103,9 @@ void cu_step_free(kvq_backend_ctx *c)
  * Alg. 1, flush kivi / group), for sequences of up to T tokens. */
 static void layer_bounds(kvq_backend_ctx *c, const kvq_quant_cfg *q, int cls, int T, cu_step *S)
 {
-    int st2 = 0, tiles = cdiv(T, c->plan->cls[cls].tile) + cdiv(q->sinks, c->plan->cls[cls].tile) + 16;
+    const plan_class *pc = &c->plan->cls[cls];
+    int t16 = plan_tile_tokens(pc, 1, 1); /* fp16 rows: sinks, windows (plan_tile_tokens) */
+    int st2 = 0, tiles = cdiv(T, pc->tile) + cdiv(q->sinks, t16) + 16;
     for (int w = 0; w < 2; w++) {
         const kvq_tensor_cfg *t = w ? &q->value : &q->key;
         kvq_window_rule r;
@@ -115,7 +117,7 @@ static void layer_bounds(kvq_backend_ctx *c, const kvq_quant_cfg *q, int cls, in
         int pages = append ? 1 : cdiv(B, per_page), maxn = append ? 1 : per_page;
         /* the runs a tile may end at: the pages (at least per_page tokens but for the prefill's and the append
          * page's last), the window's two ring runs */
-        tiles += cdiv(T, append ? KVQ_APPEND_PAGE_TOKENS : per_page) + 4;
+        tiles += (append ? cdiv(T, KVQ_APPEND_ALIGN) + 1 : cdiv(T, per_page)) + 4 + cdiv(r.capacity, t16);
         if (fp16) {
             if (r.capacity) st2 += pages; /* without a window the token's own store (st1) writes the page */
         } else {

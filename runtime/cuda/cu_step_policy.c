@@ -89,7 +89,7 @@ static void zip_bounds(kvq_backend_ctx *c, const kvq_quant_cfg *q, int cls, int 
 
 void cu_step_policy_bounds(kvq_backend_ctx *c, const kvq_layer_cfg *lc, int cls, int T, cu_step *S)
 {
-    int H = c->H, D = c->D, tile = c->plan->cls[cls].tile;
+    int H = c->H, D = c->D, tile = plan_tile_tokens(&c->plan->cls[cls], 1, 1); /* pools, sparse rows: fp16 */
     if (lc->mode != KVQ_MODE_QUANT) {
         /* a sparse layer (cu_slayer_append, cu_slayer_tiles): the local window (two ring runs at most), the
          * fetched rows, pages of KVQ_APPEND_PAGE_TOKENS generated tokens (one ring run each) */

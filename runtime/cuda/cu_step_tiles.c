@@ -58,7 +58,7 @@ kvq_status cu_step_tiles_plan(kvq_backend_ctx *c, kvq_backend_seq *s, int l, uns
 {
     const cu_step *S = &c->step;
     const cu_layer *LL = s->layers[l];
-    int tile = c->plan->cls[c->plan->layer_class[l]].tile;
+    int cls = c->plan->layer_class[l];
     if (!s->tl.layer || !s->tl.addr || s->tl.cap < S->tiles_cap) {
         snprintf(msg, ms, "cuda: internal error: a sequence's device tile lists were not prepared for the plan");
         return KVQ_ERR_INTERNAL;
@@ -89,12 +89,15 @@ kvq_status cu_step_tiles_plan(kvq_backend_ctx *c, kvq_backend_seq *s, int l, uns
         snprintf(msg, ms, "%d decode tiles, beyond the %d the step capacity allows", n_new, S->tiles_cap);
         return KVQ_ERR_SHAPE;
     }
-    for (int j = 0; j < nt; j++)
-        if (c->htiles[j].n > tile) {
+    for (int j = 0; j < nt; j++) {
+        int kinds = c->htiles[j].kinds, lim = plan_tile_tokens(&c->plan->cls[cls], (kinds & 255) == KVQ_SRC_F16,
+                                                                ((kinds >> 8) & 255) == KVQ_SRC_F16);
+        if (c->htiles[j].n > lim) {
             snprintf(msg, ms, "cuda: internal error: a decode tile of %d tokens, the plan's tile is %d",
-                     c->htiles[j].n, tile);
+                     c->htiles[j].n, lim);
             return KVQ_ERR_INTERNAL;
         }
+    }
     if (T->cap < n_new) { /* grown now, so the commit cannot fail */
         int cap = T->cap * 2 > n_new ? T->cap * 2 : n_new;
         kvq_tile *m = kvq_realloc(T->mirror, (size_t)cap * sizeof *m);
@@ -156,4 +159,28 @@ void cu_step_tiles_free(kvq_backend_ctx *c, kvq_backend_seq *s)
     for (int l = 0; s->tl.layer && l < s->n_layers; l++) kvq_free(s->tl.layer[l].mirror);
     kvq_free(s->tl.layer);
     memset(&s->tl, 0, sizeof s->tl);
+}
+
+kvq_status cu_step_tiles_info(kvq_backend_ctx *c, const kvq_backend_seq *s, int layer, kvq_tile_info *out, int cap,
+                              int *n, char *msg, size_t ms)
+{
+    const cu_layer *L = s->layers[layer];
+    int nt = 0;
+    if (L->sparse)
+        cu_slayer_tiles(c, &L->s, &nt);
+    else
+        cu_qlayer_tiles(c, &L->q, &nt);
+    if (nt < 0) {
+        snprintf(msg, ms, "out of memory");
+        return KVQ_ERR_NOMEM;
+    }
+    for (int i = 0; i < nt && i < cap; i++) {
+        const kvq_tile *t = &c->htiles[i];
+        out[i].n = t->n;
+        out[i].k_kind = t->kinds & 255;
+        out[i].v_kind = (t->kinds >> 8) & 255;
+        out[i].k_pages = kvq_tile_pages(t->n, t->k_slot, t->k_cap);
+    }
+    *n = nt;
+    return KVQ_OK;
 }

@@ -54,13 +54,13 @@ static void set_tscale(ref_qlayer *L, int which, const float *x, size_t n)
 }
 
 /* A flush of one token goes into an appendable page when the tensor's pages can take tokens one at a time
- * (per token without channel factors, or fp16) and no saliency split applies (KVQ_APPEND_PAGE_TOKENS). */
+ * (per token without channel factors, or fp16) and no saliency split applies (kvq_append_page_tokens). */
 static int append_mode(const ref_qlayer *L, int which)
 {
     if (L->rule[which].batch != 1 || saliency_on(L)) return 0;
     kvq_page_format f;
     kvq_page_format_init(&f, tcfg(L, which), tcfg(L, which)->bits, masked_tensor(L, which), L->H, L->D,
-                         KVQ_APPEND_PAGE_TOKENS);
+                         KVQ_APPEND_ALIGN);
     return ref_page_appendable(&f);
 }
 
@@ -384,9 +384,11 @@ kvq_status ref_qlayer_reserve(ref_qlayer *L, ref_reserve *r)
             if (pass == 0) {
                 const ref_page *ap = L->append[w];
                 if (!ap || ap->count == ap->fmt.capacity) {
+                    /* the page's first token: the new one, or the window's oldest (aligned: layout.h) */
+                    int first = p.direct[w] ? L->length : L->win[w].pos[0];
                     kvq_page_format f;
                     kvq_page_format_init(&f, tcfg(L, w), tcfg(L, w)->bits, masked_tensor(L, w), H, D,
-                                         KVQ_APPEND_PAGE_TOKENS);
+                                         kvq_append_page_tokens(first, L->cfg->sinks));
                     st = ref_page_new(&f, KVQ_SEG_BODY_HIGH, &r->pages[n]);
                     if (st == KVQ_OK) r->pages[n++]->tq = L->tq[w];
                     if (st == KVQ_OK) st = ref_pages_reserve(&L->pages[w], 1);

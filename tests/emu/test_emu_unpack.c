@@ -2,7 +2,7 @@
  * unpacking gives each code as a float; the pre-shifted one (kvq_unpack8_ps) gives code v of a run of 8 as
  * c 2^k(v) with k = bits v (4 (v mod 4) for 4-bit codes) exactly, and kvq_preshift_inv is 2^-k(v), so that the
  * decode kernel's products with the pre-shifted codes are bit-identical to the plain ones (docs/cuda.md,
- * "Unpacking"). Codes are read back from the packed rows here (runtime/layout.h bit order: code c at bit
+ * "Unpacking"). Codes are read back from the packed rows here (layout/layout.h bit order: code c at bit
  * c x bits of the row, little-endian). */
 #include <math.h>
 #include <stdlib.h>

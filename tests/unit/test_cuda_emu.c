@@ -447,7 +447,7 @@ static void test_decode(const loaded *Ld, const emu_case *c)
     fetched fe[BATCH];
     float scale = 1.0f / sqrtf((float)D);
     for (int l = 0; l < LAYERS && !th_failed(); l++) {
-        int cls = p->layer_class[l], tile = p->cls[cls].tile, max_tiles = 0;
+        int cls = p->layer_class[l], tile = plan_tile_tokens(&p->cls[cls], 1, 1), max_tiles = 0;
         memset(ts, 0, sizeof ts);
         memset(fe, 0, sizeof fe);
         for (int b = 0; b < BATCH; b++) {
@@ -458,7 +458,7 @@ static void test_decode(const loaded *Ld, const emu_case *c)
             if (RL->sparse)
                 sparse_tiles(Ld, &RL->s, tile, &ts[b], &fe[b], H, D);
             else
-                TH_CHECK(tm_quant_tiles(&RL->q, tile, &ts[b], xl_host, NULL), "K and V streams pair different tokens");
+                TH_CHECK(tm_quant_tiles(&RL->q, &p->cls[cls], &ts[b], xl_host, NULL), "K and V streams pair different tokens");
             ref_expected(RL, q + (size_t)b * Hq * D, Hq, H, D, scale, want + (size_t)b * Hq * D, fe[b].fk32, fe[b].fv32,
                          fe[b].nf);
             st[b].tiles = (uint64_t)(uintptr_t)ts[b].t;

@@ -15,6 +15,7 @@
 
 #include "alloc.h"
 #include "kvq_params.cuh"
+#include "plan.h"
 #include "ref/ref.h"
 
 typedef uint64_t (*tm_xlate)(const void *host, size_t bytes, void *ctx);
@@ -56,8 +57,14 @@ static void tm_pair(tm_tiles *ts, const tm_run *k, const tm_run *v, int n, int t
     }
 }
 
+/* The tile limit of a pair of runs (plan_tile_tokens: fp16 rows take fewer tokens than pages). */
+static int tm_lim(const plan_class *pc, const tm_run *k, const tm_run *v)
+{
+    return plan_tile_tokens(pc, k->kind == KVQ_SRC_F16, v->kind == KVQ_SRC_F16);
+}
+
 /* Merges two streams of runs covering the same tokens into tiles. */
-static void tm_merge(tm_tiles *ts, const tm_run *kr, int nk, const tm_run *vr, int nv, int tile)
+static void tm_merge(tm_tiles *ts, const tm_run *kr, int nk, const tm_run *vr, int nv, const plan_class *pc)
 {
     int i = 0, j = 0, ko = 0, vo = 0;
     while (i < nk && j < nv) {
@@ -72,7 +79,7 @@ static void tm_merge(tm_tiles *ts, const tm_run *kr, int nk, const tm_run *vr, i
         int n = kr[i].n - ko < vr[j].n - vo ? kr[i].n - ko : vr[j].n - vo;
         tm_run a = kr[i], b = vr[j];
         a.slot += ko, b.slot += vo;
-        tm_pair(ts, &a, &b, n, tile, 0);
+        tm_pair(ts, &a, &b, n, tm_lim(pc, &a, &b), 0);
         ko += n, vo += n;
     }
 }
@@ -129,13 +136,13 @@ static int tm_check_pairing(const tm_run *kr, int nk, const tm_run *vr, int nv, 
 }
 
 /* Every tile of a quant layer: sinks, pools, body + windows. 0 when the pairing check fails. */
-static int tm_quant_tiles(const ref_qlayer *L, int tile, tm_tiles *ts, tm_xlate x, void *ctx)
+static int tm_quant_tiles(const ref_qlayer *L, const plan_class *pc, tm_tiles *ts, tm_xlate x, void *ctx)
 {
     const ref_win *sk = &L->sink[0], *sv = &L->sink[1];
     if (sk->count > 0) {
         tm_run a = {x(sk->data, sk->bytes, ctx), KVQ_SRC_F16, sk->cap, 0, sk->count, NULL, 0};
         tm_run b = {x(sv->data, sv->bytes, ctx), KVQ_SRC_F16, sv->cap, 0, sv->count, NULL, 0};
-        tm_pair(ts, &a, &b, sk->count, tile, 0);
+        tm_pair(ts, &a, &b, sk->count, tm_lim(pc, &a, &b), 0);
     }
     const ref_pool *pools[2] = {&L->pool, &L->spill};
     for (int i = 0; i < 2; i++) {
@@ -146,12 +153,12 @@ static int tm_quant_tiles(const ref_qlayer *L, int tile, tm_tiles *ts, tm_xlate 
         tm_run a = {base, KVQ_SRC_F16, P->cap, 0, P->cap, NULL, 0};
         tm_run b = {
             base + (uint64_t)((const uint8_t *)P->v - (const uint8_t *)P->k), KVQ_SRC_F16, P->cap, 0, P->cap, NULL, 0};
-        tm_pair(ts, &a, &b, P->cap, P->cap, x(P->count, (size_t)P->H * sizeof(int), ctx));
+        tm_pair(ts, &a, &b, P->cap, tm_lim(pc, &a, &b), x(P->count, (size_t)P->H * sizeof(int), ctx));
     }
     tm_run kr[4096], vr[4096];
     int nk = tm_stream(L, 0, kr, x, ctx), nv = tm_stream(L, 1, vr, x, ctx);
     if (!tm_check_pairing(kr, nk, vr, nv, L->H)) return 0;
-    tm_merge(ts, kr, nk, vr, nv, tile);
+    tm_merge(ts, kr, nk, vr, nv, pc);
     return 1;
 }
 

@@ -1,5 +1,5 @@
 /* The CUDA compiler's host side: the kernels' page offsets (templates/kvq_layout.cuh, compiled here as C)
- * against runtime/layout.c for every format and many capacities; the plan's decode mapping and layer classes;
+ * against layout/layout.c for every format and many capacities; the plan's decode mapping and layer classes;
  * its errors; emit_cuda's determinism and kernel list; SHA-256 test vectors. */
 #include <stdio.h>
 #include <string.h>
@@ -11,10 +11,12 @@
 #include "kvq_layout.cuh"
 #include "layout.h"
 #include "plan.h"
+#include "tiles.h"
 
 static void test_layout(void)
 {
-    th_begin("layout: kvq_page_offsets (kernels) equals kvq_page_layout_compute (runtime) for every format");
+    th_begin("layout: kvq_page_offsets (kernels) equals kvq_page_layout_compute (runtime) for every format, and the "
+             "page runs' stride kvq_page_stride equals kvq_page_run_stride");
     static const int bits[] = {1, 2, 3, 4, 8, 16}, Ds[] = {64, 96, 128, 256}, Hs[] = {1, 3, 8},
                      caps[] = {1, 7, 32, 64, 100};
     int checked = 0;
@@ -47,7 +49,8 @@ static void test_layout(void)
                                         int same = (size_t)o.codes == l.codes && (size_t)o.scale == l.scale &&
                                                    (size_t)o.zero == l.zero && (size_t)o.factor == l.factor &&
                                                    (size_t)o.mask == l.mask && (size_t)o.total == l.total &&
-                                                   (size_t)o.cbpt == l.code_bytes_per_token && o.n_groups == l.n_groups;
+                                                   (size_t)o.cbpt == l.code_bytes_per_token && o.n_groups == l.n_groups &&
+                                                   (size_t)kvq_page_stride(o.total) == kvq_page_run_stride(l.total);
                                         TH_CHECK(same,
                                                  "bits %d gran %d group %d sep %d sbytes %d masked %d H %d D %d cap %d",
                                                  t.bits, gran, t.group, t.channel_separable, sb, masked, Hs[hi], D,
@@ -99,7 +102,21 @@ static void test_mapping(void)
             int so[] = {c->so_rows, c->so_kpar, c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_qsum, c->so_p,
                         c->so_red, c->smem};
             for (int k = 0; k + 1 < 10; k++) TH_CHECK(so[k] % 16 == 0 && so[k] < so[k + 1], "offset %d", k);
-            TH_CHECK(c->so_kpar - c->so_rows >= c->tile * (c->k_row_bytes + c->v_row_bytes), "rows region");
+            /* rows sized for the pages (2-bit here), fp16 rows cut to what fits (plan_tile_tokens) */
+            TH_CHECK(c->so_kpar - c->so_rows >= c->rows_bytes && c->rows_k >= c->tile * d.head_dim / 4 &&
+                         c->rows_bytes - c->rows_k >= c->tile * d.head_dim / 4 &&
+                         c->tile_k16 * 2 * d.head_dim <= c->rows_k &&
+                         c->tile_v16 * 2 * d.head_dim <= c->rows_bytes - c->rows_k && c->tile_k16 >= 1 &&
+                         c->tile_v16 >= 1 && plan_tile_tokens(c, 1, 0) == c->tile_k16 &&
+                         plan_tile_tokens(c, 0, 0) == c->tile,
+                     "rows region: %d (keys %d), fp16 tiles %d/%d", c->rows_bytes, c->rows_k, c->tile_k16, c->tile_v16);
+            /* page runs (layout/tiles.h): a fold, a bias and its partial sums per key page a tile spans */
+            int KP = kvq_tile_max_pages(c->tile, 32);
+            TH_CHECK(c->kpages == KP && c->kpar >= KP * d.head_dim, "tile %d: kpages %d kpar %d", c->tile, c->kpages,
+                     c->kpar);
+            TH_CHECK(c->so_qsum - c->so_qk >= d.head_dim * g * 4 * KP && c->so_p - c->so_qsum >= (d.head_dim / 8 + KP) * g * 4 &&
+                         c->smem - c->so_red >= (p->threads / 32 + 8 * KP + 2) * g * 4,
+                     "fold regions for %d pages", KP);
             /* up to GQA 16 every shape fits sm_80; larger groups may be refused, with the reason */
             kvq_status ts = plan_check_target(p, 80, msg, sizeof msg);
             TH_CHECK(ts == KVQ_OK || (g > 16 && strstr(msg, "GQA") != NULL), "gqa %d sm_80: %s", g, msg);

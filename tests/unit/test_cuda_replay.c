@@ -726,8 +726,8 @@ static long both_step(kvq_engine *ea, kvq_engine *eb, kvq_seq **sa, kvq_seq **sb
  * capacity is reserved again for sequences twice as long (every sequence's lists made again, larger) after
  * another host-path step. Every output equals engine A's (host path) bit for bit, after every step every device
  * list is the layer's tiles and its mirror says so, the caches equal at the end. A plan sends the fixed tables,
- * the new sequences' lists whole, and at most PATCH_TILES tiles per other sequence and layer: at most an eighth
- * of the lists; and the host computes no more tiles than that either (the heads and the tails, not the lists). */
+ * the new sequences' lists whole, and at most PATCH_TILES tiles per other sequence and layer: at most half the
+ * lists; and the host computes no more tiles than that either (the heads and the tails, not the lists). */
 static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
 {
     enum { B = 3, NS = 8, PHASES = 3 };
@@ -808,8 +808,11 @@ static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
     }
     TH_CHECK(mismatches == 0, "%ld output elements differ from the host path's", mismatches);
     TH_CHECK(lists_bad == 0, "%ld device tile lists differ from the layers' tiles", lists_bad);
-    TH_CHECK(th_failed() || 8 * worst <= lists, "a plan sent %ld bytes of tiles, the lists hold %ld", worst, lists);
-    TH_CHECK(th_failed() || (built <= (long)B * LAYERS * PATCH_TILES && 8 * built * tsz <= lists),
+    /* at most half the lists (a plan that sent them whole fails): with 128-token body tiles (page runs) a list at
+     * these 1.2k-2k tokens is ~25 tiles, of which the tail (the windows, in fp16 tiles of plan_tile_tokens) is ~10;
+     * at 32k tokens the body is 256 tiles and the tail the same ~10 */
+    TH_CHECK(th_failed() || 2 * worst <= lists, "a plan sent %ld bytes of tiles, the lists hold %ld", worst, lists);
+    TH_CHECK(th_failed() || (built <= (long)B * LAYERS * PATCH_TILES && 2 * built * tsz <= lists),
              "a plan computed %ld tiles on the host, the lists hold %ld", built, lists / tsz);
     for (int l = 0; l < LAYERS && !th_failed(); l++)
         for (int i = 0; i < B; i++) {

@@ -1,4 +1,4 @@
-/* The quantizer (runtime/quant.h) and the page layout (runtime/layout.h): properties and hand-worked cases. */
+/* The quantizer (runtime/quant.h) and the page layout (layout/layout.h): properties and hand-worked cases. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

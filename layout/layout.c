@@ -159,3 +159,10 @@ int kvq_flush_page_tokens(const kvq_tensor_cfg *t, int remaining)
                                                                         : remaining;
     return cap < remaining ? cap : remaining;
 }
+
+int kvq_append_page_tokens(int first, int sinks)
+{
+    int off = first - sinks;
+    if (off < 0) off = 0;
+    return KVQ_APPEND_ALIGN - off % KVQ_APPEND_ALIGN;
+}

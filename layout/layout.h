@@ -39,8 +39,12 @@
 #include "scheme.h"
 
 #define KVQ_ALIGN 16
-/* Capacity of a page that decode fills one token at a time (per-token tensors flushed one token per step). */
+/* Capacity of a page of a sparse layer's generated tokens (fp16, filled one token a step). */
 #define KVQ_APPEND_PAGE_TOKENS 64
+/* Pages that decode fills one token at a time in a quantized layer (per-token values, fp16 tensors) end at
+ * multiples of KVQ_APPEND_ALIGN tokens past the sinks (kvq_append_page_tokens): the longest decode tile, and a
+ * multiple of KIVI's key flushes (R tokens past the sinks), so that tiles are not cut between them. */
+#define KVQ_APPEND_ALIGN 128
 
 static inline size_t kvq_align16(size_t n) { return (n + (KVQ_ALIGN - 1)) & ~(size_t)(KVQ_ALIGN - 1); }
 
@@ -120,5 +124,10 @@ int kvq_channel_group_tokens(const kvq_tensor_cfg *t, int n);
  * quantized, so no groups), one page of all of them. So a class of n tokens is n / c pages of c = kvq_flush_page_tokens(t, n) and one of n % c. The one rule
  * the backends' page writes and the accounting share. */
 int kvq_flush_page_tokens(const kvq_tensor_cfg *t, int remaining);
+
+/* Capacity of an appendable page whose first slot takes the token at position `first` of a layer with `sinks`
+ * sinks: up to the next multiple of KVQ_APPEND_ALIGN past the sinks (KVQ_APPEND_ALIGN when first is one). The
+ * backends' appends and the accounting share it. */
+int kvq_append_page_tokens(int first, int sinks);
 
 #endif
