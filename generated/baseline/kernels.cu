@@ -611,7 +611,7 @@ KVQ_OFFSET_ASSERT(kvq_tile_patch, n, 16);
 
 #endif
 /* ======== templates/kvq_layout.cuh ======== */
-/* Page section offsets (runtime/layout.h) as the kernels compute them from a page's capacity. Plain integer C:
+/* Page section offsets (layout/layout.h) as the kernels compute them from a page's capacity. Plain integer C:
  * also compiled by the host test test_cuda_layout.c, which checks it against kvq_page_layout_compute for every
  * format, so kernels and runtime cannot disagree about where a section starts. */
 #ifndef KVQ_LAYOUT_CUH
@@ -674,6 +674,10 @@ KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
     o.total = off;
     return o;
 }
+
+/* Pages of a page run (layout/tiles.h: the pages of one flush back to back) start this far apart: the page's
+ * total rounded up to 256 bytes, as kvq_page_run_stride. */
+KVQ_HD long long kvq_page_stride(long long total) { return (total + 255) & ~255LL; }
 
 #endif
 /* ======== templates/kvq_types.cuh ======== */
@@ -832,7 +836,7 @@ KVQ_DEV void kvq_stage_bytes(unsigned char *dst, const unsigned char *src, int b
 
 #endif
 /* ======== templates/kvq_unpack.cuh ======== */
-/* Unpacking 8 consecutive channels of one token's codes (bit order of runtime/layout.h) into floats.
+/* Unpacking 8 consecutive channels of one token's codes (bit order of layout/layout.h) into floats.
  *
  * No int -> float conversion instructions: a code c becomes the float 2^23 + c by OR-ing it into the mantissa
  * of 2^23 (0x4B000000) — one lop3 that also masks the field (4-bit, 2-bit, 1-bit) or one prmt that also picks
@@ -1027,27 +1031,36 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
 
 /* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes 16-token blocks w, w + 4, ...; each lane ends with
  * the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
- * (-inf for masked slots) and kept in the per-head maxima. */
+ * (-inf for masked slots) and kept in the per-head maxima. A tile over several pages of a page run (kcap > 0, the
+ * tile's first token at slot s0 of its first page) takes each block's page's fold (qb + page x D GQA words) and
+ * bias: a block lies in one page (layout/tiles.h: such a tile begins at a page boundary, pages of 16k tokens). */
 KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned char *mask, int masked,
-                            const unsigned *qb, const float *bias, float qinv, int n, int tid, int split, float *ps,
-                            float mloc[KVQ_GQA])
+                            const unsigned *qb, const float *bias, float qinv, int n, int s0, int kcap, int tid,
+                            int split, float *ps, float mloc[KVQ_GQA])
 {
     const int G = KVQ_GQA, KB = KVQ_D / 16;
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int cbpt = kvq_fmt_cbpt(bits, KVQ_D);
     unsigned b[KVQ_D / 16][2];
-#pragma unroll
-    for (int kb = 0; kb < KB; kb++) {
-        const uint2 x = ((const uint2 *)qb)[kb * 32 + lane];
-        b[kb][0] = x.x, b[kb][1] = x.y;
-    }
+    int cur = -1; /* the page whose fold b holds */
     const unsigned msk = bits == 2 ? (3u << 2 * t) | (3u << (2 * t + 16)) : (15u << 4 * (t & 1)) | (15u << (4 * (t & 1) + 16));
     const int sh = bits == 2 ? 8 : t >= 2 ? 8 : 0;
-    const float bh = bias[t & (G - 1)];
+    float bh = 0.0f;
     float mx = KVQ_NEG_INF;
 #pragma unroll 1
     for (int m0 = warp * 16; m0 < n; m0 += KVQ_MMA_NW * 16) {
         KVQ_MARK(1);
+        const int pg = kcap > 0 ? (s0 + m0) / kcap : 0;
+        if (pg != cur) {
+            const uint2 *qp = (const uint2 *)(qb + pg * (KVQ_D * G));
+#pragma unroll
+            for (int kb = 0; kb < KB; kb++) {
+                const uint2 x = qp[kb * 32 + lane];
+                b[kb][0] = x.x, b[kb][1] = x.y;
+            }
+            bh = bias[pg * G + (t & (G - 1))];
+            cur = pg;
+        }
         const uint4 *r0 = (const uint4 *)(rows + (m0 + g) * cbpt), *r1 = (const uint4 *)(rows + (m0 + g + 8) * cbpt);
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -1191,38 +1204,50 @@ typedef struct {
     unsigned char *mask; /* keys: [tile], 1 = masked slot */
 } kvq_stage_buf;
 
+/* Stages tokens [slot, slot + n) of a page for kv head h: codes to rows, parameters to s/z/f, mask bits. A slot
+ * past the page's capacity is in a later page of a page run (layout/tiles.h: pages of one flush back to back at
+ * kvq_page_stride), and a tile may span several of them: page i of the tile's pages stages its codes after the
+ * previous page's tokens and, per channel, its scales and zeros at s/z + i * D (one fold of the query each). */
 KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
                             int h, int tid)
 {
     kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
-    kvq_stage_bytes(sb->rows, b + o.codes + ((long long)h * cap + slot) * o.cbpt, n * o.cbpt, tid, KVQ_THREADS);
-    if (f.bits >= 16) return;
-    /* loops of one iteration a thread at head_dim <= the block's threads: not unrolled (an unrolled copy would
-     * only add a prologue) */
-    if (f.gran == 0) {
+    const long long stride = kvq_page_stride(o.total);
+    const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
+    b += pg0 * stride;
 #pragma unroll 1
-        for (int c = tid; c < KVQ_D; c += KVQ_THREADS) {
-            sb->s[c] = kvq_ld_par(b + o.scale, (long long)h * KVQ_D + c, f.sbytes);
-            sb->z[c] = kvq_ld_par(b + o.zero, (long long)h * KVQ_D + c, f.zbytes);
-        }
-    } else {
-        long long first = f.hidden ? slot : ((long long)h * cap + slot) * o.n_groups;
-        /* n x groups / threads iterations (4 for KIVI's values): not unrolled, the prologue of an unrolled
-         * loop costs more than it saves at these counts */
+    for (int i = 0; i < np; i++, b += stride) {
+        const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
+        kvq_stage_bytes(sb->rows + t0 * o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m * o.cbpt, tid,
+                        KVQ_THREADS);
+        if (f.bits >= 16) continue;
+        /* loops of one iteration a thread at head_dim <= the block's threads: not unrolled (an unrolled copy would
+         * only add a prologue) */
+        if (f.gran == 0) {
 #pragma unroll 1
-        for (int j = tid; j < n * o.n_groups; j += KVQ_THREADS) {
-            sb->s[j] = kvq_ld_par(b + o.scale, first + j, f.sbytes);
-            sb->z[j] = kvq_ld_par(b + o.zero, first + j, f.zbytes);
+            for (int c = tid; c < KVQ_D; c += KVQ_THREADS) {
+                sb->s[i * KVQ_D + c] = kvq_ld_par(b + o.scale, (long long)h * KVQ_D + c, f.sbytes);
+                sb->z[i * KVQ_D + c] = kvq_ld_par(b + o.zero, (long long)h * KVQ_D + c, f.zbytes);
+            }
+        } else {
+            long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
+            /* m x groups / threads iterations (4 for KIVI's values): not unrolled, the prologue of an unrolled
+             * loop costs more than it saves at these counts */
+#pragma unroll 1
+            for (int j = tid; j < m * o.n_groups; j += KVQ_THREADS) {
+                sb->s[t0 * o.n_groups + j] = kvq_ld_par(b + o.scale, first + j, f.sbytes);
+                sb->z[t0 * o.n_groups + j] = kvq_ld_par(b + o.zero, first + j, f.zbytes);
+            }
         }
+        if (f.sep) /* channel-separable pages never form runs (kvq_page_run_ok): one page */
+#pragma unroll 1
+            for (int c = tid; c < KVQ_D; c += KVQ_THREADS)
+                sb->f[c] = kvq_ld_par(b + o.factor, (long long)h * KVQ_D + c, f.sbytes);
+        if (f.masked)
+#pragma unroll 1
+            for (int t = tid; t < m; t += KVQ_THREADS)
+                sb->mask[t0 + t] = (b[o.mask + (long long)h * o.mask_stride + ((sl + t) >> 3)] >> ((sl + t) & 7)) & 1;
     }
-    if (f.sep)
-#pragma unroll 1
-        for (int c = tid; c < KVQ_D; c += KVQ_THREADS)
-            sb->f[c] = kvq_ld_par(b + o.factor, (long long)h * KVQ_D + c, f.sbytes);
-    if (f.masked)
-#pragma unroll 1
-        for (int t = tid; t < n; t += KVQ_THREADS)
-            sb->mask[t] = (b[o.mask + (long long)h * o.mask_stride + ((slot + t) >> 3)] >> ((slot + t) & 7)) & 1;
 }
 
 KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot, int cap, int n, int h,
@@ -1240,9 +1265,10 @@ KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot
 /* Decode geometry of a layer class (kvq_class.cuh passes constants, folded after inlining): tile tokens, phase-1
  * lanes per token and token lanes, staged parameter floats, and the byte offsets of the dynamic shared memory. */
 typedef struct {
-    int tile, split, p1, krow, kparn, vparn;
+    int tile, split, p1, voff, kparn, vparn; /* voff: the value rows' offset (keys' rows before it) */
     int so_kpar, so_vpar, so_kmask, so_q, so_qk, so_qsum, so_p, so_red;
     int so_w, mk, mv; /* tensor-core paths (kvq_mma.cuh): the weight fragments; page classes (bit 0 hi, 1 lo) */
+    int kpages;       /* most key pages a tile spans (page runs): qk, the bias and kpar hold that many folds */
 } kvq_dec_geo;
 
 /* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
@@ -1255,25 +1281,31 @@ KVQ_DEV int kvq_k_folds(kvq_fmt f) { return f.bits < 16 && (f.gran == 0 || f.sep
 
 /* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
  * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[8][GQA] = eight partial
- * sums of q . z in channel order (per-channel zeros), added up by kvq_fold_bias. Every thread takes items. */
+ * sums of q . z in channel order (per-channel zeros), added up by kvq_fold_bias. Per-channel keys of a tile that
+ * spans np pages of a page run fold once per page: qk + i D GQA and red + i 8 GQA from the page's scales and zeros
+ * at kb->s + i D. Every thread takes items. */
 KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *kb, const float *qs, float *qk,
-                        float *qsum, float *red, int tid)
+                        float *qsum, float *red, int np, int tid)
 {
     const int G = KVQ_GQA, D = KVQ_D;
     if (f.bits >= 16) return;
-    if (mma) /* q.K on tensor cores: qk's place holds B's fragments */
-        kvq_fold_k_mma(f.bits, kb->s, qs, qscale, (unsigned short *)qk, tid);
+    if (f.gran != 0) np = 1;
+    if (mma) /* q.K on tensor cores: qk's place holds B's fragments, D GQA 4 bytes a page */
+#pragma unroll 1
+        for (int i = 0; i < np; i++)
+            kvq_fold_k_mma(f.bits, kb->s + i * D, qs, qscale, (unsigned short *)(qk + i * D * G), tid);
     else if (kvq_k_folds(f))
-        for (int i = tid; i < D * G; i += KVQ_THREADS) {
-            const int c = i / G;
-            const float x = f.gran == 0 ? qs[i] * kb->s[c] : f.sep ? qs[i] * kb->f[c] : qs[i];
+        for (int i = tid; i < np * D * G; i += KVQ_THREADS) {
+            const int pg = i / (D * G), j = i - pg * (D * G), c = j / G;
+            const float x = f.gran == 0 ? qs[j] * kb->s[pg * D + c] : f.sep ? qs[j] * kb->f[c] : qs[j];
             qk[i] = kvq_k_preshift(f) ? x * kvq_preshift_inv(f.bits, c) : x; /* exact: a power of two */
         }
     if (f.gran == 0) {
-        for (int i = tid; i < 8 * G; i += KVQ_THREADS) {
-            const int h = i % G, part = i / G;
+        for (int i = tid; i < np * 8 * G; i += KVQ_THREADS) {
+            const int pg = i / (8 * G), r = i - pg * (8 * G), h = r % G, part = r / G;
+            const float *z = kb->z + pg * D;
             float acc = 0.0f;
-            for (int c = part * (D / 8); c < (part + 1) * (D / 8); c++) acc = fmaf(qs[c * G + h], kb->z[c], acc);
+            for (int c = part * (D / 8); c < (part + 1) * (D / 8); c++) acc = fmaf(qs[c * G + h], z[c], acc);
             red[i] = acc;
         }
     } else if (kvq_k_runs(f)) {
@@ -1309,7 +1341,7 @@ KVQ_DEV void kvq_ld_qrow(const float *q, int c, float *out)
  * group `split` adjacent lanes per token, each a run of head_dim / split channels, reduced by shuffles; the
  * part-0 lane writes the token's scores (-inf for masked slots) to ps[t][GQA] and every lane keeps the maxima. */
 KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, const float *qk, const float *qsum,
-                        int n, int tid, int split, int p1, float *ps, float mloc[KVQ_GQA])
+                        int n, int s0, int kcap, int tid, int split, int p1, float *ps, float mloc[KVQ_GQA])
 {
     const int G = KVQ_GQA, D = KVQ_D;
     const int part = tid % split, lane1 = tid / split, cp = D / split, cbeg = part * cp;
@@ -1323,6 +1355,9 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         KVQ_MARK(1);
         const int t = base + lane1, live = t < n, tt = live ? t : 0;
         const unsigned char *row = kb->rows + tt * cbpt;
+        /* the token's page of a page run (kcap > 0: per-channel keys over several pages): its fold and bias */
+        const int pg = kcap > 0 ? (s0 + tt) / kcap : 0;
+        const float *qvp = qv + pg * (D * G);
         float sc[KVQ_GQA], acc[KVQ_GQA], zacc[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) sc[h] = 0.0f, acc[h] = 0.0f, zacc[h] = 0.0f;
@@ -1350,7 +1385,7 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
 #pragma unroll
             for (int v = 0; v < KVQ_VEC; v++) {
                 float q[KVQ_GQA];
-                kvq_ld_qrow(qv, c0 + v, q);
+                kvq_ld_qrow(qvp, c0 + v, q);
 #pragma unroll
                 for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(q[h], cv[v], acc[h]);
             }
@@ -1374,7 +1409,7 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         for (int h = 0; h < KVQ_GQA; h++) {
             float x = runs ? sc[h] : acc[h];
             for (int off = split / 2; off > 0; off >>= 1) x += __shfl_xor_sync(KVQ_FULL_MASK, x, off);
-            if (f.bits < 16 && f.gran == 0) x += bias[h];
+            if (f.bits < 16 && f.gran == 0) x += bias[pg * G + h];
             if (dead) x = KVQ_NEG_INF;
             mloc[h] = fmaxf(mloc[h], x);
             if (part == 0 && live) ps[t * G + h] = x;
@@ -1576,11 +1611,11 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 
     float *qs = (float *)(smem + g.so_q), *qk = (float *)(smem + g.so_qk), *qsum = (float *)(smem + g.so_qsum);
     float *ps = (float *)(smem + g.so_p), *red = (float *)(smem + g.so_red);
-    float *wmax = red, *bred = red + NW * G, *sa = red + (NW + 8) * G, *sm = red + (NW + 9) * G;
+    float *wmax = red, *bred = red + NW * G, *sa = red + (NW + 8 * g.kpages) * G, *sm = sa + G;
     kvq_stage_buf kb, vb;
     float *kpar = (float *)(smem + g.so_kpar), *vpar = (float *)(smem + g.so_vpar);
     kb.rows = smem, kb.s = kpar, kb.z = kpar + g.kparn, kb.f = kpar + 2 * g.kparn, kb.mask = smem + g.so_kmask;
-    vb.rows = smem + g.tile * g.krow, vb.s = vpar, vb.z = vpar + g.vparn, vb.f = vpar + 2 * g.vparn, vb.mask = 0;
+    vb.rows = smem + g.voff, vb.s = vpar, vb.z = vpar + g.vparn, vb.f = vpar + 2 * g.vparn, vb.mask = 0;
 
     /* the group's queries, [D][GQA], in the log2 domain */
     float qmax = 0.0f;
@@ -1637,15 +1672,20 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         kvq_stage(&vb, T.v, vk, T.v_slot, T.v_cap, n, hk, vhi, vlo, tid);
         kvq_cp_async_wait_all();
         __syncthreads();
-        KVQ_BY_KIND(kk, khi, klo, g.mk, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, tid));
-        __syncthreads();
         const int kchan = (kk == KVQ_SRC_HI && khi.bits < 16 && khi.gran == 0) ||
                           (kk == KVQ_SRC_LO && klo.bits && klo.bits < 16 && klo.gran == 0);
-        if (kchan && tid < G) { /* q . z per head, the eight partial sums in order */
-            float acc = 0.0f;
-            for (int k = 0; k < 8; k++) acc += bred[k * G + tid];
-            qsum[(D / 8) * G + tid] = acc;
-        }
+        /* per-channel keys over several pages of a page run (layout/tiles.h): a fold and a bias per page */
+        const int ks0 = kchan ? T.k_slot % T.k_cap : 0, kcap = kchan && g.kpages > 1 ? T.k_cap : 0;
+        const int knp = kcap && n > 0 ? (ks0 + n + kcap - 1) / kcap : 1;
+        KVQ_BY_KIND(kk, khi, klo, g.mk, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, knp, tid));
+        __syncthreads();
+        if (kchan) /* q . z per (page, head), the eight partial sums in order */
+            for (int i = tid; i < knp * G; i += KVQ_THREADS) {
+                const int pg = i / G, h = i % G;
+                float acc = 0.0f;
+                for (int k = 0; k < 8; k++) acc += bred[(pg * 8 + k) * G + h];
+                qsum[(D / 8) * G + i] = acc;
+            }
         __syncthreads();
 
         /* phase 1: scores, then the tile's maximum per head over the block */
@@ -1654,8 +1694,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         for (int h = 0; h < KVQ_GQA; h++) mloc[h] = KVQ_NEG_INF;
         KVQ_BY_KIND(kk, khi, klo, g.mk,
                     if (M_) kvq_scores_mma(F_.bits, kb.rows, kb.mask, F_.masked, (const unsigned *)qk,
-                                           qsum + (D / 8) * G, qinv, n, tid, g.split, ps, mloc);
-                    else kvq_scores(F_, &kb, qs, qk, qsum, n, tid, g.split, g.p1, ps, mloc));
+                                           qsum + (D / 8) * G, qinv, n, ks0, kcap, tid, g.split, ps, mloc);
+                    else kvq_scores(F_, &kb, qs, qk, qsum, n, ks0, kcap, tid, g.split, g.p1, ps, mloc));
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) {
             for (int off = 16; off >= g.split; off >>= 1)
@@ -1809,7 +1849,7 @@ KVQ_DEV void kvq_merge_body(const kvq_decode_params *p)
 #endif
 /* ======== templates/kvq_quantize.cuh ======== */
 /* Quantize-and-append: rows of K or V (the plan's input dtype, or fp16 from a window) into a page of
- * runtime/layout.h, with the quantizer of runtime/quant.h reproduced step for step so codes and parameters are
+ * layout/layout.h, with the quantizer of runtime/quant.h reproduced step for step so codes and parameters are
  * bit-exact with the reference backend. Group statistics run sequentially in the reference's order (first
  * occurrence wins min/max ties, so a -0/+0 group keeps the same zero). Pages are zeroed when allocated; mask
  * bits are only ever set (atomicOr, since blocks may share a mask byte).
@@ -2180,6 +2220,8 @@ KVQ_KERNEL_EXPORT(kvq_params_sig);
 #define KVQ_C_SBUF 18432
 #define KVQ_C_SPLIT 1
 #define KVQ_C_P1 128
+#define KVQ_C_KPAGES 1
+#define KVQ_C_VOFF 9216
 #define KVQ_C_MINB 3
 #define KVQ_C_SMEM 28272 /* dynamic shared memory: rows 0, kpar 18432, vpar 19968, kmask 21504, q 21632, qk 23680, qsum 25728, p 26000, red 28048 */
 #define KVQ_C_SO_KPAR 18432
@@ -2213,7 +2255,9 @@ KVQ_KERNEL_EXPORT(kvq_params_sig);
  *   KVQ_C_KROW, KVQ_C_VROW largest staged row, bytes per token of one kv head
  *   KVQ_C_KPAR, KVQ_C_VPAR staged parameter floats per array (scales, zeros)
  *   KVQ_C_SBUF             bytes of the decode kernel's row buffer (also its merge scratch)
+ *   KVQ_C_VOFF             offset of the value rows in it (keys before; sized for the class's pages)
  *   KVQ_C_SPLIT, KVQ_C_P1  decode phase 1: lanes per token, token lanes
+ *   KVQ_C_KPAGES           most key pages a tile spans (page runs, layout/tiles.h): staged parameters and folds
  *   KVQ_C_MINB             decode blocks per SM for __launch_bounds__: what sm_80's shared memory allows
  *   KVQ_C_SMEM, KVQ_C_SO_* the decode kernel's dynamic shared memory and the offsets of its parts (plan.c)
  *   KVQ_C_MMA_K, KVQ_C_MMA_V  page classes (bit 0 high, bit 1 low) whose q.K / p.V run on tensor cores
@@ -2227,10 +2271,10 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_
      * kernel's limit with cuFuncSetAttribute), carved at the plan's offsets */
     KVQ_DYNAMIC_SHARED(unsigned char, smem);
     const kvq_fmt khi = KVQ_C_KHI, klo = KVQ_C_KLO, vhi = KVQ_C_VHI, vlo = KVQ_C_VLO;
-    const kvq_dec_geo g = {KVQ_C_TILE,    KVQ_C_SPLIT,    KVQ_C_P1,       KVQ_C_KROW,  KVQ_C_KPAR,
+    const kvq_dec_geo g = {KVQ_C_TILE,    KVQ_C_SPLIT,    KVQ_C_P1,       KVQ_C_VOFF,  KVQ_C_KPAR,
                            KVQ_C_VPAR,    KVQ_C_SO_KPAR,  KVQ_C_SO_VPAR,  KVQ_C_SO_KMASK, KVQ_C_SO_Q,
                            KVQ_C_SO_QK,   KVQ_C_SO_QSUM,  KVQ_C_SO_P,     KVQ_C_SO_RED,
-                           KVQ_C_SO_W,    KVQ_C_MMA_K,    KVQ_C_MMA_V};
+                           KVQ_C_SO_W,    KVQ_C_MMA_K,    KVQ_C_MMA_V,    KVQ_C_KPAGES};
     kvq_decode_body(&p, smem, khi, klo, vhi, vlo, g);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
@@ -2367,6 +2411,8 @@ KVQ_FACTOR_KERNEL(kvq_factor_v_lo, kvq_factor_list_v_lo, KVQ_C_VLO);
 #undef KVQ_C_SPLIT
 #undef KVQ_C_P1
 #undef KVQ_C_MINB
+#undef KVQ_C_KPAGES
+#undef KVQ_C_VOFF
 #undef KVQ_C_SMEM
 #undef KVQ_C_SO_KPAR
 #undef KVQ_C_SO_VPAR
