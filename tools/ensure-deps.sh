@@ -22,15 +22,21 @@ if [ "$1" = --fuzz ]; then
     fi
 fi
 # LLVM 19 (the cpu backend's code generator) is optional: installed when we can, never required.
+# llvm-config-19 alone is not enough: it comes with the llvm-19 package, and the C API's headers and the
+# libLLVM-19.so link come with llvm-19-dev (after `apt-get remove llvm-19-dev`, llvm-config-19 is still there).
 llvm=""
-command -v llvm-config-19 >/dev/null 2>&1 || llvm="llvm-19-dev"
+if ! command -v llvm-config-19 >/dev/null 2>&1 ||
+    [ ! -f "$(llvm-config-19 --includedir 2>/dev/null)/llvm-c/Core.h" ] ||
+    ! llvm-config-19 --link-shared --libs >/dev/null 2>&1; then
+    llvm="llvm-19-dev"
+fi
 if [ -n "$llvm" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "kvq: installing $llvm (the cpu backend's code generator)"
     export DEBIAN_FRONTEND=noninteractive
     { apt-get update -qq && apt-get install -y -qq $llvm >/dev/null; } ||
         echo "kvq: apt-get install $llvm failed; the cpu backend will be unavailable" >&2
 elif [ -n "$llvm" ]; then
-    echo "kvq: llvm-config-19 not found: the cpu backend will be unavailable (on Debian: sudo apt-get install llvm-19-dev)" >&2
+    echo "kvq: LLVM 19's development files (llvm-config-19, llvm-c/Core.h, libLLVM-19.so) not found: the cpu backend will be unavailable (on Debian: sudo apt-get install llvm-19-dev)" >&2
 fi
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

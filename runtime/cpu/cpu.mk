@@ -3,7 +3,10 @@
 # Without it those files still compile, with KVQ_HAVE_LLVM undefined, and the backend's probe says it is
 # unavailable and why. Included from the top-level Makefile.
 
-LLVM_CONFIG ?= $(shell command -v llvm-config-19 2>/dev/null)
+# llvm-config-19 counts only with the C API's headers and libLLVM-19.so beside it (llvm-19-dev): the llvm-19
+# package alone has llvm-config-19 but neither.
+LLVM_CONFIG ?= $(shell c=$$(command -v llvm-config-19 2>/dev/null) && [ -f "$$($$c --includedir)/llvm-c/Core.h" ] && \
+	$$c --link-shared --libs >/dev/null 2>&1 && echo $$c)
 CPU_SRC := $(wildcard runtime/cpu/*.c compiler/emit_llvm*.c)
 CPU_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CPU_SRC))
 $(LIB): $(CPU_OBJ)
@@ -17,8 +20,9 @@ $(shell mkdir -p $(BUILD); [ "$$(cat $(CPU_CONFIG) 2>/dev/null)" = "$(CPU_CONFIG
 	echo "$(CPU_CONFIG_NOW)" >$(CPU_CONFIG))
 # Under CI a cpu backend this machine could have built is a failure, not a skip (docs/testing.md).
 ifeq ($(CI)$(LLVM_CONFIG),true)
-$(error CI=true and llvm-config-19 is not found: the cpu backend would be built without LLVM 19 and its tests \
-	skipped. Install llvm-19-dev (tools/ensure-deps.sh does, as root on Debian))
+$(error CI=true and LLVM 19's development files (llvm-config-19, llvm-c/Core.h, libLLVM-19.so) are not found: \
+	the cpu backend would be built without LLVM 19 and its tests skipped. Install llvm-19-dev (tools/ensure-deps.sh \
+	does, as root on Debian))
 endif
 endif
 $(CPU_OBJ): $(CPU_CONFIG)
