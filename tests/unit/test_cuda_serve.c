@@ -188,9 +188,9 @@ static uint64_t residual_tokens(const kvq_engine *e)
 static void run_scheme(const char *file, const kvq_scheme *s, const kvq_synth *syn, int comp[2])
 {
     const char *name = kvq_scheme_name(s);
-    th_begin("serving step: %s (%s): after warm-up no allocation, free or load in a decode step, one sync and one "
-             "device-to-host copy per layer (the outputs); the step's device work runs whole in capture mode and "
-             "equals the host-pointer path bit for bit",
+    th_begin("serving step: %s (%s): after kvq_engine_reserve_step and warm-up no allocation, free or load in a "
+             "decode step, one sync and one device-to-host copy per layer (the outputs); the step's device work runs "
+             "whole in capture mode and equals the host-pointer path bit for bit",
              name, file);
     char err[1024];
     kvq_engine *e = engine_for(s, err, sizeof err), *ctl = e ? engine_for(s, err, sizeof err) : NULL;
@@ -201,6 +201,11 @@ static void run_scheme(const char *file, const kvq_scheme *s, const kvq_synth *s
     if (!th_failed())
         TH_CHECK(prefill_all(e, sq, syn) && prefill_all(ctl, sc, syn), "prefill: %s / %s", kvq_engine_errmsg(e),
                  kvq_engine_errmsg(ctl));
+    /* A serving loop reserves its steps (kvq.h: after kvq_engine_reserve_step no step allocates); without it a
+     * step whose tile list or scratch crosses a doubling allocates, which is allowed. */
+    if (!th_failed())
+        TH_CHECK(kvq_engine_reserve_step(e, NB, 252 + WARM + MEAS + 2) == KVQ_OK, "reserve_step: %s",
+                 kvq_engine_errmsg(e));
     size_t od = (size_t)LAYERS * NB * HQ * D;
     float *out = kvq_malloc(od * 4), *oc = kvq_malloc(od * 4);
     comp[0] = comp[1] = 0;
