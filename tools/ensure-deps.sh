@@ -22,14 +22,9 @@ if [ "$1" = --fuzz ]; then
     fi
 fi
 # LLVM 19 (the cpu backend's code generator) is optional: installed when we can, never required.
-# llvm-config-19 alone is not enough: it comes with the llvm-19 package, and the C API's headers and the
-# libLLVM-19.so link come with llvm-19-dev (after `apt-get remove llvm-19-dev`, llvm-config-19 is still there).
+# LLVM 19 with its development files (tools/find-llvm.sh: llvm-config-19 alone is not enough).
 llvm=""
-if ! command -v llvm-config-19 >/dev/null 2>&1 ||
-    [ ! -f "$(llvm-config-19 --includedir 2>/dev/null)/llvm-c/Core.h" ] ||
-    ! llvm-config-19 --link-shared --libs >/dev/null 2>&1; then
-    llvm="llvm-19-dev"
-fi
+[ -n "$(sh "$(dirname "$0")/find-llvm.sh")" ] || llvm="llvm-19-dev"
 if [ -n "$llvm" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "kvq: installing $llvm (the cpu backend's code generator)"
     export DEBIAN_FRONTEND=noninteractive

@@ -3,10 +3,10 @@
 # Without it those files still compile, with KVQ_HAVE_LLVM undefined, and the backend's probe says it is
 # unavailable and why. Included from the top-level Makefile.
 
-# llvm-config-19 counts only with the C API's headers and libLLVM-19.so beside it (llvm-19-dev): the llvm-19
-# package alone has llvm-config-19 but neither.
-LLVM_CONFIG ?= $(shell c=$$(command -v llvm-config-19 2>/dev/null) && [ -f "$$($$c --includedir)/llvm-c/Core.h" ] && \
-	$$c --link-shared --libs >/dev/null 2>&1 && echo $$c)
+# A usable llvm-config-19: with LLVM 19's development files beside it (tools/find-llvm.sh).
+ifeq ($(origin LLVM_CONFIG),undefined)
+LLVM_CONFIG := $(shell sh tools/find-llvm.sh)
+endif
 CPU_SRC := $(wildcard runtime/cpu/*.c compiler/emit_llvm*.c)
 CPU_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(CPU_SRC))
 $(LIB): $(CPU_OBJ)
