@@ -78,3 +78,27 @@ int th_list_files(const char *rel_dir, const char *suffix, char **names, int max
     qsort(names, (size_t)n, sizeof *names, by_name);
     return n;
 }
+
+/* KVQ_TEST_SHARD=K/N, read once; N = 1 when unset or malformed. */
+static int shard_k, shard_n, shard_next;
+
+static void shard_read(void)
+{
+    if (shard_n) return;
+    const char *e = getenv("KVQ_TEST_SHARD");
+    int k = 0, n = 1;
+    if (e && sscanf(e, "%d/%d", &k, &n) == 2 && n >= 1 && k >= 0 && k < n) shard_k = k, shard_n = n;
+    else shard_k = 0, shard_n = 1;
+}
+
+int th_shard_mine(void)
+{
+    shard_read();
+    return shard_next++ % shard_n == shard_k;
+}
+
+int th_shard_count(void)
+{
+    shard_read();
+    return shard_n;
+}

@@ -21,6 +21,12 @@ int th_summary(void); /* exit status for main(): 0 when nothing failed */
 /* The names of the files in <srcdir>/<rel_dir> ending in `suffix`, sorted, malloc'd into names[0..max); returns
  * their count (0 when the folder cannot be read). The caller frees each name. */
 int th_list_files(const char *rel_dir, const char *suffix, char **names, int max);
+/* Sharding (tests/run.sh, tests/test-times): with KVQ_TEST_SHARD=K/N in the environment a program runs only its
+ * units of work K, K + N, K + 2N, ...; each call numbers the next unit and says whether this shard runs it (always
+ * 1 without the variable). th_shard_count() is N (1 unsharded). Units are numbered in a fixed order, so the N
+ * shards together run every unit once. */
+int th_shard_mine(void);
+int th_shard_count(void);
 
 #define TH_CHECK(cond, ...)                                                                                    \
     do {                                                                                                       \

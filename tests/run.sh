@@ -12,17 +12,27 @@
 # serves the unit tests that cross-check with NumPy); then the programs, KVQ_TEST_JOBS at a time (default: the
 # machine's cores; the programs are single-threaded under the sanitizers, and each uses its own temporary files),
 # the longest first, their results printed in name order once all have run.
+# Which is longest: tests/test-times, one line per program, `NAME SECONDS [SHARDS]` (measured under the
+# sanitizers, cold cache). A program not listed counts 60 s if it is an emulator program (test_cuda_*), else 0.
+# SHARDS > 1 runs the program that many times at once with KVQ_TEST_SHARD=K/SHARDS (K = 0..SHARDS-1): the
+# program runs its cases K, K + SHARDS, ... only (it must read KVQ_TEST_SHARD; tests/harness.h th_shard_mine),
+# so that one long program does not hold a core after the others are done. Its shards report as one program.
 
-# run_one PATH: runs one script or program into $out/NAME.{log,rc,secs}.
+# run_one PATH[@K/N]: runs one script or program (shard K of N) into $out/NAME[@K].{log,rc,secs}.
 run_one() {
-    name=$(basename "$1")
+    path=${1%@*}
+    name=$(basename "$path")
+    tag=$name
+    shard=
+    case "$1" in *@*) shard=${1##*@}; tag="$name@${shard%/*}" ;; esac
     t0=$(date +%s)
-    case "$1" in
-        *.sh) sh "$1" "$plain" >"$out/$name.log" 2>&1 ;;
-        *) "$1" >"$out/$name.log" 2>&1 ;;
+    case "$path" in
+        *.sh) sh "$path" "$plain" >"$out/$tag.log" 2>&1 ;;
+        *) if [ -n "$shard" ]; then KVQ_TEST_SHARD=$shard "$path" >"$out/$tag.log" 2>&1
+           else "$path" >"$out/$tag.log" 2>&1; fi ;;
     esac
-    echo $? >"$out/$name.rc"
-    echo $(($(date +%s) - t0)) >"$out/$name.secs"
+    echo $? >"$out/$tag.rc"
+    echo $(($(date +%s) - t0)) >"$out/$tag.secs"
 }
 # `run.sh --one PATH` (with $out and $plain exported): what xargs runs for each program below.
 if [ "$1" = --one ]; then
@@ -44,12 +54,33 @@ jobs=${KVQ_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
 pass=0; fail=0; skip=0
 out=$(mktemp -d)
 
+# shards_of NAME: how many shards tests/test-times gives the program (1 when it names none).
+shards_of() {
+    awk -v n="$1" '$1 == n && $3 > 1 { s = $3 } END { print s ? s : 1 }' "$KVQ_SRCDIR/tests/test-times" 2>/dev/null || echo 1
+}
+
 # report PATH: prints one result and adds it to the totals.
 report() {
     name=$(basename "$1")
     log="$out/$name.log"
     rc=$(cat "$out/$name.rc" 2>/dev/null || echo 127)
     secs=$(cat "$out/$name.secs" 2>/dev/null || echo 0)
+    n=$(shards_of "$name")
+    if [ "$n" -gt 1 ]; then
+        # a sharded program: its shards' logs in shard order, the worst status, the longest shard's seconds
+        : >"$log"; rc=0; secs=0; each=""
+        k=0
+        while [ "$k" -lt "$n" ]; do
+            cat "$out/$name@$k.log" >>"$log" 2>/dev/null
+            r=$(cat "$out/$name@$k.rc" 2>/dev/null || echo 127); [ "$r" -ne 0 ] && rc=$r
+            t=$(cat "$out/$name@$k.secs" 2>/dev/null || echo 0); [ "$t" -gt "$secs" ] && secs=$t
+            each="$each${each:++}$t"
+            k=$((k + 1))
+        done
+        secs="$secs s in $n shards: $each"
+    else
+        secs="$secs s"
+    fi
     p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log"); s=$(grep -c '^SKIP ' "$log")
     # Every skip, with its program, for the summary at the end.
     grep '^SKIP ' "$log" | sed "s|^SKIP |$name: |" >>"$out/skips"
@@ -71,9 +102,9 @@ report() {
         f=1
     fi
     if [ "$s" -gt 0 ]; then
-        echo "-- $name: $p passed, $f failed, $s skipped (${secs} s)"
+        echo "-- $name: $p passed, $f failed, $s skipped ($secs)"
     else
-        echo "-- $name: $p passed, $f failed (${secs} s)"
+        echo "-- $name: $p passed, $f failed ($secs)"
     fi
     pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
 }
@@ -86,13 +117,23 @@ done
 [ -x "$plain/venv/bin/python3" ] && case ":$PATH:" in *":$(pwd)/$plain/venv/bin:"*) ;;
     *) PATH="$(pwd)/$plain/venv/bin:$PATH"; export PATH ;; esac
 
-# The programs, the ones known to take minutes under the sanitizers first so that the others fill the gaps.
+# The programs, the ones known to take minutes under the sanitizers first (a shard counts its share) so that
+# the others fill the gaps.
 progs=""
 for t in "$build"/tests/test_*; do [ -f "$t" ] && [ -x "$t" ] && progs="$progs $t"; done
-first="test_cuda_replay test_cpu_backend test_cuda_device test_cuda_backend test_cuda_serve test_cuda_atomic test_cuda_emu test_cuda_fakedrv"
-order=""
-for n in $first; do case " $progs " in *" $build/tests/$n "*) order="$order $build/tests/$n" ;; esac; done
-for t in $progs; do case " $order " in *" $t "*) ;; *) order="$order $t" ;; esac; done
+order=$(for t in $progs; do
+    name=$(basename "$t")
+    set -- $(awk -v n="$name" '$1 == n { print $2, ($3 > 1 ? $3 : 1); f = 1 } END { if (!f) print "-", 1 }' \
+        "$KVQ_SRCDIR/tests/test-times" 2>/dev/null || echo - 1)
+    secs=$1; n=$2
+    [ "$secs" = - ] && case "$name" in test_cuda_*) secs=60 ;; *) secs=0 ;; esac
+    if [ "$n" -gt 1 ]; then
+        k=0
+        while [ "$k" -lt "$n" ]; do echo "$((secs / n)) $t@$k/$n"; k=$((k + 1)); done
+    else
+        echo "$secs $t"
+    fi
+done | sort -k1,1nr -s | cut -d' ' -f2)
 export out plain
 printf '%s\n' $order | xargs -P "$jobs" -I{} sh "$0" --one {}
 for t in $progs; do report "$t"; done
