@@ -110,10 +110,14 @@ tests: $(TEST_BIN)
 # The install and Python tests (tests/sh/) load libkvq.so into programs built without sanitizers: they use the
 # plain build in build/.
 # The Python tests' virtualenv (torch: minutes of download) is made in the background while the C code compiles.
+# The two builds use every core (TEST_BUILD_JOBS, default nproc) even when make was run without -j: the README's
+# `make test` is what CI and a new user run, and a serial build of both was minutes of one core.
+TEST_BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test:
 	@mkdir -p build; sh tools/python-venv.sh build >build/venv.out 2>&1 & venv=$$!; \
-	$(MAKE) --no-print-directory BUILD=build/san SAN=1 all tests && sh tools/ensure-sass-tools.sh build && \
-	$(MAKE) --no-print-directory BUILD=build SAN=0 all; st=$$?; \
+	$(MAKE) --no-print-directory -j$(TEST_BUILD_JOBS) BUILD=build/san SAN=1 all tests && \
+	sh tools/ensure-sass-tools.sh build && \
+	$(MAKE) --no-print-directory -j$(TEST_BUILD_JOBS) BUILD=build SAN=0 all; st=$$?; \
 	wait $$venv; cat build/venv.out; [ $$st -eq 0 ] && sh tests/run.sh build/san build
 
 # ---- install: make install PREFIX=/usr/local [DESTDIR=...] (docs/install.md) ----
