@@ -2,7 +2,9 @@
  * tests/emu/emu_cuda.h (via kvq_intrin.cuh) into a shared object together with the emulator's runtime, loaded
  * with dlopen and launched through its emu_launch (docs/emulator.md). Objects are cached in the JIT cache like
  * cubins, keyed by the source, the compiler command and the emulator's own sources. When libkvq is built with
- * AddressSanitizer the kernels are too, so the tests check the kernels' memory accesses as well. */
+ * AddressSanitizer the kernels are too, so the tests check the kernels' memory accesses as well, unless
+ * $KVQ_EMU_SANITIZE=0: then the kernels and the emulator's runtime are compiled without the sanitizers (about 5
+ * times faster under the emulator) while libkvq itself stays instrumented (tests/run.sh, docs/testing.md). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -56,6 +58,7 @@ typedef struct {
 
 typedef struct {
     char cc[256], cxx[256], opt[32];
+    const char *san; /* EMU_SAN, or "" with $KVQ_EMU_SANITIZE=0 */
     char emu_dir[4096];
     char target[16]; /* the GPU emulated: its limits, and the arch NVRTC reports resources for */
     unsigned smem_optin;
@@ -221,7 +224,7 @@ static void log_head(const char *log, char *out, size_t n)
 static kvq_status build_runtime(emu_dev *e, const char *dir, char objs[N_RT][4300], char *msg, size_t n)
 {
     emit_buf kb = {0};
-    emit_buf_printf(&kb, "%s|%s|%s\n", e->cc, e->opt, EMU_SAN);
+    emit_buf_printf(&kb, "%s|%s|%s\n", e->cc, e->opt, e->san);
     for (int i = 0; i < N_RT + N_HDR; i++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/%s", e->emu_dir, i < N_RT ? emu_rt_files[i] : emu_hdr_files[i - N_RT]);
@@ -254,7 +257,7 @@ static kvq_status build_runtime(emu_dev *e, const char *dir, char objs[N_RT][430
     mkdir(rtdir, 0755);
     for (int i = 0; i < N_RT; i++) {
         char cmd[1024], src[4200], tmp[4400], log[4500];
-        snprintf(cmd, sizeof cmd, "%s -std=c11 -D_GNU_SOURCE %s -g0 -fPIC%s", e->cc, e->opt, EMU_SAN);
+        snprintf(cmd, sizeof cmd, "%s -std=c11 -D_GNU_SOURCE %s -g0 -fPIC%s", e->cc, e->opt, e->san);
         snprintf(src, sizeof src, "%.4096s/%.16s", e->emu_dir, emu_rt_files[i]);
         snprintf(tmp, sizeof tmp, "%.4300s.tmp.%ld", objs[i], (long)getpid());
         snprintf(log, sizeof log, "%s.log", tmp);
@@ -356,7 +359,7 @@ static kvq_status emu_load(cu_dev *d, const char *src, const char *scheme, cu_mo
      * reported to tests/emu/profile.c, which writes the warp counts to that file when the module is unloaded */
     const char *prof = getenv("KVQ_EMU_PROFILE");
     snprintf(cmd, sizeof cmd, "%s -std=c++14 %s -fPIC -shared -fno-exceptions -fno-rtti -ffp-contract=off%s", e->cxx,
-             prof && *prof ? "-O0 -g -finstrument-functions -fsanitize-coverage=trace-pc" : e->opt, EMU_SAN);
+             prof && *prof ? "-O0 -g -finstrument-functions -fsanitize-coverage=trace-pc" : e->opt, e->san);
     if (!(prof && *prof)) strncat(cmd, " -g0", sizeof cmd - strlen(cmd) - 1);
     emit_buf kb = {0};
     emit_buf_printf(&kb, "%s\n%s\n%s\n%s\n", EMIT_CUDA_KVQ_VERSION, cmd, objs[0], e->emu_dir);
@@ -597,6 +600,8 @@ kvq_status cu_emu_open(cu_dev *d, char *msg, size_t n)
     snprintf(e->cc, sizeof e->cc, "%s", cc && *cc ? cc : "cc");
     snprintf(e->cxx, sizeof e->cxx, "%s", cxx && *cxx ? cxx : "c++");
     snprintf(e->opt, sizeof e->opt, "%s", opt && *opt ? opt : "-O1");
+    const char *san = getenv("KVQ_EMU_SANITIZE");
+    e->san = san && !strcmp(san, "0") ? "" : EMU_SAN;
     snprintf(e->emu_dir, sizeof e->emu_dir, "%s/tests/emu", cu_source_dir());
     char probe[4200];
     snprintf(probe, sizeof probe, "%s/emu_cuda.h", e->emu_dir);
