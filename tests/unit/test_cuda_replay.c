@@ -151,6 +151,12 @@ static void graph_free(void)
     gr.exec = gr.graph = NULL;
 }
 
+/* Whether the engines created next run their kernels compiled with ASan + UBSan (the emulator's modules, when
+ * libkvq is built with them: runtime/cuda/cu_emu.c, KVQ_EMU_SANITIZE). The kernels' memory accesses are checked at
+ * batch 1 of every spec and in the failure cases; batches 3 and 17 and the long join/leave case run them
+ * uninstrumented, about 5 times faster, and check them by the bit-exact comparison (docs/testing.md). */
+static void sanitized_kernels(int on) { setenv("KVQ_EMU_SANITIZE", on ? "1" : "0", 1); }
+
 static kvq_engine *engine_for(const kvq_scheme *s, char *err, size_t n)
 {
     kvq_engine_config cfg;
@@ -388,6 +394,7 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
 {
     const int steps = B > 3 ? STEPS_WIDE : STEPS;
     n_cases++;
+    sanitized_kernels(B == 1);
     th_begin("replay: %s (%s), batch %d: a step planned and captured once, then %d steps of plan + graph replay, "
              "equal to the host path bit for bit with no sync, alloc, D2H or host launch in a replayed step",
              kvq_scheme_name(s), file, B, steps - 2);
@@ -550,6 +557,7 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
 static void test_failures(const kvq_scheme *s, const kvq_synth *syn, const int *lens, int NSTEPS, const char *what)
 {
     enum { B = 3 };
+    sanitized_kernels(1);
     th_begin("replay: %s: plans beyond the capacity are refused, plans failed at each allocation and at the device "
              "copy leave every layer as it was, over %d steps crossing %s",
              kvq_scheme_name(s), NSTEPS, what);
@@ -740,6 +748,7 @@ static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
     th_begin("replay: %s: long contexts, a sequence leaves and one joins, a new reservation, host-path steps between "
              "planned steps: device tile lists patched, outputs equal to the host path",
              kvq_scheme_name(s));
+    sanitized_kernels(0);
     char err[1024];
     kvq_engine *ea = engine_for(s, err, sizeof err), *eb = ea ? engine_for(s, err, sizeof err) : NULL;
     TH_CHECK(ea && eb, "engines: %s", err);
