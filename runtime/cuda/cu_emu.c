@@ -3,8 +3,8 @@
  * with dlopen and launched through its emu_launch (docs/emulator.md). Objects are cached in the JIT cache like
  * cubins, keyed by the source, the compiler command and the emulator's own sources. When libkvq is built with
  * AddressSanitizer the kernels are too, so the tests check the kernels' memory accesses as well, unless
- * $KVQ_EMU_SANITIZE=0: then the kernels and the emulator's runtime are compiled without the sanitizers (about 5
- * times faster under the emulator) while libkvq itself stays instrumented (tests/run.sh, docs/testing.md). */
+ * $KVQ_EMU_SANITIZE=0: then the kernels and the emulator's runtime are compiled without the sanitizers (3 to 5
+ * times faster under the emulator) while libkvq itself stays instrumented (test_cuda_replay, test_cuda_device; docs/testing.md). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>

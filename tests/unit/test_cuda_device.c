@@ -101,8 +101,9 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
              "host path's caches and outputs bit for bit, and the lse of the cache",
              kvq_scheme_name(s), file, c->B, tn[c->in], tn[c->out], STEPS);
     int B = c->B;
-    /* batch 17's kernels run uninstrumented (runtime/cuda/cu_emu.c, KVQ_EMU_SANITIZE; about 5 times faster), checked
-     * by the bit-exact comparison; batches 1 and 3 run the same kernels under ASan + UBSan (docs/testing.md) */
+    /* batch 17's kernels run uninstrumented (runtime/cuda/cu_emu.c, KVQ_EMU_SANITIZE; 3 to 5 times faster), checked
+     * by the bit-exact comparison; batch 1 runs the same (fp16-input) kernels under ASan + UBSan, batch 3 the bf16
+     * ones (docs/testing.md) */
     setenv("KVQ_EMU_SANITIZE", B > 3 ? "0" : "1", 1);
     char err[1024];
     kvq_engine *eh = engine_for(s, c->in, err, sizeof err), *ed = eh ? engine_for(s, c->in, err, sizeof err) : NULL;

@@ -154,7 +154,7 @@ static void graph_free(void)
 /* Whether the engines created next run their kernels compiled with ASan + UBSan (the emulator's modules, when
  * libkvq is built with them: runtime/cuda/cu_emu.c, KVQ_EMU_SANITIZE). The kernels' memory accesses are checked at
  * batch 1 of every spec and in the failure cases; batches 3 and 17 and the long join/leave case run them
- * uninstrumented, about 5 times faster, and check them by the bit-exact comparison (docs/testing.md). */
+ * uninstrumented, 3 to 5 times faster, and check them by the bit-exact comparison (docs/testing.md). */
 static void sanitized_kernels(int on) { setenv("KVQ_EMU_SANITIZE", on ? "1" : "0", 1); }
 
 static kvq_engine *engine_for(const kvq_scheme *s, char *err, size_t n)
