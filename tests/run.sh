@@ -12,11 +12,13 @@
 # serves the unit tests that cross-check with NumPy); then the programs, KVQ_TEST_JOBS at a time (default: the
 # machine's cores; the programs are single-threaded under the sanitizers, and each uses its own temporary files),
 # the longest first, their results printed in name order once all have run.
-# Which is longest: tests/test-times, one line per program, `NAME SECONDS [SHARDS]` (measured under the
-# sanitizers, cold cache). A program not listed counts 60 s if it is an emulator program (test_cuda_*), else 0.
-# SHARDS > 1 runs the program that many times at once with KVQ_TEST_SHARD=K/SHARDS (K = 0..SHARDS-1): the
-# program runs its cases K, K + SHARDS, ... only (it must read KVQ_TEST_SHARD; tests/harness.h th_shard_mine),
-# so that one long program does not hold a core after the others are done. Its shards report as one program.
+# Which is longest: tests/test-times, one line per program, `NAME SECONDS [shards=N] [emu=plain]` (measured under
+# the sanitizers, cold cache). A program not listed counts 60 s if it is an emulator program (test_cuda_*), else 0.
+# shards=N (N > 1) runs the program N times at once with KVQ_TEST_SHARD=K/N (K = 0..N-1): the program runs its
+# units of work K, K + N, ... only (it must read KVQ_TEST_SHARD; tests/harness.h th_shard_mine), so that one long
+# program does not hold a core after the others are done; its shards report as one program. emu=plain runs it with
+# KVQ_EMU_SANITIZE=0: its emulated kernels uninstrumented (runtime/cuda/cu_emu.c), libkvq still under the
+# sanitizers, for programs that test the host side and whose kernels other programs run under ASan.
 
 # run_one PATH[@K/N]: runs one script or program (shard K of N) into $out/NAME[@K].{log,rc,secs}.
 run_one() {
@@ -28,12 +30,19 @@ run_one() {
     t0=$(date +%s)
     case "$path" in
         *.sh) sh "$path" "$plain" >"$out/$tag.log" 2>&1 ;;
-        *) if [ -n "$shard" ]; then KVQ_TEST_SHARD=$shard "$path" >"$out/$tag.log" 2>&1
-           else "$path" >"$out/$tag.log" 2>&1; fi ;;
+        *) (if [ "$(hint_of "$name" emu)" = plain ]; then KVQ_EMU_SANITIZE=0; export KVQ_EMU_SANITIZE; fi
+            if [ -n "$shard" ]; then KVQ_TEST_SHARD=$shard; export KVQ_TEST_SHARD; fi
+            exec "$path") >"$out/$tag.log" 2>&1 ;;
     esac
     echo $? >"$out/$tag.rc"
     echo $(($(date +%s) - t0)) >"$out/$tag.secs"
 }
+# hint_of NAME KEY: the program's KEY=VALUE in tests/test-times (empty when it has none).
+hint_of() {
+    awk -v n="$1" -v k="$2" '$1 == n { for (i = 3; i <= NF; i++) if (index($i, k "=") == 1) print substr($i, length(k) + 2) }' \
+        "$KVQ_SRCDIR/tests/test-times" 2>/dev/null
+}
+
 # `run.sh --one PATH` (with $out and $plain exported): what xargs runs for each program below.
 if [ "$1" = --one ]; then
     run_one "$2"
@@ -56,7 +65,8 @@ out=$(mktemp -d)
 
 # shards_of NAME: how many shards tests/test-times gives the program (1 when it names none).
 shards_of() {
-    awk -v n="$1" '$1 == n && $3 > 1 { s = $3 } END { print s ? s : 1 }' "$KVQ_SRCDIR/tests/test-times" 2>/dev/null || echo 1
+    n=$(hint_of "$1" shards)
+    [ "${n:-1}" -gt 1 ] 2>/dev/null && echo "$n" || echo 1
 }
 
 # report PATH: prints one result and adds it to the totals.
@@ -123,10 +133,9 @@ progs=""
 for t in "$build"/tests/test_*; do [ -f "$t" ] && [ -x "$t" ] && progs="$progs $t"; done
 order=$(for t in $progs; do
     name=$(basename "$t")
-    set -- $(awk -v n="$name" '$1 == n { print $2, ($3 > 1 ? $3 : 1); f = 1 } END { if (!f) print "-", 1 }' \
-        "$KVQ_SRCDIR/tests/test-times" 2>/dev/null || echo - 1)
-    secs=$1; n=$2
-    [ "$secs" = - ] && case "$name" in test_cuda_*) secs=60 ;; *) secs=0 ;; esac
+    secs=$(awk -v n="$name" '$1 == n { print $2 }' "$KVQ_SRCDIR/tests/test-times" 2>/dev/null)
+    n=$(shards_of "$name")
+    [ -z "$secs" ] && case "$name" in test_cuda_*) secs=60 ;; *) secs=0 ;; esac
     if [ "$n" -gt 1 ]; then
         k=0
         while [ "$k" -lt "$n" ]; do echo "$((secs / n)) $t@$k/$n"; k=$((k + 1)); done
