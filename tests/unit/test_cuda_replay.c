@@ -44,9 +44,9 @@
 #define D 128
 #define TOK 240
 #define STEPS 42 /* step 0 eager (warm-up), step 1 captured, 40 replayed */
-/* Batch 17 (KIVI-2 only) takes 14 steps: its cost is its size times its steps (at 42 it was most of the program's
- * 12 minutes under ASan), and 12 replayed steps still cross R = 128 key flushes (its sequences of 125 and 117
- * tokens; the flush is asserted) and replay a warm graph; batches 1 and 3 take the 40 replayed steps. */
+/* Batch 17 (KIVI-2 only) takes 14 steps: its cost is its size times its steps, and 12 replayed steps still cross
+ * R = 128 key flushes (its sequences of 125 and 117 tokens; the flush is asserted) and replay a warm graph; batches
+ * 1 and 3 take the 40 replayed steps. */
 #define STEPS_WIDE 14
 #define ROW (HQ + 2 * H) /* heads of a fused qkv row */
 
