@@ -151,11 +151,11 @@ static void graph_free(void)
     gr.exec = gr.graph = NULL;
 }
 
-/* Whether the engines created next run their kernels compiled with ASan + UBSan (the emulator's modules, when
- * libkvq is built with them: runtime/cuda/cu_emu.c, KVQ_EMU_SANITIZE). The kernels' memory accesses are checked at
- * batch 1 of every spec and in the failure cases; batches 3 and 17 and the long join/leave case run them
- * uninstrumented, 3 to 5 times faster, and check them by the bit-exact comparison (docs/testing.md). */
-static void sanitized_kernels(int on) { setenv("KVQ_EMU_SANITIZE", on ? "1" : "0", 1); }
+/* How the engines created next compile their kernels (the emulator's modules, when libkvq is built with the
+ * sanitizers: runtime/cuda/cu_emu.c, KVQ_EMU_SANITIZE): 2 with ASan + UBSan (the failure cases), 1 with ASan only
+ * (batch 1 of every spec: the kernels' memory accesses), 0 uninstrumented, 3 to 5 times faster (batches 3 and 17,
+ * the long join/leave case), checked by the bit-exact comparison as every case is (docs/testing.md). */
+static void sanitized_kernels(int how) { setenv("KVQ_EMU_SANITIZE", how == 2 ? "1" : how ? "address" : "0", 1); }
 
 static kvq_engine *engine_for(const kvq_scheme *s, char *err, size_t n)
 {
@@ -557,7 +557,7 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
 static void test_failures(const kvq_scheme *s, const kvq_synth *syn, const int *lens, int NSTEPS, const char *what)
 {
     enum { B = 3 };
-    sanitized_kernels(1);
+    sanitized_kernels(2);
     th_begin("replay: %s: plans beyond the capacity are refused, plans failed at each allocation and at the device "
              "copy leave every layer as it was, over %d steps crossing %s",
              kvq_scheme_name(s), NSTEPS, what);
