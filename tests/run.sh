@@ -12,13 +12,14 @@
 # serves the unit tests that cross-check with NumPy); then the programs, KVQ_TEST_JOBS at a time (default: the
 # machine's cores; the programs are single-threaded under the sanitizers, and each uses its own temporary files),
 # the longest first, their results printed in name order once all have run.
-# Which is longest: tests/test-times, one line per program, `NAME SECONDS [shards=N] [emu=plain]` (measured under
+# Which is longest: tests/test-times, one line per program, `NAME SECONDS [shards=N] [emu=HOW]` (measured under
 # the sanitizers, cold cache). A program not listed counts 60 s if it is an emulator program (test_cuda_*), else 0.
 # shards=N (N > 1) runs the program N times at once with KVQ_TEST_SHARD=K/N (K = 0..N-1): the program runs its
 # units of work K, K + N, ... only (it must read KVQ_TEST_SHARD; tests/harness.h th_shard_mine), so that one long
 # program does not hold a core after the others are done; its shards report as one program. emu=plain runs it with
 # KVQ_EMU_SANITIZE=0: its emulated kernels uninstrumented (runtime/cuda/cu_emu.c), libkvq still under the
-# sanitizers, for programs that test the host side and whose kernels other programs run under ASan.
+# sanitizers, for programs that test the host side and whose kernels other programs run under ASan; emu=address
+# with KVQ_EMU_SANITIZE=address: the kernels under ASan without UBSan (about twice as fast), memory checks kept.
 
 # run_one PATH[@K/N]: runs one script or program (shard K of N) into $out/NAME[@K].{log,rc,secs}.
 run_one() {
@@ -30,7 +31,10 @@ run_one() {
     t0=$(date +%s)
     case "$path" in
         *.sh) sh "$path" "$plain" >"$out/$tag.log" 2>&1 ;;
-        *) (if [ "$(hint_of "$name" emu)" = plain ]; then KVQ_EMU_SANITIZE=0; export KVQ_EMU_SANITIZE; fi
+        *) (case "$(hint_of "$name" emu)" in
+                plain) KVQ_EMU_SANITIZE=0; export KVQ_EMU_SANITIZE ;;
+                address) KVQ_EMU_SANITIZE=address; export KVQ_EMU_SANITIZE ;;
+            esac
             if [ -n "$shard" ]; then KVQ_TEST_SHARD=$shard; export KVQ_TEST_SHARD; fi
             exec "$path") >"$out/$tag.log" 2>&1 ;;
     esac
