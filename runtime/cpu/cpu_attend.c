@@ -453,6 +453,18 @@ static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j)
     return 1;
 }
 
+/* The first K slot of chunk c: an even share of the slots, rounded down to whole tiles past the sinks (the
+ * first span when there are sinks), so that chunk edges fall on page and tile boundaries and cut no tile the
+ * rule would not. */
+static long chunk_edge(const cpu_item *it, const cpu_head *hd, int c)
+{
+    if (c <= 0) return 0;
+    if (c >= it->chunks) return hd->total;
+    long s0 = it->L->sink[0].count, T = it->cls->tile, x = (long)hd->total * c / it->chunks;
+    if (x <= s0) return x;
+    return s0 + (x - s0) / T * T;
+}
+
 void cpu_item_tiles(cpu_item *it, int h, int chunk)
 {
     const ref_qlayer *L = it->L;
@@ -481,7 +493,7 @@ void cpu_item_tiles(cpu_item *it, int h, int chunk)
                 it->cls->fn[0][0](&a);
             }
         }
-    tile_iter t = {hd, 0, 0, -1, len, D, 0, 0, (long)hd->total * chunk / C, (long)hd->total * (chunk + 1) / C};
+    tile_iter t = {hd, 0, 0, -1, len, D, 0, 0, chunk_edge(it, hd, chunk), chunk_edge(it, hd, chunk + 1)};
     /* Tiles run PF behind the iterator: the bytes of the tiles PF - 1 and PF ahead are requested while this one
      * runs (a DRAM access plus, pages being separate allocations, a page walk). */
     enum { PF = 2 };
@@ -542,8 +554,7 @@ int cpu_item_tile_list(cpu_item *it, int h, kvq_tile_info *out, int cap)
         for (int t = 0; t < hd->pools[i].n; t += T, cnt++)
             if (cnt < cap) out[cnt] = (kvq_tile_info){hd->pools[i].n - t < T ? hd->pools[i].n - t : T, 1, 1, 1};
     for (int c = 0; c < it->chunks; c++) {
-        tile_iter t = {hd, 0, 0, -1, it->L->length, it->L->D, 0, 0, (long)hd->total * c / it->chunks,
-                       (long)hd->total * (c + 1) / it->chunks};
+        tile_iter t = {hd, 0, 0, -1, it->L->length, it->L->D, 0, 0, chunk_edge(it, hd, c), chunk_edge(it, hd, c + 1)};
         tile_job j;
         memset(&j, 0, sizeof j);
         int r;
