@@ -965,7 +965,7 @@ static int v_int8(const E *e, const emit_llvm_kernel *k)
  *   multiple of it). A byte is at most 3 << 6 or 15 << 4 = 240.
  * - Weights: w_t = p_t s_tq as three signed 7-bit pieces per tile, group and token (v_weights, quant_q8's split):
  *   w_t = sw (2^14 hi + 2^7 mid + lo) within max|w| 2^-22 / 1.016; a piece's four tokens are one broadcast dword.
- * - One accumulator per piece and vector: |sum| <= 64 tokens x 240 x 127 < 2^24, so the three sums convert to
+ * - One accumulator per piece and vector: |sum| <= 128 tokens x 240 x 127 < 2^22, so the three sums convert to
  *   fp32 exactly and combine there, once per tile: sum_t w_t code_tc = sw 2^-s_c (2^14 H + 2^7 M + L).
  * Past the last whole group of four tokens the rows are a masked load (the page may end there); their weights are
  * 0 (p = 0 past n). w8: scratch [ngr][3][64] bytes. */
