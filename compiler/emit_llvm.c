@@ -46,7 +46,8 @@ typedef struct {
     LLVMValueRef fn;
 } E;
 
-enum { A_Q, A_ACC, A_ML, A_P, A_K, A_KS, A_KZ, A_KF, A_KMASK, A_V, A_VS, A_VZ, A_VF, A_N, A_KMBIT, A_COUNT };
+enum { A_Q, A_ACC, A_ML, A_P, A_K, A_KS, A_KZ, A_KF, A_KMASK, A_V, A_VS, A_VZ, A_VF, A_N, A_KMBIT, A_KPG, A_NKP, A_COUNT };
+static int arg_is_i32(int i) { return i == A_N || i == A_KMBIT || i == A_NKP; }
 
 static LLVMValueRef ci32(E *e, long v) { return LLVMConstInt(e->i32, (unsigned long long)v, 1); }
 static LLVMValueRef ci64(E *e, long v) { return LLVMConstInt(e->i64, (unsigned long long)v, 1); }
@@ -227,7 +228,7 @@ static LLVMValueRef vexp(E *e, LLVMValueRef x)
 static LLVMValueRef field(E *e, LLVMValueRef args, int i)
 {
     LLVMValueRef p = LLVMBuildStructGEP2(e->b, e->args_ty, args, (unsigned)i, "");
-    return load(e, i >= A_N ? e->i32 : e->ptr, p, i >= A_N ? 4 : 8);
+    return load(e, arg_is_i32(i) ? e->i32 : e->ptr, p, arg_is_i32(i) ? 4 : 8);
 }
 
 /* ------------------------------------------------------------------------------------ unpack/dequantize -- */
@@ -550,7 +551,7 @@ static LLVMValueRef row_f32(E *e, const emit_llvm_src *src, int D, LLVMValueRef 
     return x;
 }
 
-static int src_fold(const emit_llvm_src *s) { return !s->fp16 && s->fmt.gran == KVQ_GRAN_CHANNEL; }
+static int src_fold(const emit_llvm_src *s) { return emit_llvm_paged_keys(s); }
 
 /* ------------------------------------------------------------------------------------------- the kernel -- */
 
@@ -709,7 +710,7 @@ static void v_weights(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValu
     LLVMValueRef n = a[A_N];
     LLVMTypeRef v16s = LLVMVectorType(LLVMInt16TypeInContext(e->c), 16);
     /* Weights of 16 tokens per block, every block (masked loads: lanes past n have p = 0 and read nothing). */
-    LLVMValueRef wv[8][16][4], wmax[8][16], zs[8][16];
+    LLVMValueRef wv[8][16][EMIT_LLVM_TILE / 16], wmax[8][16], zs[8][16];
     for (int bl = 0; bl < nbl; bl++) {
         LLVMValueRef valid = LLVMBuildSub(b, n, ci32(e, (long)bl * W), "");
         LLVMValueRef off = ci64(e, (long)bl * W * ngr);
@@ -777,21 +778,32 @@ static void v_weights(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValu
 
 }
 
-/* The tile's weights (v_weights): a tile of at most 32 slots (KIVI's key pages cut tiles at 32) quantises two
- * blocks of 16 tokens, not four. */
+/* The tile's weights (v_weights) of its occupied blocks of 16 tokens only: a tile of at most 32 slots quantises
+ * two blocks, of at most 64 four, else all EMIT_LLVM_TILE / 16 (tiles are 128 tokens where pages allow, shorter
+ * at the ends of runs and windows). */
 static void v_weights_tile(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef wh, LLVMValueRef wl,
                            int int8, LLVMValueRef sw[8][16], LLVMValueRef swl[8][16], LLVMValueRef zsum[8][16])
 {
     LLVMBuilderRef b = e->b;
     int g = k->gqa, W = 16, N = EMIT_LLVM_TILE, ngr = k->head_dim / k->v.fmt.group;
-    LLVMValueRef sw2[2][8][16], swl2[2][8][16], zsum2[2][8][16];
-    LLVMBasicBlockRef wb[2], wj = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_join");
-    wb[0] = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_half");
-    wb[1] = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_full");
-    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, a[A_N], ci32(e, N / 2), ""), wb[0], wb[1]);
-    for (int h = 0; h < 2; h++) {
+    enum { NV = 3 };
+    int nbl[NV] = {2, 4, N / W}, nv = 0;
+    while (nv < NV && (nv == 0 || nbl[nv] > nbl[nv - 1]) && nbl[nv] <= N / W) nv++;
+    LLVMValueRef SW[NV][8][16], SWL[NV][8][16], ZS[NV][8][16];
+    LLVMBasicBlockRef wb[NV], wj = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_join");
+    for (int h = 0; h < nv; h++) {
+        wb[h] = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw");
+        if (h + 1 < nv) {
+            LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(e->c, e->fn, "vw_more");
+            LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, a[A_N], ci32(e, (long)nbl[h] * W), ""), wb[h], next);
+            LLVMPositionBuilderAtEnd(b, next);
+        } else {
+            LLVMBuildBr(b, wb[h]);
+        }
+    }
+    for (int h = 0; h < nv; h++) {
         LLVMPositionBuilderAtEnd(b, wb[h]);
-        v_weights(e, k, a, wh, wl, h ? N / W : N / W / 2, int8, sw2[h], swl2[h], zsum2[h]);
+        v_weights(e, k, a, wh, wl, nbl[h], int8, SW[h], SWL[h], ZS[h]);
         wb[h] = LLVMGetInsertBlock(b);
         LLVMBuildBr(b, wj);
     }
@@ -799,15 +811,16 @@ static void v_weights_tile(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLV
     for (int j = 0; j < g; j++)
         for (int q = 0; q < ngr; q++) {
             LLVMValueRef *dst[3] = {&sw[j][q], &swl[j][q], &zsum[j][q]};
-            LLVMValueRef src[3][2] = {{sw2[0][j][q], sw2[1][j][q]}, {swl2[0][j][q], swl2[1][j][q]},
-                                      {zsum2[0][j][q], zsum2[1][j][q]}};
+            LLVMValueRef(*src[3])[8][16] = {SW, SWL, ZS};
             for (int x = 0; x < 3; x++) {
                 if (int8 && x == 1) {
                     *dst[x] = NULL;
                     continue;
                 }
+                LLVMValueRef in[NV];
+                for (int h = 0; h < nv; h++) in[h] = src[x][h][j][q];
                 *dst[x] = LLVMBuildPhi(b, e->f32, "");
-                LLVMAddIncoming(*dst[x], src[x], wb, 2);
+                LLVMAddIncoming(*dst[x], in, wb, (unsigned)nv);
             }
         }
 }
@@ -952,7 +965,7 @@ static int v_int8(const E *e, const emit_llvm_kernel *k)
  *   multiple of it). A byte is at most 3 << 6 or 15 << 4 = 240.
  * - Weights: w_t = p_t s_tq as three signed 7-bit pieces per tile, group and token (v_weights, quant_q8's split):
  *   w_t = sw (2^14 hi + 2^7 mid + lo) within max|w| 2^-22 / 1.016; a piece's four tokens are one broadcast dword.
- * - One accumulator per piece and vector: |sum| <= 64 tokens x 240 x 127 < 2^24, so the three sums convert to
+ * - One accumulator per piece and vector: |sum| <= 128 tokens x 240 x 127 < 2^22, so the three sums convert to
  *   fp32 exactly and combine there, once per tile: sum_t w_t code_tc = sw 2^-s_c (2^14 H + 2^7 M + L).
  * Past the last whole group of four tokens the rows are a masked load (the page may end there); their weights are
  * 0 (p = 0 past n). w8: scratch [ngr][3][64] bytes. */
@@ -1130,17 +1143,45 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         LLVMSetAlignment(vq_wl, 64);
     }
 
-    /* q (and its fold with per-channel scales and zeros) once per tile. */
+    /* Paged keys (emit_llvm_paged_keys): the K phase below runs once per key page of the tile, each page its own
+     * group (scale and zero per channel), on a copy of the arguments (ak) that points at the page, with nk its
+     * tokens and its logits stored from slot poff of the scratch; the running max of the pages goes to the
+     * softmax, which (with the V phase) runs once per tile. */
+    int fold = src_fold(&k->k), paged = fold;
+    LLVMValueRef ak[A_COUNT], nk = n, pg_i = NULL, pg_off = NULL, pg_max[MAXG];
+    for (int i = 0; i < A_COUNT; i++) ak[i] = a[i];
+    LLVMBasicBlockRef kpage = NULL, pg_from = entry;
+    if (paged) {
+        kpage = LLVMAppendBasicBlockInContext(e->c, e->fn, "kpage");
+        LLVMBuildBr(b, kpage);
+        LLVMPositionBuilderAtEnd(b, kpage);
+        pg_i = LLVMBuildPhi(b, e->i32, "pg");
+        pg_off = LLVMBuildPhi(b, e->i32, "pgoff");
+        for (int j = 0; j < g; j++) pg_max[j] = LLVMBuildPhi(b, e->f32, "pgmax");
+        LLVMValueRef zero32 = ci32(e, 0), ninf0 = cf(e, -__builtin_inf());
+        LLVMAddIncoming(pg_i, &zero32, &pg_from, 1);
+        LLVMAddIncoming(pg_off, &zero32, &pg_from, 1);
+        for (int j = 0; j < g; j++) LLVMAddIncoming(pg_max[j], &ninf0, &pg_from, 1);
+        /* emit_llvm_kpage: k, ks, kz, kmask at 0, 8, 16, 24; n, kmbit at 32, 36 */
+        LLVMValueRef d = gep(e, a[A_KPG], LLVMBuildMul(b, LLVMBuildZExt(b, pg_i, e->i64, ""), ci64(e, 40), ""));
+        ak[A_K] = load(e, e->ptr, d, 8);
+        ak[A_KS] = load(e, e->ptr, gepc(e, d, 8), 8);
+        ak[A_KZ] = load(e, e->ptr, gepc(e, d, 16), 8);
+        ak[A_KMASK] = load(e, e->ptr, gepc(e, d, 24), 8);
+        nk = load(e, e->i32, gepc(e, d, 32), 4);
+        ak[A_KMBIT] = load(e, e->i32, gepc(e, d, 36), 4);
+        ak[A_P] = gep(e, a[A_P], LLVMBuildMul(b, LLVMBuildZExt(b, pg_off, e->i64, ""), ci64(e, 4), ""));
+    }
+    /* q (and its fold with per-channel scales and zeros) once per tile, or per page of paged keys. */
     LLVMValueRef qv[MAXG][MAXB];
     LLVMValueRef qz[MAXG];
-    int fold = src_fold(&k->k);
     for (int j = 0; j < g; j++) {
         LLVMValueRef zsum = NULL;
         for (int bl = 0; bl < NB; bl++) {
             LLVMValueRef q = load(e, e->vf, gepc(e, a[A_Q], ((long)j * D + (long)bl * W) * 4), 4);
             if (fold) {
-                LLVMValueRef s = param_vec(e, a[A_KS], bl * W, k->k.fmt.scale_bytes);
-                LLVMValueRef z = param_vec(e, a[A_KZ], bl * W, k->k.fmt.zero_bytes);
+                LLVMValueRef s = param_vec(e, ak[A_KS], bl * W, k->k.fmt.scale_bytes);
+                LLVMValueRef z = param_vec(e, ak[A_KZ], bl * W, k->k.fmt.zero_bytes);
                 zsum = zsum ? fma_sum(e, zsum, q, z) : fm(LLVMBuildFMul(b, q, z, ""));
                 q = LLVMBuildFMul(b, q, s, "");
             }
@@ -1154,7 +1195,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
      * token t and head j: no horizontal sum per token (masked pages take the token loop, one token at a time). */
     KPhase kp = {0};
     kp.k = k;
-    kp.a = a;
+    kp.a = ak;
     kp.fold = fold;
     kp.vn = e->vnni && fold && W == 16 && g == 1; /* GQA 1 only: see v_int16 */
     /* 2-bit keys at head_dim 128 take int8 pieces (vpdpbusd: 64 MACs, codes unpacked by two shifts and a mask per
@@ -1179,7 +1220,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
 
     LLVMValueRef ninf = cf(e, -__builtin_inf()), zero_i = ci32(e, 0);
     LLVMValueRef mtile[MAXG], mx_next[MAXG];
-    LLVMBasicBlockRef from = entry;
+    LLVMBasicBlockRef kentry = LLVMGetInsertBlock(b), from = kentry;
     LLVMValueRef t_start = zero_i, mxv_fin = NULL;
     LLVMBasicBlockRef kbend = NULL;
     if (TB > 1) {
@@ -1193,12 +1234,12 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         }
         LLVMBasicBlockRef kblk = LLVMAppendBasicBlockInContext(e->c, e->fn, "kblock");
         kbend = LLVMAppendBasicBlockInContext(e->c, e->fn, "kbend");
-        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, ci32(e, TB), n, ""), kblk, kbend);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, ci32(e, TB), nk, ""), kblk, kbend);
         LLVMPositionBuilderAtEnd(b, kblk);
         LLVMValueRef t0 = LLVMBuildPhi(b, e->i32, "t0"), mxv = LLVMBuildPhi(b, e->vf, "");
         sum_tree th = {0}, tl = {0};
         long krb = kvq_code_bytes(D, k->k.fmt.bits);
-        LLVMValueRef rbase = fold ? gep(e, a[A_K], LLVMBuildMul(b, LLVMBuildZExt(b, t0, e->i64, ""), ci64(e, krb), ""))
+        LLVMValueRef rbase = fold ? gep(e, ak[A_K], LLVMBuildMul(b, LLVMBuildZExt(b, t0, e->i64, ""), ci64(e, krb), ""))
                                   : NULL;
         for (int t = 0; t < TB; t++) {
             LLVMValueRef dv[MAXG], hv[MAXG], lv[MAXG];
@@ -1227,25 +1268,25 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
             }
             LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, LLVMBuildZExt(b, t0, e->i64, ""), ci64(e, (long)j * N), ""),
                                             ci64(e, 4), "");
-            store(e, lanes, gep(e, a[A_P], off), 4);
+            store(e, lanes, gep(e, ak[A_P], off), 4);
         }
         LLVMValueRef mxv1 = fmax_sel(e, mxv, x);
         LLVMValueRef t0n = LLVMBuildAdd(b, t0, ci32(e, TB), "");
         LLVMBasicBlockRef last = LLVMGetInsertBlock(b);
-        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, t0n, ci32(e, TB), ""), n, ""), kblk, kbend);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, t0n, ci32(e, TB), ""), nk, ""), kblk, kbend);
         LLVMValueRef ninf_v = vfc(e, -__builtin_inf());
-        LLVMAddIncoming(t0, &zero_i, &entry, 1);
+        LLVMAddIncoming(t0, &zero_i, &kentry, 1);
         LLVMAddIncoming(t0, &t0n, &last, 1);
-        LLVMAddIncoming(mxv, &ninf_v, &entry, 1);
+        LLVMAddIncoming(mxv, &ninf_v, &kentry, 1);
         LLVMAddIncoming(mxv, &mxv1, &last, 1);
         LLVMPositionBuilderAtEnd(b, kbend);
         t_start = LLVMBuildPhi(b, e->i32, "");
         mxv_fin = LLVMBuildPhi(b, e->vf, "");
         LLVMValueRef ts[2] = {zero_i, t0n}, ms[2] = {ninf_v, mxv1};
-        LLVMBasicBlockRef fr[2] = {entry, last};
+        LLVMBasicBlockRef fr[2] = {kentry, last};
         LLVMAddIncoming(t_start, ts, fr, 2);
         LLVMAddIncoming(mxv_fin, ms, fr, 2);
-        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t_start, n, ""), kloop, soft);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t_start, nk, ""), kloop, soft);
         from = kbend;
     } else {
         LLVMBuildBr(b, kloop);
@@ -1259,8 +1300,8 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     for (int j = 0; j < g; j++) mx[j] = LLVMBuildPhi(b, e->f32, "");
     LLVMValueRef masked = NULL;
     if (masked_fmt) {
-        LLVMValueRef bit = LLVMBuildAdd(b, a[A_KMBIT], t, "");
-        LLVMValueRef byte = load(e, e->i8, gep(e, a[A_KMASK], LLVMBuildZExt(b, LLVMBuildLShr(b, bit, ci32(e, 3), ""),
+        LLVMValueRef bit = LLVMBuildAdd(b, ak[A_KMBIT], t, "");
+        LLVMValueRef byte = load(e, e->i8, gep(e, ak[A_KMASK], LLVMBuildZExt(b, LLVMBuildLShr(b, bit, ci32(e, 3), ""),
                                                                              e->i64, "")), 1);
         LLVMValueRef sh = LLVMBuildTrunc(b, LLVMBuildAnd(b, bit, ci32(e, 7), ""), e->i8, "");
         LLVMValueRef m1 = LLVMBuildAnd(b, LLVMBuildLShr(b, byte, sh, ""), LLVMConstInt(e->i8, 1, 0), "");
@@ -1281,12 +1322,12 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         if (fold) s = fm(LLVMBuildFAdd(b, s, qz[j], ""));
         if (masked) s = LLVMBuildSelect(b, masked, ninf, s, "");
         LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, t64, ci64(e, (long)j * N), ""), ci64(e, 4), "");
-        store(e, s, gep(e, a[A_P], off), 4);
+        store(e, s, gep(e, ak[A_P], off), 4);
         mx_next[j] = fmax_sel(e, mx[j], s);
     }
     LLVMValueRef t1 = LLVMBuildAdd(b, t, ci32(e, 1), "");
     LLVMBasicBlockRef klast = LLVMGetInsertBlock(b);
-    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t1, n, ""), kloop, soft);
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t1, nk, ""), kloop, soft);
     LLVMAddIncoming(t, &t_start, &from, 1);
     LLVMAddIncoming(t, &t1, &klast, 1);
     for (int j = 0; j < g; j++) {
@@ -1312,6 +1353,21 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         for (int t = 0; t < TB; t++) idx[t] = ci32(e, t * kp.g2 + j);
         LLVMValueRef lanes = LLVMBuildShuffleVector(b, mxv_fin, LLVMGetPoison(e->vf), LLVMConstVector(idx, (unsigned)TB), "");
         mtile[j] = fmax_sel(e, mtile[j], TB > 1 ? hmax(e, lanes) : LLVMBuildExtractElement(b, lanes, ci32(e, 0), ""));
+    }
+
+    if (paged) {
+        /* the next key page, or the softmax with the max over the tile's pages */
+        LLVMValueRef pm1[MAXG], pi1 = LLVMBuildAdd(b, pg_i, ci32(e, 1), ""), po1 = LLVMBuildAdd(b, pg_off, nk, "");
+        for (int j = 0; j < g; j++) pm1[j] = fmax_sel(e, pg_max[j], mtile[j]);
+        LLVMBasicBlockRef pl = LLVMGetInsertBlock(b), kdone = LLVMAppendBasicBlockInContext(e->c, e->fn, "kdone");
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, pi1, a[A_NKP], ""), kpage, kdone);
+        LLVMAddIncoming(pg_i, &pi1, &pl, 1);
+        LLVMAddIncoming(pg_off, &po1, &pl, 1);
+        for (int j = 0; j < g; j++) {
+            LLVMAddIncoming(pg_max[j], &pm1[j], &pl, 1);
+            mtile[j] = pm1[j];
+        }
+        LLVMPositionBuilderAtEnd(b, kdone);
     }
 
     /* Softmax: once per tile and head. Lanes past n are not tokens: p = 0. */
@@ -1496,7 +1552,7 @@ static void module_init(E *e, LLVMContextRef ctx, int width, int vnni)
     e->vf = LLVMVectorType(e->f32, (unsigned)width);
     e->vi = LLVMVectorType(e->i32, (unsigned)width);
     LLVMTypeRef fields[A_COUNT];
-    for (int i = 0; i < A_COUNT; i++) fields[i] = i >= A_N ? e->i32 : e->ptr;
+    for (int i = 0; i < A_COUNT; i++) fields[i] = arg_is_i32(i) ? e->i32 : e->ptr;
     e->args_ty = LLVMStructTypeInContext(ctx, fields, A_COUNT, 0);
 }
 
@@ -1544,7 +1600,11 @@ LLVMModuleRef emit_llvm_ir_module(LLVMContextRef ctx, const emit_llvm_kernel *ks
     return e.m;
 }
 
-#else /* built without LLVM */
+#endif
+
+int emit_llvm_paged_keys(const emit_llvm_src *s) { return !s->fp16 && s->fmt.gran == KVQ_GRAN_CHANNEL; }
+
+#ifndef KVQ_HAVE_LLVM /* built without LLVM */
 
 int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size)
 {

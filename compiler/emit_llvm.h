@@ -20,10 +20,11 @@
 #include "plan.h"
 
 /* The code generator's version: part of the JIT cache key (bump when the IR changes meaning). */
-#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-9"
+#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-10"
 
-/* Tokens per tile: a multiple of every vector width the emitter uses (4, 8, 16). */
-#define EMIT_LLVM_TILE 64
+/* Most tokens per tile: a multiple of every vector width the emitter uses (4, 8, 16). The runtime cuts tiles of
+ * the plan's length (plan_class.tile, 128; at most this) by the one rule of layout/tiles.h. */
+#define EMIT_LLVM_TILE 128
 
 /* Where a tile's K or V rows come from. */
 typedef struct {
@@ -43,6 +44,14 @@ typedef struct {
  *   ks, kz:   per channel: this kv head's [D] scale / zero; per token: the tile's first slot's [n_groups] entries
  *             of this kv head (hidden: scale[slot]); kf: channel factors of this kv head [D] (channel-separable).
  *   kmask:    masked pages: this kv head's mask row; kmbit: the tile's first slot (bit index in that row). */
+/* One key page of a tile whose keys are per-channel pages (emit_llvm_paged_keys): a tile of a page run spans
+ * several pages (layout/tiles.h), each its own group, so the K phase folds the query once per page. k, ks, kz,
+ * kmask, kmbit as below for the page's part of the tile; n its tokens (the tile's n is the sum). */
+typedef struct {
+    const uint8_t *k, *ks, *kz, *kmask;
+    int32_t n, kmbit;
+} emit_llvm_kpage;
+
 typedef struct {
     const float *q; /* [g][D], times the softmax scale */
     float *acc;     /* [g][D] */
@@ -52,7 +61,14 @@ typedef struct {
     const uint8_t *v, *vs, *vz, *vf;
     int32_t n;      /* tokens in the tile, 1..EMIT_LLVM_TILE */
     int32_t kmbit;
+    const emit_llvm_kpage *kp; /* paged keys (emit_llvm_paged_keys): the tile's nkp key pages; k, ks, kz, kmask and
+                                * kmbit above are then not read */
+    int32_t nkp;
 } emit_llvm_tile_args;
+
+/* 1 if kernels with K source s read their keys through emit_llvm_tile_args.kp (per-channel quantized pages: the
+ * scale and zero fold into the query once per page). */
+int emit_llvm_paged_keys(const emit_llvm_src *s);
 
 typedef void (*emit_llvm_tile_fn)(const emit_llvm_tile_args *a);
 

@@ -28,6 +28,7 @@ void cpu_pool_run(cpu_pool *p, cpu_task_fn fn, void *arg, int n);
 typedef struct {
     emit_llvm_sources src; /* [0] = fp16 rows, then page formats */
     emit_llvm_tile_fn fn[CPU_MAX_SRC][CPU_MAX_SRC];
+    int tile; /* the plan's tile (plan_class.tile, at most EMIT_LLVM_TILE): tiles are cut to it by kvq_tile_len */
 } cpu_class;
 
 typedef struct {
@@ -54,6 +55,11 @@ typedef struct {
     int n, src;            /* slots; source index in the class */
     int first;             /* pos[0]: the V search reads the spans, not the pages' position arrays */
     int consec;            /* positions are first, first + 1, ...: the tile loop reads no position array */
+    int paged;             /* per-channel key page: its kernels read the keys through page descriptors */
+    /* K spans of a page run (ref_page.run_len, layout/tiles.h): the run's first span has run = its spans in this
+     * list and rn = their slots (full pages of pcap slots, consecutive positions), and tiles span them; any
+     * other span has run = 1, rn = n, pcap = 0 */
+    int run, rn, pcap;
     /* Pages, for this kv head, resolved once per step so that the tile loop never reads the page's header:
      * slot 0's codes and parameters, the channel factors, the mask row; bytes per slot (codes, scale, zero: 0 for
      * a per-channel section) and the per-channel sections' bytes (prefetch). */
@@ -93,6 +99,9 @@ void cpu_item_init(cpu_item *it, const ref_qlayer *L, const cpu_class *cls, ref_
 void cpu_item_spans(cpu_item *it, int h);
 void cpu_item_tiles(cpu_item *it, int h, int chunk);
 void cpu_item_merge(cpu_item *it, int h);
+/* The tiles of kv head h, chunk by chunk, as cpu_item_tiles cuts them (pools first): the count (at most cap
+ * written to out), or -1 if the storage broke an invariant. After cpu_item_spans. */
+int cpu_item_tile_list(cpu_item *it, int h, kvq_tile_info *out, int cap);
 /* 0 if the storage broke an invariant (a token without its value, or not once). */
 int cpu_item_ok(const cpu_item *it);
 

@@ -4,9 +4,11 @@
  * included) and the V storage as spans sorted by position; each token is in exactly one K slot and one V slot
  * (OTT's pooled tokens too: their K slot is masked, their V slot holds the group mean that p = 0 ignores), and
  * pooled tokens also sit in the pools, whose K and V rows are side by side.
- * Per (sequence, kv head, KV chunk): a range of K slots cut into tiles, a tile being up to EMIT_LLVM_TILE slots
- * of one K span whose tokens lie at consecutive slots of one V span (K row i and V row i the same token); each
- * tile runs the compiled kernel of its (K source, V source) pair on the chunk's online-softmax state.
+ * Per (sequence, kv head, KV chunk): a range of K slots cut into tiles by the one rule (kvq_tile_len,
+ * layout/tiles.h, the plan's tile): up to `tile` slots of one K span, or of one page run of K spans (a KIVI
+ * flush's key pages: the kernel takes one descriptor per page), whose tokens lie at consecutive slots of one V
+ * span (K row i and V row i the same token); each tile runs the compiled kernel of its (K source, V source) pair
+ * on the chunk's online-softmax state.
  * Per (sequence, kv head): the chunks' states merge by (m, l): o = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
  * Attention does not depend on the order of tokens (DESIGN §4), so tiles can follow storage order. */
 #include <float.h>
@@ -14,6 +16,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "tiles.h"
 
 #define TILE EMIT_LLVM_TILE
 
@@ -74,7 +77,7 @@ void cpu_item_init(cpu_item *it, const ref_qlayer *L, const cpu_class *cls, ref_
     it->qs = ref_arena_take(a, (size_t)L->Hq * (size_t)L->D * sizeof(float));
     it->state = ref_arena_take(a, (size_t)H * (size_t)it->chunks * state_floats(L) * sizeof(float));
     size_t nq = (size_t)L->Hq * (size_t)L->D;
-    for (size_t i = 0; i < nq; i++) it->qs[i] = it->q[i] * L->scale;
+    for (size_t i = 0; i < nq; i++) it->qs[i] = it->q ? it->q[i] * L->scale : 0.0f; /* no q: a tile list only */
 }
 
 /* ------------------------------------------------------------------------------------------------ spans -- */
@@ -88,6 +91,8 @@ static void add_win(cpu_span *list, int *n, const ref_win *w, int h)
     s->pos = w->pos;
     s->n = w->count;
     s->first = s->pos[0];
+    s->run = 1;
+    s->rn = s->n;
 }
 
 static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu_class *cls, int which)
@@ -100,6 +105,8 @@ static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu
     s->n = pg->count;
     s->first = s->pos[0];
     s->consec = s->pos[s->n - 1] - s->first == s->n - 1; /* positions ascend strictly within a span */
+    s->run = 1;
+    s->rn = s->n;
     if (kvq_bits_is_fp16(pg->fmt.bits)) {
         /* fp16 pages are fp16 rows: the same kernels as windows. */
         s->rows = (const uint16_t *)(pg->mem + pg->lay.codes) + (size_t)h * (size_t)cap * (size_t)pg->fmt.head_dim;
@@ -107,6 +114,7 @@ static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu
     }
     s->pg = pg;
     s->src = cpu_class_source(cls, which, &pg->fmt);
+    s->paged = which == 0 && pg->fmt.gran == KVQ_GRAN_CHANNEL; /* emit_llvm_paged_keys */
     const kvq_page_format *fm = &pg->fmt;
     const kvq_page_layout *lay = &pg->lay;
     size_t hh = (size_t)h, D = (size_t)fm->head_dim, c = (size_t)cap, p0, step;
@@ -134,6 +142,29 @@ static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu
     }
     if (fm->masked) s->mask = pg->mem + lay->mask + hh * ((c + 7) / 8);
     return s->src > 0;
+}
+
+/* Page runs among the K spans (layout/tiles.h): consecutive spans of one run's full pages (ref_page.run_idx
+ * ascending by one, the same source), positions consecutive across them, become one unit of the tile loop: the
+ * first span's run and rn count them, pcap is their pages' capacity. */
+static void join_runs(cpu_span *ks, int nk)
+{
+    for (int i = 0; i < nk;) {
+        cpu_span *s = &ks[i];
+        int j = i + 1;
+        if (s->pg && s->pg->run_len > 0 && s->consec && s->n == s->pg->fmt.capacity) {
+            int rn = s->n;
+            while (j < nk && ks[j].pg && ks[j].pg->run_len > 0 && ks[j].pg->run_idx == ks[j - 1].pg->run_idx + 1 &&
+                   ks[j].src == s->src && ks[j].consec && ks[j].n == s->n && ks[j].first == ks[j - 1].first + ks[j - 1].n)
+                rn += ks[j++].n;
+            if (j - i >= 2) {
+                s->run = j - i;
+                s->rn = rn;
+                s->pcap = s->n;
+            }
+        }
+        i = j;
+    }
 }
 
 static void sort_by_first(cpu_span *v, int n)
@@ -178,6 +209,7 @@ void cpu_item_spans(cpu_item *it, int h)
     }
     add_win(hd->vs, &hd->nv, &L->win[1], h);
     sort_by_first(hd->vs, hd->nv);
+    join_runs(hd->ks, hd->nk);
     const ref_pool *pools[2] = {&L->pool, &L->spill};
     for (int i = 0; i < 2; i++) {
         const ref_pool *P = pools[i];
@@ -309,9 +341,9 @@ static void source_args(const cpu_span *s, int slot, int D, const uint8_t **x, c
  * prefetch instructions themselves then took ~12 % of a KIVI-2 64k step in perf's samples, and dropping them
  * made KIVI-2 and KIVI-4 at 64k ~8 % faster (docs/cpu.md "int8 P.V and where the time goes now"). */
 #define PF_SPAN_MAX 256
-#define PREFETCH_SOURCE(s, n, x, sc, z, f)                                                                   \
+#define PREFETCH_SOURCE(s, cnt, x, sc, z, f)                                                                 \
     do {                                                                                                        \
-        size_t pf_nn = (size_t)(n);                                                                             \
+        size_t pf_nn = (size_t)(cnt);                                                                           \
         if ((s)->pg && (s)->n <= PF_SPAN_MAX) {                                                                 \
             PREFETCH_BYTES(x, pf_nn * (s)->xb);                                                                 \
             PREFETCH_BYTES(sc, (s)->sb ? pf_nn * (s)->sb : (s)->sfix);                                          \
@@ -320,10 +352,13 @@ static void source_args(const cpu_span *s, int slot, int D, const uint8_t **x, c
         }                                                                                                       \
     } while (0)
 
-/* One tile ready to run: its kernel and arguments, and its spans for the prefetch. */
+/* One tile ready to run: its kernel and arguments (paged keys: a descriptor per key page, a.kp), and what
+ * rt_step_tiles reports of it. */
 typedef struct {
     emit_llvm_tile_fn fn;
     emit_llvm_tile_args a;
+    emit_llvm_kpage kp[EMIT_LLVM_TILE / 16 + 1];
+    kvq_tile_info info;
 } tile_job;
 
 /* Walks the K slots [lo, hi) of a kv head's spans as tiles. */
@@ -337,16 +372,16 @@ typedef struct {
 static void iter_seek(tile_iter *t)
 {
     while (t->si < t->hd->nk && t->base < t->hi) {
-        const cpu_span *ks = &t->hd->ks[t->si];
-        if (t->base + ks->n > t->lo) {
+        const cpu_span *ks = &t->hd->ks[t->si]; /* a span, or the first of a page run's (join_runs) */
+        if (t->base + ks->rn > t->lo) {
             if (t->end < 0) {
                 t->i = (int)(t->lo > t->base ? t->lo - t->base : 0);
-                t->end = (int)(t->hi - t->base < ks->n ? t->hi - t->base : ks->n);
+                t->end = (int)(t->hi - t->base < ks->rn ? t->hi - t->base : ks->rn);
             }
             if (t->i < t->end) return;
         }
-        t->base += ks->n;
-        t->si++;
+        t->base += ks->rn;
+        t->si += ks->run;
         t->end = -1;
     }
     t->si = t->hd->nk;
@@ -365,13 +400,15 @@ static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j)
     if (vi < 0) return -1;
     t->vhint = vi;
     const cpu_span *vs = &hd->vs[vi];
-    /* the one tile rule (layout/tiles.h); the reference's pages are separate allocations: no page runs */
-    int n = kvq_tile_len(TILE, end - i, vs->n - off, i, 0);
+    /* the one tile rule (layout/tiles.h), the plan's tile; a page run's pages are pcap slots each */
+    int n = kvq_tile_len(cls->tile, end - i, vs->n - off, i, ks->pcap);
     /* Both spans ascend strictly: equal ends at distance n - 1 mean the same consecutive tokens (spans of
-     * consecutive positions hold them by construction: no position array is read, they are cache misses). */
-    if (!(ks->consec && vs->consec) && (ks->pos[i + n - 1] != p + n - 1 || vs->pos[off + n - 1] != p + n - 1)) {
+     * consecutive positions, page runs among them, hold them by construction: no position array is read, they
+     * are cache misses). */
+    int kc = ks->consec;
+    if (!(kc && vs->consec) && ((!kc && ks->pos[i + n - 1] != p + n - 1) || (!vs->consec && vs->pos[off + n - 1] != p + n - 1))) {
         int m = 1;
-        while (m < n && ks->pos[i + m] == vs->pos[off + m]) m++;
+        while (m < n && (kc ? p + m : ks->pos[i + m]) == (vs->consec ? p + m : vs->pos[off + m])) m++;
         n = m;
     }
     emit_llvm_tile_args *a = &j->a;
@@ -381,13 +418,51 @@ static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j)
     a->kmbit = 0;
     const uint8_t *unused_mask = NULL;
     int32_t unused_bit = 0;
-    source_args(ks, i, t->D, &a->k, &a->ks, &a->kz, &a->kf, &a->kmask, &a->kmbit);
+    a->kp = NULL;
+    a->nkp = 0;
+    if (ks->paged) {
+        /* a descriptor per key page the tile spans (the kernel folds q once per page) */
+        int np = 0;
+        for (int at = i; at < i + n; np++) {
+            const cpu_span *ps = ks->pcap ? ks + at / ks->pcap : ks;
+            int sl = ks->pcap ? at % ks->pcap : at, pn = ks->pcap ? ks->pcap - sl : n;
+            if (pn > i + n - at) pn = i + n - at;
+            emit_llvm_kpage *d = &j->kp[np];
+            const uint8_t *f = NULL;
+            d->kmask = NULL;
+            d->kmbit = 0;
+            source_args(ps, sl, t->D, &d->k, &d->ks, &d->kz, &f, &d->kmask, &d->kmbit);
+            d->n = pn;
+            PREFETCH_SOURCE(ps, pn, d->k, d->ks, d->kz, f);
+            at += pn;
+        }
+        a->kp = j->kp;
+        a->nkp = np;
+    } else {
+        source_args(ks, i, t->D, &a->k, &a->ks, &a->kz, &a->kf, &a->kmask, &a->kmbit);
+        PREFETCH_SOURCE(ks, n, a->k, a->ks, a->kz, a->kf);
+    }
     source_args(vs, off, t->D, &a->v, &a->vs, &a->vz, &a->vf, &unused_mask, &unused_bit);
-    PREFETCH_SOURCE(ks, n, a->k, a->ks, a->kz, a->kf);
     PREFETCH_SOURCE(vs, n, a->v, a->vs, a->vz, a->vf);
     j->fn = cls->fn[ks->src][vs->src];
+    j->info.n = n;
+    j->info.k_kind = ks->src + 1;
+    j->info.v_kind = vs->src + 1;
+    j->info.k_pages = kvq_tile_pages(n, i, ks->pcap);
     t->i = i + n;
     return 1;
+}
+
+/* The first K slot of chunk c: an even share of the slots, rounded down to whole tiles past the sinks (the
+ * first span when there are sinks), so that chunk edges fall on page and tile boundaries and cut no tile the
+ * rule would not. */
+static long chunk_edge(const cpu_item *it, const cpu_head *hd, int c)
+{
+    if (c <= 0) return 0;
+    if (c >= it->chunks) return hd->total;
+    long s0 = it->L->sink[0].count, T = it->cls->tile, x = (long)hd->total * c / it->chunks;
+    if (x <= s0) return x;
+    return s0 + (x - s0) / T * T;
 }
 
 void cpu_item_tiles(cpu_item *it, int h, int chunk)
@@ -411,14 +486,14 @@ void cpu_item_tiles(cpu_item *it, int h, int chunk)
     if (chunk == 0)
         for (int i = 0; i < hd->npool; i++) {
             const cpu_span *s = &hd->pools[i];
-            for (int t = 0; t < s->n; t += TILE) {
-                a.n = s->n - t < TILE ? s->n - t : TILE;
+            for (int t = 0; t < s->n; t += it->cls->tile) {
+                a.n = s->n - t < it->cls->tile ? s->n - t : it->cls->tile;
                 a.k = (const uint8_t *)(s->rows + (size_t)t * (size_t)D);
                 a.v = (const uint8_t *)(s->vrows + (size_t)t * (size_t)D);
                 it->cls->fn[0][0](&a);
             }
         }
-    tile_iter t = {hd, 0, 0, -1, len, D, 0, 0, (long)hd->total * chunk / C, (long)hd->total * (chunk + 1) / C};
+    tile_iter t = {hd, 0, 0, -1, len, D, 0, 0, chunk_edge(it, hd, chunk), chunk_edge(it, hd, chunk + 1)};
     /* Tiles run PF behind the iterator: the bytes of the tiles PF - 1 and PF ahead are requested while this one
      * runs (a DRAM access plus, pages being separate allocations, a page walk). */
     enum { PF = 2 };
@@ -468,4 +543,26 @@ int cpu_item_ok(const cpu_item *it)
     for (int h = 0; h < it->L->H; h++)
         if (it->heads[h].broken) return 0;
     return 1;
+}
+
+int cpu_item_tile_list(cpu_item *it, int h, kvq_tile_info *out, int cap)
+{
+    const cpu_head *hd = &it->heads[h];
+    if (hd->broken) return -1;
+    int cnt = 0, T = it->cls->tile;
+    for (int i = 0; i < hd->npool; i++)
+        for (int t = 0; t < hd->pools[i].n; t += T, cnt++)
+            if (cnt < cap) out[cnt] = (kvq_tile_info){hd->pools[i].n - t < T ? hd->pools[i].n - t : T, 1, 1, 1};
+    for (int c = 0; c < it->chunks; c++) {
+        tile_iter t = {hd, 0, 0, -1, it->L->length, it->L->D, 0, 0, chunk_edge(it, hd, c), chunk_edge(it, hd, c + 1)};
+        tile_job j;
+        memset(&j, 0, sizeof j);
+        int r;
+        while ((r = iter_next(&t, it->cls, &j)) > 0) {
+            if (cnt < cap) out[cnt] = j.info;
+            cnt++;
+        }
+        if (r < 0) return -1;
+    }
+    return cnt;
 }

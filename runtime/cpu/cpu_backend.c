@@ -229,6 +229,38 @@ done:
     return st;
 }
 
+/* The tiles of kv head 0 of `seq` at `layer` as a decode step cuts them over the storage as it stands (the
+ * cpu_item of a batch of one on this pool, no query): rt_step_tiles, test_cpu_tiles. */
+static kvq_status cpu_step_tiles(kvq_backend_ctx *ctx, const kvq_backend_seq *seq, int layer, kvq_tile_info *out,
+                                 int cap, int *n, char *msg, size_t msg_size)
+{
+    cpu_state *s = ctx->ext;
+    ref_layer *RL = seq->layers[layer];
+    if (RL->sparse) {
+        snprintf(msg, msg_size, "layer %d is sparse: its steps run the reference's attention", layer);
+        return KVQ_ERR_UNSUPPORTED;
+    }
+    ref_qlayer *L = &RL->q;
+    cpu_item it;
+    memset(&it, 0, sizeof it);
+    ref_arena a = {0};
+    kvq_status st = ref_arena_init(&a, cpu_item_size(&it, L, 0, cpu_pool_threads(s->pool), 1));
+    if (st != KVQ_OK) {
+        snprintf(msg, msg_size, "out of memory");
+        return st;
+    }
+    cpu_item_init(&it, L, &s->cls[s->plan.layer_class[layer]], &a);
+    cpu_item_spans(&it, 0);
+    int got = cpu_item_tile_list(&it, 0, out, cap);
+    ref_arena_free(&a);
+    if (got < 0) {
+        snprintf(msg, msg_size, "the cache broke an invariant (a token missing or counted twice)");
+        return KVQ_ERR_INTERNAL;
+    }
+    *n = got;
+    return KVQ_OK;
+}
+
 const kvq_backend kvq_backend_cpu = {
     .name = "cpu",
     .probe = cpu_probe,
@@ -242,4 +274,5 @@ const kvq_backend kvq_backend_cpu = {
     .decode = cpu_decode,
     .seq_account = ref_seq_account,
     .read_cache = ref_read_cache,
+    .step_tiles = cpu_step_tiles,
 };

@@ -56,6 +56,7 @@ kvq_status cpu_kernels_build(const kvq_be_engine *e, cpu_state *s, char *msg, si
         for (int c = 0; c < p->n_classes; c++) {
             cpu_class *cc = &s->cls[c];
             cc->src = src[c];
+            cc->tile = p->cls[c].tile < EMIT_LLVM_TILE ? p->cls[c].tile : EMIT_LLVM_TILE;
             for (int i = 0; i < cc->src.n_k; i++)
                 for (int j = 0; j < cc->src.n_v; j++) cc->fn[i][j] = fns[n++];
         }

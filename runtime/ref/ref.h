@@ -56,6 +56,9 @@ typedef struct {
     const kvq_tq *tq; /* TurboQuant pages (fmt.tq): the layer's quantizer (its levels and QJL matrix) */
     int *pos;        /* [H][cap] token position of each slot (host metadata) */
     float levels[256]; /* element formats other than int: the level table L (kvq_format_levels) */
+    int run_idx, run_len; /* a page run (layout/tiles.h) of run_len full key pages of one flush, this the
+                           * run_idx-th; run_len 0: none. The pages stay separate allocations: the cpu backend's
+                           * tiles span a run through per-page descriptors (docs/cpu.md "Spans and tiles") */
 } ref_page;
 
 /* Allocates a page of the given format (capacity inside fmt). */

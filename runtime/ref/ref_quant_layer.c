@@ -21,6 +21,7 @@
 #include "policy.h"
 #include "quant.h"
 #include "ref.h"
+#include "tiles.h"
 
 static int saliency_on(const ref_qlayer *L) { return L->cfg->saliency.metric != KVQ_SAL_NONE; }
 static const kvq_tensor_cfg *tcfg(const ref_qlayer *L, int which) { return which ? &L->cfg->value : &L->cfg->key; }
@@ -104,9 +105,19 @@ static kvq_status alloc_pages(const ref_qlayer *L, int which, int B, ref_page **
     kvq_status st = f && sg ? KVQ_OK : KVQ_ERR_NOMEM;
     if (st == KVQ_OK) {
         plan_flush(L, which, B, f, sg);
+        int first = *n;
         for (int j = 0; j < k && st == KVQ_OK; j++) {
             st = ref_page_new(&f[j], sg[j], &dst[*n]);
             if (st == KVQ_OK) dst[(*n)++]->tq = L->tq[which];
+        }
+        /* The flush's full key pages as a page run, as the cuda backend makes them (cu_qlayer.c page_run_new):
+         * keys only, no saliency classes, no OTT competition (its masked pages are made ahead there). */
+        int run = 0;
+        while (st == KVQ_OK && which == 0 && !saliency_on(L) && run < k && !f[run].masked && kvq_page_run_ok(&f[run]))
+            run++;
+        for (int j = 0; st == KVQ_OK && run >= 2 && j < run; j++) {
+            dst[first + j]->run_idx = j;
+            dst[first + j]->run_len = run;
         }
     }
     kvq_free(f);
