@@ -360,6 +360,24 @@ kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t n)
     return KVQ_OK;
 }
 
+kvq_status plan_refuse_formats(const kvq_scheme *scheme, int layers, const char *target, char *msg, size_t n)
+{
+    for (int l = 0; l < layers; l++) {
+        const kvq_layer_cfg *c = kvq_scheme_layer(scheme, l);
+        if (c->mode == KVQ_MODE_SPARSE) continue;
+        for (int w = 0; w < 2; w++) {
+            const kvq_tensor_cfg *t = w ? &c->quant.value : &c->quant.key;
+            if (kvq_bits_is_fp16(t->bits) || t->format.kind == KVQ_FMT_INT) continue;
+            snprintf(msg, n,
+                     "layer %d: the %s' element format %s is not supported by the %s backend yet (the reference "
+                     "backend runs it)",
+                     l, w ? "values" : "keys", kvq_format_name(t->format.kind), target);
+            return KVQ_ERR_UNSUPPORTED;
+        }
+    }
+    return KVQ_OK;
+}
+
 kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype in_dtype, kvq_plan *p, char *msg,
                       size_t n)
 {
@@ -398,16 +416,8 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
                              "decode yet (the reference backend does)", l);
             return KVQ_ERR_UNSUPPORTED;
         }
-        /* The kernels decode asymmetric integers only: another element format gets no plan, so no kernel (JIT or
-         * kvqc build) decodes its codes as integers. */
-        for (int w = 0; w < 2 && cfg->mode != KVQ_MODE_SPARSE; w++) {
-            const kvq_tensor_cfg *t = w ? &cfg->quant.value : &cfg->quant.key;
-            if (kvq_bits_is_fp16(t->bits) || t->format.kind == KVQ_FMT_INT) continue;
-            snprintf(msg, n,
-                     "plan: layer %d: the %s' element format %s has no kernel yet (the reference backend runs it)", l,
-                     w ? "values" : "keys", kvq_format_name(t->format.kind));
-            return KVQ_ERR_UNSUPPORTED;
-        }
+        /* Element formats are planned like integers (the page format carries the format); which ones a target's
+         * kernels decode is the target's question: plan_refuse_formats. */
         while (c < p->n_classes && !layer_eq(seen[c], cfg)) c++;
         if (c == p->n_classes) {
             if (c == PLAN_MAX_CLASSES) {

@@ -133,6 +133,8 @@ static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu
         s->fb = D * (size_t)fm->scale_bytes;
     }
     if (fm->masked) s->mask = pg->mem + lay->mask + hh * ((c + 7) / 8);
+    if (lay->tscale_size) /* element formats: the page's tensor scale, one or one per kv head (layout.h) */
+        s->t = (const float *)(pg->mem + lay->tscale + (fm->format.tensor_scale_per_head ? hh * sizeof(float) : 0));
     return s->src > 0;
 }
 
@@ -383,6 +385,8 @@ static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j)
     int32_t unused_bit = 0;
     source_args(ks, i, t->D, &a->k, &a->ks, &a->kz, &a->kf, &a->kmask, &a->kmbit);
     source_args(vs, off, t->D, &a->v, &a->vs, &a->vz, &a->vf, &unused_mask, &unused_bit);
+    a->kt = ks->t;
+    a->vt = vs->t;
     PREFETCH_SOURCE(ks, n, a->k, a->ks, a->kz, a->kf);
     PREFETCH_SOURCE(vs, n, a->v, a->vs, a->vz, a->vf);
     j->fn = cls->fn[ks->src][vs->src];
