@@ -7,7 +7,12 @@
 static int tensor_eq(const kvq_tensor_cfg *a, const kvq_tensor_cfg *b)
 {
     return a->bits == b->bits && a->gran == b->gran && a->channel_separable == b->channel_separable &&
-           a->group == b->group && a->scale_dtype == b->scale_dtype && a->zero_dtype == b->zero_dtype;
+           a->group == b->group && a->scale_dtype == b->scale_dtype && a->zero_dtype == b->zero_dtype &&
+           a->format.kind == b->format.kind && a->format.n_levels == b->format.n_levels &&
+           !memcmp(a->format.levels, b->format.levels, (size_t)a->format.n_levels * sizeof(float)) &&
+           a->format.codebook_normal == b->format.codebook_normal &&
+           a->format.tensor_scale == b->format.tensor_scale &&
+           a->format.tensor_scale_per_head == b->format.tensor_scale_per_head;
 }
 
 /* Field by field: the scheme is plain data but its padding bytes are not guaranteed to be zero. */
@@ -56,6 +61,15 @@ static void store_init(plan_store *st, const kvq_tensor_cfg *t, int bits, int ma
 
 void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page_format *fmt)
 {
+    kvq_format_cfg f;
+    memset(&f, 0, sizeof f);
+    f.kind = KVQ_FMT_INT;
+    plan_page_format_of(p, st, &f, cap, fmt);
+}
+
+void plan_page_format_of(const kvq_plan *p, const plan_store *st, const kvq_format_cfg *format, int cap,
+                         kvq_page_format *fmt)
+{
     kvq_tensor_cfg t;
     memset(&t, 0, sizeof t);
     t.bits = st->bits;
@@ -64,6 +78,7 @@ void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page
     t.group = st->hidden ? KVQ_GROUP_HIDDEN : (st->group > 0 ? st->group : KVQ_GROUP_ALL);
     t.scale_dtype = st->scale_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16;
     t.zero_dtype = st->zero_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16;
+    t.format = *format;
     kvq_page_format_init(fmt, &t, st->bits, st->masked, p->kv_heads, p->head_dim, cap);
 }
 
@@ -146,7 +161,9 @@ static kvq_status check_class(const plan_class *c, int D, char *msg, size_t n)
     if (!c->quant) return KVQ_OK;
     const plan_store *st[4] = {&c->k_hi, &c->v_hi, &c->k_lo, &c->v_lo};
     for (int i = 0; i < (c->has_low ? 4 : 2); i++) {
-        if (!bits_ok(st[i]->bits)) {
+        const kvq_format_cfg *f = i % 2 ? &c->vcfg.format : &c->kcfg.format;
+        int q5 = st[i]->bits == 5 && (f->kind == KVQ_FMT_Q5_0 || f->kind == KVQ_FMT_Q5_1); /* llama.cpp's 5-bit types */
+        if (!bits_ok(st[i]->bits) && !q5) {
             snprintf(msg, n, "plan: %d-bit storage is not supported", st[i]->bits);
             return KVQ_ERR_UNSUPPORTED;
         }

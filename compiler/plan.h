@@ -96,6 +96,10 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
 
 /* The page format (layout.h) of store `st` at capacity cap, for the plan's dims. */
 void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page_format *fmt);
+/* The same for a tensor of element format `format` (scheme_format.h: the class's kcfg / vcfg format): the code
+ * width and the parameter sections are the format's. plan_page_format is this with asymmetric integers. */
+void plan_page_format_of(const kvq_plan *p, const plan_store *st, const kvq_format_cfg *format, int cap,
+                         kvq_page_format *fmt);
 
 /* Tokens a decode tile of class c may hold when its keys (k_f16) or values (v_f16) are fp16 rows: the tile, or
  * fewer where fp16 rows would overrun the staging (plan_class.rows_k). Every tile list the backends build is cut to
