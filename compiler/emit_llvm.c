@@ -45,6 +45,7 @@ typedef struct {
     int vnni; /* AVX-512 VNNI + BW: the folded key dot products in int16 (vpdpwssd) */
     int int8; /* ...and those of 2-bit keys in int8 pieces (vpdpbusd) */
     int vbmi; /* ...and AVX-512 VBMI (vpermt2b): the int8 P.V of 2- and 4-bit values */
+    int perm16; /* 16 lanes on AVX-512F: vpermps for a codebook's levels (emit_llvm_format.c) */
     LLVMValueRef fn;
 } E;
 
@@ -275,7 +276,7 @@ static LLVMValueRef codes_int(E *e, const kvq_page_format *f, LLVMValueRef row, 
  * element format's decode (emit_llvm_format.c). */
 static LLVMValueRef codes_f32(E *e, const kvq_page_format *f, LLVMValueRef row, int c0)
 {
-    return emit_llvm_format_level(e->b, &f->format, f->bits, codes_int(e, f, row, c0));
+    return emit_llvm_format_level(e->b, &f->format, f->bits, codes_int(e, f, row, c0), e->perm16);
 }
 
 /* Asymmetric integers: the formats the integer fast paths (folds, int16/int8 dot products) are written for. */
@@ -1539,6 +1540,7 @@ static void module_init(E *e, LLVMContextRef ctx, int width, int vnni)
     e->vnni = (vnni & EMIT_LLVM_IR_VNNI) != 0;
     e->int8 = e->vnni && (vnni & EMIT_LLVM_IR_INT8);
     e->vbmi = e->int8 && (vnni & EMIT_LLVM_IR_VBMI);
+    e->perm16 = width == 16 && (vnni & EMIT_LLVM_IR_PERM16);
     e->vf = LLVMVectorType(e->f32, (unsigned)width);
     e->vi = LLVMVectorType(e->i32, (unsigned)width);
     LLVMTypeRef fields[A_COUNT];

@@ -1,12 +1,13 @@
 /* The element decode of kvq's formats beyond asymmetric integers as IR (emit_llvm_format.h): the level L[code]
  * of every format and the one-byte group scales, by bit manipulation where a format is a bit pattern (no table
- * load in the inner loop) and by a select tree over a codebook's levels. Every function equals the reference's
+ * load in the inner loop, no fp32 subnormal operand) and by a select tree over a codebook's levels. Every function equals the reference's
  * table (runtime/quant.c: kvq_format_levels, kvq_format_scale8_decode) on every code; test_cpu_formats checks
  * the decoded attention of every spec in specs/formats/ against the reference backend. */
 #include "emit_llvm_format.h"
 
 #ifdef KVQ_HAVE_LLVM
 #include <math.h>
+#include <string.h>
 
 #include "quant.h"
 
@@ -43,17 +44,22 @@ static Sh shape_of(LLVMBuilderRef b, LLVMValueRef code)
 static LLVMValueRef ki(const Sh *s, long v) { return cshape(s->ity, LLVMConstInt(s->i32, (unsigned long long)v, 1)); }
 static LLVMValueRef kf(const Sh *s, double v) { return cshape(s->fty, LLVMConstReal(s->f32, v)); }
 
-/* A minifloat whose magnitude bits (code & mag_mask) have e exponent bits above m mantissa bits (no inf/NaN
- * encodings handled here): placing them at the top of fp32's exponent field's low end gives 2^(E - 127) (1 + M /
- * 2^m) for E > 0 and the subnormal M 2^(-126 - m) for E = 0; one multiply by 2^(127 - bias) (exact: a power of
- * two, the result is normal) makes both the minifloat's value. The sign bit goes to bit 31. */
+/* A minifloat of e exponent bits above m mantissa bits (exponent bias `bias`; inf/NaN encodings not handled
+ * here), in integer operations and one exact conversion, never an arithmetic on an fp32 subnormal (x86 takes a
+ * microcode assist of ~100 cycles per such operation: e2m1's 0 and 0.5 are subnormal codes, and a kernel that
+ * multiplied them measured ~20x slower): a normal code's magnitude bits shifted to the top of fp32's mantissa
+ * plus (127 - bias) in the exponent field are its fp32 bits; a subnormal code (exponent field 0) is its
+ * mantissa M times 2^(1 - bias - m), exact. The sign bit goes to bit 31. */
 static LLVMValueRef minifloat(const Sh *s, LLVMValueRef code, int e, int m, int bias)
 {
     LLVMBuilderRef b = s->b;
     int nb = 1 + e + m;
     LLVMValueRef mag = LLVMBuildAnd(b, code, ki(s, (1L << (nb - 1)) - 1), "");
-    mag = LLVMBuildShl(b, mag, ki(s, 23 - m), "");
-    LLVMValueRef v = LLVMBuildFMul(b, LLVMBuildBitCast(b, mag, s->fty, ""), kf(s, ldexp(1.0, 127 - bias)), "");
+    LLVMValueRef nbits = LLVMBuildAdd(b, LLVMBuildShl(b, mag, ki(s, 23 - m), ""), ki(s, (long)(127 - bias) << 23), "");
+    LLVMValueRef normal = LLVMBuildBitCast(b, nbits, s->fty, "");
+    LLVMValueRef sub = LLVMBuildFMul(b, LLVMBuildUIToFP(b, mag, s->fty, ""), kf(s, ldexp(1.0, 1 - bias - m)), "");
+    LLVMValueRef is_sub = LLVMBuildICmp(b, LLVMIntULT, mag, ki(s, 1L << m), "");
+    LLVMValueRef v = LLVMBuildSelect(b, is_sub, sub, normal, "");
     LLVMValueRef sign = LLVMBuildShl(b, LLVMBuildAnd(b, code, ki(s, 1L << (nb - 1)), ""), ki(s, 32 - nb), "");
     return LLVMBuildBitCast(b, LLVMBuildOr(b, LLVMBuildBitCast(b, v, s->ity, ""), sign, ""), s->fty, "");
 }
@@ -80,7 +86,8 @@ static LLVMValueRef table_select(const Sh *s, const float *table, int bits, LLVM
     return v[0];
 }
 
-LLVMValueRef emit_llvm_format_level(LLVMBuilderRef b, const kvq_format_cfg *f, int bits, LLVMValueRef code)
+LLVMValueRef emit_llvm_format_level(LLVMBuilderRef b, const kvq_format_cfg *f, int bits, LLVMValueRef code,
+                                    int permute16)
 {
     Sh s = shape_of(b, code);
     switch (f->kind) {
@@ -107,6 +114,19 @@ LLVMValueRef emit_llvm_format_level(LLVMBuilderRef b, const kvq_format_cfg *f, i
     default: {
         float table[256];
         kvq_format_levels(f, bits, table);
+        if (permute16 && bits <= 4 && LLVMGetTypeKind(s.ity) == LLVMVectorTypeKind &&
+            LLVMGetVectorSize(s.ity) == 16) {
+            /* AVX-512: the (up to 16) levels in one register, one vpermps per vector of codes */
+            LLVMValueRef lv[16];
+            for (int i = 0; i < 16; i++) lv[i] = LLVMConstReal(s.f32, i < (1 << bits) ? table[i] : 0.0);
+            LLVMModuleRef m = LLVMGetGlobalParent(LLVMGetBasicBlockParent(LLVMGetInsertBlock(b)));
+            const char *name = "llvm.x86.avx512.permvar.sf.512";
+            unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+            LLVMValueRef fn = LLVMGetIntrinsicDeclaration(m, id, NULL, 0);
+            LLVMTypeRef ft = LLVMIntrinsicGetType(LLVMGetTypeContext(s.ity), id, NULL, 0);
+            LLVMValueRef args[2] = {LLVMConstVector(lv, 16), code};
+            return LLVMBuildCall2(b, ft, fn, args, 2, "");
+        }
         return table_select(&s, table, bits, code);
     }
     }

@@ -12,8 +12,10 @@
 #include "scheme_format.h"
 
 /* L[code] for integer codes `code` (i32, scalar or vector) of format f at code width `bits`, as floats of the
- * same shape. */
-LLVMValueRef emit_llvm_format_level(LLVMBuilderRef b, const kvq_format_cfg *f, int bits, LLVMValueRef code);
+ * same shape. permute16: the target has AVX-512F (a codebook's levels are then one vpermps of 16-lane codes;
+ * else a select tree). */
+LLVMValueRef emit_llvm_format_level(LLVMBuilderRef b, const kvq_format_cfg *f, int bits, LLVMValueRef code,
+                                    int permute16);
 
 /* A one-byte group scale (i8, scalar or vector) as floats: nvfp4's e4m3, mxfp4's e8m0. */
 LLVMValueRef emit_llvm_format_scale8(LLVMBuilderRef b, kvq_format_kind k, LLVMValueRef byte);
