@@ -30,7 +30,9 @@
 #ifdef KVQ_HAVE_LLVM
 #include <llvm-c/Core.h>
 
+#include "emit_llvm_format.h"
 #include "emit_llvm_ir.h"
+#include "quant.h"
 
 /* ------------------------------------------------------------------------------------------ IR helpers -- */
 
@@ -43,10 +45,12 @@ typedef struct {
     int vnni; /* AVX-512 VNNI + BW: the folded key dot products in int16 (vpdpwssd) */
     int int8; /* ...and those of 2-bit keys in int8 pieces (vpdpbusd) */
     int vbmi; /* ...and AVX-512 VBMI (vpermt2b): the int8 P.V of 2- and 4-bit values */
+    int perm16; /* 16 lanes on AVX-512F: vpermps for a codebook's levels (emit_llvm_format.c) */
     LLVMValueRef fn;
 } E;
 
-enum { A_Q, A_ACC, A_ML, A_P, A_K, A_KS, A_KZ, A_KF, A_KMASK, A_V, A_VS, A_VZ, A_VF, A_N, A_KMBIT, A_KPG, A_NKP, A_COUNT };
+enum { A_Q, A_ACC, A_ML, A_P, A_K, A_KS, A_KZ, A_KF, A_KMASK, A_V, A_VS, A_VZ, A_VF, A_N, A_KMBIT, A_KPG, A_NKP, A_KT, A_VT,
+       A_COUNT };
 static int arg_is_i32(int i) { return i == A_N || i == A_KMBIT || i == A_NKP; }
 
 static LLVMValueRef ci32(E *e, long v) { return LLVMConstInt(e->i32, (unsigned long long)v, 1); }
@@ -256,20 +260,28 @@ static LLVMValueRef unpack_plane(E *e, LLVMValueRef row, int b, int c0)
     return LLVMBuildAnd(e->b, v, vic(e, (1L << b) - 1), "");
 }
 
-/* Codes of lanes c0.. of the row at `row` as floats. */
+/* Codes of lanes c0.. of the row at `row` as i32 lanes. 3- and 5-bit codes are two planes (layout.h): the low
+ * two (four) bits, then the high bit as a 1-bit plane. */
+static LLVMValueRef codes_int(E *e, const kvq_page_format *f, LLVMValueRef row, int c0)
+{
+    if (f->bits == 3 || f->bits == 5) {
+        int lb = f->bits - 1;
+        LLVMValueRef lo = unpack_plane(e, row, lb, c0);
+        LLVMValueRef hi = unpack_plane(e, gepc(e, row, (long)f->head_dim * lb / 8), 1, c0);
+        return LLVMBuildOr(e->b, lo, LLVMBuildShl(e->b, hi, vic(e, lb), ""), "");
+    }
+    return unpack_plane(e, row, f->bits, c0);
+}
+
+/* The levels L[code] of lanes c0.. (scheme_format.h): the codes as floats for asymmetric integers, else the
+ * element format's decode (emit_llvm_format.c). */
 static LLVMValueRef codes_f32(E *e, const kvq_page_format *f, LLVMValueRef row, int c0)
 {
-    LLVMValueRef v;
-    if (f->bits == 3) {
-        /* Two planes: the low two bits (D/4 bytes), then the high bit (D/8 bytes). */
-        LLVMValueRef lo = unpack_plane(e, row, 2, c0);
-        LLVMValueRef hi = unpack_plane(e, gepc(e, row, f->head_dim / 4), 1, c0);
-        v = LLVMBuildOr(e->b, lo, LLVMBuildShl(e->b, hi, vic(e, 2), ""), "");
-    } else {
-        v = unpack_plane(e, row, f->bits, c0);
-    }
-    return LLVMBuildUIToFP(e->b, v, e->vf, "");
+    return emit_llvm_format_level(e->b, &f->format, f->bits, codes_int(e, f, row, c0), e->perm16);
 }
+
+/* Asymmetric integers: the formats the integer fast paths (folds, int16/int8 dot products) are written for. */
+static int fmt_int(const kvq_page_format *f) { return f->format.kind == KVQ_FMT_INT; }
 
 /* ---- int16 key dot products (AVX-512 VNNI, docs/cpu.md "Accuracy") ---- */
 
@@ -506,29 +518,56 @@ static LLVMValueRef param_vec(E *e, LLVMValueRef sec, int c0, int bytes)
     return LLVMBuildFPExt(e->b, load(e, LLVMVectorType(e->f16, (unsigned)e->W), p, 2), e->vf, "");
 }
 
+/* A parameter of a page of format f whose entries are `bytes` wide: 0 (the format stores none: `absent`, 1 for
+ * the scale of e4m3 / e5m2, 0 for the zero of a symmetric format: kvq_format_dequant), 1 (nvfp4's e4m3 / mxfp4's
+ * e8m0 scale), 2 or 4. Element idx, and lanes c0.. of a per-channel section. */
+static LLVMValueRef fparam_scalar(E *e, const kvq_page_format *f, LLVMValueRef sec, LLVMValueRef idx, int bytes,
+                                  double absent)
+{
+    if (bytes == 0) return cf(e, absent);
+    if (bytes == 1) return emit_llvm_format_scale8(e->b, f->format.kind, load(e, e->i8, gep(e, sec, idx), 1));
+    return param_scalar(e, sec, idx, bytes);
+}
+static LLVMValueRef fparam_vec(E *e, const kvq_page_format *f, LLVMValueRef sec, int c0, int bytes, double absent)
+{
+    if (bytes == 0) return vfc(e, absent);
+    if (bytes == 1)
+        return emit_llvm_format_scale8(e->b, f->format.kind,
+                                       load(e, LLVMVectorType(e->i8, (unsigned)e->W), gepc(e, sec, c0), 1));
+    return param_vec(e, sec, c0, bytes);
+}
+
 /* Per-token parameters of token t for lanes c0..: one group per lane set (broadcast), or per lane when a group
  * is narrower than the vector. */
 static LLVMValueRef token_param(E *e, const kvq_page_format *f, LLVMValueRef sec, LLVMValueRef t64, int c0,
-                                int bytes)
+                                int bytes, double absent)
 {
-    if (f->hidden) return splat(e, param_scalar(e, sec, t64, bytes));
+    if (f->hidden) return splat(e, fparam_scalar(e, f, sec, t64, bytes, absent));
     int G = f->group, ng = f->head_dim / G;
     LLVMValueRef base = LLVMBuildMul(e->b, t64, ci64(e, ng), "");
     if (c0 / G == (c0 + e->W - 1) / G)
-        return splat(e, param_scalar(e, sec, LLVMBuildAdd(e->b, base, ci64(e, c0 / G), ""), bytes));
+        return splat(e, fparam_scalar(e, f, sec, LLVMBuildAdd(e->b, base, ci64(e, c0 / G), ""), bytes, absent));
     LLVMValueRef v = LLVMGetPoison(e->vf), s = NULL;
     for (int i = 0; i < e->W; i++) {
         if (i == 0 || (c0 + i) / G != (c0 + i - 1) / G)
-            s = param_scalar(e, sec, LLVMBuildAdd(e->b, base, ci64(e, (c0 + i) / G), ""), bytes);
+            s = fparam_scalar(e, f, sec, LLVMBuildAdd(e->b, base, ci64(e, (c0 + i) / G), ""), bytes, absent);
         v = LLVMBuildInsertElement(e->b, v, s, ci32(e, i), "");
     }
     return v;
 }
 
-/* Lanes c0.. of row t (i32) of a source, dequantized to fp32 exactly as ref_page_read does: z + s * code in two
- * roundings, times the channel factor when channel-separable. */
+/* The tensor scale T of a page of format f (the fp32 at t_sec: this kv head's), 1 for formats without one. */
+static LLVMValueRef tensor_scale(E *e, const kvq_page_format *f, LLVMValueRef t_sec)
+{
+    if (!kvq_format_has_tensor_scale(f->format.kind)) return cf(e, 1.0);
+    return load(e, e->f32, t_sec, 4);
+}
+
+/* Lanes c0.. of row t (i32) of a source, dequantized to fp32 exactly as ref_page_read does: z + (s T) L[code]
+ * (kvq_format_dequant; for integers z + s * code) in its roundings, times the channel factor when
+ * channel-separable. */
 static LLVMValueRef row_f32(E *e, const emit_llvm_src *src, int D, LLVMValueRef base, LLVMValueRef s_sec,
-                            LLVMValueRef z_sec, LLVMValueRef f_sec, LLVMValueRef t, int c0)
+                            LLVMValueRef z_sec, LLVMValueRef f_sec, LLVMValueRef t_sec, LLVMValueRef t, int c0)
 {
     LLVMValueRef t64 = LLVMBuildZExt(e->b, t, e->i64, "");
     if (src->fp16) {
@@ -540,13 +579,15 @@ static LLVMValueRef row_f32(E *e, const emit_llvm_src *src, int D, LLVMValueRef 
     LLVMValueRef row = gep(e, base, LLVMBuildMul(e->b, t64, ci64(e, (long)kvq_code_bytes(D, f->bits)), ""));
     LLVMValueRef code = codes_f32(e, f, row, c0), s, z;
     if (f->gran == KVQ_GRAN_CHANNEL) {
-        s = param_vec(e, s_sec, c0, f->scale_bytes);
-        z = param_vec(e, z_sec, c0, f->zero_bytes);
+        s = fparam_vec(e, f, s_sec, c0, f->scale_bytes, 1.0);
+        z = fparam_vec(e, f, z_sec, c0, f->zero_bytes, 0.0);
     } else {
-        s = token_param(e, f, s_sec, t64, c0, f->scale_bytes);
-        z = token_param(e, f, z_sec, t64, c0, f->zero_bytes);
+        s = token_param(e, f, s_sec, t64, c0, f->scale_bytes, 1.0);
+        z = token_param(e, f, z_sec, t64, c0, f->zero_bytes, 0.0);
     }
-    LLVMValueRef x = LLVMBuildFAdd(e->b, z, LLVMBuildFMul(e->b, s, code, ""), "");
+    if (kvq_format_has_tensor_scale(f->format.kind)) s = LLVMBuildFMul(e->b, s, splat(e, tensor_scale(e, f, t_sec)), "");
+    LLVMValueRef x = LLVMBuildFMul(e->b, s, code, "");
+    if (f->zero_bytes) x = LLVMBuildFAdd(e->b, z, x, ""); /* absent: z = 0, and 0 + x is x (up to the sign of 0) */
     if (f->channel_separable) x = LLVMBuildFMul(e->b, x, param_vec(e, f_sec, c0, f->scale_bytes), "");
     return x;
 }
@@ -616,7 +657,7 @@ static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef row, LL
         if (kp->fold) {
             kv = codes_f32(e, &k->k.fmt, row, bl * W);
         } else {
-            kv = row_f32(e, &k->k, D, a[A_K], a[A_KS], a[A_KZ], a[A_KF], t, bl * W);
+            kv = row_f32(e, &k->k, D, a[A_K], a[A_KS], a[A_KZ], a[A_KF], a[A_KT], t, bl * W);
         }
         for (int j = 0; j < g; j++) {
             LLVMValueRef *pc = &part[j][bl % P];
@@ -642,7 +683,8 @@ static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef row, LL
 static int v_int16(const E *e, const emit_llvm_kernel *k)
 {
     const kvq_page_format *f = &k->v.fmt;
-    return e->vnni && e->W == 16 && !k->v.fp16 && f->gran == KVQ_GRAN_TOKEN && !f->hidden && !f->channel_separable &&
+    return e->vnni && e->W == 16 && !k->v.fp16 && fmt_int(f) && f->gran == KVQ_GRAN_TOKEN && !f->hidden &&
+           !f->channel_separable &&
            f->group % 16 == 0 && k->gqa == 1 && k->gqa * (k->head_dim / f->group) <= 32;
 }
 
@@ -1440,6 +1482,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     int vfold = !k->v.fp16 && vf->gran == KVQ_GRAN_TOKEN && !vf->hidden && !vf->channel_separable &&
                 vf->group % W == 0 && g == 1; /* with more heads the per-group scalars cost more than they save */
     int G = vfold ? vf->group : 0, ngr = vfold ? D / G : 0;
+    LLVMValueRef vt_scale = vfold && !k->v.fp16 ? tensor_scale(e, vf, a[A_VT]) : NULL;
     for (int b0 = 0; b0 < NB; b0 += nb) {
         int b1 = b0 + nb < NB ? b0 + nb : NB, m = b1 - b0;
         int g0 = vfold ? b0 * W / G : 0, g1 = vfold ? ((b1 * W) - 1) / G + 1 : 0, mg = g1 - g0;
@@ -1458,7 +1501,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
         for (int x = 0; x < g * m; x++) acc[x] = LLVMBuildPhi(b, e->vf, "");
         /* More than one group per block range: the token's mg scales and zeros as one vector each (a load and a
          * conversion instead of mg scalar ones), sum_t p_t z_t as one vector accumulator (g == 1 here). */
-        int gvec = vfold && mg > 1;
+        int gvec = vfold && mg > 1 && fmt_int(vf);
         LLVMTypeRef gty = LLVMVectorType(e->f32, (unsigned)(mg > 1 ? mg : 1));
         LLVMValueRef zaccv = NULL, zaccv1 = NULL;
         if (gvec) zaccv = LLVMBuildPhi(b, gty, "");
@@ -1481,10 +1524,13 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
             }
             for (int q = 0; q < mg && !gvec; q++) {
                 LLVMValueRef idx = LLVMBuildAdd(b, LLVMBuildMul(b, tv64, ci64(e, ngr), ""), ci64(e, g0 + q), "");
-                LLVMValueRef sc = param_scalar(e, a[A_VS], idx, vf->scale_bytes);
-                LLVMValueRef zp = param_scalar(e, a[A_VZ], idx, vf->zero_bytes);
+                /* element formats: s T (kvq_format_dequant), and no zero sum where none is stored */
+                LLVMValueRef sc = fparam_scalar(e, vf, a[A_VS], idx, vf->scale_bytes, 1.0);
+                if (kvq_format_has_tensor_scale(vf->format.kind)) sc = LLVMBuildFMul(b, sc, vt_scale, "");
                 ps[j * mg + q] = splat(e, LLVMBuildFMul(b, pj, sc, ""));
-                zacc1[j * mg + q] = fma_sum(e, zacc[j * mg + q], pj, zp);
+                zacc1[j * mg + q] = vf->zero_bytes
+                                        ? fma_sum(e, zacc[j * mg + q], pj, param_scalar(e, a[A_VZ], idx, vf->zero_bytes))
+                                        : zacc[j * mg + q];
             }
         }
         for (int i = 0; i < m; i++) {
@@ -1494,7 +1540,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
                 int q = (b0 + i) * W / G - g0;
                 for (int j = 0; j < g; j++) acc1[j * m + i] = fma_sum(e, acc[j * m + i], ps[j * mg + q], code);
             } else {
-                LLVMValueRef vv = row_f32(e, &k->v, D, a[A_V], a[A_VS], a[A_VZ], a[A_VF], tv, (b0 + i) * W);
+                LLVMValueRef vv = row_f32(e, &k->v, D, a[A_V], a[A_VS], a[A_VZ], a[A_VF], a[A_VT], tv, (b0 + i) * W);
                 for (int j = 0; j < g; j++) acc1[j * m + i] = fma_sum(e, acc[j * m + i], pw[j], vv);
             }
         }
@@ -1549,6 +1595,7 @@ static void module_init(E *e, LLVMContextRef ctx, int width, int vnni)
     e->vnni = (vnni & EMIT_LLVM_IR_VNNI) != 0;
     e->int8 = e->vnni && (vnni & EMIT_LLVM_IR_INT8);
     e->vbmi = e->int8 && (vnni & EMIT_LLVM_IR_VBMI);
+    e->perm16 = width == 16 && (vnni & EMIT_LLVM_IR_PERM16);
     e->vf = LLVMVectorType(e->f32, (unsigned)width);
     e->vi = LLVMVectorType(e->i32, (unsigned)width);
     LLVMTypeRef fields[A_COUNT];
@@ -1567,8 +1614,15 @@ int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size)
     for (int i = 0; i < 2; i++) {
         if (s[i]->fp16) continue;
         int bits = s[i]->fmt.bits;
-        if (bits != 1 && bits != 2 && bits != 3 && bits != 4 && bits != 8) {
+        kvq_format_kind fk = s[i]->fmt.format.kind;
+        int q5 = bits == 5 && (fk == KVQ_FMT_Q5_0 || fk == KVQ_FMT_Q5_1);
+        if (bits != 1 && bits != 2 && bits != 3 && bits != 4 && bits != 8 && !q5) {
             snprintf(msg, msg_size, "cpu kernels: %d-bit %s codes", bits, i ? "value" : "key");
+            return 0;
+        }
+        if (s[i]->fmt.channel_separable && s[i]->fmt.scale_bytes != 2 && s[i]->fmt.scale_bytes != 4) {
+            snprintf(msg, msg_size, "cpu kernels: channel-separable %s with the element format %s (no fp16/fp32 "
+                     "scale for the channel factors)", i ? "values" : "keys", kvq_format_name(fk));
             return 0;
         }
         if (s[i]->fmt.gran == KVQ_GRAN_TOKEN && !s[i]->fmt.hidden &&
@@ -1602,7 +1656,12 @@ LLVMModuleRef emit_llvm_ir_module(LLVMContextRef ctx, const emit_llvm_kernel *ks
 
 #endif
 
-int emit_llvm_paged_keys(const emit_llvm_src *s) { return !s->fp16 && s->fmt.gran == KVQ_GRAN_CHANNEL; }
+/* Per-channel integer pages: their scale and zero fold into q once per page (other element formats decode each
+ * token's codes through their levels, emit_llvm_format.c). */
+int emit_llvm_paged_keys(const emit_llvm_src *s)
+{
+    return !s->fp16 && s->fmt.gran == KVQ_GRAN_CHANNEL && s->fmt.format.kind == KVQ_FMT_INT;
+}
 
 #ifndef KVQ_HAVE_LLVM /* built without LLVM */
 

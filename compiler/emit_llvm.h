@@ -20,7 +20,7 @@
 #include "plan.h"
 
 /* The code generator's version: part of the JIT cache key (bump when the IR changes meaning). */
-#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-10"
+#define EMIT_LLVM_KVQ_VERSION "kvq-cpu-11"
 
 /* Most tokens per tile: a multiple of every vector width the emitter uses (4, 8, 16). The runtime cuts tiles of
  * the plan's length (plan_class.tile, 128; at most this) by the one rule of layout/tiles.h. */
@@ -64,6 +64,8 @@ typedef struct {
     const emit_llvm_kpage *kp; /* paged keys (emit_llvm_paged_keys): the tile's nkp key pages; k, ks, kz, kmask and
                                 * kmbit above are then not read */
     int32_t nkp;
+    const float *kt, *vt; /* element formats with a tensor scale (e4m3, e5m2, nvfp4): this kv head's fp32 T
+                           * of the K / V page (layout.h's tscale section); else unused */
 } emit_llvm_tile_args;
 
 /* 1 if kernels with K source s read their keys through emit_llvm_tile_args.kp (per-channel quantized pages: the
@@ -88,7 +90,8 @@ int emit_llvm_host_width(int force);
 /* OR'd into a width argument like EMIT_LLVM_NO_VNNI: no int8 key path (2-bit keys then take the int16 one). */
 #define EMIT_LLVM_NO_INT8 0x200
 
-/* 1 if the emitter can build a kernel for this pair (bits 1, 2, 3, 4, 8, 16; head_dim a multiple of 32). */
+/* 1 if the emitter can build a kernel for this pair (bits 1, 2, 3, 4, 8, 16, and 5 for q5_0/q5_1; every element
+ * format of scheme_format.h; head_dim a multiple of 32). */
 int emit_llvm_supported(const emit_llvm_kernel *k, char *msg, size_t msg_size);
 
 /* ---- the kernels of a plan (emit_llvm_plan.c): what the cpu backend compiles and `kvqc build --target cpu`

@@ -68,7 +68,9 @@ static int vnni_for(const char *features, int width, int force)
     int on = width == 16 && !(force & EMIT_LLVM_NO_VNNI) && features && strstr(features, "+avx512vnni") &&
              strstr(features, "+avx512bw");
     int i8 = on && !(force & EMIT_LLVM_NO_INT8);
-    return !on ? 0 : EMIT_LLVM_IR_VNNI | (i8 ? EMIT_LLVM_IR_INT8 : 0) | (i8 && has_feature(features, "+avx512vbmi") ? EMIT_LLVM_IR_VBMI : 0);
+    int perm = width == 16 && features && strstr(features, "+avx512f") ? EMIT_LLVM_IR_PERM16 : 0;
+    return perm | (!on ? 0 : EMIT_LLVM_IR_VNNI | (i8 ? EMIT_LLVM_IR_INT8 : 0) |
+                                 (i8 && has_feature(features, "+avx512vbmi") ? EMIT_LLVM_IR_VBMI : 0));
 }
 
 int emit_llvm_host_width(int force)

@@ -7,7 +7,12 @@
 static int tensor_eq(const kvq_tensor_cfg *a, const kvq_tensor_cfg *b)
 {
     return a->bits == b->bits && a->gran == b->gran && a->channel_separable == b->channel_separable &&
-           a->group == b->group && a->scale_dtype == b->scale_dtype && a->zero_dtype == b->zero_dtype;
+           a->group == b->group && a->scale_dtype == b->scale_dtype && a->zero_dtype == b->zero_dtype &&
+           a->format.kind == b->format.kind && a->format.n_levels == b->format.n_levels &&
+           !memcmp(a->format.levels, b->format.levels, (size_t)a->format.n_levels * sizeof(float)) &&
+           a->format.codebook_normal == b->format.codebook_normal &&
+           a->format.tensor_scale == b->format.tensor_scale &&
+           a->format.tensor_scale_per_head == b->format.tensor_scale_per_head;
 }
 
 /* Field by field: the scheme is plain data but its padding bytes are not guaranteed to be zero. */
@@ -56,6 +61,15 @@ static void store_init(plan_store *st, const kvq_tensor_cfg *t, int bits, int ma
 
 void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page_format *fmt)
 {
+    kvq_format_cfg f;
+    memset(&f, 0, sizeof f);
+    f.kind = KVQ_FMT_INT;
+    plan_page_format_of(p, st, &f, cap, fmt);
+}
+
+void plan_page_format_of(const kvq_plan *p, const plan_store *st, const kvq_format_cfg *format, int cap,
+                         kvq_page_format *fmt)
+{
     kvq_tensor_cfg t;
     memset(&t, 0, sizeof t);
     t.bits = st->bits;
@@ -64,6 +78,7 @@ void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page
     t.group = st->hidden ? KVQ_GROUP_HIDDEN : (st->group > 0 ? st->group : KVQ_GROUP_ALL);
     t.scale_dtype = st->scale_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16;
     t.zero_dtype = st->zero_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16;
+    t.format = *format;
     kvq_page_format_init(fmt, &t, st->bits, st->masked, p->kv_heads, p->head_dim, cap);
 }
 
@@ -146,7 +161,9 @@ static kvq_status check_class(const plan_class *c, int D, char *msg, size_t n)
     if (!c->quant) return KVQ_OK;
     const plan_store *st[4] = {&c->k_hi, &c->v_hi, &c->k_lo, &c->v_lo};
     for (int i = 0; i < (c->has_low ? 4 : 2); i++) {
-        if (!bits_ok(st[i]->bits)) {
+        const kvq_format_cfg *f = i % 2 ? &c->vcfg.format : &c->kcfg.format;
+        int q5 = st[i]->bits == 5 && (f->kind == KVQ_FMT_Q5_0 || f->kind == KVQ_FMT_Q5_1); /* llama.cpp's 5-bit types */
+        if (!bits_ok(st[i]->bits) && !q5) {
             snprintf(msg, n, "plan: %d-bit storage is not supported", st[i]->bits);
             return KVQ_ERR_UNSUPPORTED;
         }
@@ -360,6 +377,24 @@ kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t n)
     return KVQ_OK;
 }
 
+kvq_status plan_refuse_formats(const kvq_scheme *scheme, int layers, const char *target, char *msg, size_t n)
+{
+    for (int l = 0; l < layers; l++) {
+        const kvq_layer_cfg *c = kvq_scheme_layer(scheme, l);
+        if (c->mode == KVQ_MODE_SPARSE) continue;
+        for (int w = 0; w < 2; w++) {
+            const kvq_tensor_cfg *t = w ? &c->quant.value : &c->quant.key;
+            if (kvq_bits_is_fp16(t->bits) || t->format.kind == KVQ_FMT_INT) continue;
+            snprintf(msg, n,
+                     "layer %d: the %s' element format %s is not supported by the %s backend yet (the reference "
+                     "backend runs it)",
+                     l, w ? "values" : "keys", kvq_format_name(t->format.kind), target);
+            return KVQ_ERR_UNSUPPORTED;
+        }
+    }
+    return KVQ_OK;
+}
+
 kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype in_dtype, kvq_plan *p, char *msg,
                       size_t n)
 {
@@ -398,16 +433,8 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
                              "decode yet (the reference backend does)", l);
             return KVQ_ERR_UNSUPPORTED;
         }
-        /* The kernels decode asymmetric integers only: another element format gets no plan, so no kernel (JIT or
-         * kvqc build) decodes its codes as integers. */
-        for (int w = 0; w < 2 && cfg->mode != KVQ_MODE_SPARSE; w++) {
-            const kvq_tensor_cfg *t = w ? &cfg->quant.value : &cfg->quant.key;
-            if (kvq_bits_is_fp16(t->bits) || t->format.kind == KVQ_FMT_INT) continue;
-            snprintf(msg, n,
-                     "plan: layer %d: the %s' element format %s has no kernel yet (the reference backend runs it)", l,
-                     w ? "values" : "keys", kvq_format_name(t->format.kind));
-            return KVQ_ERR_UNSUPPORTED;
-        }
+        /* Element formats are planned like integers (the page format carries the format); which ones a target's
+         * kernels decode is the target's question: plan_refuse_formats. */
         while (c < p->n_classes && !layer_eq(seen[c], cfg)) c++;
         if (c == p->n_classes) {
             if (c == PLAN_MAX_CLASSES) {

@@ -65,6 +65,7 @@ typedef struct {
      * a per-channel section) and the per-channel sections' bytes (prefetch). */
     const uint8_t *x, *sc, *z, *f, *mask;
     size_t xb, sb, zb, sfix, zfix, fb;
+    const float *t; /* element formats with a tensor scale: this kv head's T (layout.h tscale), else NULL */
 } cpu_span;
 
 /* Per (sequence, kv head) of a decode step. */

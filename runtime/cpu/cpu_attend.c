@@ -114,7 +114,7 @@ static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu
     }
     s->pg = pg;
     s->src = cpu_class_source(cls, which, &pg->fmt);
-    s->paged = which == 0 && pg->fmt.gran == KVQ_GRAN_CHANNEL; /* emit_llvm_paged_keys */
+    s->paged = which == 0 && pg->fmt.gran == KVQ_GRAN_CHANNEL && pg->fmt.format.kind == KVQ_FMT_INT; /* emit_llvm_paged_keys */
     const kvq_page_format *fm = &pg->fmt;
     const kvq_page_layout *lay = &pg->lay;
     size_t hh = (size_t)h, D = (size_t)fm->head_dim, c = (size_t)cap, p0, step;
@@ -141,6 +141,8 @@ static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu
         s->fb = D * (size_t)fm->scale_bytes;
     }
     if (fm->masked) s->mask = pg->mem + lay->mask + hh * ((c + 7) / 8);
+    if (lay->tscale_size) /* element formats: the page's tensor scale, one or one per kv head (layout.h) */
+        s->t = (const float *)(pg->mem + lay->tscale + (fm->format.tensor_scale_per_head ? hh * sizeof(float) : 0));
     return s->src > 0;
 }
 
@@ -152,7 +154,7 @@ static void join_runs(cpu_span *ks, int nk)
     for (int i = 0; i < nk;) {
         cpu_span *s = &ks[i];
         int j = i + 1;
-        if (s->pg && s->pg->run_len > 0 && s->consec && s->n == s->pg->fmt.capacity) {
+        if (s->paged && s->pg->run_len > 0 && s->consec && s->n == s->pg->fmt.capacity) {
             int rn = s->n;
             while (j < nk && ks[j].pg && ks[j].pg->run_len > 0 && ks[j].pg->run_idx == ks[j - 1].pg->run_idx + 1 &&
                    ks[j].src == s->src && ks[j].consec && ks[j].n == s->n && ks[j].first == ks[j - 1].first + ks[j - 1].n)
@@ -443,6 +445,8 @@ static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j)
         PREFETCH_SOURCE(ks, n, a->k, a->ks, a->kz, a->kf);
     }
     source_args(vs, off, t->D, &a->v, &a->vs, &a->vz, &a->vf, &unused_mask, &unused_bit);
+    a->kt = ks->t;
+    a->vt = vs->t;
     PREFETCH_SOURCE(vs, n, a->v, a->vs, a->vz, a->vf);
     j->fn = cls->fn[ks->src][vs->src];
     j->info.n = n;

@@ -22,7 +22,6 @@ static kvq_status cpu_supports(const kvq_be_engine *e, char *msg, size_t msg_siz
 {
     kvq_status st = kvq_backend_reference.supports(e, msg, msg_size);
     if (st != KVQ_OK) return st;
-    if ((st = kvq_be_refuse_formats(e, "cpu", msg, msg_size)) != KVQ_OK) return st;
     kvq_plan *p = kvq_malloc(sizeof *p);
     if (!p) {
         snprintf(msg, msg_size, "out of memory");

@@ -2,7 +2,8 @@
  * on awkward shapes (lengths 1, 17, 97, 1000; batch 1, 3, 17 of different lengths; GQA 1, 4, 8; head_dim 64,
  * 96, 128, 256; threads 1 and 2), decode outputs within 1e-3 relative of the reference's at every step,
  * read_cache bit-identical and stats identical at the end; a scheme it cannot run refused with
- * KVQ_ERR_UNSUPPORTED and a reason; allocation failures through create, prefill and decode. Without LLVM the
+ * KVQ_ERR_UNSUPPORTED and a reason; allocation failures through create, prefill and decode; every element format
+ * of specs/formats/ (test_formats) and their answer to non-finite input (test_format_edges). Without LLVM the
  * backend is unavailable and every case prints SKIP. */
 #include <dirent.h>
 #include <math.h>
@@ -405,6 +406,112 @@ static void test_adversarial(void)
     }
 }
 
+/* Every scheme of specs/formats/ (element formats, compiler/emit_llvm_format.c) against the reference: outputs
+ * within 1e-3 and read_cache bit-identical (the cpu backend stores with the reference's one quantizer, so the codes
+ * are the reference's), on the host's widest path, on adversarial data at GQA 1 (large offsets and scales:
+ * tensor scales from the prompt saturate later tokens, as docs/language.md says), and at 8 and 4 lanes. */
+static void test_formats(void)
+{
+    char *names[64];
+    int n = th_list_files("specs/formats", ".kvq", names, 64), schemes = 0;
+    static const shape sh[] = {{97, 3, 4, 128, 2, 12}, {200, 1, 1, 64, 1, 20}, {40, 2, 2, 96, 1, 6}};
+    for (int i = 0; i < n; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "specs/formats/%s", names[i]);
+        free(names[i]);
+        if (unavailable[0]) {
+            printf("SKIP cpu vs reference: %s: %s\n", rel, unavailable);
+            continue;
+        }
+        kvq_spec *sp = tu_spec_file(rel);
+        for (int j = 0; sp && j < kvq_spec_scheme_count(sp); j++, schemes++) {
+            const kvq_scheme *sch = kvq_spec_scheme_at(sp, j);
+            th_begin("cpu vs reference: %s scheme %s (host path, adversarial GQA 1, 8 and 4 lanes)", rel, sch->name);
+            compare_run(sch->name, sch, &sh[0]);
+            adversarial = 1;
+            compare_run(sch->name, sch, &sh[1]);
+            adversarial = 0;
+            for (int w = 8; w >= 4; w /= 2) {
+                char val[8];
+                snprintf(val, sizeof val, "%d", w);
+                setenv("KVQ_CPU_VECTOR_WIDTH", val, 1);
+                compare_run(sch->name, sch, &sh[2]);
+            }
+            unsetenv("KVQ_CPU_VECTOR_WIDTH");
+            th_end();
+        }
+        kvq_spec_free(sp);
+    }
+    if (!unavailable[0]) {
+        th_begin("cpu: specs/formats covered");
+        TH_CHECK(schemes >= 13, "only %d schemes under specs/formats", schemes);
+        th_end();
+    }
+}
+
+/* Non-finite and out-of-range K/V (NaN, inf, beyond fp16's 65504) on an element format: the cpu backend answers
+ * as the reference does (the same status; the engine's input policy runs before any backend), and a refused step
+ * changes nothing: the next good step agrees with the reference. */
+static void test_format_edges(void)
+{
+    static const char *files[] = {"specs/formats/fp8-e4m3.kvq", "specs/formats/nvfp4.kvq", "specs/formats/q4_0.kvq",
+                                  "specs/formats/mxfp4.kvq"};
+    static const float bad[] = {NAN, INFINITY, -INFINITY, 1e6f};
+    if (unavailable[0]) {
+        printf("SKIP cpu: element formats on non-finite input: %s\n", unavailable);
+        return;
+    }
+    th_begin("cpu: element formats on NaN / inf / out-of-range K and V: the reference's answer, nothing changed");
+    shape s = {40, 1, 2, 64, 1, 1};
+    int H = KVH * s.gqa, D = s.D;
+    for (int f = 0; f < 4; f++) {
+        kvq_spec *sp = tu_spec_file(files[f]);
+        const kvq_scheme *sch = sp ? kvq_spec_scheme_at(sp, 0) : NULL;
+        kvq_engine *eng[2] = {NULL, NULL};
+        kvq_seq *sq[2] = {NULL, NULL};
+        char err[512];
+        float *buf = malloc((size_t)(2 * KVH + H) * (size_t)s.len * (size_t)D * sizeof(float));
+        float dk[KVH * 64], dv[KVH * 64], dq[8 * 64], out[2][8 * 64];
+        tu_fill(buf, (size_t)(2 * KVH + H) * (size_t)s.len * (size_t)D, 2.0f);
+        for (int w = 0; w < 2 && sch; w++) {
+            kvq_status st = make_engine(sch, w ? KVQ_BACKEND_CPU : KVQ_BACKEND_REFERENCE, &s, 1, &eng[w], err, sizeof err);
+            TH_CHECK(st == KVQ_OK, "%s: engine %d: %s", files[f], w, err);
+            if (st == KVQ_OK) st = kvq_seq_create(eng[w], &sq[w]);
+            kvq_prefill_item it = {sq[w], s.len, buf, buf + (size_t)KVH * s.len * D, buf + (size_t)2 * KVH * s.len * D};
+            if (st == KVQ_OK) st = kvq_prefill(eng[w], 0, &it, 1);
+            TH_CHECK(st == KVQ_OK, "%s: prefill %d: %s", files[f], w, eng[w] ? kvq_engine_errmsg(eng[w]) : "");
+        }
+        for (int b = 0; b < 5 && eng[0] && eng[1] && sq[0] && sq[1]; b++) {
+            tu_fill(dk, sizeof dk / sizeof *dk, 2.0f);
+            tu_fill(dv, sizeof dv / sizeof *dv, 2.0f);
+            tu_fill(dq, (size_t)H * D, 2.0f);
+            if (b < 4) (b % 2 ? dv : dk)[17] = bad[b]; /* the last round is a good step */
+            kvq_status st[2];
+            for (int w = 0; w < 2; w++) {
+                kvq_decode_item d = {sq[w], dk, dv, dq, out[w]};
+                st[w] = kvq_decode(eng[w], 0, &d, 1);
+            }
+            TH_CHECK(st[0] == st[1], "%s: input %g: reference %s, cpu %s (%s)", files[f], b < 4 ? bad[b] : 0.0,
+                     kvq_status_str(st[0]), kvq_status_str(st[1]), kvq_engine_errmsg(eng[1]));
+            if (st[0] == KVQ_OK && st[1] == KVQ_OK) {
+                double rel = 0;
+                for (int h = 0; h < H; h++) {
+                    double r = tu_rel_err(out[1] + h * D, out[0] + h * D, (size_t)D, 1e-6);
+                    if (!(r <= rel)) rel = r;
+                }
+                TH_CHECK(rel <= 1e-3, "%s: step %d: relative error %.3g", files[f], b, rel);
+            }
+        }
+        for (int w = 0; w < 2; w++) {
+            if (sq[w]) kvq_seq_free(eng[w], sq[w]);
+            kvq_engine_free(eng[w]);
+        }
+        free(buf);
+        kvq_spec_free(sp);
+    }
+    th_end();
+}
+
 /* The JIT cache: a miss compiles and writes the object, a hit loads it, a corrupt entry is a miss. */
 static void test_cache(void)
 {
@@ -439,7 +546,7 @@ static void test_cache(void)
             for (int i = 0; i < 2 * 64; i++) q[i] = 0.1f * (float)(i % 7);
             memset(res[r], 0, sizeof res[r]);
             emit_llvm_tile_args a = {q, res[r], ml, p, (const uint8_t *)K, NULL, NULL, NULL, NULL, (const uint8_t *)V,
-                                     NULL, NULL, NULL, 3, 0, NULL, 0};
+                                     NULL, NULL, NULL, 3, 0, NULL, 0, NULL, NULL};
             fn(&a);
         }
         emit_llvm_free(j);
@@ -582,6 +689,8 @@ int main(void)
     test_unsupported();
     test_widths();
     test_adversarial();
+    test_formats();
+    test_format_edges();
     test_cache();
     test_ir();
     test_alloc_failures("specs/kivi2.kvq");
