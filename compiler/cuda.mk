@@ -27,6 +27,8 @@ generated: $(BUILD)/kvqc sass-tools
 # `make gpu-test` / `make bench-gpu`; without one they print "skipped: <reason>" and exit 0.
 GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/gpu/%,$(wildcard tests/gpu/test_*.c))
 BENCH_GPU := $(BUILD)/bench/bench_gpu_decode
+# their dependency files (a GPU test includes a unit test's source: a change there rebuilds it)
+-include $(GPU_TEST_BIN:=.d)
 $(BUILD)/gpu/%: tests/gpu/%.c $(BUILD)/obj/tests/harness.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/obj/tests/harness.o $(LIB) $(LDLIBS_ALL)

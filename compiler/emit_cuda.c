@@ -162,8 +162,10 @@ int emit_cuda_kernels(const kvq_plan *p, emit_cuda_kernel *out, int max)
         add_kernel(out, &n, max, "kvq_ott_undo", EMIT_K_POLICY, -1, "kvq_ott_params", OP, 32, 1, 1, "(kv_heads)");
     }
     if (p->any_saliency) {
+        add_kernel(out, &n, max, "kvq_zip_stats_max", EMIT_K_POLICY, -1, "kvq_zip_params", ZP, 256, 1, 1,
+                   "(probes, heads, ceil(T / KVQ_ZS_CHUNK))");
         add_kernel(out, &n, max, "kvq_zip_stats", EMIT_K_POLICY, -1, "kvq_zip_params", ZP, 256, 1, 1,
-                   "(probes, heads)");
+                   "(probes, heads, ceil(T / KVQ_ZS_CHUNK))");
         add_kernel(out, &n, max, "kvq_zip_saliency", EMIT_K_POLICY, -1, "kvq_zip_params", ZP, 256, 1, 1,
                    "(ceil(n / 256), kv_heads)");
         add_kernel(out, &n, max, "kvq_zip_row", EMIT_K_POLICY, -1, "kvq_zip_params", ZP, 256, 1, 1, "(kv_heads)");

@@ -194,7 +194,8 @@ typedef struct {
 } kvq_ott_params;
 
 /* ZipCache (Eq. 7-9, Alg. 2-3), block KVQ_PTHREADS:
- *   kvq_zip_stats    grid (np, heads): max logit and softmax denominator of each prefill probe row;
+ *   kvq_zip_stats_max, then kvq_zip_stats, grid (np, heads, ceil(T / chunk)), stats zeroed before: max logit
+ *                    and softmax denominator of each prefill probe row, key chunk by key chunk (order-independent);
  *   kvq_zip_saliency grid (ceil(n / KVQ_PTHREADS), kv_heads): Eq. 7/8 of prompt tokens [first, first + n);
  *   kvq_zip_norm_{max,sum}_c<k> grid (kv_heads, KVQ_ZN_CHUNKS), then kvq_zip_norm_fin grid (kv_heads): a decode
  *                    probe's max logit and normaliser over the whole cache (its tiles), kvq_zip_norm_params;
@@ -206,7 +207,7 @@ typedef struct {
     kvq_u64 q;        /* const float: probe queries [heads][np][D] (stats, saliency); the step's [heads][D] (row) */
     kvq_rows k;       /* fp16 keys: the prompt [kv_heads][T][D]; the key window ring (row) */
     kvq_u64 pos;      /* const int [np]: probe positions (stats, saliency), relative to the window (rowsal) */
-    kvq_u64 stats;    /* double [heads][np][2] */
+    kvq_u64 stats;    /* u64 [heads][np][2]: max logit's order key, fixed-point denominator (kvq_zip_stats) */
     kvq_u64 rows;     /* float [probe rows][kv_heads][wcap] */
     kvq_u64 norm;     /* const double [heads][2]: the probe's max logit and normaliser over the cache (row) */
     kvq_u64 sal;      /* float [kv_heads][n] */
@@ -215,7 +216,10 @@ typedef struct {
     double scale;     /* the softmax scale */
     kvq_i32 np, first, n, accumulated;
     kvq_i32 n_high, row, wcap, count; /* count: tokens in the window (row) */
+    kvq_i32 chunk, reserved;          /* chunk: keys per block of kvq_zip_stats{,_max} (KVQ_ZS_CHUNK) */
 } kvq_zip_params;
+/* Keys per block of the prefill probe rows: 8 per thread, a 128k prompt in 64 chunks. */
+#define KVQ_ZS_CHUNK 2048
 
 /* The normaliser of a decode probe's row, Eq. 9's softmax over every token of the cache (docs/cuda.md
  * "Determinism"): per query head the max logit m and Z = sum of kvq_prob_fixed(e^(l - m)), written to norm. Over
@@ -297,12 +301,13 @@ KVQ_OFFSET_ASSERT(kvq_decode_params, tiles_per_chunk, 60);
 KVQ_OFFSET_ASSERT(kvq_quant_params, cap, 48);
 KVQ_OFFSET_ASSERT(kvq_store_params, n, 52);
 KVQ_PARAMS_CHECK(kvq_ott_params, 168);
-KVQ_PARAMS_CHECK(kvq_zip_params, 136);
+KVQ_PARAMS_CHECK(kvq_zip_params, 144);
 KVQ_PARAMS_CHECK(kvq_tk_params, 64);
 KVQ_PARAMS_CHECK(kvq_dense_params, 56);
 KVQ_OFFSET_ASSERT(kvq_ott_params, group, 164);
 KVQ_OFFSET_ASSERT(kvq_zip_params, scale, 96);
 KVQ_OFFSET_ASSERT(kvq_zip_params, count, 132);
+KVQ_OFFSET_ASSERT(kvq_zip_params, chunk, 136);
 KVQ_OFFSET_ASSERT(kvq_tk_params, n_ch, 56);
 KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
 KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);

@@ -277,19 +277,48 @@ KVQ_DEV double kvq_dot_qk(const float *q, const kvq_rows *r, long long row0)
     return s;
 }
 
-/* Eq. 9's probe rows, softmax(q K^T * scale) over keys 0..pos: the max logit, then the denominator summed by one
- * thread in key order from exps computed KVQ_PTHREADS at a time. */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_stats(const kvq_zip_params p)
+/* kvq_prob_fixed (runtime/policy.h): a weight e in [0, 1] in integer units of 2^-40, truncated. */
+#define KVQ_PROB_FIXED_UNIT 9.094947017729282e-13
+KVQ_DEV unsigned long long kvq_prob_fixed(double e) { return (unsigned long long)(e * 1099511627776.0); }
+
+/* A double's order key: unsigned comparison of keys is the comparison of the doubles (-0 below +0; NaN never
+ * enters: the callers skip it as ref_saliency.c's `>` does), so atomicMax on keys is the maximum in any order. */
+KVQ_DEV unsigned long long kvq_dkey(double x)
+{
+    unsigned long long b = (unsigned long long)__double_as_longlong(x);
+    return (b >> 63) ? ~b : b | 0x8000000000000000ull;
+}
+KVQ_DEV double kvq_dkey_val(unsigned long long k)
+{
+    return __longlong_as_double((long long)((k >> 63) ? k & 0x7fffffffffffffffull : ~k));
+}
+
+/* Eq. 9's prefill probe rows, softmax(q K^T * scale) over keys 0..pos, over (probe, query head, key chunk) grids:
+ * block z takes keys [z * chunk, (z + 1) * chunk) of the row. kvq_zip_stats_max: the row's max logit, kvq_zip_stats
+ * then its denominator as the integer sum of kvq_prob_fixed(e^(l - m)) (ref_saliency.c sums the same integers).
+ * A maximum and an integer sum are the same whatever order the chunks run in, so the result does not depend on
+ * the chunking. stats: u64 [heads][np][2] = (order key of the max logit, fixed-point sum), zeroed before (key 0
+ * is below every double's). */
+KVQ_DEV int kvq_zip_stats_begin(const kvq_zip_params *p, float *qs, int *t0, int *t1)
+{
+    const int r = blockIdx.x, hq = blockIdx.y, n = ((const int *)p->pos)[r] + 1;
+    *t0 = blockIdx.z * p->chunk;
+    *t1 = min(n, *t0 + p->chunk);
+    if (*t0 >= n) return 0; /* a chunk past the probe: it cannot see those keys (uniform per block) */
+    for (int x = threadIdx.x; x < KVQ_D; x += KVQ_PTHREADS)
+        qs[x] = ((const float *)p->q)[((long long)hq * p->np + r) * KVQ_D + x];
+    __syncthreads();
+    return 1;
+}
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_stats_max(const kvq_zip_params p)
 {
     __shared__ float qs[KVQ_D];
     __shared__ double red[KVQ_PTHREADS];
-    const int r = blockIdx.x, hq = blockIdx.y, h = hq / KVQ_GQA, tid = threadIdx.x;
-    const int n = ((const int *)p.pos)[r] + 1;
-    for (int x = tid; x < KVQ_D; x += KVQ_PTHREADS)
-        qs[x] = ((const float *)p.q)[((long long)hq * p.np + r) * KVQ_D + x];
-    __syncthreads();
+    const int hq = blockIdx.y, h = hq / KVQ_GQA, tid = threadIdx.x;
+    int t0, t1;
+    if (!kvq_zip_stats_begin(&p, qs, &t0, &t1)) return;
     double mx = KVQ_NEG_INF_D;
-    for (int t = tid; t < n; t += KVQ_PTHREADS) {
+    for (int t = t0 + tid; t < t1; t += KVQ_PTHREADS) {
         double l = kvq_dmul(kvq_dot_qk(qs, &p.k, kvq_row_at(&p.k, h, t, 0)), p.scale);
         if (l > mx) mx = l;
     }
@@ -299,22 +328,28 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_stats(cons
         if (tid < s && red[tid + s] > red[tid]) red[tid] = red[tid + s];
         __syncthreads();
     }
-    mx = red[0];
-    __syncthreads();
-    double den = 0.0;
-    for (int base = 0; base < n; base += KVQ_PTHREADS) {
-        int t = base + tid;
-        red[tid] = t < n ? kvq_exp_det(kvq_dmul(kvq_dot_qk(qs, &p.k, kvq_row_at(&p.k, h, t, 0)), p.scale) - mx) : 0.0;
-        __syncthreads();
-        if (tid == 0)
-            for (int j = 0; j < min(KVQ_PTHREADS, n - base); j++) den += red[j];
-        __syncthreads();
-    }
     if (tid == 0) {
-        double *st = (double *)p.stats + ((long long)hq * p.np + r) * 2;
-        st[0] = mx;
-        st[1] = den;
+        mx = red[0] == 0.0 ? 0.0 : red[0]; /* +0 for -0, as the reference */
+        atomicMax((unsigned long long *)p.stats + ((long long)hq * p.np + blockIdx.x) * 2, kvq_dkey(mx));
     }
+}
+KVQ_KERNEL_EXPORT(kvq_zip_stats_max);
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_stats(const kvq_zip_params p)
+{
+    __shared__ float qs[KVQ_D];
+    __shared__ unsigned long long zsum;
+    const int hq = blockIdx.y, h = hq / KVQ_GQA, tid = threadIdx.x;
+    if (tid == 0) zsum = 0;
+    int t0, t1;
+    if (!kvq_zip_stats_begin(&p, qs, &t0, &t1)) return;
+    unsigned long long *st = (unsigned long long *)p.stats + ((long long)hq * p.np + blockIdx.x) * 2;
+    const double mx = kvq_dkey_val(st[0]);
+    unsigned long long z = 0;
+    for (int t = t0 + tid; t < t1; t += KVQ_PTHREADS)
+        z += kvq_prob_fixed(kvq_exp_det(kvq_dmul(kvq_dot_qk(qs, &p.k, kvq_row_at(&p.k, h, t, 0)), p.scale) - mx));
+    atomicAdd(&zsum, z);
+    __syncthreads();
+    if (tid == 0) atomicAdd(st + 1, zsum);
 }
 KVQ_KERNEL_EXPORT(kvq_zip_stats);
 
@@ -332,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_saliency(c
     if (i >= p.n) return;
     const int t = p.first + i, *pos = (const int *)p.pos;
     const long long row0 = kvq_row_at(&p.k, h, t, 0);
-    const double *st = (const double *)p.stats;
+    const unsigned long long *st = (const unsigned long long *)p.stats;
     double sum = 0.0;
     int nnz = 0;
     for (int r = 0; r < p.np; r++) {
@@ -340,9 +375,9 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_saliency(c
         float a = 0.0f;
         for (int j = 0; j < KVQ_GQA; j++) {
             long long qr = (long long)(h * KVQ_GQA + j) * p.np + r;
-            double e =
-                kvq_exp_det(kvq_dmul(kvq_dot_qk((const float *)p.q + qr * KVQ_D, &p.k, row0), p.scale) - st[2 * qr]);
-            a = (float)((double)a + e / st[2 * qr + 1]);
+            double e = kvq_exp_det(kvq_dmul(kvq_dot_qk((const float *)p.q + qr * KVQ_D, &p.k, row0), p.scale) -
+                                   kvq_dkey_val(st[2 * qr]));
+            a = (float)((double)a + e / ((double)st[2 * qr + 1] * KVQ_PROB_FIXED_UNIT));
         }
         sum += (double)a;
         nnz++;
@@ -390,9 +425,6 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_row_list(c
 }
 KVQ_KERNEL_EXPORT(kvq_zip_row_list);
 
-/* kvq_prob_fixed (runtime/policy.h): a weight e in [0, 1] in integer units of 2^-40, truncated. */
-#define KVQ_PROB_FIXED_UNIT 9.094947017729282e-13
-KVQ_DEV unsigned long long kvq_prob_fixed(double e) { return (unsigned long long)(e * 1099511627776.0); }
 
 /* Key k_c of token t of tile T (kv head h) as ref_page_read dequantizes it: z + s * code (two roundings), times
  * the channel factor when separable; fp16 rows and pages as they are. */

@@ -56,8 +56,8 @@ if [ "$prefill" = 1 ]; then
             KVQ_LIBCUDA="$fake" FAKECUDA_ARCH=$arch KVQ_CACHE_DIR="$out/cache" KVQ_SRCDIR="$out/share/kvq" \
                 timeout 1200 "$t" >/dev/null 2>&1 || true # verdicts and crashes on the fake are not the point
         done
-        # the unit is compiled into the cache before the engine's first launch (the parameter-layout check,
-        # which the fake, running no kernel, fails): the engines' errors after that are expected here
+        # each engine compiles its unit into the cache and loads it (the fake answers the parameter-layout check);
+        # the benchmark's steps do nothing on the fake, and their figures are meaningless here
         (cd "$out/share/kvq" && KVQ_LIBCUDA="$fake" FAKECUDA_ARCH=$arch KVQ_CACHE_DIR="$out/cache" \
             KVQ_SRCDIR="$out/share/kvq" timeout 600 "$out/bin/bench_gpu_decode" --compile-only specs/kivi2.kvq \
             specs/kivi4.kvq specs/ott.kvq specs/zipcache.kvq tailorkv2-sparse >/dev/null 2>&1)

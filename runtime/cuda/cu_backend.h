@@ -330,6 +330,16 @@ kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsign
  * y stride over them, kvq_quantize.cuh). */
 #define CU_GRID_YZ_MAX 65535u
 unsigned cu_grid_y(long long blocks);
+/* (cu_base.c, below cu_step.c, cu_step_policy.c and cu_qlayer.c, which all use them) A list kernel of a planned
+ * step over n_items items at `items` (grid z), block 128. */
+kvq_status cu_list_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, uint64_t items,
+                          int n_items, char *msg, size_t ms);
+/* The factor and quantize list launches of store s (k_hi, k_lo, v_hi, v_lo) of class cls over n_items items at
+ * `items`: the grids of the widest direct launch the step capacity allows. */
+kvq_status cu_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, int n_items, char *msg, size_t ms);
+/* ZipCache's gather rows of a page in a plan: `bytes` of the recording sequence's region (c->rec), or 0 with msg
+ * set. */
+uint64_t cu_rec_zaux_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t ms);
 kvq_status cu_win_init(kvq_backend_ctx *c, cu_win *w, int cap, char *msg, size_t n);
 void cu_win_free(kvq_backend_ctx *c, cu_win *w);
 /* Stores n fp16 rows (src) into the window's next slots. */
@@ -432,16 +442,11 @@ int cu_step_policy_record(kvq_backend_ctx *c, const char *kernel, const void *pa
                           char *msg, size_t ms);
 /* Layer `layer`'s policy launches of a run over n sequences, after the new tokens' stores: items at tk, tkst,
  * ott in the tables (fixed per layer and batch size). */
-/* The factor and quantize list launches of store s (k_hi, k_lo, v_hi, v_lo) of class cls over n_items items at
- * `items`: the grids of the widest direct launch the step capacity allows. */
-kvq_status cu_step_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, int n_items, char *msg, size_t ms);
 kvq_status cu_step_policy_run(kvq_backend_ctx *c, int layer, int n, uint64_t tk, uint64_t tkst, uint64_t ott,
                               char *msg, size_t ms);
 /* ZipCache's launches of a run after the decode kernel: items at zn, zr, zc, zg, qp[store]. */
 kvq_status cu_step_policy_post(kvq_backend_ctx *c, int layer, int n, uint64_t zn, uint64_t zr, uint64_t zc,
                                uint64_t zg, const uint64_t *qp, char *msg, size_t ms);
-/* ZipCache's gather rows of a page in a plan: `bytes` of the sequence's (c->rec), or 0 with msg set. */
-uint64_t cu_step_zaux_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t ms);
 /* A layer of any mode in a plan: save before, put back when the plan fails (nothing of it ran on the device),
  * adopt when it succeeded. */
 kvq_status cu_step_layer_save(cu_layer *L, cu_snap *s);

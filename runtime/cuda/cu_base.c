@@ -1,6 +1,8 @@
 /* The helpers below the cuda backend's layer files (cu_qlayer.c, cu_slayer.c, cu_ott.c, cu_saliency.c, cu_calib.c)
  * and its planned steps (cu_step*.c): device scratch, the page-locked staging and uploads, launches, fp16 windows,
- * tile lists, split-KV and the decode launch, the device tensors' conversions. They call only the device layer
+ * tile lists, split-KV and the decode launch, the device tensors' conversions, the list launches of planned steps
+ * and the plan's gather-row region (used by cu_step.c, cu_step_policy.c and cu_qlayer.c alike). They call only the
+ * device layer
  * (cu_dev.h) and the pool (cu_pool.c), never up: a launch while a plan records goes to the plan through the
  * context's `record` hook (cu_step_record), so that the backend's files form layers, not a circle (docs/cuda.md
  * "Source files"). */
@@ -264,4 +266,51 @@ kvq_status cu_convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long 
     p.src = src, p.dst = dst, p.src_ts = sts, p.src_hs = shs, p.dst_ts = dts, p.dst_hs = dhs;
     p.src_dtype = sdt, p.dst_dtype = ddt, p.n = n, p.dim = dim, p.mul = mul;
     return cu_launch(c, "kvq_convert_rows", (unsigned)heads, cu_grid_y(n), 1, 128, &p, sizeof p, msg, ms);
+}
+
+kvq_status cu_list_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, uint64_t items,
+                          int n_items, char *msg, size_t ms)
+{
+    kvq_list_params lp;
+    memset(&lp, 0, sizeof lp);
+    lp.items = items, lp.n_items = n_items;
+    const unsigned g[3] = {gx, gy, (unsigned)n_items}, b[3] = {128, 1, 1};
+    return cu_dev_launch(c->dev, c->mod, kernel, g, b, &lp, sizeof lp, msg, ms);
+}
+
+kvq_status cu_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, int n_items, char *msg, size_t ms)
+{
+    static const char *const names[CU_STEP_STORES] = {"k_hi", "k_lo", "v_hi", "v_lo"};
+    const plan_class *pc = &c->plan->cls[cls];
+    const plan_store *ps = s == 0 ? &pc->k_hi : s == 1 ? &pc->k_lo : s == 2 ? &pc->v_hi : &pc->v_lo;
+    int maxn = c->step.q_maxn[cls][s] > 0 ? c->step.q_maxn[cls][s] : 1;
+    char name[48];
+    kvq_status st = KVQ_OK;
+    if (ps->sep) {
+        snprintf(name, sizeof name, "kvq_factor_list_%s_c%d", names[s], cls);
+        st = cu_list_launch(c, name, (unsigned)c->H, 1, items, n_items, msg, ms);
+    }
+    /* the widest grid the direct kernel takes for up to maxn tokens (page_write's) */
+    unsigned gx = (unsigned)c->H, gy = 1;
+    if (ps->gran == KVQ_GRAN_TOKEN && ps->hidden)
+        gx = 1, gy = cu_grid_y(maxn);
+    else if (ps->gran == KVQ_GRAN_TOKEN)
+        gy = cu_grid_y((maxn + 7) / 8);
+    snprintf(name, sizeof name, "kvq_quant_list_%s_c%d", names[s], cls);
+    if (st == KVQ_OK) st = cu_list_launch(c, name, gx, gy, items, n_items, msg, ms);
+    return st;
+}
+
+uint64_t cu_rec_zaux_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t ms)
+{
+    cu_rec *r = c->rec;
+    bytes = (bytes + 15) & ~(size_t)15;
+    if (!r->zaux || r->zaux_used + bytes > r->zaux_bytes) {
+        snprintf(msg, ms, "cuda: internal error: a planned compression's gather rows exceed their bound (%zu bytes)",
+                 r->zaux_bytes);
+        return 0;
+    }
+    uint64_t a = r->zaux + r->zaux_used;
+    r->zaux_used += bytes;
+    return a;
 }

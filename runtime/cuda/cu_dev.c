@@ -8,8 +8,6 @@
 #include "cu_dev.h"
 #include "kvq_params.cuh"
 
-const char *cu_source_dir(void) { return kvq_data_dir(); }
-
 kvq_status cu_dev_open(cu_dev_kind kind, cu_dev **out, char *msg, size_t n)
 {
     *out = NULL;

@@ -179,7 +179,4 @@ struct cu_module {
 kvq_status cu_driver_open(cu_dev *d, char *msg, size_t msg_size);
 kvq_status cu_emu_open(cu_dev *d, char *msg, size_t msg_size);
 
-/* Source directory (tests/emu for the emulator's sources, generated/ for prebuilt kernels): kvq_data_dir(). */
-const char *cu_source_dir(void);
-
 #endif

@@ -390,7 +390,7 @@ static kvq_status emu_load(cu_dev *d, const char *src, const char *scheme, cu_mo
         snprintf(tmp, sizeof tmp, "%.4200s.tmp.%ld", so, (long)getpid());
         snprintf(log, sizeof log, "%.4096s/%s.emu.log", dir, key);
         snprintf(inc1, sizeof inc1, "-I%.4096s", e->emu_dir);
-        snprintf(inc2, sizeof inc2, "-I%.4096s/templates", cu_source_dir());
+        snprintf(inc2, sizeof inc2, "-I%.4096s/templates", kvq_data_dir());
         char *argv[64];
         int argc = 0;
         split_args(cmd, argv, &argc, 48);
@@ -605,7 +605,7 @@ kvq_status cu_emu_open(cu_dev *d, char *msg, size_t n)
     snprintf(e->opt, sizeof e->opt, "%s", opt && *opt ? opt : "-O1");
     const char *san = getenv("KVQ_EMU_SANITIZE");
     e->san = san && !strcmp(san, "0") ? "" : san && !strcmp(san, "address") ? EMU_ASAN : EMU_SAN;
-    snprintf(e->emu_dir, sizeof e->emu_dir, "%s/tests/emu", cu_source_dir());
+    snprintf(e->emu_dir, sizeof e->emu_dir, "%s/tests/emu", kvq_data_dir());
     char probe[4200];
     snprintf(probe, sizeof probe, "%s/emu_cuda.h", e->emu_dir);
     if (!file_exists(probe)) {

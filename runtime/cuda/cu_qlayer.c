@@ -203,7 +203,7 @@ static kvq_status flush_pages(kvq_backend_ctx *c, cu_qlayer *L, int w, const kvq
                 /* each page's gather rows: the engine's scratch (used at once), or in a plan the sequence's, one
                  * region a page (the run gathers every page before it quantizes any) */
                 uint64_t aux = c->aux;
-                if (st == KVQ_OK && c->rec && !(aux = cu_step_zaux_take(c, (size_t)H * cap * sizeof(int), msg, mn)))
+                if (st == KVQ_OK && c->rec && !(aux = cu_rec_zaux_take(c, (size_t)H * cap * sizeof(int), msg, mn)))
                     st = KVQ_ERR_INTERNAL;
                 kvq_zip_params zp;
                 memset(&zp, 0, sizeof zp);

@@ -3,8 +3,9 @@
  * policy kernels (templates/kvq_policy.cuh); the host draws the probe positions (kvq_select_probes, a seeded
  * PRNG); only the prefill's classes come back to the host (a prefill is not a step).
  *
- * Prefill (Alg. 2): kvq_zip_stats gives each probe query's softmax over the keys it can see (the prompt's fp16
- * keys, double precision, as the reference: max logit and denominator), kvq_zip_saliency Eq. 8 (or 7) of each
+ * Prefill (Alg. 2): kvq_zip_stats_max and kvq_zip_stats give each probe query's softmax over the keys it can see
+ * (the prompt's fp16 keys, double precision, as the reference: max logit and fixed-point denominator), over
+ * (probe, query head, key chunk) grids whose chunks may run in any order; kvq_zip_saliency Eq. 8 (or 7) of each
  * token being quantized from those rows, kvq_zip_select the round(ratio * n) most salient per kv head.
  * Decode (Alg. 3): a probe step's row is its attention probabilities over the tokens waiting in the window,
  * p_i = 2^(s_i * scale * log2 e - lse), with lse the log2-sum-exp2 over the whole cache that the decode kernel
@@ -93,7 +94,12 @@ kvq_status cu_sal_prefill(kvq_backend_ctx *c, const cu_qlayer *L, const kvq_rows
     p.sal = p.stats + sb, p.is_high = p.sal + al16((size_t)H * n * 4), p.work = p.is_high + al16((size_t)H * n);
     p.scale = (double)c->e.softmax_scale;
     p.np = np, p.first = first, p.n = n, p.accumulated = s->metric == KVQ_SAL_ACCUMULATED;
-    if (st == KVQ_OK) st = cu_launch(c, "kvq_zip_stats", (unsigned)np, (unsigned)Hq, 1, 256, &p, sizeof p, msg, ms);
+    p.chunk = KVQ_ZS_CHUNK;
+    unsigned nch = (unsigned)((T + KVQ_ZS_CHUNK - 1) / KVQ_ZS_CHUNK); /* the last probe sees at most T keys */
+    /* the rows' maxima and integer sums are accumulated by atomics from zero */
+    if (st == KVQ_OK) st = cu_dev_memset(c->dev, p.stats, 0, (size_t)Hq * np * 16, msg, ms);
+    if (st == KVQ_OK) st = cu_launch(c, "kvq_zip_stats_max", (unsigned)np, (unsigned)Hq, nch, 256, &p, sizeof p, msg, ms);
+    if (st == KVQ_OK) st = cu_launch(c, "kvq_zip_stats", (unsigned)np, (unsigned)Hq, nch, 256, &p, sizeof p, msg, ms);
     if (st == KVQ_OK)
         st = cu_launch(c, "kvq_zip_saliency", (unsigned)((n + 255) / 256), (unsigned)H, 1, 256, &p, sizeof p, msg, ms);
     if (st == KVQ_OK) st = classes(c, &p, n, kvq_saliency_high_count(s, n), is_high, msg, ms);

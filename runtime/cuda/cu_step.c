@@ -433,38 +433,6 @@ kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n,
 
 /* ---- the run of one layer ---- */
 
-static kvq_status launch_list(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, uint64_t items,
-                              int n_items, char *msg, size_t ms)
-{
-    kvq_list_params lp;
-    memset(&lp, 0, sizeof lp);
-    lp.items = items, lp.n_items = n_items;
-    const unsigned g[3] = {gx, gy, (unsigned)n_items}, b[3] = {128, 1, 1};
-    return cu_dev_launch(c->dev, c->mod, kernel, g, b, &lp, sizeof lp, msg, ms);
-}
-
-
-kvq_status cu_step_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, int n_items, char *msg, size_t ms)
-{
-    const plan_store *ps = class_store(c, cls, s);
-    int maxn = c->step.q_maxn[cls][s] > 0 ? c->step.q_maxn[cls][s] : 1;
-    char name[48];
-    kvq_status st = KVQ_OK;
-    if (ps->sep) {
-        snprintf(name, sizeof name, "kvq_factor_list_%s_c%d", store_names[s], cls);
-        st = launch_list(c, name, (unsigned)c->H, 1, items, n_items, msg, ms);
-    }
-    /* the widest grid the direct kernel takes for up to maxn tokens (page_write's) */
-    unsigned gx = (unsigned)c->H, gy = 1;
-    if (ps->gran == KVQ_GRAN_TOKEN && ps->hidden)
-        gx = 1, gy = cu_grid_y(maxn);
-    else if (ps->gran == KVQ_GRAN_TOKEN)
-        gy = cu_grid_y((maxn + 7) / 8);
-    snprintf(name, sizeof name, "kvq_quant_list_%s_c%d", store_names[s], cls);
-    if (st == KVQ_OK) st = launch_list(c, name, gx, gy, items, n_items, msg, ms);
-    return st;
-}
-
 static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_decode *dv, char *msg, size_t ms)
 {
     const cu_step *S = &c->step;
@@ -475,16 +443,16 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
     /* q to fp32 [n][Hq][D], k and v to fp16 rows [n][2][H][D], as decode_run converts them */
     kvq_status st = cu_convert_qkv(c, dv, n, S->q, S->kvin, msg, ms);
     /* the new tokens into their sinks, windows or fp16 pages; then the flushes, which read the windows */
-    if (st == KVQ_OK) st = launch_list(c, "kvq_store_f16_list", (unsigned)H, 1, base + o.st1, n * S->st1_cap, msg, ms);
+    if (st == KVQ_OK) st = cu_list_launch(c, "kvq_store_f16_list", (unsigned)H, 1, base + o.st1, n * S->st1_cap, msg, ms);
     /* the policy layers' retrievals or competitions, which read the windows the new tokens are in */
     if (st == KVQ_OK) st = cu_step_policy_run(c, layer, n, base + o.tk, base + o.tkst, base + o.ott, msg, ms);
     if (st == KVQ_OK && S->st2_cap)
-        st = launch_list(c, "kvq_store_f16_list", (unsigned)H, 1, base + o.st2, n * S->st2_cap, msg, ms);
+        st = cu_list_launch(c, "kvq_store_f16_list", (unsigned)H, 1, base + o.st2, n * S->st2_cap, msg, ms);
     for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++)
         if (S->q_cap[s] && store_quantized(class_store(c, cls, s)))
-            st = cu_step_quant_lists(c, cls, s, base + o.q[s], n * S->q_cap[s], msg, ms);
+            st = cu_quant_lists(c, cls, s, base + o.q[s], n * S->q_cap[s], msg, ms);
     /* the tiles that changed into the sequences' device lists, which the decode kernel then reads */
-    if (st == KVQ_OK) st = launch_list(c, "kvq_tiles_patch", 1, 1, base + o.patch, n * CU_STEP_PATCHES, msg, ms);
+    if (st == KVQ_OK) st = cu_list_launch(c, "kvq_tiles_patch", 1, 1, base + o.patch, n * CU_STEP_PATCHES, msg, ms);
     /* the decode kernel over the planned tiles, its chunks fixed by the capacity, and the merge */
     int nch = step_chunks(c, cls, n);
     /* tpc 1: each sequence's split is in the tables */

@@ -121,20 +121,6 @@ void cu_step_policy_bounds(kvq_backend_ctx *c, const kvq_layer_cfg *lc, int cls,
         zip_bounds(c, &lc->quant, cls, T, S);
 }
 
-uint64_t cu_step_zaux_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t ms)
-{
-    cu_rec *r = c->rec;
-    bytes = al16(bytes);
-    if (!r->zaux || r->zaux_used + bytes > r->zaux_bytes) {
-        snprintf(msg, ms, "cuda: internal error: a planned compression's gather rows exceed their bound (%zu bytes)",
-                 r->zaux_bytes);
-        return 0;
-    }
-    uint64_t a = r->zaux + r->zaux_used;
-    r->zaux_used += bytes;
-    return a;
-}
-
 /* What ZipCache's after-attention work records (r->post): normaliser, row, classes, gathers, their pages. */
 static int record_post(kvq_backend_ctx *c, const char *kernel, const void *params, size_t size, kvq_status *st,
                        char *msg, size_t ms)
@@ -307,7 +293,7 @@ kvq_status cu_step_policy_post(kvq_backend_ctx *c, int layer, int n, uint64_t zn
     for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++) {
         const plan_store *ps = s == 0 ? &pc->k_hi : s == 1 ? &pc->k_lo : s == 2 ? &pc->v_hi : &pc->v_lo;
         if (S->qp_cap[s] && ps->bits >= 1 && ps->bits <= 8)
-            st = cu_step_quant_lists(c, cls, s, qp[s], n * S->qp_cap[s], msg, ms);
+            st = cu_quant_lists(c, cls, s, qp[s], n * S->qp_cap[s], msg, ms);
     }
     return st;
 }

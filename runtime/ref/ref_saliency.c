@@ -28,21 +28,27 @@
 #include "policy.h"
 #include "ref.h"
 
-/* Softmax probabilities of one query over n keys (double, two passes; e^x by kvq_exp_det, docs/cuda.md
- * "Determinism"), summed into acc. */
+/* Softmax probabilities of one query over n keys (ZipCache Eq. 9's probe rows; double, two passes; e^x by
+ * kvq_exp_det, docs/cuda.md "Determinism"), summed into acc. The denominator is the integer sum of
+ * kvq_prob_fixed(e) (units of 2^-40), as ref_attend's: an integer sum has one value in any order, so the device's
+ * kvq_zip_stats, which sums key chunks in whatever order its blocks run, gets these bits. The maximum is +0, not
+ * -0, when it is zero (the device's order key ranks -0 below +0). */
 static void softmax_add(const float *q, const float *K, int n, int D, float scale, double *logit, float *acc)
 {
-    double mx = -INFINITY, den = 0;
+    double mx = -INFINITY;
+    uint64_t z = 0;
     for (int t = 0; t < n; t++) {
         double s = 0;
         for (int c = 0; c < D; c++) s += (double)q[c] * (double)K[(size_t)t * (size_t)D + (size_t)c];
         logit[t] = s * (double)scale;
         if (logit[t] > mx) mx = logit[t];
     }
+    if (mx == 0) mx = 0.0;
     for (int t = 0; t < n; t++) {
-        logit[t] = kvq_exp_det(logit[t] - mx); /* the device's kvq_zip_stats computes the same bits */
-        den += logit[t];
+        logit[t] = kvq_exp_det(logit[t] - mx);
+        z += kvq_prob_fixed(logit[t]);
     }
+    double den = (double)z * KVQ_PROB_FIXED_UNIT; /* >= 1: the largest term is e^0 */
     for (int t = 0; t < n; t++) acc[t] = (float)((double)acc[t] + logit[t] / den);
 }
 

@@ -30,6 +30,7 @@
 #include <sys/mman.h>
 
 #include "fakecuda.h"
+#include "kvq_params.cuh"
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -1361,6 +1362,19 @@ API CUresult cuLaunchKernel(void *hf, unsigned gx, unsigned gy, unsigned gz, uns
                 violation("cuLaunchKernel %s: parameter at offset %zu is freed device memory 0x%llx", f->name, o, p);
             else if (a && (a->ctx != cur || a->gen != cur->gen))
                 violation("cuLaunchKernel %s: parameter at offset %zu is device memory of another context", f->name, o);
+        }
+        if (!strcmp(f->name, "kvq_params_sig") && f->param_size >= sizeof(kvq_sig_params)) {
+            /* The one kernel effect kvq reads back (cu_dev_check_params, at every module load): thread 0 writes
+             * KVQ_PARAMS_SIG_LIST as the module's compilation of templates/kvq_params.cuh sees it. The fake has no
+             * device compiler; it answers with this library's compilation of the same header, which is what
+             * NVRTC gives for these fixed-width POD structs on a 64-bit host (CUDA keeps host and device layouts
+             * alike), so a kvq built from the same tree passes and every engine of a pre-fill loads. A module
+             * built from another tree's header is not caught here (the emulator and a real GPU catch it). */
+            const long long sig[] = {KVQ_PARAMS_SIG_LIST};
+            kvq_sig_params sp;
+            memcpy(&sp, pb, sizeof sp);
+            void *out = sp.out ? host_of(sp.out, sizeof sig) : NULL;
+            if (out) memcpy(out, sig, sizeof sig);
         }
         if (launch_hook && !s->capture) {
             fakecuda_launch_hook h = launch_hook;

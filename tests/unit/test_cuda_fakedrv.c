@@ -55,18 +55,6 @@ static struct {
     int (*graph_destroy)(void *);
 } drv;
 
-/* kvq_params_sig writes the host's parameter layout signature (the check at load): the one kernel effect the
- * backend reads back, modelled here since the fake runs no kernels. */
-static void launch_hook(const char *kernel, const void *params, size_t size, void *(*host)(unsigned long long, size_t))
-{
-    if (strcmp(kernel, "kvq_params_sig") || size < sizeof(kvq_sig_params)) return;
-    kvq_sig_params p;
-    memcpy(&p, params, sizeof p);
-    const long long sig[] = {KVQ_PARAMS_SIG_LIST};
-    void *out = host(p.out, sizeof sig);
-    if (out) memcpy(out, sig, sizeof sig);
-}
-
 static int setup(void)
 {
     char exe[4096];
@@ -95,7 +83,6 @@ static int setup(void)
         if (!f) return 0;
         memcpy(syms[i].slot, &f, sizeof f);
     }
-    fk.set_launch_hook(launch_hook);
     return 1;
 }
 

@@ -124,7 +124,7 @@ static int is_policy(const char *name)
 static void report_jobs(void)
 {
     /* the policy kernels every sm must have compiled somewhere: [kernel][arch] */
-    static const char *const pol[] = {"kvq_ott_compete",  "kvq_ott_undo",   "kvq_zip_stats",  "kvq_zip_saliency",
+    static const char *const pol[] = {"kvq_ott_compete",  "kvq_ott_undo",   "kvq_zip_stats",  "kvq_zip_stats_max", "kvq_zip_saliency",
                                       "kvq_zip_row",      "kvq_zip_rowsal", "kvq_zip_select", "kvq_tk_absmax",
                                       "kvq_tk_select",    "kvq_tk_dense"};
     enum { NPOL = sizeof pol / sizeof pol[0] };

@@ -49,13 +49,18 @@ static double urand(void) /* [0, 1) */
 static float srand1(void) { return (float)(2.0 * urand() - 1.0); } /* [-1, 1) */
 static uint64_t A(const void *p) { return (uint64_t)(uintptr_t)p; }
 
-static int launch(const char *k, unsigned gx, unsigned gy, unsigned bx, const void *p, size_t size)
+static int launch3(const char *k, unsigned gx, unsigned gy, unsigned gz, unsigned bx, const void *p, size_t size)
 {
     char msg[512];
-    const unsigned g[3] = {gx, gy, 1}, b[3] = {bx, 1, 1};
+    const unsigned g[3] = {gx, gy, gz}, b[3] = {bx, 1, 1};
     kvq_status st = cu_dev_launch(dev, mod, k, g, b, p, size, msg, sizeof msg);
     TH_CHECK(st == KVQ_OK, "%s: %s", k, msg);
     return st == KVQ_OK;
+}
+
+static int launch(const char *k, unsigned gx, unsigned gy, unsigned bx, const void *p, size_t size)
+{
+    return launch3(k, gx, gy, 1, bx, p, size);
 }
 
 /* ------------------------------------------------------------------------------------------- selection -- */
@@ -225,20 +230,23 @@ static void test_tailorkv_dense(void)
 
 /* ---------------------------------------------------------------------------------------- ZipCache -- */
 
-/* ref_saliency.c's softmax_add */
+/* ref_saliency.c's softmax_add (ZipCache Eq. 9; the denominator a fixed-point integer sum) */
 static void softmax_add(const float *q, const float *K, int n, float scale, double *logit, float *acc)
 {
-    double mx = -INFINITY, den = 0;
+    double mx = -INFINITY;
+    uint64_t z = 0;
     for (int t = 0; t < n; t++) {
         double s = 0;
         for (int c = 0; c < HD; c++) s += (double)q[c] * (double)K[(size_t)t * HD + c];
         logit[t] = s * (double)scale;
         if (logit[t] > mx) mx = logit[t];
     }
+    if (mx == 0) mx = 0.0;
     for (int t = 0; t < n; t++) {
         logit[t] = kvq_exp_det(logit[t] - mx);
-        den += logit[t];
+        z += kvq_prob_fixed(logit[t]);
     }
+    double den = (double)z * KVQ_PROB_FIXED_UNIT;
     for (int t = 0; t < n; t++) acc[t] = (float)((double)acc[t] + logit[t] / den);
 }
 
@@ -252,7 +260,8 @@ static void zip_cfg(kvq_quant_cfg *cfg, kvq_saliency_metric metric)
 
 static void test_zip_prefill(void)
 {
-    th_begin("policy kernels: kvq_zip_stats/saliency/select = ref_saliency_prefill's classes, saliency bit for bit");
+    th_begin("policy kernels: kvq_zip_stats_max/stats/saliency/select over key chunks = ref_saliency_prefill's classes, "
+             "saliency bit for bit");
     static const struct {
         int T, first, n, metric, structured;
     } cs[] = {{1, 0, 1, KVQ_SAL_NORMALIZED, 0},     {5, 1, 3, KVQ_SAL_NORMALIZED, 0},
@@ -290,7 +299,13 @@ static void test_zip_prefill(void)
         p.k.base = A(k16), p.k.f16 = 1, p.k.head_stride = T;
         p.scale = (double)scale, p.np = np, p.first = first, p.n = n;
         p.accumulated = cs[ci].metric == KVQ_SAL_ACCUMULATED, p.n_high = kvq_saliency_high_count(&cfg.saliency, n);
-        int ok = launch("kvq_zip_stats", (unsigned)np, NQ, NT, &p, sizeof p) &&
+        /* key chunks of 64 (the runtime's are KVQ_ZS_CHUNK = 2048): rows of up to 5 chunks, summed by atomics in
+         * whatever order the blocks run (KVQ_EMU_SHUFFLE) */
+        p.chunk = 64;
+        unsigned nch = (unsigned)((T + 63) / 64);
+        memset(stats, 0, (size_t)NQ * np * 16);
+        int ok = launch3("kvq_zip_stats_max", (unsigned)np, NQ, nch, NT, &p, sizeof p) &&
+                 launch3("kvq_zip_stats", (unsigned)np, NQ, nch, NT, &p, sizeof p) &&
                  launch("kvq_zip_saliency", (unsigned)((n + NT - 1) / NT), NKV, NT, &p, sizeof p) &&
                  launch("kvq_zip_select", NKV, 1, NT, &p, sizeof p);
         ref_arena ar;

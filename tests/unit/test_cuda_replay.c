@@ -107,7 +107,8 @@ static int graph_begin(kvq_engine *e)
         cu_dev_capture(1); /* records the emulated graph */
         return 1;
     }
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    const char *lib = getenv("KVQ_LIBCUDA"); /* the driver the engines use (a fake one in the bundle's pre-fill) */
+    void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) return 0;
     *(void **)&gr.begin = dlsym(h, "cuStreamBeginCapture_v2");
     *(void **)&gr.end = dlsym(h, "cuStreamEndCapture");
@@ -133,6 +134,7 @@ static int graph_launch(kvq_engine *e, char *msg, size_t n)
 {
     if (!ON_GPU) return cu_dev_graph_replay(msg, n) == KVQ_OK;
     snprintf(msg, n, "cuGraphLaunch failed");
+    if (!gr.launch || !gr.exec) return 0; /* no graph was captured (a driver without the graph API) */
     cu_ctx_scope s;
     cu_dev_enter(e->ctx->dev, &s);
     int ok = gr.launch(gr.exec, cu_dev_stream(e->ctx->dev)) == 0;
