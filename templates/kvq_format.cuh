@@ -136,6 +136,36 @@ KVQ_DEV float kvq_fmt_dequant(float level, float s, float z, float T)
     return __fadd_rn(z, __fmul_rn(__fmul_rn(s, T), level));
 }
 
+/* ---- reading a page (layout/layout.h) ---- */
+
+/* Code of channel c of a token row of cbits-bit codes: 1, 2, 4, 8 bits little-endian in 32-bit words; 3 bits a
+ * 2-bit plane (D/4 bytes) then the high bits as a 1-bit plane; 5 bits (q5_0/q5_1) a 4-bit plane (D/2 bytes)
+ * then the fifth bits as a 1-bit plane (runtime/quant.c kvq_pack_codes). */
+KVQ_DEV unsigned kvq_fmt_code_at(const unsigned char *row, int cbits, int D, int c)
+{
+    if (cbits == 3) return ((row[c >> 2] >> (2 * (c & 3))) & 3u) | ((row[D / 4 + (c >> 3)] >> (c & 7)) & 1u) << 2;
+    if (cbits == 5) return ((row[c >> 1] >> (4 * (c & 1))) & 15u) | ((row[D / 2 + (c >> 3)] >> (c & 7)) & 1u) << 4;
+    const int bit = c * cbits;
+    return (row[bit >> 3] >> (bit & 7)) & ((1u << cbits) - 1u);
+}
+
+/* Group scale i of a page's scale section: 1 byte (nvfp4: e4m3, mxfp4: e8m0), fp16/fp32, or none (fp8
+ * elements: 1) (runtime/quant.c kvq_format_scale_bytes / kvq_format_scale8_decode). */
+KVQ_DEV float kvq_fmt_ld_scale(const unsigned char *p, long long i, int kind, int sbytes)
+{
+    if (sbytes == 0) return 1.0f;
+    if (sbytes == 1) return kind == KVQ_FK_MXFP4 ? kvq_e8m0_f32(p[i]) : kvq_e4m3_f32(p[i]);
+    return kvq_ld_par(p, i, sbytes);
+}
+
+/* The byte a 1-byte scale is stored as (the quantizer's scale is already exactly representable) */
+KVQ_DEV unsigned kvq_fmt_scale8(int kind, float s)
+{
+    if (kind != KVQ_FK_MXFP4) return kvq_e4m3_enc(s);
+    const int be = (int)((__float_as_uint(s) >> 23) & 0xffu);
+    return be ? (unsigned)be : 0u; /* 2^(be - 127); the subnormal 2^-127 is code 0 */
+}
+
 /* ---- the group quantizers (runtime/quant.c kvq_format_quantize_group) ---- */
 
 /* What a group quantizer needs besides the values: the format, the class bits (int, int symmetric,

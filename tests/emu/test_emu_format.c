@@ -169,6 +169,49 @@ static void check_groups(const char *name, const kvq_format_cfg *f, int bits, in
     th_end();
 }
 
+/* packed rows (runtime/quant.c kvq_pack_codes) read back by kvq_fmt_code_at, 1 to 8 bits */
+static void check_code_read(int bits, uint64_t *seed)
+{
+    th_begin("emu format: %d-bit codes read from rows packed by kvq_pack_codes", bits);
+    enum { D = 128, R = 64 };
+    uint8_t codes[R * D], buf[2 * R * D];
+    memset(buf, 0, sizeof buf);
+    for (int i = 0; i < R * D; i++) codes[i] = (uint8_t)(test_rand(seed) & ((1u << bits) - 1u));
+    for (int c = 0; c < D; c++) codes[c] = (uint8_t)((1u << bits) - 1u); /* a row of largest codes */
+    for (int r = 0; r < R; r++) kvq_pack_codes(codes + r * D, D, bits, buf + r * (D * bits / 8));
+    struct format_params p = {NULL, buf, NULL, NULL, NULL, NULL, 3, 0, bits, 0, R * D, 0, 0, 0, 1.0f};
+    uint8_t *got = buf + R * D; /* after the largest rows (8 bits) */
+    if (run(&p))
+        for (int i = 0; i < R * D; i++)
+            if (got[i] != codes[i]) {
+                TH_CHECK(0, "row %d channel %d: device %d, packed %d", i / D, i % D, got[i], codes[i]);
+                break;
+            }
+    th_end();
+}
+
+/* 1-byte block scales: every scale the nvfp4 / mxfp4 quantizers can produce, stored and read back */
+static void check_scale8(const char *name, kvq_format_kind kind)
+{
+    th_begin("emu format: %s block scale bytes = kvq_format_scale8_encode, read back exactly", name);
+    float s[256], y[256];
+    uint8_t got[256];
+    int n = 0;
+    for (int c = 0; c < 256; c++) {
+        float v = kvq_format_scale8_decode(kind, (uint8_t)c);
+        if (isfinite(v) && v >= 0 && !(kind == KVQ_FMT_NVFP4 && c >= 0x80)) s[n++] = v;
+    }
+    struct format_params p = {NULL, got, y, s, NULL, NULL, 4, (int)kind, 4, 0, n, 0, 0, 0, 1.0f};
+    if (run(&p))
+        for (int i = 0; i < n; i++)
+            if (got[i] != kvq_format_scale8_encode(kind, s[i]) || memcmp(&y[i], &s[i], 4)) {
+                TH_CHECK(0, "scale %a: device byte 0x%02x (reference 0x%02x), read back %a", (double)s[i], got[i],
+                         kvq_format_scale8_encode(kind, s[i]), (double)y[i]);
+                break;
+            }
+    th_end();
+}
+
 int main(void)
 {
     uint64_t seed = 2020;
@@ -224,6 +267,10 @@ int main(void)
         check_groups(b == 2 ? "codebook normal 2" : "codebook normal 4", &f, b, 32, 0, 1, &seed);
         check_groups(b == 2 ? "codebook normal 2" : "codebook normal 4", &f, b, 32, 1, 1, &seed);
     }
+    for (int b = 1; b <= 8; b++)
+        if (b != 6 && b != 7) check_code_read(b, &seed);
+    check_scale8("nvfp4 (e4m3)", KVQ_FMT_NVFP4);
+    check_scale8("mxfp4 (e8m0)", KVQ_FMT_MXFP4);
     emu_release();
     return th_summary();
 }

@@ -16,7 +16,13 @@ extern "C" __global__ void format_items(const struct format_params p)
         p.codes[i] = (unsigned char)(p.kind < 0 ? kvq_e2m1_enc(p.x[i]) : kvq_fq_code(&q, p.x[i], 1.0f, 0.0f));
     else if (p.mode == 1)
         p.y[i] = kvq_fmt_level(p.kind, kvq_fmt_code_bits(p.kind, p.bits), p.codes[i], p.levels, p.n_levels);
-    else
+    else if (p.mode == 3) /* codes[i] of a packed row of 128 codes; y: the row bytes */
+        p.codes[p.n + i] = (unsigned char)kvq_fmt_code_at(p.codes + (i / KVQ_D) * (KVQ_D * p.bits / 8), p.bits,
+                                                           KVQ_D, i % KVQ_D);
+    else if (p.mode == 4) { /* scale byte of s[i], and its value back */
+        p.codes[i] = (unsigned char)kvq_fmt_scale8(p.kind, p.s[i]);
+        p.y[i] = kvq_fmt_ld_scale(p.codes, i, p.kind, 1);
+    } else
         kvq_fq_group(&q, p.x + (long long)i * p.group, p.group, 1, p.codes + (long long)i * p.group, p.s + i, p.z + i);
 }
 KVQ_KERNEL_EXPORT(format_items);
