@@ -32,6 +32,9 @@ typedef struct {
     int hidden; /* per token: one group spans every kv head (scale/zero [capacity]) */
     int scale_f32, zero_f32;
     int masked; /* keys of a layer with an outlier pool: per-slot mask bits */
+    /* element format (compiler/scheme_format.h; KVQ_FMT_INT by default): bits above is its code width; the
+     * decode kernel stages its tiles as fp16 (templates/kvq_format.cuh) */
+    kvq_format_cfg format;
 } plan_store;
 
 typedef struct {

@@ -325,8 +325,10 @@ KVQ_DEV unsigned kvq_fq_code(const kvq_fq *q, float x, float s, float z)
 
 /* A whole group, as runtime/quant.c kvq_format_quantize_group: n values stride apart -> n codes, the stored
  * scale and zero. ggml's types quantize with their unrounded d (and min), and store d rounded to fp16. */
-KVQ_DEV void kvq_fq_group(const kvq_fq *q, const float *x, int n, int stride, unsigned char *codes, float *s,
-                          float *z)
+/* The stored parameters (s, z) and those the codes are computed with (cs, cz): ggml's types quantize with
+ * their unrounded d (and min) and store d rounded to fp16. */
+KVQ_DEV void kvq_fq_params(const kvq_fq *q, const float *x, int n, int stride, float *s, float *z, float *ocs,
+                           float *ocz)
 {
     kvq_fq_fit(q, x, n, stride, s, z);
     float cs = *s, cz = *z;
@@ -349,7 +351,199 @@ KVQ_DEV void kvq_fq_group(const kvq_fq *q, const float *x, int n, int stride, un
         cs = __fdiv_rn(__fsub_rn(mx, mn), q->kind == KVQ_FK_Q4_1 ? 15.0f : 31.0f);
         cz = mn;
     }
+    *ocs = cs, *ocz = cz;
+}
+
+KVQ_DEV void kvq_fq_group(const kvq_fq *q, const float *x, int n, int stride, unsigned char *codes, float *s,
+                          float *z)
+{
+    float cs, cz;
+    kvq_fq_params(q, x, n, stride, s, z, &cs, &cz);
     for (int i = 0; i < n; i++) codes[i] = (unsigned char)kvq_fq_code(q, x[i * stride], cs, cz);
+}
+
+/* The same, each code written over its value (as a float): no per-thread array */
+KVQ_DEV void kvq_fq_group_inplace(const kvq_fq *q, float *x, int n, float *s, float *z)
+{
+    float cs, cz;
+    kvq_fq_params(q, x, n, 1, s, z, &cs, &cz);
+    for (int i = 0; i < n; i++) x[i] = (float)kvq_fq_code(q, x[i], cs, cz);
+}
+
+/* ---- the kernels' format paths (hooks: kvq_quantize.cuh's token and channel bodies, kvq_decode.cuh's
+ * kvq_stage_page and kvq_decode_body) ---- */
+
+KVQ_DEV int kvq_fmt_is(kvq_fmt f) { return f.kind != KVQ_FK_INT && f.bits > 0 && f.bits < 16; }
+
+/* What the decode kernel's compute sees of a page format: linear formats as asymmetric integers of the staged
+ * width with float parameters; the others (fp8, e2m1, codebooks) as fp16 rows x = z + (s T) L[code]. */
+KVQ_DEV kvq_fmt kvq_fmt_staged(kvq_fmt f)
+{
+    if (!kvq_fmt_is(f)) return f;
+    if (kvq_fmt_linear(f.kind)) {
+        kvq_fmt g = {kvq_fmt_staged_bits(f.kind, f.bits), f.gran, 0, f.group, 0, 4, 4, 0, 0, 0, 0.0f, 0, {0}};
+        return g;
+    }
+    kvq_fmt g = {16, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0.0f, 0, {0}};
+    return g;
+}
+
+KVQ_DEV kvq_fq kvq_fmt_fq(const kvq_fmt *f, float T)
+{
+    kvq_fq q;
+    q.kind = f->kind, q.bits = f->bits, q.s_f32 = f->sbytes == 4, q.z_f32 = f->zbytes == 4, q.T = T;
+    q.normal = 0, q.n_levels = f->n_levels, q.levels = f->lv;
+    return q;
+}
+
+/* Tensor scale T of kv head h of a page. */
+KVQ_DEV float kvq_fmt_page_T(const unsigned char *page, kvq_fmt f, kvq_page_off o, int h)
+{
+    if (!(f.kind == KVQ_FK_E4M3 || f.kind == KVQ_FK_E5M2 || f.kind == KVQ_FK_NVFP4)) return 1.0f;
+    return ((const float *)(page + o.tscale))[f.tsh ? h : 0];
+}
+
+/* Stores a group's scale and zero at parameter index i */
+KVQ_DEV void kvq_fmt_st_par(unsigned char *page, kvq_page_off o, kvq_fmt f, long long i, float s, float z)
+{
+    if (f.sbytes == 1)
+        page[o.scale + i] = (unsigned char)kvq_fmt_scale8(f.kind, s);
+    else if (f.sbytes)
+        kvq_st_par(page + o.scale, i, f.sbytes, s);
+    if (f.zbytes) kvq_st_par(page + o.zero, i, f.zbytes, z);
+}
+
+/* Code word w of a token row of cbits-bit codes (runtime/quant.c kvq_pack_codes), code(c) giving channel c's. */
+#define KVQ_FMT_PACK_WORD(cbits, w, code, out)                                                                 \
+    do {                                                                                                       \
+        unsigned word_ = 0;                                                                                    \
+        const int lo_ = (cbits) == 3 ? 2 : (cbits) == 5 ? 4 : (cbits);                                         \
+        const int lw_ = KVQ_D * lo_ / 32; /* words of the low plane */                                         \
+        if ((w) < lw_) {                                                                                       \
+            const int per_ = 32 / lo_;                                                                         \
+            for (int k_ = 0; k_ < per_; k_++)                                                                  \
+                word_ |= ((unsigned)code((w) * per_ + k_) & ((1u << lo_) - 1u)) << (lo_ * k_);                 \
+        } else {                                                                                               \
+            for (int k_ = 0; k_ < 32; k_++) word_ |= (((unsigned)code(((w) - lw_) * 32 + k_) >> lo_) & 1u) << k_; \
+        }                                                                                                      \
+        (out) = word_;                                                                                         \
+    } while (0)
+
+/* Per-token groups of an element format, tokens [tb, tb + nt) staged in xs ([KVQ_QTOK][D]): each group's
+ * quantizer (codes written back over xs as floats), then the code words. The caller synchronised after xs. */
+KVQ_DEV void kvq_fmt_quant_token_run(const kvq_quant_params *p, kvq_fmt f, kvq_page_off o, float *xs, int tb, int nt,
+                                     int h, int tid, int nthreads)
+{
+    unsigned char *page = (unsigned char *)p->page;
+    const float T = f.ts > 0.0f ? f.ts : 1.0f;
+    if (tid == 0 && o.tscale < o.total && (!f.tsh || h == 0))
+        for (int i = 0; i < (f.tsh ? KVQ_HKV : 1); i++) ((float *)(page + o.tscale))[i] = T;
+    const kvq_fq q = kvq_fmt_fq(&f, T);
+    const int G = f.group, ng = KVQ_D / G;
+    for (int i = tid; i < nt * ng; i += nthreads) {
+        const int t = i / ng, g = i % ng;
+        float *x = xs + t * KVQ_D + g * G;
+        float s, z;
+        kvq_fq_group_inplace(&q, x, G, &s, &z);
+        kvq_fmt_st_par(page, o, f, ((long long)h * p->cap + p->slot + tb + t) * ng + g, s, z);
+    }
+    __syncthreads();
+    const int W = o.cbpt / 4;
+    unsigned *codes = (unsigned *)(page + o.codes);
+    for (int i = tid; i < nt * W; i += nthreads) {
+        const int t = i / W, w = i % W;
+        const float *x = xs + t * KVQ_D;
+#define KVQ_FC_(c) ((unsigned)x[c])
+        unsigned word;
+        KVQ_FMT_PACK_WORD(f.bits, w, KVQ_FC_, word);
+#undef KVQ_FC_
+        codes[((long long)h * p->cap + p->slot + tb + t) * W + w] = word;
+    }
+}
+
+/* Per-channel pages of an element format without group parameters (e4m3, e5m2: the element alone, x / T). */
+KVQ_DEV void kvq_fmt_quant_channel(const kvq_quant_params *p, kvq_fmt f, int h, int tid, int nthreads)
+{
+    const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
+    unsigned char *page = (unsigned char *)p->page;
+    const float T = f.ts > 0.0f ? f.ts : 1.0f;
+    if (tid == 0 && o.tscale < o.total && (!f.tsh || h == 0))
+        for (int i = 0; i < (f.tsh ? KVQ_HKV : 1); i++) ((float *)(page + o.tscale))[i] = T;
+    const kvq_fq q = kvq_fmt_fq(&f, T);
+    const int W = o.cbpt / 4;
+    unsigned *codes = (unsigned *)(page + o.codes);
+    for (int i = tid; i < p->n * W; i += nthreads) {
+        const int t = i / W, w = i % W;
+        const long long row = kvq_row_at(&p->src, h, t, p->n);
+#define KVQ_FC_(c) kvq_fq_code(&q, kvq_src_ld(&p->src, row, (c)), 1.0f, 0.0f)
+        unsigned word;
+        KVQ_FMT_PACK_WORD(f.bits, w, KVQ_FC_, word);
+#undef KVQ_FC_
+        codes[((long long)h * p->cap + p->slot + t) * W + w] = word;
+    }
+}
+
+/* Stages tokens [slot, slot + n) of an element-format page (and the pages of its run after it) for kv head h
+ * as fp16 rows x = z + (s T) L[code] (the reference's value, rounded once to fp16). */
+KVQ_DEV void kvq_fmt_stage_linear(unsigned char *rows, float *ss, float *sz, const unsigned char *b, kvq_fmt f,
+                                  int slot, int cap, int n, int h, int tid, int nthreads)
+{
+    /* per-token groups (kvq_fmt_quant_token_run); a page run is per channel only, so one page */
+    const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
+    const int sb = kvq_fmt_staged_bits(f.kind, f.bits), cb = f.bits, ng = o.n_groups;
+    const int scbpt = KVQ_D * sb / 8;
+    const float off = f.kind == KVQ_FK_Q4_1 || f.kind == KVQ_FK_Q5_1 ? 0.0f : (float)(1 << (cb - 1));
+    const unsigned char *codes = b + o.codes + ((long long)h * cap + slot) * o.cbpt;
+    if (sb == cb) {
+        kvq_stage_bytes(rows, codes, n * o.cbpt, tid, nthreads);
+    } else {
+#pragma unroll 1
+        for (int i = tid; i < n * (scbpt / 4); i += nthreads) {
+            const int t = i / (scbpt / 4), w = i % (scbpt / 4);
+            const unsigned char *row = codes + (long long)t * o.cbpt;
+            unsigned word = 0;
+            for (int k = 0; k < 4; k++) word |= kvq_fmt_code_at(row, cb, KVQ_D, 4 * w + k) << (8 * k);
+            ((unsigned *)rows)[i] = word;
+        }
+    }
+#pragma unroll 1
+    for (int j = tid; j < n * ng; j += nthreads) {
+        const long long pi = ((long long)h * cap + slot) * ng + j;
+        const float s = kvq_fmt_ld_scale(b + o.scale, pi, f.kind, f.sbytes);
+        const float z = f.zbytes ? kvq_ld_par(b + o.zero, pi, f.zbytes) : 0.0f;
+        ss[j] = s;
+        sz[j] = __fsub_rn(z, __fmul_rn(s, off));
+    }
+}
+
+KVQ_DEV void kvq_fmt_stage_page(unsigned char *rows, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
+                                int h, int tid, int nthreads)
+{
+    const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
+    const long long stride = kvq_page_stride(o.total);
+    const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
+    const int cb = f.bits;
+    b += pg0 * stride;
+    kvq_half *out = (kvq_half *)rows;
+#pragma unroll 1
+    for (int i = 0; i < np; i++, b += stride) {
+        const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
+        const float T = kvq_fmt_page_T(b, f, o, h);
+#pragma unroll 1
+        for (int e = tid; e < m * KVQ_D; e += nthreads) {
+            const int t = e / KVQ_D, c = e % KVQ_D, slt = sl + t;
+            const unsigned code = kvq_fmt_code_at(b + o.codes + ((long long)h * cap + slt) * o.cbpt, cb, KVQ_D, c);
+            long long pi;
+            if (f.gran == 0)
+                pi = (long long)h * KVQ_D + c;
+            else
+                pi = ((long long)h * cap + slt) * o.n_groups + c / f.group;
+            const float s = kvq_fmt_ld_scale(b + o.scale, pi, f.kind, f.sbytes);
+            const float z = f.zbytes ? kvq_ld_par(b + o.zero, pi, f.zbytes) : 0.0f;
+            const float x = kvq_fmt_dequant(kvq_fmt_level(f.kind, cb, code, f.lv, f.n_levels), s, z, T);
+            out[(long long)(t0 + t) * KVQ_D + c] = kvq_f2h(x);
+        }
+    }
 }
 
 #endif

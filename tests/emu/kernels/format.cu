@@ -2,6 +2,7 @@
  * thread (tests/emu/test_emu_format.c compares them with runtime/quant.c and base/minifloat.c). */
 #define KVQ_D 128
 #define KVQ_IN_DTYPE 0
+#define KVQ_HKV 2
 #include "kvq_format.cuh"
 #include "params.h"
 
