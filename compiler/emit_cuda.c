@@ -215,10 +215,10 @@ static void put_fmt(emit_buf *b, const char *macro, const plan_store *st)
     const kvq_format_cfg *f = &st->format;
     int fmt = st->bits < 16 && f->kind != KVQ_FMT_INT;
     kvq_param_dtype sdt = st->scale_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16, zdt = st->zero_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16;
-    emit_buf_printf(b, "#define %s {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %.9g, %d, {", macro, st->bits, st->gran,
+    emit_buf_printf(b, "#define %s {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %.9g, %d, {", macro, st->bits, st->gran,
                     st->sep, st->group, st->hidden, fmt ? kvq_format_scale_bytes(f->kind, sdt) : st->scale_f32 ? 4 : 2,
                     fmt ? kvq_format_zero_bytes(f->kind, zdt) : st->zero_f32 ? 4 : 2, st->masked, fmt ? (int)f->kind : 0,
-                    fmt ? f->tensor_scale_per_head : 0, fmt && f->tensor_scale > 0 ? (double)f->tensor_scale : 0.0,
+                    fmt ? f->tensor_scale_per_head : 0, fmt ? f->codebook_normal : 0, fmt && f->tensor_scale > 0 ? (double)f->tensor_scale : 0.0,
                     fmt ? f->n_levels : 0);
     for (int i = 0; i < 16; i++)
         emit_buf_printf(b, "%s%#.9gf", i ? ", " : "", fmt && i < f->n_levels ? (double)f->levels[i] : 0.0);

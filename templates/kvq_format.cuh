@@ -381,10 +381,10 @@ KVQ_DEV kvq_fmt kvq_fmt_staged(kvq_fmt f)
 {
     if (!kvq_fmt_is(f)) return f;
     if (kvq_fmt_linear(f.kind)) {
-        kvq_fmt g = {kvq_fmt_staged_bits(f.kind, f.bits), f.gran, 0, f.group, 0, 4, 4, 0, 0, 0, 0.0f, 0, {0}};
+        kvq_fmt g = {kvq_fmt_staged_bits(f.kind, f.bits), f.gran, 0, f.group, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}};
         return g;
     }
-    kvq_fmt g = {16, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0.0f, 0, {0}};
+    kvq_fmt g = {16, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0.0f, 0, {0}};
     return g;
 }
 
@@ -392,7 +392,7 @@ KVQ_DEV kvq_fq kvq_fmt_fq(const kvq_fmt *f, float T)
 {
     kvq_fq q;
     q.kind = f->kind, q.bits = f->bits, q.s_f32 = f->sbytes == 4, q.z_f32 = f->zbytes == 4, q.T = T;
-    q.normal = 0, q.n_levels = f->n_levels, q.levels = f->lv;
+    q.normal = f->normal, q.n_levels = f->n_levels, q.levels = f->lv;
     return q;
 }
 

@@ -18,8 +18,9 @@ typedef struct {
     int masked;
     /* element formats (templates/kvq_format.cuh; 0 = asymmetric integers, the fields after it unused): the kind,
      * a tensor scale section per kv head (tsh), the static tensor scale (ts; 0 = from the prompt), a codebook's
-     * levels. bits is the format's code width, sbytes 1 an e4m3/e8m0 block scale, sbytes/zbytes 0 absent. */
-    int kind, tsh;
+     * levels (normal: Lloyd-Max levels, the group scale the root mean square). bits is the format's code width,
+     * sbytes 1 an e4m3/e8m0 block scale, sbytes/zbytes 0 absent. */
+    int kind, tsh, normal;
     float ts;
     int n_levels;
     float lv[16];

@@ -20,6 +20,7 @@
 #include "cu_warm.h"
 #include "harness.h"
 #include "kvq.h"
+#include "scheme.h"
 #include "synth.h"
 #include "test_engine_util.h"
 
@@ -126,6 +127,11 @@ static void run_case(const fmt_case *c, int heads, int kv_heads)
         return;
     }
     TH_CHECK(emu, "emu engine: %s", err);
+    /* Codebook levels are not fp16 numbers: the decode kernel stages s L[code] as fp16 rows (kvq_format.cuh), one
+     * rounding of 2^-12 per element, which the softmax of the structured keys' large scores amplifies to about
+     * 1.2e-3; every other format decodes exactly (integer path, or minifloat values times a power of two). */
+    const int codebook = s && kvq_scheme_layer(s, 0)->quant.key.format.kind == KVQ_FMT_CODEBOOK;
+    const double tol = codebook ? 4e-3 : 1e-3;
     kvq_synth_params sp = kvq_synth_params_default();
     sp.layers = LAYERS, sp.kv_heads = kv_heads, sp.heads = heads, sp.head_dim = D, sp.tokens = SYNTH_TOKENS;
     sp.seed = 20;
@@ -182,8 +188,8 @@ static void run_case(const fmt_case *c, int heads, int kv_heads)
             for (int i = 0; i < m && !th_failed(); i++)
                 for (int h = 0; h < Hq; h++) {
                     double rel = tu_rel_err(ed[i].out + (size_t)h * D, rd[i].out + (size_t)h * D, (size_t)D, 1e-3);
-                    TH_CHECK(rel <= 1e-3, "layer %d step %d item %d head %d: error %.3g of the magnitude", l, st, i,
-                             h, rel);
+                    TH_CHECK(rel <= tol, "layer %d step %d item %d head %d: error %.3g of the magnitude (bound %g)",
+                             l, st, i, h, rel, tol);
                 }
             for (int i = 0; i < m; i++)
                 for (int x = 0; x < 5; x++) kvq_free(mem[i][x]);

@@ -45,7 +45,8 @@ static void test_layout(void)
                                         kvq_page_layout_compute(&f, &l);
                                         kvq_fmt k = {f.bits,   f.gran,        f.channel_separable, f.group,
                                                      f.hidden, f.scale_bytes, f.zero_bytes,        f.masked,
-                                                     0,        0,             0.0f,                0,
+                                                     0,        0,             0,                   0.0f,
+                                                     0,
                                                      {0}};
                                         kvq_page_off o = kvq_page_offsets(k, Hs[hi], D, caps[ci]);
                                         int same = (size_t)o.codes == l.codes && (size_t)o.scale == l.scale &&
@@ -79,7 +80,7 @@ done:
                 kvq_page_layout l;
                 kvq_page_format_init(&f, &t, t.bits, 0, H, 128, 77);
                 kvq_page_layout_compute(&f, &l);
-                kvq_fmt k = {f.bits, 1, 0, f.group, 0, f.scale_bytes, f.zero_bytes, 0, kind, tsh, 1.0f, 0, {0}};
+                kvq_fmt k = {f.bits, 1, 0, f.group, 0, f.scale_bytes, f.zero_bytes, 0, kind, tsh, 0, 1.0f, 0, {0}};
                 kvq_page_off o = kvq_page_offsets(k, H, 128, 77);
                 TH_CHECK((size_t)o.codes == l.codes && (size_t)o.scale == l.scale && (size_t)o.zero == l.zero &&
                              (size_t)o.total == l.total && (size_t)o.cbpt == l.code_bytes_per_token &&
