@@ -6,8 +6,8 @@
  * exact zeros, +-0, a constant row, fp16's largest), so that saturation and rounding ties are exercised. Every
  * read_cache is bit-identical (the device's codes and parameters decode to the reference's values: the codes
  * and scales are the same bits), every decode output within 1e-3 of the reference's (relative to the head's
- * magnitude), memory statistics identical. A scheme whose tensor scale comes from the prompt is refused by the
- * cuda backend with a message naming it (its device reduction is not written): checked as such. Set
+ * magnitude; codebooks 4e-3, see run_case), memory statistics identical. A scheme whose tensor scale comes
+ * from the prompt is refused by the cuda backend with a message naming it (its device reduction is not written): checked as such. Set
  * KVQ_EMU_SHUFFLE to a seed to run the emulator's threads in another order. Without the emulator:
  * "skipped: <reason>", exit 0. */
 #include <dirent.h>
@@ -110,7 +110,8 @@ static void plant_edges(float *x, int H, size_t T, int layer)
 static void run_case(const fmt_case *c, int heads, int kv_heads)
 {
     kvq_spec *spec = NULL;
-    th_begin("emu formats: %s (%s), %d heads / %d kv heads: read_cache bit-identical, decode within 1e-3",
+    th_begin("emu formats: %s (%s), %d heads / %d kv heads: read_cache bit-identical, decode within 1e-3 "
+             "(codebooks 4e-3)",
              c->scheme, c->file, heads, kv_heads);
     TH_CHECK(kvq_spec_parse_file(th_path(c->file), &spec) == KVQ_OK, "%s does not parse", c->file);
     const kvq_scheme *s = spec ? kvq_spec_scheme(spec, c->scheme) : NULL;
