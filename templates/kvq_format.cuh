@@ -126,7 +126,14 @@ KVQ_DEV float kvq_fmt_level(int kind, int cbits, unsigned c, const float *levels
     case KVQ_FK_E5M2: return kvq_e5m2_f32(c);
     case KVQ_FK_NVFP4:
     case KVQ_FK_MXFP4: return kvq_e2m1_f32(c);
-    default: return (int)c < n_levels ? levels[c] : 0.0f;
+    default: {
+        /* selects over constant indices: a level table indexed by a code would live in local memory */
+        float v = 0.0f;
+#pragma unroll
+        for (int i = 0; i < KVQ_FK_CODEBOOK_MAX; i++)
+            if (i < n_levels && (int)c == i) v = levels[i];
+        return v;
+    }
     }
 }
 
@@ -284,7 +291,9 @@ KVQ_DEV unsigned kvq_fq_code(const kvq_fq *q, float x, float s, float z)
         const float y = s > 0.0f ? __fdiv_rn(x, s) : 0.0f;
         int best = 0;
         float bd = fabsf(__fsub_rn(y, q->levels[0]));
-        for (int i = 1; i < q->n_levels; i++) {
+#pragma unroll
+        for (int i = 1; i < KVQ_FK_CODEBOOK_MAX; i++) { /* constant indices: no local memory */
+            if (i >= q->n_levels) break;
             const float d = fabsf(__fsub_rn(y, q->levels[i]));
             if (d < bd) bd = d, best = i;
         }
