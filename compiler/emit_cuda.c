@@ -8,6 +8,7 @@
 
 #include "alloc.h"
 #include "kvq_params.cuh"
+#include "quant.h"
 
 /* build/gen/kvq_templates.c (compiler/embed_templates.sh) */
 extern const char *const emit_cuda_template_names[];
@@ -211,8 +212,19 @@ int emit_cuda_kernels(const kvq_plan *p, emit_cuda_kernel *out, int max)
 
 static void put_fmt(emit_buf *b, const char *macro, const plan_store *st)
 {
-    emit_buf_printf(b, "#define %s {%d, %d, %d, %d, %d, %d, %d, %d}\n", macro, st->bits, st->gran, st->sep, st->group,
-                    st->hidden, st->scale_f32 ? 4 : 2, st->zero_f32 ? 4 : 2, st->masked);
+    /* kvq_fmt (templates/kvq_layout.cuh); element formats: their scale/zero bytes (1: e4m3/e8m0, 0: none), the
+     * kind, the tensor scale and a codebook's levels (templates/kvq_format.cuh) */
+    const kvq_format_cfg *f = &st->format;
+    int fmt = st->bits < 16 && f->kind != KVQ_FMT_INT;
+    kvq_param_dtype sdt = st->scale_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16, zdt = st->zero_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16;
+    emit_buf_printf(b, "#define %s {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %.9g, %d, {", macro, st->bits, st->gran,
+                    st->sep, st->group, st->hidden, fmt ? kvq_format_scale_bytes(f->kind, sdt) : st->scale_f32 ? 4 : 2,
+                    fmt ? kvq_format_zero_bytes(f->kind, zdt) : st->zero_f32 ? 4 : 2, st->masked, fmt ? (int)f->kind : 0,
+                    fmt ? f->tensor_scale_per_head : 0, fmt ? f->codebook_normal : 0, fmt && f->tensor_scale > 0 ? (double)f->tensor_scale : 0.0,
+                    fmt ? f->n_levels : 0);
+    for (int i = 0; i < 16; i++)
+        emit_buf_printf(b, "%s%#.9gf", i ? ", " : "", fmt && i < f->n_levels ? (double)f->levels[i] : 0.0);
+    emit_buf_printf(b, "}}\n");
 }
 
 static void describe_store(emit_buf *b, const char *what, const plan_store *st)
@@ -222,7 +234,9 @@ static void describe_store(emit_buf *b, const char *what, const plan_store *st)
         emit_buf_printf(b, " *   %s: fp16\n", what);
         return;
     }
-    emit_buf_printf(b, " *   %s: %d-bit, per %s", what, st->bits, st->gran == KVQ_GRAN_CHANNEL ? "channel" : "token");
+    emit_buf_printf(b, " *   %s: %d-bit%s%s, per %s", what, st->bits, st->format.kind != KVQ_FMT_INT ? " " : "",
+                    st->format.kind != KVQ_FMT_INT ? kvq_format_name(st->format.kind) : "",
+                    st->gran == KVQ_GRAN_CHANNEL ? "channel" : "token");
     if (st->hidden)
         emit_buf_printf(b, ", group hidden");
     else if (st->group)
@@ -254,7 +268,7 @@ static const char *mode_name(kvq_layer_mode m)
 
 static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
 {
-    plan_store f16 = {16, 0, 0, 0, 0, 0, 0, 0}, none = {0, 0, 0, 0, 0, 0, 0, 0};
+    plan_store f16 = {.bits = 16}, none = {.bits = 0};
     emit_buf_printf(b, "\n/* ======== layer class %d (%s): layers ", c->id, mode_name(c->mode));
     layer_list(b, p, c->id);
     emit_buf_printf(b, " ========\n");
@@ -341,7 +355,7 @@ kvq_status emit_cuda_source(const kvq_plan *p, char **out, size_t *len)
     emit_buf_printf(&b, "#define KVQ_POL_OTT %d\n#define KVQ_POL_ZIP %d\n", p->any_pool, p->any_saliency);
     emit_buf_printf(&b, "#define KVQ_POL_TK %d\n#define KVQ_POL_DENSE %d\n", p->any_sparse, p->any_auto);
     static const char *const common[] = {"kvq_intrin.cuh", "kvq_params.cuh", "kvq_layout.cuh",   "kvq_types.cuh",
-                                         "kvq_unpack.cuh", "kvq_mma.cuh", "kvq_decode.cuh", "kvq_quantize.cuh", "kvq_common.cuh"};
+                                         "kvq_format.cuh", "kvq_unpack.cuh", "kvq_mma.cuh", "kvq_decode.cuh", "kvq_quantize.cuh", "kvq_common.cuh"};
     for (size_t i = 0; i < sizeof common / sizeof common[0]; i++) put_template(&b, common[i]);
     if (p->any_pool || p->any_saliency || p->any_sparse || p->any_auto) {
         put_template(&b, "kvq_select.cuh");

@@ -34,14 +34,13 @@ int emit_llvm_source_index(const emit_llvm_sources *s, int which, const kvq_page
     return -1;
 }
 
-/* Adds the page format of store st (a quantized one, of element format `format`) to a class's sources unless
- * present. */
-static void add_source(const kvq_plan *p, const plan_store *st, const kvq_format_cfg *format, kvq_page_format *list,
-                       int *n)
+/* Adds the page format of store st (a quantized one; plan_store carries its element format) to a class's
+ * sources unless present. */
+static void add_source(const kvq_plan *p, const plan_store *st, kvq_page_format *list, int *n)
 {
     if (!st->bits || kvq_bits_is_fp16(st->bits)) return;
     kvq_page_format f;
-    plan_page_format_of(p, st, format, 1, &f);
+    plan_page_format(p, st, 1, &f);
     for (int i = 1; i < *n; i++)
         if (same_format(&list[i], &f)) return;
     list[(*n)++] = f;
@@ -65,10 +64,10 @@ int emit_llvm_plan_kernels(const kvq_plan *p, emit_llvm_sources *cls, emit_llvm_
         memset(cc, 0, sizeof *cc);
         cc->n_k = cc->n_v = 1; /* [0]: fp16 rows */
         if (pc->quant) {
-            add_source(p, &pc->k_hi, &pc->kcfg.format, cc->kf, &cc->n_k);
-            add_source(p, &pc->k_lo, &pc->kcfg.format, cc->kf, &cc->n_k);
-            add_source(p, &pc->v_hi, &pc->vcfg.format, cc->vf, &cc->n_v);
-            add_source(p, &pc->v_lo, &pc->vcfg.format, cc->vf, &cc->n_v);
+            add_source(p, &pc->k_hi, cc->kf, &cc->n_k);
+            add_source(p, &pc->k_lo, cc->kf, &cc->n_k);
+            add_source(p, &pc->v_hi, cc->vf, &cc->n_v);
+            add_source(p, &pc->v_lo, cc->vf, &cc->n_v);
         }
         for (int i = 0; i < cc->n_k; i++)
             for (int j = 0; j < cc->n_v; j++, n++) {

@@ -1,6 +1,9 @@
 /* Scheme + dims -> kernel plan: see plan.h. */
 #include "plan.h"
 
+#include "kvq_layout.cuh"
+#include "quant.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -43,10 +46,20 @@ static int layer_eq(const kvq_layer_cfg *a, const kvq_layer_cfg *b)
 
 int plan_row_bytes(int head_dim, int bits) { return (int)kvq_code_bytes(head_dim, bits); }
 
+/* Bytes a decode tile stages per token of a store: its codes, or fp16 rows for element formats, which
+ * templates/kvq_format.cuh decodes while staging. */
+static int staged_row_bytes(int head_dim, const plan_store *st)
+{
+    if (st->bits >= 16 || st->format.kind == KVQ_FMT_INT) return plan_row_bytes(head_dim, st->bits);
+    return plan_row_bytes(head_dim, kvq_fmt_linear((int)st->format.kind)
+                                        ? kvq_fmt_staged_bits((int)st->format.kind, st->bits) : 16);
+}
+
 static void store_init(plan_store *st, const kvq_tensor_cfg *t, int bits, int masked, int head_dim)
 {
     memset(st, 0, sizeof *st);
-    st->bits = bits;
+    st->format = t->format;
+    st->bits = kvq_bits_is_fp16(bits) ? bits : kvq_format_code_bits(&t->format, bits);
     st->gran = (int)t->gran;
     st->sep = t->gran == KVQ_GRAN_TOKEN && t->channel_separable;
     st->hidden = t->gran == KVQ_GRAN_TOKEN && t->group == KVQ_GROUP_HIDDEN;
@@ -61,15 +74,6 @@ static void store_init(plan_store *st, const kvq_tensor_cfg *t, int bits, int ma
 
 void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page_format *fmt)
 {
-    kvq_format_cfg f;
-    memset(&f, 0, sizeof f);
-    f.kind = KVQ_FMT_INT;
-    plan_page_format_of(p, st, &f, cap, fmt);
-}
-
-void plan_page_format_of(const kvq_plan *p, const plan_store *st, const kvq_format_cfg *format, int cap,
-                         kvq_page_format *fmt)
-{
     kvq_tensor_cfg t;
     memset(&t, 0, sizeof t);
     t.bits = st->bits;
@@ -78,7 +82,7 @@ void plan_page_format_of(const kvq_plan *p, const plan_store *st, const kvq_form
     t.group = st->hidden ? KVQ_GROUP_HIDDEN : (st->group > 0 ? st->group : KVQ_GROUP_ALL);
     t.scale_dtype = st->scale_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16;
     t.zero_dtype = st->zero_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16;
-    t.format = *format;
+    t.format = st->format;
     kvq_page_format_init(fmt, &t, st->bits, st->masked, p->kv_heads, p->head_dim, cap);
 }
 
@@ -140,11 +144,11 @@ static void class_init(plan_class *c, const kvq_layer_cfg *cfg, int D)
         /* Staged rows: fp16 windows (sinks, residual, pools) and the pages of each class. */
         int fp16_k = q->sinks > 0 || c->rule_k.capacity > 0 || c->has_pool;
         int fp16_v = q->sinks > 0 || c->rule_v.capacity > 0 || c->has_pool;
-        c->k_row_bytes = max_i(fp16_k ? fp16_row : 0, plan_row_bytes(D, c->k_hi.bits));
-        c->v_row_bytes = max_i(fp16_v ? fp16_row : 0, plan_row_bytes(D, c->v_hi.bits));
+        c->k_row_bytes = max_i(fp16_k ? fp16_row : 0, staged_row_bytes(D, &c->k_hi));
+        c->v_row_bytes = max_i(fp16_v ? fp16_row : 0, staged_row_bytes(D, &c->v_hi));
         if (sal) {
-            c->k_row_bytes = max_i(c->k_row_bytes, plan_row_bytes(D, c->k_lo.bits));
-            c->v_row_bytes = max_i(c->v_row_bytes, plan_row_bytes(D, c->v_lo.bits));
+            c->k_row_bytes = max_i(c->k_row_bytes, staged_row_bytes(D, &c->k_lo));
+            c->v_row_bytes = max_i(c->v_row_bytes, staged_row_bytes(D, &c->v_lo));
         }
     }
     if (c->sparse) {
@@ -154,7 +158,7 @@ static void class_init(plan_class *c, const kvq_layer_cfg *cfg, int D)
     }
 }
 
-static int bits_ok(int b) { return b == 1 || b == 2 || b == 3 || b == 4 || b == 8 || b == 16; }
+static int bits_ok(int b) { return b == 1 || b == 2 || b == 3 || b == 4 || b == 5 || b == 8 || b == 16; }
 
 static kvq_status check_class(const plan_class *c, int D, char *msg, size_t n)
 {
@@ -213,6 +217,7 @@ static int align16(int n) { return (n + 15) & ~15; }
 static int store_par(const kvq_plan *p, const plan_store *st, int tile)
 {
     if (st->bits == 0 || st->bits >= 16) return 1;
+    if (st->format.kind != KVQ_FMT_INT && !kvq_fmt_linear((int)st->format.kind)) return 1; /* fp16 rows staged */
     if (st->gran == KVQ_GRAN_CHANNEL) return p->head_dim * kvq_tile_max_pages(tile, st->group);
     if (st->hidden) return tile;
     return tile * (p->head_dim / st->group);
@@ -228,12 +233,14 @@ static int store_par(const kvq_plan *p, const plan_store *st, int tile)
 static int mma_shape_ok(const kvq_plan *p) { return p->gqa == 4 && p->threads == 128 && p->head_dim % 64 == 0; }
 static int mma_k_ok(const kvq_plan *p, const plan_store *st)
 {
-    return mma_shape_ok(p) && (st->bits == 2 || st->bits == 4) && st->gran == KVQ_GRAN_CHANNEL && !st->scale_f32;
+    return mma_shape_ok(p) && (st->bits == 2 || st->bits == 4) && st->format.kind == KVQ_FMT_INT &&
+           st->gran == KVQ_GRAN_CHANNEL && !st->scale_f32;
 }
 static int mma_v_groups(const kvq_plan *p, const plan_store *st) { return st->hidden ? 1 : p->head_dim / st->group; }
 static int mma_v_ok(const kvq_plan *p, const plan_store *st)
 {
-    return mma_shape_ok(p) && (st->bits == 2 || st->bits == 4) && st->gran == KVQ_GRAN_TOKEN && !st->sep &&
+    return mma_shape_ok(p) && (st->bits == 2 || st->bits == 4) && st->format.kind == KVQ_FMT_INT &&
+           st->gran == KVQ_GRAN_TOKEN && !st->sep &&
            !st->scale_f32 && (st->hidden || st->group % 16 == 0) && mma_v_groups(p, st) <= 4;
 }
 
@@ -277,8 +284,8 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
      * (sinks, windows, pools) take as many tokens as fit, a multiple of 16 (plan_tile_tokens). */
     int qk = 2 * D, qv = 2 * D;
     if (c->quant && !c->sparse) {
-        qk = max_i(plan_row_bytes(D, c->k_hi.bits), c->k_lo.bits ? plan_row_bytes(D, c->k_lo.bits) : 0);
-        qv = max_i(plan_row_bytes(D, c->v_hi.bits), c->v_lo.bits ? plan_row_bytes(D, c->v_lo.bits) : 0);
+        qk = max_i(staged_row_bytes(D, &c->k_hi), c->k_lo.bits ? staged_row_bytes(D, &c->k_lo) : 0);
+        qv = max_i(staged_row_bytes(D, &c->v_hi), c->v_lo.bits ? staged_row_bytes(D, &c->v_lo) : 0);
     }
     c->rows_k = align16(max_i(T * qk, merge / 2));
     c->rows_bytes = c->rows_k + align16(max_i(T * qv, merge - c->rows_k));
@@ -377,24 +384,6 @@ kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t n)
     return KVQ_OK;
 }
 
-kvq_status plan_refuse_formats(const kvq_scheme *scheme, int layers, const char *target, char *msg, size_t n)
-{
-    for (int l = 0; l < layers; l++) {
-        const kvq_layer_cfg *c = kvq_scheme_layer(scheme, l);
-        if (c->mode == KVQ_MODE_SPARSE) continue;
-        for (int w = 0; w < 2; w++) {
-            const kvq_tensor_cfg *t = w ? &c->quant.value : &c->quant.key;
-            if (kvq_bits_is_fp16(t->bits) || t->format.kind == KVQ_FMT_INT) continue;
-            snprintf(msg, n,
-                     "layer %d: the %s' element format %s is not supported by the %s backend yet (the reference "
-                     "backend runs it)",
-                     l, w ? "values" : "keys", kvq_format_name(t->format.kind), target);
-            return KVQ_ERR_UNSUPPORTED;
-        }
-    }
-    return KVQ_OK;
-}
-
 kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype in_dtype, kvq_plan *p, char *msg,
                       size_t n)
 {
@@ -433,8 +422,9 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
                              "decode yet (the reference backend does)", l);
             return KVQ_ERR_UNSUPPORTED;
         }
-        /* Element formats are planned like integers (the page format carries the format); which ones a target's
-         * kernels decode is the target's question: plan_refuse_formats. */
+        /* Element formats are planned like integers (plan_store carries the format): the cpu kernels
+         * (compiler/emit_llvm_format.c) and the CUDA templates (templates/kvq_format.cuh) decode them; what a
+         * backend cannot run it refuses in its supports() (cu_supports: a tensor scale from the prompt). */
         while (c < p->n_classes && !layer_eq(seen[c], cfg)) c++;
         if (c == p->n_classes) {
             if (c == PLAN_MAX_CLASSES) {

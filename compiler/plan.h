@@ -32,6 +32,9 @@ typedef struct {
     int hidden; /* per token: one group spans every kv head (scale/zero [capacity]) */
     int scale_f32, zero_f32;
     int masked; /* keys of a layer with an outlier pool: per-slot mask bits */
+    /* element format (compiler/scheme_format.h; KVQ_FMT_INT by default): bits above is its code width; the
+     * decode kernel stages its tiles as fp16 (templates/kvq_format.cuh) */
+    kvq_format_cfg format;
 } plan_store;
 
 typedef struct {
@@ -83,12 +86,6 @@ typedef struct kvq_plan {
     int any_auto; /* a class of mode auto: calibration (TailorKV Eq. 6-9) runs on the device */
 } kvq_plan;
 
-/* KVQ_OK if a target whose kernels decode asymmetric integers only runs every quantized tensor of the first
- * `layers` layers, else KVQ_ERR_UNSUPPORTED naming the layer, tensor, format and `target`. The plan itself holds
- * any element format (the cpu kernels decode them all); the CUDA templates do not yet, and their backend and
- * `kvqc build --target cuda` ask this. */
-kvq_status plan_refuse_formats(const kvq_scheme *scheme, int layers, const char *target, char *msg, size_t n);
-
 /* Builds the plan of `scheme` for `dims` (layers, heads, kv_heads, head_dim all > 0) with inputs of
  * `in_dtype`. Returns KVQ_OK, or KVQ_ERR_UNSUPPORTED / KVQ_ERR_SHAPE with the reason in msg. */
 kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype in_dtype, kvq_plan *out, char *msg,
@@ -96,10 +93,6 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
 
 /* The page format (layout.h) of store `st` at capacity cap, for the plan's dims. */
 void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page_format *fmt);
-/* The same for a tensor of element format `format` (scheme_format.h: the class's kcfg / vcfg format): the code
- * width and the parameter sections are the format's. plan_page_format is this with asymmetric integers. */
-void plan_page_format_of(const kvq_plan *p, const plan_store *st, const kvq_format_cfg *format, int cap,
-                         kvq_page_format *fmt);
 
 /* Tokens a decode tile of class c may hold when its keys (k_f16) or values (v_f16) are fp16 rows: the tile, or
  * fewer where fp16 rows would overrun the staging (plan_class.rows_k). Every tile list the backends build is cut to

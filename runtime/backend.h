@@ -99,9 +99,4 @@ typedef struct kvq_backend {
 
 extern const kvq_backend kvq_backend_reference;
 
-/* KVQ_ERR_UNSUPPORTED with a message naming the layer, tensor, format and `backend` when a quantized tensor of
- * the engine's scheme has an element format other than asymmetric integers (runtime/backend_formats.c): for
- * the backends whose kernels decode integers only. */
-kvq_status kvq_be_refuse_formats(const kvq_be_engine *e, const char *backend, char *msg, size_t n);
-
 #endif

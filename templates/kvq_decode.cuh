@@ -20,6 +20,7 @@
 #ifndef KVQ_DECODE_CUH
 #define KVQ_DECODE_CUH
 
+#include "kvq_format.cuh"
 #include "kvq_mma.cuh"
 
 /* Staged tile of one tensor in shared memory. */
@@ -37,6 +38,13 @@ typedef struct {
 KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
                             int h, int tid)
 {
+    if (kvq_fmt_is(f)) { /* element formats (kvq_format.cuh): integer codes and parameters, or fp16 rows */
+        if (kvq_fmt_linear(f.kind))
+            kvq_fmt_stage_linear(sb->rows, sb->s, sb->z, b, f, slot, cap, n, h, tid, KVQ_THREADS);
+        else
+            kvq_fmt_stage_page(sb->rows, b, f, slot, cap, n, h, tid, KVQ_THREADS);
+        return;
+    }
     kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
     const long long stride = kvq_page_stride(o.total);
     const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
@@ -389,7 +397,7 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
 
 KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 {
-    kvq_fmt f = {16, 0, 0, 0, 0, 2, 2, 0};
+    kvq_fmt f = {16, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0.0f, 0, {0}};
     return f;
 }
 
@@ -423,6 +431,9 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi,
                              kvq_fmt vlo, const kvq_dec_geo g)
 {
+    /* element formats are staged as fp16 rows, and computed on as such (kvq_format.cuh) */
+    const kvq_fmt skhi = khi, sklo = klo, svhi = vhi, svlo = vlo;
+    khi = kvq_fmt_staged(khi), klo = kvq_fmt_staged(klo), vhi = kvq_fmt_staged(vhi), vlo = kvq_fmt_staged(vlo);
     const int G = KVQ_GQA, D = KVQ_D, NW = KVQ_THREADS / 32;
     const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
     const int tid = tx + KVQ_TX * (ty + KVQ_TY * tz);
@@ -494,8 +505,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         int n = T.n;
         if (T.count) n = max(0, min(n, ((const int *)T.count)[hk] - T.k_slot)); /* a pool's tile: kvq_tile.count */
         __syncthreads(); /* the previous tile's readers are done with the buffers */
-        kvq_stage(&kb, T.k, kk, T.k_slot, T.k_cap, n, hk, khi, klo, tid);
-        kvq_stage(&vb, T.v, vk, T.v_slot, T.v_cap, n, hk, vhi, vlo, tid);
+        kvq_stage(&kb, T.k, kk, T.k_slot, T.k_cap, n, hk, skhi, sklo, tid);
+        kvq_stage(&vb, T.v, vk, T.v_slot, T.v_cap, n, hk, svhi, svlo, tid);
         kvq_cp_async_wait_all();
         __syncthreads();
         const int kchan = (kk == KVQ_SRC_HI && khi.bits < 16 && khi.gran == 0) ||

@@ -16,6 +16,14 @@ typedef struct {
     int hidden;
     int sbytes, zbytes; /* 2 (fp16) or 4 (fp32) */
     int masked;
+    /* element formats (templates/kvq_format.cuh; 0 = asymmetric integers, the fields after it unused): the kind,
+     * a tensor scale section per kv head (tsh), the static tensor scale (ts; 0 = from the prompt), a codebook's
+     * levels (normal: Lloyd-Max levels, the group scale the root mean square). bits is the format's code width,
+     * sbytes 1 an e4m3/e8m0 block scale, sbytes/zbytes 0 absent. */
+    int kind, tsh, normal;
+    float ts;
+    int n_levels;
+    float lv[16];
 } kvq_fmt;
 
 typedef struct {
@@ -23,9 +31,20 @@ typedef struct {
     int cbpt;     /* code bytes per token of one kv head */
     int n_groups; /* per token: scale entries per token and kv head (1 when hidden) */
     int mask_stride; /* bytes of mask per kv head */
+    long long tscale; /* element formats with a tensor scale: fp32 T, [1] or [kv_head] (layout/layout.h) */
 } kvq_page_off;
 
 KVQ_HD long long kvq_al16(long long n) { return (n + 15) & ~15LL; }
+
+/* Formats whose levels are linear in the code, L = c - off (int symmetric, q8_0, q4_0, q5_0; off 0 for q4_1,
+ * q5_1): the decode kernel runs them on its integer path, x = z' + s c with z' = z - s off. */
+KVQ_HD int kvq_fmt_linear(int kind)
+{
+    return kind >= 1 && kind <= 6; /* compiler/scheme_format.h: int symmetric, q8_0, q4_0, q4_1, q5_0, q5_1 */
+}
+
+/* Code width the integer path stages a linear format's codes at (5-bit codes widen to 8). */
+KVQ_HD int kvq_fmt_staged_bits(int kind, int bits) { return kvq_fmt_linear(kind) && bits == 5 ? 8 : bits; }
 
 KVQ_HD int kvq_fmt_cbpt(int bits, int D) { return bits >= 16 ? 2 * D : D * bits / 8; }
 
@@ -58,6 +77,8 @@ KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
     o.mask_stride = (cap + 7) / 8;
     o.mask = off;
     off += f.masked ? kvq_al16((long long)H * o.mask_stride) : 0;
+    o.tscale = off; /* e4m3 (7), e5m2 (8), nvfp4 (9): compiler/scheme_format.h */
+    off += quantized && (f.kind == 7 || f.kind == 8 || f.kind == 9) ? kvq_al16(4LL * (f.tsh ? H : 1)) : 0;
     o.total = off;
     return o;
 }

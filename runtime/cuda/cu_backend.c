@@ -9,6 +9,7 @@
 #include "alloc.h"
 #include "cu_backend.h"
 #include "emit_cuda.h"
+#include "quant.h"
 
 /* The eager decode path's scratch (decode_run: queries, outputs, new rows, tiles, split-KV partials) for batches
  * of up to max_batch sequences of up to max_tokens tokens, sized once, so that no such step allocates (S: the
@@ -66,14 +67,47 @@ static kvq_status probe_kind(cu_dev_kind kind, char *msg, size_t n)
 static kvq_status probe_cuda(char *msg, size_t n) { return probe_kind(CU_DEV_GPU, msg, n); }
 static kvq_status probe_emu(char *msg, size_t n) { return probe_kind(CU_DEV_EMU, msg, n); }
 
+/* Element formats (templates/kvq_format.cuh) the kernels run: every one of specs/formats/, per token (groups of
+ * the block or the tensor's group) or per channel for e4m3/e5m2 (no group parameters), with a static tensor scale.
+ * Refused, naming what: a tensor scale from the prompt (its device reduction is not written yet), per-channel
+ * groups of formats with group parameters, and formats combined with saliency classes or outlier pools. */
+static kvq_status cu_formats_supported(int l, const kvq_quant_cfg *q, char *msg, size_t n)
+{
+    for (int w = 0; w < 2; w++) {
+        const kvq_tensor_cfg *t = w ? &q->value : &q->key;
+        const kvq_format_cfg *f = &t->format;
+        const char *what = w ? "values" : "keys";
+        if (kvq_bits_is_fp16(t->bits) || f->kind == KVQ_FMT_INT) continue;
+        if (kvq_format_has_tensor_scale(f->kind) && !(f->tensor_scale > 0.0f)) {
+            snprintf(msg, n, "layer %d: the %s' %s tensor scale from the prompt (tensor_scale prompt) is not computed by "
+                             "the cuda kernels yet; give a static tensor_scale (the reference backend runs it)",
+                     l, what, kvq_format_name(f->kind));
+            return KVQ_ERR_UNSUPPORTED;
+        }
+        if (t->gran == KVQ_GRAN_CHANNEL && kvq_format_has_group_scale(f->kind)) {
+            snprintf(msg, n, "layer %d: the %s' element format %s per channel is not supported by the cuda kernels "
+                             "(per token is; the reference backend runs both)", l, what, kvq_format_name(f->kind));
+            return KVQ_ERR_UNSUPPORTED;
+        }
+        if (q->saliency.metric != KVQ_SAL_NONE || q->outliers.keep > 0 ||
+            (t->gran == KVQ_GRAN_TOKEN && t->group == KVQ_GROUP_HIDDEN)) {
+            snprintf(msg, n, "layer %d: the %s' element format %s with saliency classes, outlier pools or hidden groups "
+                             "is not supported by the cuda kernels (the reference backend runs it)",
+                     l, what, kvq_format_name(f->kind));
+            return KVQ_ERR_UNSUPPORTED;
+        }
+    }
+    return KVQ_OK;
+}
+
 static kvq_status cu_supports(const kvq_be_engine *e, char *msg, size_t n)
 {
-    kvq_status st = kvq_be_refuse_formats(e, "cuda/emu", msg, n);
-    if (st != KVQ_OK) return st;
     for (int l = 0; l < e->dims.layers; l++) {
         const kvq_layer_cfg *c = kvq_scheme_layer(e->scheme, l);
         if (c->mode == KVQ_MODE_SPARSE) continue;
         const kvq_quant_cfg *q = &c->quant;
+        kvq_status st = cu_formats_supported(l, q, msg, n);
+        if (st != KVQ_OK) return st;
         if (kvq_layer_turboquant(c)) {
             snprintf(msg, n, "layer %d: TurboQuant codes (turboquant) are not decoded by the cuda kernels yet (the "
                              "reference backend decodes them)", l);

@@ -568,6 +568,25 @@ static void page_read(const cu_page *p, const uint8_t *mem, int h, int slot, flo
     }
     uint8_t codes[256];
     kvq_unpack_codes(src, D, f->bits, codes);
+    if (f->format.kind != KVQ_FMT_INT) { /* element formats: x = z + (s T) L[code] (ref_store.c) */
+        float lv[256], T = 1.0f;
+        kvq_format_levels(&f->format, f->bits, lv);
+        if (p->lay.tscale_size)
+            memcpy(&T, mem + p->lay.tscale + (f->format.tensor_scale_per_head ? (size_t)h * sizeof T : 0), sizeof T);
+        for (int x = 0; x < D; x++) {
+            size_t idx = f->gran == KVQ_GRAN_CHANNEL ? (size_t)h * D + x
+                                                     : ((size_t)h * f->capacity + slot) * p->lay.n_groups +
+                                                           (size_t)(x / f->group);
+            kvq_qparams qp = {1.0f, 0.0f};
+            if (f->scale_bytes == 1)
+                qp.scale = kvq_format_scale8_decode(f->format.kind, mem[p->lay.scale + idx]);
+            else if (f->scale_bytes)
+                qp.scale = get_param(mem + p->lay.scale, idx, f->scale_bytes);
+            if (f->zero_bytes) qp.zero = get_param(mem + p->lay.zero, idx, f->zero_bytes);
+            out[x] = kvq_format_dequant(lv[codes[x]], qp, T);
+        }
+        return;
+    }
     for (int x = 0; x < D; x++) {
         size_t idx = f->gran == KVQ_GRAN_CHANNEL ? (size_t)h * D + x
                      : f->hidden                 ? (size_t)slot

@@ -39,9 +39,12 @@ EMU_TEST_KERNELS_bugs := bugs
 EMU_TEST_KERNELS_intrin := intrin
 EMU_TEST_KERNELS_unpack := unpack
 EMU_TEST_KERNELS_mma := mma
+# the device element formats against runtime/quant.c and base/minifloat.c (their objects linked in)
+EMU_TEST_KERNELS_format := format
+EMU_TEST_EXTRA_OBJ_format := $(patsubst %,$(BUILD)/obj/%.o,runtime/quant base/minifloat base/half base/lloyd_max)
 EMU_TEST_KERNELS_nvrtc :=
 EMU_TEST_KERNELS_dlopen :=
-EMU_TESTS := block ucontext warp async half bugs intrin unpack mma nvrtc dlopen
+EMU_TESTS := block ucontext warp async half bugs intrin unpack mma format nvrtc dlopen
 
 # A kernel built as a shared object, for the dlopen convention; its host exports the runtime with -rdynamic.
 EMU_SO := $(BUILD)/tests/emu_kernels/warp.so
@@ -53,7 +56,7 @@ EMU_TEST_AFTER_dlopen := $(EMU_SO)
 EMU_TEST_BIN := $(patsubst %,$(BUILD)/tests/test_emu_%,$(EMU_TESTS))
 
 define EMU_TEST_RULE
-$(BUILD)/tests/test_emu_$(1): $(EMU_OBJ)/test_emu_$(1).o $(patsubst %,$(EMU_OBJ)/kernels/%.o,$(EMU_TEST_KERNELS_$(1))) \
+$(BUILD)/tests/test_emu_$(1): $(EMU_OBJ)/test_emu_$(1).o $(patsubst %,$(EMU_OBJ)/kernels/%.o,$(EMU_TEST_KERNELS_$(1))) $(EMU_TEST_EXTRA_OBJ_$(1)) \
 		$(if $(filter ucontext,$(1)),$(EMU_RT_UC_OBJ),$(EMU_RT_OBJ)) $(EMU_HARNESS) | $(EMU_TEST_AFTER_$(1))
 	@mkdir -p $$(dir $$@)
 	$$(CXX) $(EMU_TEST_EXTRA_$(1)) -o $$@ $$^ $$(LDLIBS_ALL)

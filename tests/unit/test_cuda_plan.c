@@ -44,7 +44,10 @@ static void test_layout(void)
                                         kvq_page_format_init(&f, &t, t.bits, masked, Hs[hi], D, caps[ci]);
                                         kvq_page_layout_compute(&f, &l);
                                         kvq_fmt k = {f.bits,   f.gran,        f.channel_separable, f.group,
-                                                     f.hidden, f.scale_bytes, f.zero_bytes,        f.masked};
+                                                     f.hidden, f.scale_bytes, f.zero_bytes,        f.masked,
+                                                     0,        0,             0,                   0.0f,
+                                                     0,
+                                                     {0}};
                                         kvq_page_off o = kvq_page_offsets(k, Hs[hi], D, caps[ci]);
                                         int same = (size_t)o.codes == l.codes && (size_t)o.scale == l.scale &&
                                                    (size_t)o.zero == l.zero && (size_t)o.factor == l.factor &&
@@ -60,6 +63,31 @@ static void test_layout(void)
                                     }
 done:
     TH_CHECK(checked > 1000, "only %d formats", checked);
+    /* element formats (templates/kvq_format.cuh): 1-byte and absent scales, absent zeros, 5-bit codes, the
+     * tensor scale section (one, or one per kv head) */
+    for (int kind = 1; kind < KVQ_FMT_COUNT && !th_failed(); kind++)
+        for (int tsh = 0; tsh < 2; tsh++)
+            for (int H = 1; H <= 3; H++) {
+                kvq_tensor_cfg t;
+                memset(&t, 0, sizeof t);
+                t.bits = 4;
+                t.gran = KVQ_GRAN_TOKEN;
+                t.group = kind == KVQ_FMT_NVFP4 ? 16 : 32;
+                t.format.kind = (kvq_format_kind)kind;
+                t.format.tensor_scale_per_head = tsh;
+                t.format.tensor_scale = 1.0f;
+                kvq_page_format f;
+                kvq_page_layout l;
+                kvq_page_format_init(&f, &t, t.bits, 0, H, 128, 77);
+                kvq_page_layout_compute(&f, &l);
+                kvq_fmt k = {f.bits, 1, 0, f.group, 0, f.scale_bytes, f.zero_bytes, 0, kind, tsh, 0, 1.0f, 0, {0}};
+                kvq_page_off o = kvq_page_offsets(k, H, 128, 77);
+                TH_CHECK((size_t)o.codes == l.codes && (size_t)o.scale == l.scale && (size_t)o.zero == l.zero &&
+                             (size_t)o.total == l.total && (size_t)o.cbpt == l.code_bytes_per_token &&
+                             (!l.tscale_size || (size_t)o.tscale == l.tscale),
+                         "format %s, tensor scale per head %d, H %d: kernel offsets differ from layout.c",
+                         kvq_format_name((kvq_format_kind)kind), tsh, H);
+            }
     th_end();
 }
 

@@ -445,8 +445,7 @@ static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_comp
         fprintf(stderr, "kvqc build: out of memory\n");
         return 1;
     }
-    if (plan_build(sch, &dims, a->input, p, msg, sizeof msg) != KVQ_OK ||
-        (a->cuda && plan_refuse_formats(sch, dims.layers, "cuda", msg, sizeof msg) != KVQ_OK)) {
+    if (plan_build(sch, &dims, a->input, p, msg, sizeof msg) != KVQ_OK) {
         fprintf(stderr, "kvqc build: %s: %s\n", kvq_scheme_name(sch), msg);
         kvq_free(p);
         return 1;

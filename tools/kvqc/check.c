@@ -27,7 +27,6 @@ static int check_cuda(const char *file, const kvq_spec *spec, const int *sms, in
         plan_default_dims(s, &d);
         char msg[512], where[16] = "";
         kvq_status st = plan_build(s, &d, KVQ_F32, p, msg, sizeof msg);
-        if (st == KVQ_OK) st = plan_refuse_formats(s, d.layers, "cuda", msg, sizeof msg);
         for (int a = 0; a < n_sms && st == KVQ_OK; a++) {
             st = plan_check_target(p, sms[a], msg, sizeof msg);
             if (st != KVQ_OK) snprintf(where, sizeof where, "sm_%d: ", sms[a]);

@@ -101,4 +101,18 @@ struct unpack_params {
     int n_rows, bits;
 };
 
+/* format.cu: templates/kvq_format.cuh. mode 0: x[i] -> codes[i] by kvq_fq_code of an element format without
+ * group parameters (e4m3/e5m2 with T = 1) or kvq_e2m1_enc (kind -1); mode 1: codes[i] -> y[i] = L[codes[i]];
+ * mode 2: n_groups groups of `group` values of x -> codes, s[g], z[g] by kvq_fq_group; mode 3: code i of packed
+ * rows of 128 `bits`-bit codes at codes, written to codes[n + i] (kvq_fmt_code_at); mode 4: kvq_fmt_scale8 of
+ * s[i] into codes[i] and kvq_fmt_ld_scale of it into y[i]. One item a thread. */
+struct format_params {
+    const float *x;
+    unsigned char *codes;
+    float *y, *s, *z;
+    const float *levels;
+    int mode, kind, bits, s_f32, n, group, normal, n_levels;
+    float T;
+};
+
 #endif
