@@ -178,7 +178,6 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
     /* the same trip count on every lane: the shuffles need the whole warp */
 #pragma unroll 1
     for (int base = 0; base < n; base += p1) {
-        KVQ_MARK(1);
         const int t = base + lane1, live = t < n, tt = live ? t : 0;
         const unsigned char *row = kb->rows + tt * cbpt;
         /* the token's page of a page run (kcap > 0: per-channel keys over several pages): its fold and bias */
@@ -190,7 +189,6 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         /* runs of 8 channels, not unrolled: unrolled, the compiler hoists every run's query loads and spills */
 #pragma unroll 2
         for (int j = 0; j < cp / KVQ_VEC; j++) {
-            KVQ_MARK(5);
             const int c0 = cbeg + j * KVQ_VEC;
             float cv[KVQ_VEC];
             if (f.bits >= 16)
@@ -283,7 +281,6 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
     for (int t2 = tz; t2 < n; t2 += 2 * KVQ_TZ) {
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-            KVQ_MARK(3); /* twice an iteration: kvqc build counts the loop's tokens by its markers */
             const int live = u == 0 || t2 + KVQ_TZ < n, du = live ? u * KVQ_TZ : 0;
             const int t = t2 + du;
             const unsigned char *row = rp + du * cbpt;
@@ -360,7 +357,6 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
     const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D);
 #pragma unroll 1
     for (int t = part0 ? lane1 : n; t < n; t += p1) {
-        KVQ_MARK(2);
         float pr[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) {
@@ -482,15 +478,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 
 #pragma unroll 1
     for (int ti = t0; ti < t1; ti++) {
-        KVQ_MARK(4);
         const kvq_tile T = ((const kvq_tile *)st.tiles)[ti];
-#ifdef KVQ_MEASURE_KINDS
-        /* kvqc build's instruction count (docs/cuda.md) compiles the unit once more with every tile on the
-         * body's pages, so that the token loop of the quantized path is the only one left to count */
-        const int kk = KVQ_SRC_HI, vk = KVQ_SRC_HI;
-#else
         const int kk = T.kinds & 255, vk = (T.kinds >> 8) & 255;
-#endif
         int n = T.n;
         if (T.count) n = max(0, min(n, ((const int *)T.count)[hk] - T.k_slot)); /* a pool's tile: kvq_tile.count */
         __syncthreads(); /* the previous tile's readers are done with the buffers */

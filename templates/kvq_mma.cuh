@@ -109,7 +109,6 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
     float mx = KVQ_NEG_INF;
 #pragma unroll 1
     for (int m0 = warp * 16; m0 < n; m0 += KVQ_MMA_NW * 16) {
-        KVQ_MARK(1);
         const int pg = kcap > 0 ? (s0 + m0) / kcap : 0;
         if (pg != cur) {
             const uint2 *qp = (const uint2 *)(qb + pg * (KVQ_D * G));
@@ -206,7 +205,6 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
     const unsigned *bp = wb + 2 * lane;
 #pragma unroll 1
     for (int k0 = 0; k0 < n; k0 += 16) {
-        KVQ_MARK(3);
 #pragma unroll
         for (int i = 0; i < KVQ_MMA_MPW; i++) {
             const int mb = warp * KVQ_MMA_MPW + i;
