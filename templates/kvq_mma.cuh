@@ -62,22 +62,37 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
 }
 
 /* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the staged per-channel
- * scales), high and low parts, as [D/16 k-blocks][32 lanes][2 registers] of half2 at qb. qscale (a power of two
- * from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. */
-KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qscale, unsigned short *qb, int tid)
+ * scales of np pages at ks + page D), high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of
+ * half2 at qb. qscale (a power of two from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16
+ * scale. One item is a (page, k-block, t, head): the four channels of lane t's two registers (r) and halves (h),
+ * i.e. its high pair (lane 8 head + t) and its low pair (lane 8 head + 4 + t), each one 8-byte store; the two
+ * halves of a register convert in one cvt.rn.f16x2.f32. The shift k depends on t only. */
+KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qscale, unsigned *qb, int np, int tid)
 {
-    const int G = KVQ_GQA;
+    const int G = KVQ_GQA, per = (KVQ_D / 16) * 4 * G;
 #pragma unroll 1
-    for (int i = tid; i < KVQ_D * G; i += KVQ_THREADS) {
-        const int c = i / G, h = i % G, kb = c >> 4;
-        int t, r, hh, k;
-        kvq_mma_kpos(bits, c & 15, &t, &r, &hh, &k);
+    for (int i = tid; i < np * per; i += KVQ_THREADS) {
+        const int pg = i / per, j = i - pg * per, kb = j / (4 * G), t = j & 3, h = (j >> 2) % G;
+        const int k = bits == 2 ? 2 * t : 4 * (t & 1);
         const float inv = __uint_as_float((unsigned)(127 - k) << 23); /* 2^-k, exact */
-        unsigned short hi, lo;
-        kvq_mma_split(qs[i] * ks[c] * inv * qscale, &hi, &lo);
-        const int base = (kb * 32 + t) * 2 + r; /* lane 4n + t, n = 2h (hi) and 2h + 1 (lo) */
-        qb[(base + 8 * (2 * h)) * 2 + hh] = hi;
-        qb[(base + 8 * (2 * h + 1)) * 2 + hh] = lo;
+        const float *kp = ks + pg * KVQ_D;
+        unsigned hi[2], lo[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float x[2];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                /* kvq_mma_kpos inverted: the channel at (t, r, hh) */
+                const int c = kb * 16 + (bits == 2 ? t + 4 * r + 8 * hh : 8 * r + 4 * hh + t);
+                x[hh] = qs[c * G + h] * kp[c] * inv * qscale;
+            }
+            const kvq_half2 xh = kvq_f2h2(x[0], x[1]);
+            hi[r] = kvq_h2_bits(xh);
+            lo[r] = kvq_h2_bits(kvq_f2h2((x[0] - kvq_h2f(xh.x)) * KVQ_MMA_LO, (x[1] - kvq_h2f(xh.y)) * KVQ_MMA_LO));
+        }
+        uint2 *dst = (uint2 *)(qb + pg * (KVQ_D * G)) + kb * 32 + 8 * h + t;
+        dst[0] = make_uint2(hi[0], hi[1]);
+        dst[4] = make_uint2(lo[0], lo[1]);
     }
 }
 
@@ -179,6 +194,19 @@ KVQ_DEV void kvq_mma_put_w(unsigned short *wb, int nks, int gi, int tt, int h, f
     wb[(base + 8 * (2 * h + 1)) * 2 + (k & 1)] = lo;
 }
 
+/* kvq_mma_put_w for the even token tt and tt + 1, which share each 32-bit register: one store of the pair for
+ * the high parts and one for the low parts */
+KVQ_DEV void kvq_mma_put_w2(unsigned short *wb, int nks, int gi, int tt, int h, float w0, float w1)
+{
+    const int ks = tt >> 4, k = tt & 15;
+    const int base = ((gi * nks + ks) * 32 + ((k & 7) >> 1)) * 2 + (k >> 3);
+    const kvq_half2 hi = kvq_f2h2(w0, w1);
+    const kvq_half2 lo = kvq_f2h2((w0 - kvq_h2f(hi.x)) * KVQ_MMA_LO, (w1 - kvq_h2f(hi.y)) * KVQ_MMA_LO);
+    unsigned *w = (unsigned *)wb + base + 16 * h;
+    w[0] = kvq_h2_bits(hi);
+    w[8] = kvq_h2_bits(lo);
+}
+
 /* The value codes of the lane's channels 2g, 2g + 1 of a 16-channel block for two tokens: prmt brings the byte
  * holding both from each token's word into the two halves, then one lop3 per channel (2 bits: byte g / 2, fields
  * at 4 (g & 1) and 4 (g & 1) + 2; 4 bits: byte g mod 4 of word g / 4 of the block, nibbles 0 and 4). */
@@ -203,8 +231,20 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
     const unsigned m1 = m0 << (bits == 2 ? 2 : 4);
     const unsigned *rp = (const unsigned *)rows + 2 * t * cw;
     const unsigned *bp = wb + 2 * lane;
+    /* 2 bits: the warp's blocks are consecutive words of a token's row, one 8-byte load of each of the four rows
+     * when MPW is 2 (head_dim 128; rows are 16-byte aligned, cw even) */
+    const int w2 = bits == 2 && KVQ_MMA_MPW == 2 && (cw & 1) == 0;
 #pragma unroll 1
     for (int k0 = 0; k0 < n; k0 += 16) {
+        unsigned x[4][KVQ_MMA_MPW];
+        if (w2) {
+            const int rr[4] = {0, cw, 8 * cw, 9 * cw};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint2 y = *(const uint2 *)(rp + rr[q] + warp * KVQ_MMA_MPW);
+                x[q][0] = y.x, x[q][KVQ_MMA_MPW - 1] = y.y;
+            }
+        }
 #pragma unroll
         for (int i = 0; i < KVQ_MMA_MPW; i++) {
             const int mb = warp * KVQ_MMA_MPW + i;
@@ -213,8 +253,9 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
             const uint2 bw = *(const uint2 *)(bp + gi * nks * 64);
             const unsigned b[2] = {bw.x, bw.y};
             unsigned a[4];
-            kvq_mma_vcodes(rp[wo], rp[cw + wo], sel, m0, m1, &a[0], &a[1]);
-            kvq_mma_vcodes(rp[8 * cw + wo], rp[9 * cw + wo], sel, m0, m1, &a[2], &a[3]);
+            if (!w2) x[0][i] = rp[wo], x[1][i] = rp[cw + wo], x[2][i] = rp[8 * cw + wo], x[3][i] = rp[9 * cw + wo];
+            kvq_mma_vcodes(x[0][i], x[1][i], sel, m0, m1, &a[0], &a[1]);
+            kvq_mma_vcodes(x[2][i], x[3][i], sel, m0, m1, &a[2], &a[3]);
             kvq_mma_m16n8k16(acc[i], a, b);
         }
         rp += 16 * cw, bp += 64;
