@@ -66,33 +66,40 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
  * half2 at qb. qscale (a power of two from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16
  * scale. One item is a (page, k-block, t, head): the four channels of lane t's two registers (r) and halves (h),
  * i.e. its high pair (lane 8 head + t) and its low pair (lane 8 head + 4 + t), each one 8-byte store; the two
- * halves of a register convert in one cvt.rn.f16x2.f32. The shift k depends on t only. */
+ * halves of a register convert in one cvt.rn.f16x2.f32. The shift k depends on t only, and 2^-k qscale multiplies
+ * the query before the scale (q 2^-k qscale s: the same product as q s 2^-k qscale, powers of two being exact). */
 KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qscale, unsigned *qb, int np, int tid)
 {
     const int G = KVQ_GQA, per = (KVQ_D / 16) * 4 * G;
+    /* the item's place and query are the same on every page: computed once, the pages in the inner loop */
 #pragma unroll 1
-    for (int i = tid; i < np * per; i += KVQ_THREADS) {
-        const int pg = i / per, j = i - pg * per, kb = j / (4 * G), t = j & 3, h = (j >> 2) % G;
+    for (int j = tid; j < per; j += KVQ_THREADS) {
+        const int kb = j / (4 * G), t = j & 3, h = (j >> 2) % G;
         const int k = bits == 2 ? 2 * t : 4 * (t & 1);
-        const float inv = __uint_as_float((unsigned)(127 - k) << 23); /* 2^-k, exact */
-        const float *kp = ks + pg * KVQ_D;
-        unsigned hi[2], lo[2];
+        const float sc = __uint_as_float((unsigned)(127 - k) << 23) * qscale; /* 2^-k qscale: a power of two */
+        int cs[4];
+        float qv[4];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float x[2];
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                /* kvq_mma_kpos inverted: the channel at (t, r, hh) */
-                const int c = kb * 16 + (bits == 2 ? t + 4 * r + 8 * hh : 8 * r + 4 * hh + t);
-                x[hh] = qs[c * G + h] * kp[c] * inv * qscale;
-            }
-            const kvq_half2 xh = kvq_f2h2(x[0], x[1]);
-            hi[r] = kvq_h2_bits(xh);
-            lo[r] = kvq_h2_bits(kvq_f2h2((x[0] - kvq_h2f(xh.x)) * KVQ_MMA_LO, (x[1] - kvq_h2f(xh.y)) * KVQ_MMA_LO));
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1, hh = e & 1; /* kvq_mma_kpos inverted: the channel at (t, r, hh) */
+            cs[e] = kb * 16 + (bits == 2 ? t + 4 * r + 8 * hh : 8 * r + 4 * hh + t);
+            qv[e] = qs[cs[e] * G + h] * sc;
         }
-        uint2 *dst = (uint2 *)(qb + pg * (KVQ_D * G)) + kb * 32 + 8 * h + t;
-        dst[0] = make_uint2(hi[0], hi[1]);
-        dst[4] = make_uint2(lo[0], lo[1]);
+        uint2 *dst = (uint2 *)qb + kb * 32 + 8 * h + t;
+#pragma unroll 1
+        for (int pg = 0; pg < np; pg++, dst += KVQ_D * G / 2) {
+            const float *kp = ks + pg * KVQ_D;
+            unsigned hi[2], lo[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float x0 = qv[2 * r] * kp[cs[2 * r]], x1 = qv[2 * r + 1] * kp[cs[2 * r + 1]];
+                const kvq_half2 xh = kvq_f2h2(x0, x1);
+                hi[r] = kvq_h2_bits(xh);
+                lo[r] = kvq_h2_bits(kvq_f2h2((x0 - kvq_h2f(xh.x)) * KVQ_MMA_LO, (x1 - kvq_h2f(xh.y)) * KVQ_MMA_LO));
+            }
+            dst[0] = make_uint2(hi[0], hi[1]);
+            dst[4] = make_uint2(lo[0], lo[1]);
+        }
     }
 }
 
@@ -104,7 +111,7 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
     return __uint_as_float((unsigned)(127 - (e + 2)) << 23);
 }
 
-/* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes 16-token blocks w, w + 4, ...; each lane ends with
+/* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes a quarter of the 16-token blocks; each lane ends with
  * the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
  * (-inf for masked slots) and kept in the per-head maxima. A tile over several pages of a page run (kcap > 0, the
  * tile's first token at slot s0 of its first page) takes each block's page's fold (qb + page x D GQA words) and
@@ -122,9 +129,17 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
     const int sh = bits == 2 ? 8 : t >= 2 ? 8 : 0;
     float bh = 0.0f;
     float mx = KVQ_NEG_INF;
+    /* warp w takes the consecutive 16-token blocks [w per, (w + 1) per) of the tile's nb: as many a warp as
+     * blocks w, w + 4, ... would give, and neighbours share a page of a page run, so the page (one division a
+     * tile) advances by a compare and the query's fragments reload once a page */
+    const int nb = (n + 15) >> 4, per = (nb + KVQ_MMA_NW - 1) / KVQ_MMA_NW, bend = min(nb, (warp + 1) * per);
+    int pg = 0, off = 0;
+    if (kcap > 0) {
+        const int s = s0 + warp * per * 16;
+        pg = s / kcap, off = s - pg * kcap;
+    }
 #pragma unroll 1
-    for (int m0 = warp * 16; m0 < n; m0 += KVQ_MMA_NW * 16) {
-        const int pg = kcap > 0 ? (s0 + m0) / kcap : 0;
+    for (int m0 = warp * per * 16; m0 < bend * 16; m0 += 16) {
         if (pg != cur) {
             const uint2 *qp = (const uint2 *)(qb + pg * (KVQ_D * G));
 #pragma unroll
@@ -168,6 +183,8 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
                 mx = fmaxf(mx, x);
             }
         }
+        off += 16; /* pages hold multiples of 16 tokens */
+        if (kcap > 0 && off >= kcap) off -= kcap, pg++;
     }
     /* the block maximum reduces over lanes split apart (the fp32 path's lanes of a token agree already): give
      * every lane of such a group its quad's maxima */
