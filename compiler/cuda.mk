@@ -15,8 +15,8 @@ $(BUILD)/obj/runtime/cuda/%.o: CFLAGS += -DKVQ_SOURCE_DIR='"$(CURDIR)"'
 # generated/: the text part (kernels.cu, kernels.h, manifest.json, resources.txt) is committed; cubins and PTX
 # (git-ignored) are built beside it. tests/unit/test_cuda_generated.c fails when the committed text is stale.
 GEN_SPECS := $(sort $(wildcard specs/*.kvq specs/paper/*.kvq))
-# kvqc build's issue count reads the SASS with cuobjdump, which NVRTC's toolkit lacks: PyPI's wheels go into a
-# virtual environment under build/ (tools/ensure-sass-tools.sh; without Python or network the count is skipped).
+# kvqc build --cost (the cost model) reads the SASS with nvdisasm, which NVRTC's toolkit lacks: PyPI's wheels go
+# into a virtual environment under build/ (tools/ensure-sass-tools.sh; without Python or network --cost refuses).
 .PHONY: generated sass-tools
 sass-tools:
 	@sh tools/ensure-sass-tools.sh build

@@ -101,7 +101,7 @@ int plan_tile_tokens(const plan_class *c, int k_f16, int v_f16);
 
 /* Cache bytes the decode kernel reads per token of one kv head on the quantized path of class c (its body
  * pages, high class): K and V codes, per-token parameters, per-channel parameters and factors amortised over
- * the tokens they cover, mask bits (docs/cuda.md, "Issue count"). */
+ * the tokens they cover, mask bits (docs/cuda.md, "Issue budget"). */
 double plan_body_bytes_per_token(const kvq_plan *p, const plan_class *c);
 
 /* Bytes of one token of one kv head as the decode kernel stages it (codes, or fp16 values). */

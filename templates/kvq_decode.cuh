@@ -113,49 +113,6 @@ KVQ_DEV int kvq_k_preshift(kvq_fmt f) { return kvq_preshift_ok(f.bits) && (f.gra
  * 2^-k(c) for pre-shifted codes). */
 KVQ_DEV int kvq_k_folds(kvq_fmt f) { return f.bits < 16 && (f.gran == 0 || f.sep || kvq_k_preshift(f)); }
 
-/* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
- * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[8][GQA] = eight partial
- * sums of q . z in channel order (per-channel zeros), added up by kvq_fold_bias. Per-channel keys of a tile that
- * spans np pages of a page run fold once per page: qk + i D GQA and red + i 8 GQA from the page's scales and zeros
- * at kb->s + i D. Every thread takes items. */
-KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *kb, const float *qs, float *qk,
-                        float *qsum, float *red, int np, int tid)
-{
-    const int G = KVQ_GQA, D = KVQ_D;
-    if (f.bits >= 16) return;
-    if (f.gran != 0) np = 1;
-    if (mma) /* q.K on tensor cores: qk's place holds B's fragments, D GQA 4 bytes a page */
-#pragma unroll 1
-        for (int i = 0; i < np; i++)
-            kvq_fold_k_mma(f.bits, kb->s + i * D, qs, qscale, (unsigned short *)(qk + i * D * G), tid);
-    else if (kvq_k_folds(f))
-        for (int i = tid; i < np * D * G; i += KVQ_THREADS) {
-            const int pg = i / (D * G), j = i - pg * (D * G), c = j / G;
-            const float x = f.gran == 0 ? qs[j] * kb->s[pg * D + c] : f.sep ? qs[j] * kb->f[c] : qs[j];
-            qk[i] = kvq_k_preshift(f) ? x * kvq_preshift_inv(f.bits, c) : x; /* exact: a power of two */
-        }
-    if (f.gran == 0) {
-        for (int i = tid; i < np * 8 * G; i += KVQ_THREADS) {
-            const int pg = i / (8 * G), r = i - pg * (8 * G), h = r % G, part = r / G;
-            const float *z = kb->z + pg * D;
-            float acc = 0.0f;
-            for (int c = part * (D / 8); c < (part + 1) * (D / 8); c++) acc = fmaf(qs[c * G + h], z[c], acc);
-            red[i] = acc;
-        }
-    } else if (kvq_k_runs(f)) {
-        for (int i = tid; i < (D / 8) * G; i += KVQ_THREADS) {
-            const int h = i % G, c8 = i / G;
-            float acc = 0.0f;
-#pragma unroll
-            for (int v = 0; v < 8; v++) {
-                float x = qs[(c8 * 8 + v) * G + h];
-                acc += f.sep ? x * kb->f[c8 * 8 + v] : x; /* the product qk holds, rounded the same */
-            }
-            qsum[i] = acc;
-        }
-    }
-}
-
 /* Loads the GQA query values of channel c (G consecutive floats, 16-byte aligned when G % 4 == 0). */
 KVQ_DEV void kvq_ld_qrow(const float *q, int c, float *out)
 {
@@ -168,6 +125,57 @@ KVQ_DEV void kvq_ld_qrow(const float *q, int c, float *out)
     } else {
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) out[h] = q[c * KVQ_GQA + h];
+    }
+}
+
+/* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
+ * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[8][GQA] = eight partial
+ * sums of q . z in channel order (per-channel zeros), added up by kvq_fold_bias. Per-channel keys of a tile that
+ * spans np pages of a page run fold once per page: qk + i D GQA and red + i 8 GQA from the page's scales and zeros
+ * at kb->s + i D. Every thread takes items. */
+KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *kb, const float *qs, float *qk,
+                        float *qsum, float *red, int np, int tid)
+{
+    const int G = KVQ_GQA, D = KVQ_D;
+    if (f.bits >= 16) return;
+    if (f.gran != 0) np = 1;
+    if (mma) /* q.K on tensor cores: qk's place holds B's fragments, D GQA 4 bytes a page */
+        kvq_fold_k_mma(f.bits, kb->s, qs, qscale, (unsigned *)qk, np, tid);
+    else if (kvq_k_folds(f))
+        for (int i = tid; i < np * D * G; i += KVQ_THREADS) {
+            const int pg = i / (D * G), j = i - pg * (D * G), c = j / G;
+            const float x = f.gran == 0 ? qs[j] * kb->s[pg * D + c] : f.sep ? qs[j] * kb->f[c] : qs[j];
+            qk[i] = kvq_k_preshift(f) ? x * kvq_preshift_inv(f.bits, c) : x; /* exact: a power of two */
+        }
+    if (f.gran == 0) {
+        /* one item a (page, eighth of the channels) for all heads: the query row of a channel in one load */
+        for (int i = tid; i < np * 8; i += KVQ_THREADS) {
+            const int pg = i / 8, part = i % 8;
+            const float *z = kb->z + pg * D;
+            float acc[KVQ_GQA];
+#pragma unroll
+            for (int h = 0; h < KVQ_GQA; h++) acc[h] = 0.0f;
+            for (int c = part * (D / 8); c < (part + 1) * (D / 8); c++) {
+                float q[KVQ_GQA];
+                kvq_ld_qrow(qs, c, q);
+                const float zc = z[c];
+#pragma unroll
+                for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(q[h], zc, acc[h]);
+            }
+#pragma unroll
+            for (int h = 0; h < KVQ_GQA; h++) red[i * G + h] = acc[h];
+        }
+    } else if (kvq_k_runs(f)) {
+        for (int i = tid; i < (D / 8) * G; i += KVQ_THREADS) {
+            const int h = i % G, c8 = i / G;
+            float acc = 0.0f;
+#pragma unroll
+            for (int v = 0; v < 8; v++) {
+                float x = qs[(c8 * 8 + v) * G + h];
+                acc += f.sep ? x * kb->f[c8 * 8 + v] : x; /* the product qk holds, rounded the same */
+            }
+            qsum[i] = acc;
+        }
     }
 }
 
@@ -186,7 +194,6 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
     /* the same trip count on every lane: the shuffles need the whole warp */
 #pragma unroll 1
     for (int base = 0; base < n; base += p1) {
-        KVQ_MARK(1);
         const int t = base + lane1, live = t < n, tt = live ? t : 0;
         const unsigned char *row = kb->rows + tt * cbpt;
         /* the token's page of a page run (kcap > 0: per-channel keys over several pages): its fold and bias */
@@ -198,7 +205,6 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         /* runs of 8 channels, not unrolled: unrolled, the compiler hoists every run's query loads and spills */
 #pragma unroll 2
         for (int j = 0; j < cp / KVQ_VEC; j++) {
-            KVQ_MARK(5);
             const int c0 = cbeg + j * KVQ_VEC;
             float cv[KVQ_VEC];
             if (f.bits >= 16)
@@ -291,7 +297,6 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
     for (int t2 = tz; t2 < n; t2 += 2 * KVQ_TZ) {
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-            KVQ_MARK(3); /* twice an iteration: kvqc build counts the loop's tokens by its markers */
             const int live = u == 0 || t2 + KVQ_TZ < n, du = live ? u * KVQ_TZ : 0;
             const int t = t2 + du;
             const unsigned char *row = rp + du * cbpt;
@@ -358,41 +363,57 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
 }
 
 /* Phase 2: p = 2^(s - m) of this lane's own tokens (written by itself in phase 1), d += p. When the tile's values
- * take the tensor-core path, the lane also writes its tokens' weights w = p s_t as p.V's B fragments (kvq_mma.cuh;
- * 0 for the tokens from n up to the next 16) and keeps sum p z_t per head and value group in oz (the per-token
- * zeros, added at the end of the chunk). */
+ * take the tensor-core path, the lane takes two adjacent tokens instead (any lane may: phase 1's maximum put a
+ * barrier after every score) and writes their weights w = p s_t as p.V's B fragments (kvq_mma.cuh), both tokens'
+ * halves of a register in one 32-bit store (0 for the tokens from n up to the next 16), and keeps sum p z_t per
+ * head and value group in oz (the per-token zeros, added at the end of the chunk). */
 KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, const float m[KVQ_GQA], int n,
                        int part0, int lane1, int p1, int tid, int nks, unsigned short *wb, float dl[KVQ_GQA],
                        float oz[KVQ_GQA][4])
 {
     const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D);
+    if (mma) {
 #pragma unroll 1
-    for (int t = part0 ? lane1 : n; t < n; t += p1) {
-        KVQ_MARK(2);
-        float pr[KVQ_GQA];
+        for (int t = part0 ? 2 * lane1 : n; t < n; t += 2 * p1) {
+            const int live1 = t + 1 < n;
+            float pr[2][KVQ_GQA];
 #pragma unroll
-        for (int h = 0; h < KVQ_GQA; h++) {
-            const float x = ps[t * G + h];
-            pr[h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
-            ps[t * G + h] = pr[h];
-            dl[h] += pr[h];
-        }
-        if (mma)
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int h = 0; h < KVQ_GQA; h++) {
+                    const float x = u == 0 || live1 ? ps[(t + u) * G + h] : KVQ_NEG_INF;
+                    pr[u][h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
+                    if (u == 0 || live1) ps[(t + u) * G + h] = pr[u][h];
+                    dl[h] += pr[u][h];
+                }
 #pragma unroll
             for (int gi = 0; gi < 4; gi++)
                 if (gi < ngv) {
-                    const float s = vb->s[t * ngv + gi], z = vb->z[t * ngv + gi];
+                    /* token t + 1 past n: weight 0 (its staged parameters may be anything, even not finite) */
+                    const float s0 = vb->s[t * ngv + gi], z0 = vb->z[t * ngv + gi];
+                    const float s1 = live1 ? vb->s[(t + 1) * ngv + gi] : 0.0f;
+                    const float z1 = live1 ? vb->z[(t + 1) * ngv + gi] : 0.0f;
 #pragma unroll
                     for (int h = 0; h < KVQ_GQA; h++) {
-                        kvq_mma_put_w(wb, nks, gi, t, h, pr[h] * s);
-                        oz[h][gi] = fmaf(pr[h], z, oz[h][gi]);
+                        kvq_mma_put_w2(wb, nks, gi, t, h, pr[0][h] * s0, pr[1][h] * s1);
+                        oz[h][gi] = fmaf(pr[1][h], z1, fmaf(pr[0][h], z0, oz[h][gi]));
                     }
                 }
-    }
-    if (mma)
-        for (int t = n + tid; t < ((n + 15) & ~15); t += KVQ_THREADS)
+        }
+        for (int t = ((n + 1) & ~1) + tid; t < ((n + 15) & ~15); t += KVQ_THREADS)
             for (int gi = 0; gi < ngv; gi++)
                 for (int h = 0; h < KVQ_GQA; h++) kvq_mma_put_w(wb, nks, gi, t, h, 0.0f);
+        return;
+    }
+#pragma unroll 1
+    for (int t = part0 ? lane1 : n; t < n; t += p1)
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) {
+            const float x = ps[t * G + h];
+            const float pr = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
+            ps[t * G + h] = pr;
+            dl[h] += pr;
+        }
 }
 
 KVQ_DEV kvq_fmt kvq_fmt_f16(void)
@@ -493,15 +514,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 
 #pragma unroll 1
     for (int ti = t0; ti < t1; ti++) {
-        KVQ_MARK(4);
         const kvq_tile T = ((const kvq_tile *)st.tiles)[ti];
-#ifdef KVQ_MEASURE_KINDS
-        /* kvqc build's instruction count (docs/cuda.md) compiles the unit once more with every tile on the
-         * body's pages, so that the token loop of the quantized path is the only one left to count */
-        const int kk = KVQ_SRC_HI, vk = KVQ_SRC_HI;
-#else
         const int kk = T.kinds & 255, vk = (T.kinds >> 8) & 255;
-#endif
         int n = T.n;
         if (T.count) n = max(0, min(n, ((const int *)T.count)[hk] - T.k_slot)); /* a pool's tile: kvq_tile.count */
         __syncthreads(); /* the previous tile's readers are done with the buffers */

@@ -30,7 +30,6 @@
  *   kvq_dmul(a, b)                                    mul.rn.f64: never fused into an fma (policy kernels
  *                                                     reproduce the host's separately rounded a * b - c)
  *   KVQ_DYNAMIC_SHARED(type, name)   declares `type *name` at the block's dynamic shared memory
- *   KVQ_MARK(k)                      marks a decode loop for kvqc build's issue count (measurement unit only)
  *   KVQ_KERNEL_EXPORT(name);         after each extern "C" __global__ entry point (the emulator's launch handle)
  * Needs sm_80 or newer (cp.async, bf16 conversions). */
 #ifndef KVQ_INTRIN_CUH
@@ -181,13 +180,6 @@ static __device__ __forceinline__ float kvq_ex2(float x)
     extern __shared__ __align__(16) unsigned char kvq_dyn_smem_[];                                             \
     type *name = reinterpret_cast<type *>(kvq_dyn_smem_)
 #define KVQ_KERNEL_EXPORT(name) static_assert(true, #name)
-/* kvqc build's issue count marks the decode loops in its measurement unit only (pmevent: one PMTRIG, which the
- * count subtracts); nothing otherwise */
-#ifdef KVQ_MEASURE_KINDS
-#define KVQ_MARK(k) asm volatile("pmevent " #k ";")
-#else
-#define KVQ_MARK(k) ((void)0)
-#endif
 
 #else /* ------------------------------------------------------------------------------------- emulator */
 
@@ -259,7 +251,6 @@ static inline float kvq_ex2(float x)
 
 #define KVQ_DYNAMIC_SHARED(type, name) type *name = static_cast<type *>(emu_blk_->dyn_smem)
 #define KVQ_KERNEL_EXPORT(name) EMU_KERNEL_EXPORT(name)
-#define KVQ_MARK(k) ((void)0)
 
 #endif
 

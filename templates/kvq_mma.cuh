@@ -62,22 +62,44 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
 }
 
 /* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the staged per-channel
- * scales), high and low parts, as [D/16 k-blocks][32 lanes][2 registers] of half2 at qb. qscale (a power of two
- * from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. */
-KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qscale, unsigned short *qb, int tid)
+ * scales of np pages at ks + page D), high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of
+ * half2 at qb. qscale (a power of two from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16
+ * scale. One item is a (page, k-block, t, head): the four channels of lane t's two registers (r) and halves (h),
+ * i.e. its high pair (lane 8 head + t) and its low pair (lane 8 head + 4 + t), each one 8-byte store; the two
+ * halves of a register convert in one cvt.rn.f16x2.f32. The shift k depends on t only, and 2^-k qscale multiplies
+ * the query before the scale (q 2^-k qscale s: the same product as q s 2^-k qscale, powers of two being exact). */
+KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qscale, unsigned *qb, int np, int tid)
 {
-    const int G = KVQ_GQA;
+    const int G = KVQ_GQA, per = (KVQ_D / 16) * 4 * G;
+    /* the item's place and query are the same on every page: computed once, the pages in the inner loop */
 #pragma unroll 1
-    for (int i = tid; i < KVQ_D * G; i += KVQ_THREADS) {
-        const int c = i / G, h = i % G, kb = c >> 4;
-        int t, r, hh, k;
-        kvq_mma_kpos(bits, c & 15, &t, &r, &hh, &k);
-        const float inv = __uint_as_float((unsigned)(127 - k) << 23); /* 2^-k, exact */
-        unsigned short hi, lo;
-        kvq_mma_split(qs[i] * ks[c] * inv * qscale, &hi, &lo);
-        const int base = (kb * 32 + t) * 2 + r; /* lane 4n + t, n = 2h (hi) and 2h + 1 (lo) */
-        qb[(base + 8 * (2 * h)) * 2 + hh] = hi;
-        qb[(base + 8 * (2 * h + 1)) * 2 + hh] = lo;
+    for (int j = tid; j < per; j += KVQ_THREADS) {
+        const int kb = j / (4 * G), t = j & 3, h = (j >> 2) % G;
+        const int k = bits == 2 ? 2 * t : 4 * (t & 1);
+        const float sc = __uint_as_float((unsigned)(127 - k) << 23) * qscale; /* 2^-k qscale: a power of two */
+        int cs[4];
+        float qv[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1, hh = e & 1; /* kvq_mma_kpos inverted: the channel at (t, r, hh) */
+            cs[e] = kb * 16 + (bits == 2 ? t + 4 * r + 8 * hh : 8 * r + 4 * hh + t);
+            qv[e] = qs[cs[e] * G + h] * sc;
+        }
+        uint2 *dst = (uint2 *)qb + kb * 32 + 8 * h + t;
+#pragma unroll 1
+        for (int pg = 0; pg < np; pg++, dst += KVQ_D * G / 2) {
+            const float *kp = ks + pg * KVQ_D;
+            unsigned hi[2], lo[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float x0 = qv[2 * r] * kp[cs[2 * r]], x1 = qv[2 * r + 1] * kp[cs[2 * r + 1]];
+                const kvq_half2 xh = kvq_f2h2(x0, x1);
+                hi[r] = kvq_h2_bits(xh);
+                lo[r] = kvq_h2_bits(kvq_f2h2((x0 - kvq_h2f(xh.x)) * KVQ_MMA_LO, (x1 - kvq_h2f(xh.y)) * KVQ_MMA_LO));
+            }
+            dst[0] = make_uint2(hi[0], hi[1]);
+            dst[4] = make_uint2(lo[0], lo[1]);
+        }
     }
 }
 
@@ -89,7 +111,7 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
     return __uint_as_float((unsigned)(127 - (e + 2)) << 23);
 }
 
-/* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes 16-token blocks w, w + 4, ...; each lane ends with
+/* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes a quarter of the 16-token blocks; each lane ends with
  * the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
  * (-inf for masked slots) and kept in the per-head maxima. A tile over several pages of a page run (kcap > 0, the
  * tile's first token at slot s0 of its first page) takes each block's page's fold (qb + page x D GQA words) and
@@ -107,10 +129,17 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
     const int sh = bits == 2 ? 8 : t >= 2 ? 8 : 0;
     float bh = 0.0f;
     float mx = KVQ_NEG_INF;
+    /* warp w takes the consecutive 16-token blocks [w per, (w + 1) per) of the tile's nb: as many a warp as
+     * blocks w, w + 4, ... would give, and neighbours share a page of a page run, so the page (one division a
+     * tile) advances by a compare and the query's fragments reload once a page */
+    const int nb = (n + 15) >> 4, per = (nb + KVQ_MMA_NW - 1) / KVQ_MMA_NW, bend = min(nb, (warp + 1) * per);
+    int pg = 0, off = 0;
+    if (kcap > 0) {
+        const int s = s0 + warp * per * 16;
+        pg = s / kcap, off = s - pg * kcap;
+    }
 #pragma unroll 1
-    for (int m0 = warp * 16; m0 < n; m0 += KVQ_MMA_NW * 16) {
-        KVQ_MARK(1);
-        const int pg = kcap > 0 ? (s0 + m0) / kcap : 0;
+    for (int m0 = warp * per * 16; m0 < bend * 16; m0 += 16) {
         if (pg != cur) {
             const uint2 *qp = (const uint2 *)(qb + pg * (KVQ_D * G));
 #pragma unroll
@@ -154,6 +183,8 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
                 mx = fmaxf(mx, x);
             }
         }
+        off += 16; /* pages hold multiples of 16 tokens */
+        if (kcap > 0 && off >= kcap) off -= kcap, pg++;
     }
     /* the block maximum reduces over lanes split apart (the fp32 path's lanes of a token agree already): give
      * every lane of such a group its quad's maxima */
@@ -180,6 +211,19 @@ KVQ_DEV void kvq_mma_put_w(unsigned short *wb, int nks, int gi, int tt, int h, f
     wb[(base + 8 * (2 * h + 1)) * 2 + (k & 1)] = lo;
 }
 
+/* kvq_mma_put_w for the even token tt and tt + 1, which share each 32-bit register: one store of the pair for
+ * the high parts and one for the low parts */
+KVQ_DEV void kvq_mma_put_w2(unsigned short *wb, int nks, int gi, int tt, int h, float w0, float w1)
+{
+    const int ks = tt >> 4, k = tt & 15;
+    const int base = ((gi * nks + ks) * 32 + ((k & 7) >> 1)) * 2 + (k >> 3);
+    const kvq_half2 hi = kvq_f2h2(w0, w1);
+    const kvq_half2 lo = kvq_f2h2((w0 - kvq_h2f(hi.x)) * KVQ_MMA_LO, (w1 - kvq_h2f(hi.y)) * KVQ_MMA_LO);
+    unsigned *w = (unsigned *)wb + base + 16 * h;
+    w[0] = kvq_h2_bits(hi);
+    w[8] = kvq_h2_bits(lo);
+}
+
 /* The value codes of the lane's channels 2g, 2g + 1 of a 16-channel block for two tokens: prmt brings the byte
  * holding both from each token's word into the two halves, then one lop3 per channel (2 bits: byte g / 2, fields
  * at 4 (g & 1) and 4 (g & 1) + 2; 4 bits: byte g mod 4 of word g / 4 of the block, nibbles 0 and 4). */
@@ -204,9 +248,20 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
     const unsigned m1 = m0 << (bits == 2 ? 2 : 4);
     const unsigned *rp = (const unsigned *)rows + 2 * t * cw;
     const unsigned *bp = wb + 2 * lane;
+    /* 2 bits: the warp's blocks are consecutive words of a token's row, one 8-byte load of each of the four rows
+     * when MPW is 2 (head_dim 128; rows are 16-byte aligned, cw even) */
+    const int w2 = bits == 2 && KVQ_MMA_MPW == 2 && (cw & 1) == 0;
 #pragma unroll 1
     for (int k0 = 0; k0 < n; k0 += 16) {
-        KVQ_MARK(3);
+        unsigned x[4][KVQ_MMA_MPW];
+        if (w2) {
+            const int rr[4] = {0, cw, 8 * cw, 9 * cw};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint2 y = *(const uint2 *)(rp + rr[q] + warp * KVQ_MMA_MPW);
+                x[q][0] = y.x, x[q][KVQ_MMA_MPW - 1] = y.y;
+            }
+        }
 #pragma unroll
         for (int i = 0; i < KVQ_MMA_MPW; i++) {
             const int mb = warp * KVQ_MMA_MPW + i;
@@ -215,8 +270,9 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
             const uint2 bw = *(const uint2 *)(bp + gi * nks * 64);
             const unsigned b[2] = {bw.x, bw.y};
             unsigned a[4];
-            kvq_mma_vcodes(rp[wo], rp[cw + wo], sel, m0, m1, &a[0], &a[1]);
-            kvq_mma_vcodes(rp[8 * cw + wo], rp[9 * cw + wo], sel, m0, m1, &a[2], &a[3]);
+            if (!w2) x[0][i] = rp[wo], x[1][i] = rp[cw + wo], x[2][i] = rp[8 * cw + wo], x[3][i] = rp[9 * cw + wo];
+            kvq_mma_vcodes(x[0][i], x[1][i], sel, m0, m1, &a[0], &a[1]);
+            kvq_mma_vcodes(x[2][i], x[3][i], sel, m0, m1, &a[2], &a[3]);
             kvq_mma_m16n8k16(acc[i], a, b);
         }
         rp += 16 * cw, bp += 64;

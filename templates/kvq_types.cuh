@@ -129,12 +129,6 @@ KVQ_DEV float kvq_factor(float absmax, int f32)
 KVQ_DEV void kvq_stage_bytes(unsigned char *dst, const unsigned char *src, int bytes, int tid, int nthreads)
 {
     kvq_u64 a = (kvq_u64)src;
-#ifdef KVQ_MEASURE_KINDS
-    /* kvqc build's issue count: the body's page tiles start 16-byte aligned (the page's codes are at its
-     * 16-byte aligned start, a tile's first slot is a multiple of the tile, and tile x row bytes is a multiple of
-     * 16), so only this path runs for them; the count must not take the unaligned ones */
-    a = 0;
-#endif
     if ((a & 15) == 0) {
         int n16 = bytes >> 4;
         /* a few iterations a tile (2 for a 128-token tile of 2-bit codes at head_dim 128): not unrolled */

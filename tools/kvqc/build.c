@@ -4,8 +4,8 @@
  *   manifest.json   plan, kernels with parameters and launch shapes, source hash, resources per kernel and arch
  *   resources.txt   the resource report (registers, shared memory, stack, spills per kernel and arch)
  *   <arch>.cubin, <arch>.ptx   one per --arch (git-ignored in the repository)
- *   instructions.txt   the decode kernels' SASS warp-instructions per token and per byte of cache (cuobjdump;
- *                      skipped with a note when it is missing: tools/ensure-sass-tools.sh installs it)
+ *   cost.txt        with --cost: the decode kernels' executed warp-instructions per token and per byte, from
+ *                   a real decode step under the emulator mapped onto the cubin's SASS (tools/kvqc/cost.c)
  * The runtime loads <arch>.cubin when kernels.cu equals the source it would JIT. Without libnvrtc, or with
  * --no-compile, only the text part is written.
  * --target cpu (or all) writes the cpu backend's object instead (or as well), for this host or --cpu /
@@ -31,7 +31,6 @@
 #include "kvqc.h"
 #include "tool_spec.h"
 #include "plan.h"
-#include "sass_count.h"
 
 #define MAX_ARCHS 8
 
@@ -252,15 +251,10 @@ static int compile_archs(const build_args *a, const char *dir, const char *src, 
     return json->failed || report->failed ? -1 : 0;
 }
 
-/* cuobjdump: $KVQ_CUOBJDUMP; the one tools/ensure-sass-tools.sh installs in the build directory, found from
+/* nvdisasm: $KVQ_NVDISASM; the one tools/ensure-sass-tools.sh installs in the build directory, found from
  * kvqc's own place (build/kvqc, or build/san/kvqc beside build/sass-tools) whatever the current directory; or
  * PATH's. */
 static const char *find_sass_tool(const char *tool, const char *env, char *path, size_t size);
-static const char *find_cuobjdump(void)
-{
-    static char path[PATH_MAX + 32];
-    return find_sass_tool("cuobjdump", "KVQ_CUOBJDUMP", path, sizeof path);
-}
 static const char *find_nvdisasm(void)
 {
     static char path[PATH_MAX + 32];
@@ -285,118 +279,6 @@ static const char *find_sass_tool(const char *tool, const char *env, char *path,
     char cmd[128];
     snprintf(cmd, sizeof cmd, "command -v %s >/dev/null 2>&1", tool);
     return system(cmd) == 0 ? tool : NULL;
-}
-
-/* The whole output of `cmd`, NUL-terminated (caller frees), or NULL. */
-static char *read_command(const char *cmd)
-{
-    FILE *f = popen(cmd, "r");
-    if (!f) return NULL;
-    size_t n = 0, cap = 1 << 16;
-    char *s = kvq_malloc(cap);
-    while (s) {
-        if (n + 4096 + 1 > cap) {
-            char *t = kvq_realloc(s, cap *= 2);
-            if (!t) {
-                kvq_free(s);
-                s = NULL;
-                break;
-            }
-            s = t;
-        }
-        size_t r = fread(s + n, 1, 4096, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (pclose(f) != 0 && s) {
-        kvq_free(s);
-        return NULL;
-    }
-    if (s) s[n] = '\0';
-    return s;
-}
-
-/* The issue count (docs/cuda.md, "Issue count"): the unit compiled again with every tile on the body's pages
- * (KVQ_MEASURE_KINDS), its decode kernels' token loops counted from cuobjdump -sass. Appends to `out`. */
-static int count_archs(const build_args *a, const kvq_plan *p, const char *dir, const char *src, emit_buf *out)
-{
-    const char *tool = find_cuobjdump();
-    if (!tool) {
-        emit_buf_printf(out, "# skipped: no cuobjdump (tools/ensure-sass-tools.sh installs it under build/)\n");
-        return 0;
-    }
-    static const char define[] = "#define KVQ_MEASURE_KINDS 1\n";
-    size_t n = strlen(src);
-    char *msrc = kvq_malloc(sizeof define + n);
-    if (!msrc) return -1;
-    memcpy(msrc, define, sizeof define - 1);
-    memcpy(msrc + sizeof define - 1, src, n + 1);
-    emit_buf_printf(out,
-                    "# SASS warp-instructions per token of one kv head on the body's pages (docs/cuda.md, \"Issue\n"
-                    "# count\"): each marked loop's iteration x warps / its tokens, plus the rest of the tile loop / tile\n");
-    emit_buf_printf(out, "%-16s %-6s %9s %7s %8s %7s %7s %7s %7s %19s %s\n", "kernel", "arch", "per_token", "bytes",
-                    "per_byte", "scores", "probs", "values", "tile", "loops", "tok: scores/values/tile");
-    int rc = 0;
-    for (int i = 0; i < a->n_archs && !rc; i++) {
-        cu_compiled c;
-        char msg[1024], *diag = NULL;
-        if (cu_nvrtc_compile(msrc, a->archs[i], 1, &c, &diag, msg, sizeof msg) != KVQ_OK) {
-            fprintf(stderr, "kvqc build: count unit: %s\n", msg);
-            kvq_free(diag);
-            rc = -1;
-            break;
-        }
-        char name[64], path[PATH_MAX + 80];
-        snprintf(name, sizeof name, "%s-count.cubin", a->archs[i]);
-        rc = write_file(dir, name, c.cubin, c.cubin_size);
-        cu_compiled_free(&c);
-        if (rc) break;
-        snprintf(path, sizeof path, "%s/%s", dir, name);
-        for (int k = 0; k < p->n_classes && !rc; k++) {
-            char fn[64], cmd[2 * PATH_MAX + 512];
-            snprintf(fn, sizeof fn, "kvq_decode_c%d", k);
-            snprintf(cmd, sizeof cmd, "'%s' -sass -fun %s '%s' 2>/dev/null", tool, fn, path);
-            char *sass = read_command(cmd);
-            const plan_class *pc = &p->cls[k];
-            sass_loop_count lc[6];
-            int r = sass ? 0 : 1;
-            /* the tensor-core paths (kvq_mma.cuh) on the body's pages: q.K has no loop over runs of 8 channels */
-            const int mmak = pc->mma_k & 1, mmav = pc->mma_v & 1;
-            memset(lc, 0, sizeof lc);
-            for (int mk = 1; mk <= 5 && r == 0; mk++)
-                if (!(mk == 5 && mmak)) r = sass_count_marked_loop(sass, fn, mk, &lc[mk]);
-            kvq_free(sass);
-            if (r < 0) rc = -1;
-            if (r != 0) {
-                emit_buf_printf(out, "%-16s %-6s no marked loops found\n", fn, a->archs[i]);
-                continue;
-            }
-            /* scores (mark 1, with its loop over runs of 8 channels, mark 5, head_dim / split / 8 times) and
-             * probabilities (2): p1 tokens an iteration; values (3): TZ; the tile loop's own work (4): a tile.
-             * Tensor cores: an iteration of a warp's q.K loop is 16 tokens (all heads and channels), one of its
-             * p.V loop 16 tokens of its 1/warps of the channels */
-            double w = p->threads / 32;
-            /* a loop unrolled u times holds its marker u times: one iteration covers u steps */
-            int u5 = lc[5].markers > 0 ? lc[5].markers : 1, u3 = lc[3].markers > 0 ? lc[3].markers : 1;
-            int l1 = mmak ? lc[1].instructions
-                          : lc[1].instructions + lc[5].instructions * (p->head_dim / pc->split / 8 / u5 - 1);
-            double sc = mmak ? l1 / 16.0 : l1 * w / pc->p1, pr = lc[2].instructions * w / pc->p1;
-            double va = mmav ? lc[3].instructions * w / (16.0 * u3) : lc[3].instructions * w / (p->tz * u3);
-            int rest = lc[4].instructions - lc[1].instructions - lc[2].instructions - lc[3].instructions;
-            double ti = rest * w / pc->tile, per_tok = sc + pr + va + ti;
-            double bytes = plan_body_bytes_per_token(p, pc);
-            char loops[64];
-            snprintf(loops, sizeof loops, "%d/%d/%d/%d", l1, lc[2].instructions, lc[3].instructions,
-                     lc[4].instructions);
-            /* tokens an iteration of the block: a tensor-core loop's is 16 a warp */
-            emit_buf_printf(out, "%-16s %-6s %9.1f %7.2f %8.3f %7.1f %7.1f %7.1f %7.1f %19s %d/%d/%d (%d warps)%s\n", fn,
-                            a->archs[i], per_tok, bytes, per_tok / bytes, sc, pr, va, ti, loops,
-                            mmak ? 16 * (int)w : pc->p1, mmav ? 16 : p->tz, pc->tile, (int)w,
-                            mmak || mmav ? (mmak && mmav ? " mma q.K p.V" : mmak ? " mma q.K" : " mma p.V") : "");
-        }
-    }
-    kvq_free(msrc);
-    return rc || out->failed ? -1 : 0;
 }
 
 /* --target cpu: the object of the plan's kernels (the cpu backend's list, compiler/emit_llvm_plan.c) for the
@@ -454,7 +336,7 @@ static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_comp
     snprintf(dir, sizeof dir, "%s/%s", a->out, kvq_scheme_name(sch));
     int rc = 0;
     emit_cuda_text t;
-    emit_buf json = {0}, report = {0}, count = {0}, cost = {0};
+    emit_buf json = {0}, report = {0}, cost = {0};
     if (mkdirs(dir) != 0) {
         fprintf(stderr, "kvqc build: cannot create %s: %s\n", dir, strerror(errno));
         rc = 1;
@@ -476,7 +358,6 @@ static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_comp
                  write_file(dir, "kernels.h", t.header, t.header_len) ||
                  write_file(dir, "manifest.json", t.manifest, t.manifest_len);
         if (!rc && can_compile) rc = write_file(dir, "resources.txt", report.s, report.len);
-        if (!rc && can_compile) rc = count_archs(a, p, dir, t.source, &count) || write_file(dir, "instructions.txt", count.s, count.len);
         if (!rc && can_compile && a->cost) {
             const char *nvd = find_nvdisasm();
             if (!nvd) {
@@ -496,14 +377,12 @@ static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_comp
                 for (int i = 0; i < a->n_archs; i++) printf(" %s", a->archs[i]);
             printf("\n");
             if (can_compile) fputs(report.s, stdout);
-            if (can_compile) fputs(count.s, stdout);
             if (cost.s) fputs(cost.s, stdout);
         }
         emit_cuda_text_free(&t);
     }
     emit_buf_free(&json);
     emit_buf_free(&report);
-    emit_buf_free(&count);
     emit_buf_free(&cost);
     kvq_free(p);
     return rc ? 1 : 0;
