@@ -279,8 +279,12 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
         qk = max_i(plan_row_bytes(D, c->k_hi.bits), c->k_lo.bits ? plan_row_bytes(D, c->k_lo.bits) : 0);
         qv = max_i(plan_row_bytes(D, c->v_hi.bits), c->v_lo.bits ? plan_row_bytes(D, c->v_lo.bits) : 0);
     }
-    c->rows_k = align16(max_i(T * qk, merge / 2));
-    c->rows_bytes = c->rows_k + align16(max_i(T * qv, merge - c->rows_k));
+    /* With several stages the merge scratch overlays all of them (the loop is over), so a stage's rows are the
+     * pages' rows, with room for at least 16 fp16 rows of keys and of values (sinks, windows, pools) */
+    c->stages = PLAN_DECODE_STAGES;
+    const int rk = c->stages > 1 ? max_i(T * qk, 16 * 2 * D) : max_i(T * qk, merge / 2);
+    c->rows_k = align16(rk);
+    c->rows_bytes = c->rows_k + align16(c->stages > 1 ? max_i(T * qv, 16 * 2 * D) : max_i(T * qv, merge - c->rows_k));
     c->tile_k16 = fit16(c->rows_k / (2 * D), T);
     c->tile_v16 = fit16((c->rows_bytes - c->rows_k) / (2 * D), T);
     int o = 0;
@@ -301,9 +305,8 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
     c->rawf = sep ? align16(D * 4) + 64 : 0; /* channel-separable pages never form runs: one page */
     c->so_kraw = o, o += 2 * c->kraws + c->rawf + align16(T / 8 + 1) + 64 * KP; /* mask bytes last */
     c->so_vraw = o, o += 2 * c->vraws + c->rawf;
-    c->stages = PLAN_DECODE_STAGES;
     c->stage_bytes = o;
-    o = c->stages * c->stage_bytes;
+    o = max_i(c->stages * c->stage_bytes, align16(merge)); /* the end-of-chunk merge scratch from 0 */
     c->so_q = o, o += align16(D * G * 4);
     c->so_qk = o, o += align16(D * G * 4 * KP); /* a fold per key page */
     c->so_qsum = o, o += align16((D / 8 + KP) * G * 4); /* per 8 channels, then the per-channel bias per page */

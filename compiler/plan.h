@@ -65,7 +65,7 @@ typedef struct {
     /* Tensor-core paths (templates/kvq_mma.cuh, docs/cuda.md "Tensor cores"): bit 0 the high class's pages, bit 1
      * the low class's, for q.K (mma_k) and p.V (mma_v); so_w holds p.V's weight fragments. */
     int mma_k, mma_v;
-    int rows_bytes; /* K then V rows of a tile, or the end-of-chunk merge scratch */
+    int rows_bytes; /* K then V rows of a tile (of one stage; the end-of-chunk merge scratch overlays the stages) */
     /* The rows are sized for the class's pages, not for fp16 rows (docs/cuda.md "Shared memory"): keys at
      * [0, rows_k), values at [rows_k, rows_bytes); a tile whose keys (values) are fp16 rows (sinks, windows, pools)
      * holds at most tile_k16 (tile_v16) tokens (plan_tile_tokens). */

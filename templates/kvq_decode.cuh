@@ -663,7 +663,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #undef KVQ_TILE_KK
 #undef KVQ_TILE_VK
     /* End of the chunk: o summed over the TZ token lanes and d over the phase-1 lanes, in a fixed order,
-     * through the row buffers (scratch [TZ][GQA][D] then [P1][GQA]). */
+     * through the stages' buffers (scratch [TZ][GQA][D] then [P1][GQA] from 0; every copy has landed). */
     float *so = (float *)smem, *dred = so + KVQ_TZ * G * D;
     __syncthreads();
     if (part == 0)
