@@ -486,10 +486,14 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
             kvq_status st = check_class(pc, p->head_dim, msg, n);
             if (st != KVQ_OK) return st;
             /* Tile: K and V staging together within 64 KiB of shared memory at the widest row, a power of two
-             * from 32 to 128 (phase 1 gives each token `split` lanes of a warp). */
+             * from 32 to 128 (phase 1 gives each token `split` lanes of a warp). A class whose pages are fp16 rows
+             * (fp16 stores, sparse layers) fits all the load pipeline's stages in it: 64 tokens at head_dim 128,
+             * so that two stages fit sm_86's 99 KiB and two CTAs an sm_90 SM (quantized classes stage their fp16
+             * rows in fewer tokens, plan_tile_tokens). */
             int row = max_i(max_i(pc->k_row_bytes, pc->v_row_bytes), 1);
+            const int f16pages = !pc->quant || pc->sparse || (pc->k_hi.bits >= 16 && pc->v_hi.bits >= 16);
             int tile = 32;
-            while (tile < 128 && 2 * tile * row <= 32768) tile *= 2;
+            while (tile < 128 && (f16pages ? PLAN_DECODE_STAGES : 1) * 2 * tile * row <= 32768) tile *= 2;
             pc->tile = tile;
             tile_mapping(p, pc);
             p->any_sparse |= pc->sparse;
