@@ -97,8 +97,8 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
             const long long e = (long long)h * KVQ_D;
             kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_al16(i * KVQ_D * f.sbytes) + 64 * i,
                           b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid);
-            kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i, b + o.zero + e * f.zbytes,
-                          KVQ_D, f.zbytes, tid);
+            kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
+                          b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
         } else {
             const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
             const int e0 = t0 * o.n_groups;
@@ -160,7 +160,8 @@ KVQ_DEV int kvq_tile_n(const kvq_tile *T, int hk)
 
 /* Issues (fin 0) or finishes (fin 1) the staging of tile T into stage buffers kb, vb. */
 KVQ_DEV void kvq_stage_tile(const kvq_tile *T, int kk, int vk, int n, int hk, const kvq_stage_buf *kb,
-                            const kvq_stage_buf *vb, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi, kvq_fmt vlo, int tid, int fin)
+                            const kvq_stage_buf *vb, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi, kvq_fmt vlo, int tid,
+                            int fin)
 {
     kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, fin);
     kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, fin);
@@ -485,8 +486,8 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 /* The whole decode kernel of a layer class; hi/lo are the class's page formats and g its geometry (constants
  * after inlining), smem the dynamic shared memory laid out by the plan (compiler/plan.c, tile_mapping).
  *
- * Per tile: stage K and V (cp.async, issued a tile ahead); fold the query into the key format; phase 1, the scores of every token for
- * every query head, the tile's maximum per head and m' = max(m, tile max), a = 2^(m - m'), p_t = 2^(s_t - m')
+ * Per tile: stage K and V (cp.async, issued a tile ahead); fold the query into the key format; phase 1, the
+ * scores of every token for every query head, the tile's maximum per head and m' = max(m, tile max), a = 2^(m - m'), p_t = 2^(s_t - m')
  * written back to shared memory, d = d a + sum p; phase 3, o = o a once, then o += p_t v_t. m is the same on
  * every thread (each computes it from the same shared values), so the end of a chunk only adds. */
 KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi,
