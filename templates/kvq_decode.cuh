@@ -487,9 +487,10 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
  * after inlining), smem the dynamic shared memory laid out by the plan (compiler/plan.c, tile_mapping).
  *
  * Per tile: stage K and V (cp.async, issued a tile ahead); fold the query into the key format; phase 1, the
- * scores of every token for every query head, the tile's maximum per head and m' = max(m, tile max), a = 2^(m - m'), p_t = 2^(s_t - m')
- * written back to shared memory, d = d a + sum p; phase 3, o = o a once, then o += p_t v_t. m is the same on
- * every thread (each computes it from the same shared values), so the end of a chunk only adds. */
+ * scores of every token for every query head, the tile's maximum per head and m' = max(m, tile max),
+ * a = 2^(m - m'), p_t = 2^(s_t - m') written back to shared memory, d = d a + sum p; phase 3, o = o a once, then
+ * o += p_t v_t. m is the same on every thread (each computes it from the same shared values), so the end of a
+ * chunk only adds. */
 KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi,
                              kvq_fmt vlo, const kvq_dec_geo g)
 {
