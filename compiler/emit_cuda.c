@@ -303,6 +303,11 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
                     "#define KVQ_C_SO_Q %d\n#define KVQ_C_SO_QK %d\n#define KVQ_C_SO_QSUM %d\n#define KVQ_C_SO_P %d\n"
                     "#define KVQ_C_SO_RED %d\n#define KVQ_C_SO_W %d\n",
                     c->so_kpar, c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_qsum, c->so_p, c->so_red, c->so_w);
+    /* the load pipeline: stages of the staged part, raw parameter bytes (plan.h) */
+    emit_buf_printf(b,
+                    "#define KVQ_C_STAGES %d\n#define KVQ_C_STAGE_BYTES %d\n#define KVQ_C_SO_KRAW %d\n"
+                    "#define KVQ_C_SO_VRAW %d\n#define KVQ_C_KRAWS %d\n#define KVQ_C_VRAWS %d\n#define KVQ_C_RAWF %d\n",
+                    c->stages, c->stage_bytes, c->so_kraw, c->so_vraw, c->kraws, c->vraws, c->rawf);
     /* the tensor-core paths (kvq_mma.cuh): bit 0 the high class's pages, bit 1 the low class's */
     emit_buf_printf(b, "#define KVQ_C_MMA_K %d\n#define KVQ_C_MMA_V %d\n", c->mma_k, c->mma_v);
     const plan_store *st[4] = {&c->k_hi, &c->k_lo, &c->v_hi, &c->v_lo};
@@ -323,7 +328,9 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
                        "#undef KVQ_C_KPAGES\n#undef KVQ_C_VOFF\n"
                        "#undef KVQ_C_SMEM\n#undef KVQ_C_SO_KPAR\n#undef KVQ_C_SO_VPAR\n#undef KVQ_C_SO_KMASK\n"
                        "#undef KVQ_C_SO_Q\n#undef KVQ_C_SO_QK\n#undef KVQ_C_SO_QSUM\n#undef KVQ_C_SO_P\n"
-                       "#undef KVQ_C_SO_RED\n#undef KVQ_C_SO_W\n#undef KVQ_C_MMA_K\n#undef KVQ_C_MMA_V\n");
+                       "#undef KVQ_C_SO_RED\n#undef KVQ_C_SO_W\n#undef KVQ_C_MMA_K\n#undef KVQ_C_MMA_V\n"
+                       "#undef KVQ_C_STAGES\n#undef KVQ_C_STAGE_BYTES\n#undef KVQ_C_SO_KRAW\n#undef KVQ_C_SO_VRAW\n"
+                       "#undef KVQ_C_KRAWS\n#undef KVQ_C_VRAWS\n#undef KVQ_C_RAWF\n");
     for (int i = 0; i < 4; i++) emit_buf_printf(b, "#undef %s\n#undef %s_Q\n#undef %s_SEP\n", mn[i], mn[i], mn[i]);
 }
 

@@ -223,6 +223,22 @@ static int store_par(const kvq_plan *p, const plan_store *st, int tile)
     return tile * (p->head_dim / st->group);
 }
 
+/* Pages of a store a tile spans: per-channel pages in page runs (layout/tiles.h), else 1. */
+static int store_pages(const plan_store *st, int tile)
+{
+    if (st->bits == 0 || st->bits >= 16 || st->gran != KVQ_GRAN_CHANNEL) return 1;
+    return kvq_tile_max_pages(tile, st->group);
+}
+
+/* Raw bytes of one parameter array (scales or zeros) of a store per tile as cp.async lands them: the elements
+ * at their width, and 64 bytes a page for the slack of whole 16-byte blocks (kvq_stage_page). */
+static int store_raw(const kvq_plan *p, const plan_store *st, int tile)
+{
+    if (st->bits == 0 || st->bits >= 16) return 0;
+    const int eb = st->scale_f32 || st->zero_f32 ? 4 : 2;
+    return align16(store_par(p, st, tile) * eb) + 64 * store_pages(st, tile);
+}
+
 /* The tensor-core paths of templates/kvq_mma.cuh: 2- and 4-bit codes become fp16 exactly, the query (keys) and
  * the weights p s_t (values) are split into two fp16 numbers each, so mma.sync.m16n8k16 sums exact products in
  * fp32. N = 8 columns are the 4 heads' high and low parts: GQA 4 exactly; 128 threads (4 warps), head_dim a
@@ -287,8 +303,12 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
         qk = max_i(staged_row_bytes(D, &c->k_hi), c->k_lo.bits ? staged_row_bytes(D, &c->k_lo) : 0);
         qv = max_i(staged_row_bytes(D, &c->v_hi), c->v_lo.bits ? staged_row_bytes(D, &c->v_lo) : 0);
     }
-    c->rows_k = align16(max_i(T * qk, merge / 2));
-    c->rows_bytes = c->rows_k + align16(max_i(T * qv, merge - c->rows_k));
+    /* With several stages the merge scratch overlays all of them (the loop is over), so a stage's rows are the
+     * pages' rows, with room for at least 16 fp16 rows of keys and of values (sinks, windows, pools) */
+    c->stages = PLAN_DECODE_STAGES;
+    const int rk = c->stages > 1 ? max_i(T * qk, 16 * 2 * D) : max_i(T * qk, merge / 2);
+    c->rows_k = align16(rk);
+    c->rows_bytes = c->rows_k + align16(c->stages > 1 ? max_i(T * qv, 16 * 2 * D) : max_i(T * qv, merge - c->rows_k));
     c->tile_k16 = fit16(c->rows_k / (2 * D), T);
     c->tile_v16 = fit16((c->rows_bytes - c->rows_k) / (2 * D), T);
     int o = 0;
@@ -296,6 +316,21 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
     c->so_kpar = o, o += align16((2 * c->kpar + D) * 4);
     c->so_vpar = o, o += align16((2 * c->vpar + D) * 4);
     c->so_kmask = o, o += align16(T);
+    /* raw parameter bytes as cp.async lands them (kvq_stage_page): each page's range of a tile covered by whole
+     * 16-byte blocks, page i at al16(its first element's bytes) + 64 i (room for the blocks' slack at both ends) */
+    int sep = 0;
+    c->kraws = c->vraws = 0;
+    if (c->quant) {
+        c->kraws = max_i(store_raw(p, &c->k_hi, T), store_raw(p, &c->k_lo, T));
+        c->vraws = max_i(store_raw(p, &c->v_hi, T), store_raw(p, &c->v_lo, T));
+        sep = (c->k_hi.bits && c->k_hi.sep) || (c->k_lo.bits && c->k_lo.sep) || (c->v_hi.bits && c->v_hi.sep) ||
+              (c->v_lo.bits && c->v_lo.sep);
+    }
+    c->rawf = sep ? align16(D * 4) + 64 : 0; /* channel-separable pages never form runs: one page */
+    c->so_kraw = o, o += 2 * c->kraws + c->rawf + align16(T / 8 + 1) + 64 * KP; /* mask bytes last */
+    c->so_vraw = o, o += 2 * c->vraws + c->rawf;
+    c->stage_bytes = o;
+    o = max_i(c->stages * c->stage_bytes, align16(merge)); /* the end-of-chunk merge scratch from 0 */
     c->so_q = o, o += align16(D * G * 4);
     c->so_qk = o, o += align16(D * G * 4 * KP); /* a fold per key page */
     c->so_qsum = o, o += align16((D / 8 + KP) * G * 4); /* per 8 channels, then the per-channel bias per page */
@@ -327,7 +362,8 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
         if (c->mma_v & 1) vq = max_i(vq, plan_row_bytes(D, c->v_hi.bits));
         if (c->mma_v & 2) vq = max_i(vq, plan_row_bytes(D, c->v_lo.bits));
         int start = align16(c->rows_k + T * vq);
-        if (start >= merge && start + need <= c->rows_bytes)
+        /* with several stages the next tile's rows may be fp16 rows that fill the room: own part then */
+        if (c->stages == 1 && start >= merge && start + need <= c->rows_bytes)
             c->so_w = c->so_rows + start;
         else
             c->so_w = o, o += align16(need);
@@ -337,11 +373,40 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
 
 int plan_decode_min_blocks(const kvq_plan *p, const plan_class *c)
 {
-    /* at most 3 blocks of 128 threads: ptxas then has 170 registers, what the kernel needs without spilling */
+    /* at most 3 blocks of 128 threads: ptxas then has 170 registers, what the kernel needs without spilling;
+     * otherwise what sm_90's shared memory per SM allows (the occupancy the load pipeline is sized for) */
     int pminb = p->threads >= 384 ? 1 : 384 / p->threads;
-    int minb = plan_smem_optin(80) / (c->smem > 0 ? c->smem : 1);
+    int minb = plan_smem_per_sm(90) / (c->smem + 1024);
     if (minb > pminb) minb = pminb;
     return minb < 1 ? 1 : minb;
+}
+
+int plan_smem_per_sm(int sm)
+{
+    if (sm >= 90) return 228 * 1024;
+    if (sm == 80 || sm == 87) return 164 * 1024;
+    if (sm >= 86) return 100 * 1024;
+    return 64 * 1024;
+}
+
+int plan_decode_ctas_per_sm(const kvq_plan *p, const plan_class *c, int sm, int regs)
+{
+    const int warps = (p->threads + 31) / 32, per_warp = ((regs * 32 + 255) / 256) * 256;
+    int n = 32;
+    if (per_warp && 65536 / (per_warp * warps) < n) n = 65536 / (per_warp * warps);
+    if (plan_smem_per_sm(sm) / (c->smem + 1024) < n) n = plan_smem_per_sm(sm) / (c->smem + 1024);
+    if (2048 / p->threads < n) n = 2048 / p->threads;
+    return n;
+}
+
+double plan_decode_tile_bytes(const kvq_plan *p, const plan_class *c, double tile_tokens)
+{
+    return (tile_tokens > 0 ? tile_tokens : c->tile) * plan_body_bytes_per_token(p, c);
+}
+
+double plan_decode_bytes_in_flight(const kvq_plan *p, const plan_class *c, int sm, int regs, double tile_tokens)
+{
+    return c->stages * plan_decode_tile_bytes(p, c, tile_tokens) * plan_decode_ctas_per_sm(p, c, sm, regs);
 }
 
 int plan_smem_optin(int sm)
@@ -438,10 +503,14 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
             kvq_status st = check_class(pc, p->head_dim, msg, n);
             if (st != KVQ_OK) return st;
             /* Tile: K and V staging together within 64 KiB of shared memory at the widest row, a power of two
-             * from 32 to 128 (phase 1 gives each token `split` lanes of a warp). */
+             * from 32 to 128 (phase 1 gives each token `split` lanes of a warp). A class whose pages are fp16 rows
+             * (fp16 stores, sparse layers) fits all the load pipeline's stages in it: 64 tokens at head_dim 128,
+             * so that two stages fit sm_86's 99 KiB and two CTAs an sm_90 SM (quantized classes stage their fp16
+             * rows in fewer tokens, plan_tile_tokens). */
             int row = max_i(max_i(pc->k_row_bytes, pc->v_row_bytes), 1);
+            const int f16pages = !pc->quant || pc->sparse || (pc->k_hi.bits >= 16 && pc->v_hi.bits >= 16);
             int tile = 32;
-            while (tile < 128 && 2 * tile * row <= 32768) tile *= 2;
+            while (tile < 128 && (f16pages ? PLAN_DECODE_STAGES : 1) * 2 * tile * row <= 32768) tile *= 2;
             pc->tile = tile;
             tile_mapping(p, pc);
             p->any_sparse |= pc->sparse;

@@ -22,6 +22,8 @@
 
 #define PLAN_MAX_CLASSES 16
 #define PLAN_MAX_LAYERS 1024
+/* Stages of the decode kernel's load pipeline: tile i + 1 is in flight while tile i computes. */
+#define PLAN_DECODE_STAGES 2
 
 /* Storage format of one tensor (keys or values) in one precision class: what a page of it holds. */
 typedef struct {
@@ -66,11 +68,16 @@ typedef struct {
     /* Tensor-core paths (templates/kvq_mma.cuh, docs/cuda.md "Tensor cores"): bit 0 the high class's pages, bit 1
      * the low class's, for q.K (mma_k) and p.V (mma_v); so_w holds p.V's weight fragments. */
     int mma_k, mma_v;
-    int rows_bytes; /* K then V rows of a tile, or the end-of-chunk merge scratch */
+    int rows_bytes; /* K then V rows of a tile (of one stage; the end-of-chunk merge scratch overlays the stages) */
     /* The rows are sized for the class's pages, not for fp16 rows (docs/cuda.md "Shared memory"): keys at
      * [0, rows_k), values at [rows_k, rows_bytes); a tile whose keys (values) are fp16 rows (sinks, windows, pools)
      * holds at most tile_k16 (tile_v16) tokens (plan_tile_tokens). */
     int rows_k, tile_k16, tile_v16;
+    /* The load pipeline (docs/cuda.md "Load path"): `stages` copies of the staged part [0, stage_bytes) (rows,
+     * parameter floats, key mask, then the raw parameter bytes the cp.async copies land in: per tensor scales and
+     * zeros `kraws` / `vraws` bytes each, then `rawf` bytes of factors and, keys only, the mask bytes), stage s at
+     * s * stage_bytes; the rest of the layout follows them. */
+    int stages, stage_bytes, so_kraw, so_vraw, kraws, vraws, rawf;
 } plan_class;
 
 typedef struct kvq_plan {
@@ -116,6 +123,16 @@ kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t msg_si
 int plan_decode_min_blocks(const kvq_plan *p, const plan_class *c);
 /* The opt-in shared memory per block of sm (bytes). */
 int plan_smem_optin(int sm);
+/* Shared memory per SM of sm (bytes; a CTA also takes 1 KiB of it). */
+int plan_smem_per_sm(int sm);
+/* Decode CTAs per SM of class c on sm at `regs` registers a thread: the least of what registers (in units of 256
+ * a warp), shared memory (1 KiB reserved a CTA), 2048 threads and 32 CTAs allow. */
+int plan_decode_ctas_per_sm(const kvq_plan *p, const plan_class *c, int sm, int regs);
+/* Cache bytes one decode tile of tile_tokens body tokens moves (codes, parameters, masks of K and V). */
+double plan_decode_tile_bytes(const kvq_plan *p, const plan_class *c, double tile_tokens);
+/* Bytes in flight per SM: stages x tile bytes x CTAs per SM (the pipeline issues tile i + stages - 1 before tile
+ * i's math; at the top of a chunk all `stages` tiles are in flight). tile_tokens 0: the plan's tile. */
+double plan_decode_bytes_in_flight(const kvq_plan *p, const plan_class *c, int sm, int regs, double tile_tokens);
 
 /* Dims given on the command line win over the scheme's `model { }` block; then the defaults
  * (32 layers, 32 heads, 8 kv heads, head_dim 128). */

@@ -23,22 +23,69 @@
 #include "kvq_format.cuh"
 #include "kvq_mma.cuh"
 
-/* Staged tile of one tensor in shared memory. */
+/* Staged tile of one tensor in shared memory (one stage of the load pipeline). */
 typedef struct {
     unsigned char *rows; /* [tile][row bytes] */
     float *s, *z;        /* per channel: [D]; per token: [tile][n_groups] */
     float *f;            /* channel-separable factors [D] */
     unsigned char *mask; /* keys: [tile], 1 = masked slot */
+    unsigned char *raw;  /* parameter bytes as cp.async lands them: scales, zeros (raws bytes each), factors (rawf),
+                          * mask bits */
+    int raws, rawf;
 } kvq_stage_buf;
+
+/* The parameters of a tile move as whole 16-byte blocks: [src, src + n eb) is covered by the aligned blocks from
+ * src & ~15, landed at dst (16-aligned), so element j sits at dst + (src & 15) + j eb. A page's sections start
+ * 16-byte aligned and their sizes are multiples of 16 (kvq_page_offsets), so every covering block lies inside
+ * the page. fin 0 issues the copies (cp.async 16 B, thread tid takes blocks tid, tid + THREADS, ...); fin 1, after
+ * the thread's cp.async.wait_group, widens the elements of the same blocks (the thread's own copies: no barrier
+ * between) into out[0, n) as floats. */
+KVQ_DEV void kvq_stage_par(int fin, float *out, unsigned char *dst, const unsigned char *src, int n, int eb, int tid)
+{
+    const int r = (int)((kvq_u64)src & 15), nb = n > 0 ? (r + n * eb + 15) >> 4 : 0;
+    if (!fin) {
+#pragma unroll 1
+        for (int k = tid; k < nb; k += KVQ_THREADS) kvq_cp_async16(dst + 16 * k, src - r + 16 * k);
+        return;
+    }
+#pragma unroll 1
+    for (int k = tid; k < nb; k += KVQ_THREADS) {
+        const int j0 = max(0, (16 * k - r + eb - 1) / eb), j1 = min(n, (16 * k + 16 - r + eb - 1) / eb);
+        for (int j = j0; j < j1; j++) out[j] = kvq_ld_par(dst + r, j, eb);
+    }
+}
+
+/* Mask bits [bit0, bit0 + m) from src (bit0 < 8) the same way: out[t] = bit bit0 + t. */
+KVQ_DEV void kvq_stage_mask(int fin, unsigned char *out, unsigned char *dst, const unsigned char *src, int bit0, int m,
+                            int tid)
+{
+    const int r = (int)((kvq_u64)src & 15), nb = m > 0 ? (r + ((bit0 + m + 7) >> 3) + 15) >> 4 : 0;
+    if (!fin) {
+#pragma unroll 1
+        for (int k = tid; k < nb; k += KVQ_THREADS) kvq_cp_async16(dst + 16 * k, src - r + 16 * k);
+        return;
+    }
+#pragma unroll 1
+    for (int k = tid; k < nb; k += KVQ_THREADS) {
+        const int t0 = max(0, 8 * (16 * k - r) - bit0), t1 = min(m, 8 * (16 * k + 16 - r) - bit0);
+        for (int t = t0; t < t1; t++) out[t] = (dst[r + ((bit0 + t) >> 3)] >> ((bit0 + t) & 7)) & 1;
+    }
+}
 
 /* Stages tokens [slot, slot + n) of a page for kv head h: codes to rows, parameters to s/z/f, mask bits. A slot
  * past the page's capacity is in a later page of a page run (layout/tiles.h: pages of one flush back to back at
  * kvq_page_stride), and a tile may span several of them: page i of the tile's pages stages its codes after the
- * previous page's tokens and, per channel, its scales and zeros at s/z + i * D (one fold of the query each). */
+ * previous page's tokens and, per channel, its scales and zeros at s/z + i * D (one fold of the query each).
+ * fin 0 issues every copy (codes and parameters, cp.async); fin 1 (after the wait for this tile's group) widens
+ * the thread's own parameter blocks into floats and mask bytes. Page i's raw parameter bytes sit at
+ * al16(its first element's offset) + 64 i (plan.c, store_raw: the 16-byte blocks' slack). */
 KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
-                            int h, int tid)
+                            int h, int tid, int fin)
 {
-    if (kvq_fmt_is(f)) { /* element formats (kvq_format.cuh): integer codes and parameters, or fp16 rows */
+    if (kvq_fmt_is(f)) { /* element formats (kvq_format.cuh): integer codes and parameters, or fp16 rows, staged by
+                          * plain loads and stores when the copies are issued (fin 0; the barrier after the wait
+                          * publishes them); nothing to widen afterwards */
+        if (fin) return;
         if (kvq_fmt_linear(f.kind))
             kvq_fmt_stage_linear(sb->rows, sb->s, sb->z, b, f, slot, cap, n, h, tid, KVQ_THREADS);
         else
@@ -48,52 +95,48 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
     const long long stride = kvq_page_stride(o.total);
     const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
+    unsigned char *rz = sb->raw + sb->raws, *rf = sb->raw + 2 * sb->raws, *rm = rf + sb->rawf;
     b += pg0 * stride;
 #pragma unroll 1
     for (int i = 0; i < np; i++, b += stride) {
         const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
-        kvq_stage_bytes(sb->rows + t0 * o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m * o.cbpt, tid,
-                        KVQ_THREADS);
+        if (!fin)
+            kvq_stage_bytes(sb->rows + t0 * o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m * o.cbpt, tid,
+                            KVQ_THREADS);
         if (f.bits >= 16) continue;
-        /* loops of one iteration a thread at head_dim <= the block's threads: not unrolled (an unrolled copy would
-         * only add a prologue) */
         if (f.gran == 0) {
-#pragma unroll 1
-            for (int c = tid; c < KVQ_D; c += KVQ_THREADS) {
-                sb->s[i * KVQ_D + c] = kvq_ld_par(b + o.scale, (long long)h * KVQ_D + c, f.sbytes);
-                sb->z[i * KVQ_D + c] = kvq_ld_par(b + o.zero, (long long)h * KVQ_D + c, f.zbytes);
-            }
+            const long long e = (long long)h * KVQ_D;
+            kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_al16(i * KVQ_D * f.sbytes) + 64 * i,
+                          b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid);
+            kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
+                          b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
         } else {
-            long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
-            /* m x groups / threads iterations (4 for KIVI's values): not unrolled, the prologue of an unrolled
-             * loop costs more than it saves at these counts */
-#pragma unroll 1
-            for (int j = tid; j < m * o.n_groups; j += KVQ_THREADS) {
-                sb->s[t0 * o.n_groups + j] = kvq_ld_par(b + o.scale, first + j, f.sbytes);
-                sb->z[t0 * o.n_groups + j] = kvq_ld_par(b + o.zero, first + j, f.zbytes);
-            }
+            const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
+            const int e0 = t0 * o.n_groups;
+            kvq_stage_par(fin, sb->s + e0, sb->raw + kvq_al16(e0 * f.sbytes) + 64 * i, b + o.scale + first * f.sbytes,
+                          m * o.n_groups, f.sbytes, tid);
+            kvq_stage_par(fin, sb->z + e0, rz + kvq_al16(e0 * f.zbytes) + 64 * i, b + o.zero + first * f.zbytes,
+                          m * o.n_groups, f.zbytes, tid);
         }
         if (f.sep) /* channel-separable pages never form runs (kvq_page_run_ok): one page */
-#pragma unroll 1
-            for (int c = tid; c < KVQ_D; c += KVQ_THREADS)
-                sb->f[c] = kvq_ld_par(b + o.factor, (long long)h * KVQ_D + c, f.sbytes);
+            kvq_stage_par(fin, sb->f, rf, b + o.factor + (long long)h * KVQ_D * f.sbytes, KVQ_D, f.sbytes, tid);
         if (f.masked)
-#pragma unroll 1
-            for (int t = tid; t < m; t += KVQ_THREADS)
-                sb->mask[t0 + t] = (b[o.mask + (long long)h * o.mask_stride + ((sl + t) >> 3)] >> ((sl + t) & 7)) & 1;
+            kvq_stage_mask(fin, sb->mask + t0, rm + kvq_al16(t0 >> 3) + 64 * i,
+                           b + o.mask + (long long)h * o.mask_stride + (sl >> 3), sl & 7, m, tid);
     }
 }
 
 KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot, int cap, int n, int h,
-                       kvq_fmt hi, kvq_fmt lo, int tid)
+                       kvq_fmt hi, kvq_fmt lo, int tid, int fin)
 {
     const unsigned char *b = (const unsigned char *)base;
-    if (kind == KVQ_SRC_F16)
-        kvq_stage_bytes(sb->rows, b + ((long long)h * cap + slot) * (2 * KVQ_D), n * 2 * KVQ_D, tid, KVQ_THREADS);
-    else if (kind == KVQ_SRC_HI && hi.bits)
-        kvq_stage_page(sb, b, hi, slot, cap, n, h, tid);
+    if (kind == KVQ_SRC_F16) {
+        if (!fin)
+            kvq_stage_bytes(sb->rows, b + ((long long)h * cap + slot) * (2 * KVQ_D), n * 2 * KVQ_D, tid, KVQ_THREADS);
+    } else if (kind == KVQ_SRC_HI && hi.bits)
+        kvq_stage_page(sb, b, hi, slot, cap, n, h, tid, fin);
     else if (kind == KVQ_SRC_LO && lo.bits)
-        kvq_stage_page(sb, b, lo, slot, cap, n, h, tid);
+        kvq_stage_page(sb, b, lo, slot, cap, n, h, tid, fin);
 }
 
 /* Decode geometry of a layer class (kvq_class.cuh passes constants, folded after inlining): tile tokens, phase-1
@@ -103,7 +146,37 @@ typedef struct {
     int so_kpar, so_vpar, so_kmask, so_q, so_qk, so_qsum, so_p, so_red;
     int so_w, mk, mv; /* tensor-core paths (kvq_mma.cuh): the weight fragments; page classes (bit 0 hi, 1 lo) */
     int kpages;       /* most key pages a tile spans (page runs): qk, the bias and kpar hold that many folds */
+    /* the load pipeline (plan.h): stages (2) of [0, stage_bytes), the raw parameter bytes of K and V in each */
+    int stages, stage_bytes, so_kraw, so_vraw, kraws, vraws, rawf;
 } kvq_dec_geo;
+
+/* The staged buffers of K and V of pipeline stage st (plan.c: stage st at st * stage_bytes). */
+KVQ_DEV void kvq_stage_bufs(unsigned char *smem, const kvq_dec_geo *g, int st, kvq_stage_buf *kb, kvq_stage_buf *vb)
+{
+    unsigned char *s0 = smem + st * g->stage_bytes;
+    float *kpar = (float *)(s0 + g->so_kpar), *vpar = (float *)(s0 + g->so_vpar);
+    kb->rows = s0, kb->s = kpar, kb->z = kpar + g->kparn, kb->f = kpar + 2 * g->kparn, kb->mask = s0 + g->so_kmask;
+    vb->rows = s0 + g->voff, vb->s = vpar, vb->z = vpar + g->vparn, vb->f = vpar + 2 * g->vparn, vb->mask = 0;
+    kb->raw = s0 + g->so_kraw, vb->raw = s0 + g->so_vraw;
+    kb->raws = g->kraws, vb->raws = g->vraws, kb->rawf = vb->rawf = g->rawf;
+}
+
+/* Tokens of tile T this kv head reads (a pool's tile: kvq_tile.count) and its K and V kinds. */
+KVQ_DEV int kvq_tile_n(const kvq_tile *T, int hk)
+{
+    int n = T->n;
+    if (T->count) n = max(0, min(n, ((const int *)T->count)[hk] - T->k_slot));
+    return n;
+}
+
+/* Issues (fin 0) or finishes (fin 1) the staging of tile T into stage buffers kb, vb. */
+KVQ_DEV void kvq_stage_tile(const kvq_tile *T, int kk, int vk, int n, int hk, const kvq_stage_buf *kb,
+                            const kvq_stage_buf *vb, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi, kvq_fmt vlo, int tid,
+                            int fin)
+{
+    kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, fin);
+    kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, fin);
+}
 
 /* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
 KVQ_DEV int kvq_k_runs(kvq_fmt f) { return f.bits < 16 && f.gran != 0 && (f.hidden || f.group % KVQ_VEC == 0); }
@@ -445,10 +518,11 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 /* The whole decode kernel of a layer class; hi/lo are the class's page formats and g its geometry (constants
  * after inlining), smem the dynamic shared memory laid out by the plan (compiler/plan.c, tile_mapping).
  *
- * Per tile: stage K and V (cp.async); fold the query into the key format; phase 1, the scores of every token for
- * every query head, the tile's maximum per head and m' = max(m, tile max), a = 2^(m - m'), p_t = 2^(s_t - m')
- * written back to shared memory, d = d a + sum p; phase 3, o = o a once, then o += p_t v_t. m is the same on
- * every thread (each computes it from the same shared values), so the end of a chunk only adds. */
+ * Per tile: stage K and V (cp.async, issued a tile ahead); fold the query into the key format; phase 1, the
+ * scores of every token for every query head, the tile's maximum per head and m' = max(m, tile max),
+ * a = 2^(m - m'), p_t = 2^(s_t - m') written back to shared memory, d = d a + sum p; phase 3, o = o a once, then
+ * o += p_t v_t. m is the same on every thread (each computes it from the same shared values), so the end of a
+ * chunk only adds. */
 KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi,
                              kvq_fmt vlo, const kvq_dec_geo g)
 {
@@ -471,9 +545,6 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     float *ps = (float *)(smem + g.so_p), *red = (float *)(smem + g.so_red);
     float *wmax = red, *bred = red + NW * G, *sa = red + (NW + 8 * g.kpages) * G, *sm = sa + G;
     kvq_stage_buf kb, vb;
-    float *kpar = (float *)(smem + g.so_kpar), *vpar = (float *)(smem + g.so_vpar);
-    kb.rows = smem, kb.s = kpar, kb.z = kpar + g.kparn, kb.f = kpar + 2 * g.kparn, kb.mask = smem + g.so_kmask;
-    vb.rows = smem + g.voff, vb.s = vpar, vb.z = vpar + g.vparn, vb.f = vpar + 2 * g.vparn, vb.mask = 0;
 
     /* the group's queries, [D][GQA], in the log2 domain */
     float qmax = 0.0f;
@@ -512,16 +583,35 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #pragma unroll
         for (int v = 0; v < KVQ_VEC; v++) o[i][v] = 0.0f;
 
+#define KVQ_TILE_KK(T) ((T).kinds & 255)
+#define KVQ_TILE_VK(T) (((T).kinds >> 8) & 255)
+    /* The load pipeline (docs/cuda.md "Load path"): two stages; tile i + 1's copies (codes, parameters, masks,
+     * cp.async) are issued and committed as one group before tile i's math, and tile i waits for all but that
+     * newest group (cp.async.wait_group 1). Prologue: tile t0 into stage 0. */
+    if (t0 < t1) {
+        const kvq_tile T0 = ((const kvq_tile *)st.tiles)[t0];
+        kvq_stage_bufs(smem, &g, 0, &kb, &vb);
+        kvq_stage_tile(&T0, KVQ_TILE_KK(T0), KVQ_TILE_VK(T0), kvq_tile_n(&T0, hk), hk, &kb, &vb, skhi, sklo, svhi,
+                       svlo, tid, 0);
+    }
+    kvq_cp_async_commit();
 #pragma unroll 1
     for (int ti = t0; ti < t1; ti++) {
         const kvq_tile T = ((const kvq_tile *)st.tiles)[ti];
-        const int kk = T.kinds & 255, vk = (T.kinds >> 8) & 255;
-        int n = T.n;
-        if (T.count) n = max(0, min(n, ((const int *)T.count)[hk] - T.k_slot)); /* a pool's tile: kvq_tile.count */
-        __syncthreads(); /* the previous tile's readers are done with the buffers */
-        kvq_stage(&kb, T.k, kk, T.k_slot, T.k_cap, n, hk, skhi, sklo, tid);
-        kvq_stage(&vb, T.v, vk, T.v_slot, T.v_cap, n, hk, svhi, svlo, tid);
-        kvq_cp_async_wait_all();
+        const int kk = KVQ_TILE_KK(T), vk = KVQ_TILE_VK(T);
+        const int n = kvq_tile_n(&T, hk), cur = (ti - t0) & 1;
+        __syncthreads(); /* the previous tile's readers are done with the stage the next tile's copies fill */
+        if (ti + 1 < t1) {
+            const kvq_tile T1 = ((const kvq_tile *)st.tiles)[ti + 1];
+            kvq_stage_bufs(smem, &g, cur ^ 1, &kb, &vb);
+            kvq_stage_tile(&T1, KVQ_TILE_KK(T1), KVQ_TILE_VK(T1), kvq_tile_n(&T1, hk), hk, &kb, &vb, skhi, sklo,
+                           svhi, svlo, tid, 0);
+        }
+        kvq_cp_async_commit(); /* possibly empty: "all but the newest group" is then tile ti */
+        kvq_cp_async_wait_group(1);
+        kvq_stage_bufs(smem, &g, cur, &kb, &vb);
+        /* own blocks: parameters to floats */
+        kvq_stage_tile(&T, kk, vk, n, hk, &kb, &vb, skhi, sklo, svhi, svlo, tid, 1);
         __syncthreads();
         const int kchan = (kk == KVQ_SRC_HI && khi.bits < 16 && khi.gran == 0) ||
                           (kk == KVQ_SRC_LO && klo.bits && klo.bits < 16 && klo.gran == 0);
@@ -600,8 +690,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
                     else if (act) kvq_values(F_, &vb, ps, n, c0, hl0, tz, o));
     }
 
+#undef KVQ_TILE_KK
+#undef KVQ_TILE_VK
     /* End of the chunk: o summed over the TZ token lanes and d over the phase-1 lanes, in a fixed order,
-     * through the row buffers (scratch [TZ][GQA][D] then [P1][GQA]). */
+     * through the stages' buffers (scratch [TZ][GQA][D] then [P1][GQA] from 0; every copy has landed). */
     float *so = (float *)smem, *dred = so + KVQ_TZ * G * D;
     __syncthreads();
     if (part == 0)

@@ -1,6 +1,7 @@
 /* Emulator: cp.async. A tiled matrix product with double buffering matches a plain product on awkward shapes
- * (edges zero-filled by the copies) in order and shuffled; leaving out the cp.async wait, or the barrier that
- * protects a buffer before it is refilled, gives wrong results every time. */
+ * (edges zero-filled by the copies) in order and shuffled; leaving out the cp.async wait, waiting with
+ * wait_group 1 while the tile needed is the newest group, or the barrier that protects a buffer before it is
+ * refilled, gives wrong results every time. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -91,6 +92,12 @@ int main(void)
     for (uint64_t seed = 0; seed < 3 && !th_failed(); seed++)
         if (mm_run(&x, 1, seed)) TH_CHECK(mm_first_wrong(&x) >= 0, "seed %llu: result correct without the wait",
                                           (unsigned long long)seed);
+    th_end();
+
+    th_begin("emu: wait_group 1 leaves the newest committed group in flight (wait before the next tile's commit)");
+    for (uint64_t seed = 0; seed < 3 && !th_failed(); seed++)
+        if (mm_run(&x, 3, seed)) TH_CHECK(mm_first_wrong(&x) >= 0, "seed %llu: result correct with the newest group "
+                                          "unwaited", (unsigned long long)seed);
     th_end();
 
     th_begin("emu catches a buffer refilled before every thread has read it (missing barrier)");

@@ -229,10 +229,56 @@ static void test_sha256(void)
     th_end();
 }
 
+/* Occupancy and bytes in flight (plan_decode_ctas_per_sm, plan_decode_bytes_in_flight): the limits worked by hand
+ * for KIVI-2 at head_dim 128, GQA 4 (docs/cuda.md "Load path"), and the load pipeline's parts inside its stages. */
+static void test_in_flight(void)
+{
+    th_begin("plan: CTAs per SM and bytes in flight of KIVI-2 (head_dim 128, GQA 4), by hand");
+    kvq_spec *sp = spec_text("scheme k { key { bits 2; per channel; group 32; } value { bits 2; per token; group 32; } "
+                             "residual 128; flush kivi; }");
+    kvq_plan *p = kvq_malloc(sizeof *p);
+    kvq_dims d = {4, 32, 8, 128};
+    char msg[256];
+    if (sp && p && plan_build(kvq_spec_scheme(sp, NULL), &d, KVQ_F32, p, msg, sizeof msg) == KVQ_OK) {
+        const plan_class *c = &p->cls[0];
+        TH_CHECK(c->stages == 2 && c->tile == 128 && p->threads == 128, "stages %d tile %d threads %d", c->stages,
+                 c->tile, p->threads);
+        /* the staged parts and the raw parameter bytes lie inside a stage, the stages before the query */
+        TH_CHECK(c->so_kraw >= c->so_kmask + 128 && c->so_vraw >= c->so_kraw + 2 * c->kraws &&
+                     c->stage_bytes >= c->so_vraw + 2 * c->vraws && c->so_q >= c->stages * c->stage_bytes &&
+                     c->kraws >= 4 * 128 * 2 && c->vraws >= 128 * 4 * 2,
+                 "kraw %d (%d) vraw %d (%d) stage %d q %d", c->so_kraw, c->kraws, c->so_vraw, c->vraws, c->stage_bytes,
+                 c->so_q);
+        /* registers in units of 256 a warp: 168 -> 5376 a warp, 21504 a CTA, 3 in 64K; 169 -> 5632, 2 */
+        const int sm90 = (228 * 1024) / (c->smem + 1024), sm80 = (164 * 1024) / (c->smem + 1024);
+        TH_CHECK(plan_decode_ctas_per_sm(p, c, 90, 168) == (sm90 < 3 ? sm90 : 3) &&
+                     plan_decode_ctas_per_sm(p, c, 90, 169) == (sm90 < 2 ? sm90 : 2) &&
+                     plan_decode_ctas_per_sm(p, c, 80, 64) == (sm80 < 16 ? sm80 : 16) &&
+                     plan_decode_ctas_per_sm(p, c, 90, 0) == (sm90 < 16 ? sm90 : 16),
+                 "smem %d: ctas %d %d %d", c->smem, plan_decode_ctas_per_sm(p, c, 90, 168),
+                 plan_decode_ctas_per_sm(p, c, 90, 169), plan_decode_ctas_per_sm(p, c, 80, 64));
+        /* a KIVI-2 token of one kv head: 32 + 32 code bytes, 2 x 2 B per-channel parameters over 32 tokens... the
+         * plan's own count, times the tile, the stages and the CTAs */
+        const double tb = 128 * plan_body_bytes_per_token(p, c);
+        TH_CHECK(plan_decode_tile_bytes(p, c, 0) == tb && plan_decode_tile_bytes(p, c, 100) == tb / 128 * 100 &&
+                     plan_decode_bytes_in_flight(p, c, 90, 168, 0) == 2 * tb * plan_decode_ctas_per_sm(p, c, 90, 168),
+                 "tile bytes %g in flight %g", plan_decode_tile_bytes(p, c, 0),
+                 plan_decode_bytes_in_flight(p, c, 90, 168, 0));
+        /* issue 22: at least 24 KiB in flight per SM on sm_90 at the registers ptxas gives (168, docs/cuda.md) */
+        TH_CHECK(plan_decode_bytes_in_flight(p, c, 90, 168, 0) >= 24 * 1024, "%g bytes in flight on sm_90",
+                 plan_decode_bytes_in_flight(p, c, 90, 168, 0));
+    } else
+        TH_CHECK(0, "plan: %s", msg);
+    kvq_free(p);
+    kvq_spec_free(sp);
+    th_end();
+}
+
 int main(void)
 {
     test_layout();
     test_mapping();
+    test_in_flight();
     test_classes_and_emit();
     test_sha256();
     return th_summary();

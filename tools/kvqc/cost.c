@@ -388,18 +388,6 @@ static int line_of(const char *src, const char *needle)
 
 /* CTAs per SM from the kernel's registers, threads and shared memory (CUDA occupancy rules; registers allocated
  * per warp in units of 256, shared memory with 1 KiB reserved per CTA). */
-static int ctas_per_sm(int sm, int regs, int threads, int smem)
-{
-    const int sm_smem = sm >= 90 ? 228 * 1024 : sm >= 80 && sm != 86 && sm != 89 ? 164 * 1024 : 100 * 1024;
-    const int warps = (threads + 31) / 32, per_warp = ((regs * 32 + 255) / 256) * 256;
-    int by_regs = per_warp ? 65536 / (per_warp * warps) : 32, by_smem = sm_smem / (smem + 1024),
-        by_thr = 2048 / threads, c = 32;
-    if (by_regs < c) c = by_regs;
-    if (by_smem < c) c = by_smem;
-    if (by_thr < c) c = by_thr;
-    return c;
-}
-
 int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p, const char *dir, const char *src,
               const char *arch, const char *nvdisasm, emit_buf *out)
 {
@@ -525,9 +513,9 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
             if (!strcmp(c.res[i].name, fn)) regs = c.res[i].regs;
         const double bytes = plan_body_bytes_per_token(p, pc), per_tok = sc.executed / toks;
         const double tile_tok = tiles > 0 ? toks / tiles : 0.0;
-        const int ctas = ctas_per_sm(sm, regs, p->threads, pc->smem);
-        /* in flight: a CTA issues one tile's K and V (codes and parameters) and waits for all of it */
-        const double inflight = ctas * tile_tok * bytes;
+        const int ctas = plan_decode_ctas_per_sm(p, pc, sm, regs);
+        /* in flight: the plan's stages of tiles of the step's mean length a CTA, times its CTAs (plan.h) */
+        const double inflight = plan_decode_bytes_in_flight(p, pc, sm, regs, tile_tok);
         emit_buf_printf(out,
                         "%-16s %-6s %5d %6d %9.1f %7.2f %8.3f %5d %7d %4d %9.0f %9.1f %9.1f %6.1f %12.0f %3.0f%%\n", fn,
                         arch, a->batch, a->tokens, per_tok, bytes, per_tok / bytes, regs, pc->smem, ctas, inflight,

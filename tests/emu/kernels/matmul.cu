@@ -31,9 +31,12 @@ extern "C" __global__ void matmul_tiled(const struct matmul_params p)
     load_tiles(p, as[0], bs[0], 0, tid);
     kvq_cp_async_commit();
     for (int t = 0; t < tiles; t++) {
+        /* bug 3: waits for all but the newest group before the next tile's group exists, so the newest is tile t
+         * itself, which wait_group 1 leaves in flight */
+        if (p.bug == 3) kvq_cp_async_wait_group(1);
         if (t + 1 < tiles) load_tiles(p, as[(t + 1) & 1], bs[(t + 1) & 1], t + 1, tid);
         kvq_cp_async_commit(); /* possibly empty: keeps "all but the newest group" meaning tile t */
-        if (p.bug != 1) kvq_cp_async_wait_group(1);
+        if (p.bug != 1 && p.bug != 3) kvq_cp_async_wait_group(1);
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < MM_TILE; kk++) acc += as[t & 1][ty][kk] * bs[t & 1][kk][tx];

@@ -42,7 +42,8 @@ struct matmul_params {
     float *c;
     int m, n, k;
     int bug; /* deliberate bugs the emulator must expose: 1 leaves out the cp.async wait, 2 the barrier that
-                keeps a buffer from being refilled while other threads still read it */
+                keeps a buffer from being refilled while other threads still read it, 3 waits with wait_group 1
+                while the tile it needs is the newest group */
 };
 #define MM_TILE 16
 
