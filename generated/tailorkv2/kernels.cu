@@ -53,7 +53,6 @@
  *   kvq_dmul(a, b)                                    mul.rn.f64: never fused into an fma (policy kernels
  *                                                     reproduce the host's separately rounded a * b - c)
  *   KVQ_DYNAMIC_SHARED(type, name)   declares `type *name` at the block's dynamic shared memory
- *   KVQ_MARK(k)                      marks a decode loop for kvqc build's issue count (measurement unit only)
  *   KVQ_KERNEL_EXPORT(name);         after each extern "C" __global__ entry point (the emulator's launch handle)
  * Needs sm_80 or newer (cp.async, bf16 conversions). */
 #ifndef KVQ_INTRIN_CUH
@@ -204,13 +203,6 @@ static __device__ __forceinline__ float kvq_ex2(float x)
     extern __shared__ __align__(16) unsigned char kvq_dyn_smem_[];                                             \
     type *name = reinterpret_cast<type *>(kvq_dyn_smem_)
 #define KVQ_KERNEL_EXPORT(name) static_assert(true, #name)
-/* kvqc build's issue count marks the decode loops in its measurement unit only (pmevent: one PMTRIG, which the
- * count subtracts); nothing otherwise */
-#ifdef KVQ_MEASURE_KINDS
-#define KVQ_MARK(k) asm volatile("pmevent " #k ";")
-#else
-#define KVQ_MARK(k) ((void)0)
-#endif
 
 #else /* ------------------------------------------------------------------------------------- emulator */
 
@@ -282,7 +274,6 @@ static inline float kvq_ex2(float x)
 
 #define KVQ_DYNAMIC_SHARED(type, name) type *name = static_cast<type *>(emu_blk_->dyn_smem)
 #define KVQ_KERNEL_EXPORT(name) EMU_KERNEL_EXPORT(name)
-#define KVQ_MARK(k) ((void)0)
 
 #endif
 
@@ -489,7 +480,8 @@ typedef struct {
 } kvq_ott_params;
 
 /* ZipCache (Eq. 7-9, Alg. 2-3), block KVQ_PTHREADS:
- *   kvq_zip_stats    grid (np, heads): max logit and softmax denominator of each prefill probe row;
+ *   kvq_zip_stats_max, then kvq_zip_stats, grid (np, heads, ceil(T / chunk)), stats zeroed before: max logit
+ *                    and softmax denominator of each prefill probe row, key chunk by key chunk (order-independent);
  *   kvq_zip_saliency grid (ceil(n / KVQ_PTHREADS), kv_heads): Eq. 7/8 of prompt tokens [first, first + n);
  *   kvq_zip_norm_{max,sum}_c<k> grid (kv_heads, KVQ_ZN_CHUNKS), then kvq_zip_norm_fin grid (kv_heads): a decode
  *                    probe's max logit and normaliser over the whole cache (its tiles), kvq_zip_norm_params;
@@ -501,7 +493,7 @@ typedef struct {
     kvq_u64 q;        /* const float: probe queries [heads][np][D] (stats, saliency); the step's [heads][D] (row) */
     kvq_rows k;       /* fp16 keys: the prompt [kv_heads][T][D]; the key window ring (row) */
     kvq_u64 pos;      /* const int [np]: probe positions (stats, saliency), relative to the window (rowsal) */
-    kvq_u64 stats;    /* double [heads][np][2] */
+    kvq_u64 stats;    /* u64 [heads][np][2]: max logit's order key, fixed-point denominator (kvq_zip_stats) */
     kvq_u64 rows;     /* float [probe rows][kv_heads][wcap] */
     kvq_u64 norm;     /* const double [heads][2]: the probe's max logit and normaliser over the cache (row) */
     kvq_u64 sal;      /* float [kv_heads][n] */
@@ -510,7 +502,10 @@ typedef struct {
     double scale;     /* the softmax scale */
     kvq_i32 np, first, n, accumulated;
     kvq_i32 n_high, row, wcap, count; /* count: tokens in the window (row) */
+    kvq_i32 chunk, reserved;          /* chunk: keys per block of kvq_zip_stats{,_max} (KVQ_ZS_CHUNK) */
 } kvq_zip_params;
+/* Keys per block of the prefill probe rows: 8 per thread, a 128k prompt in 64 chunks. */
+#define KVQ_ZS_CHUNK 2048
 
 /* The normaliser of a decode probe's row, Eq. 9's softmax over every token of the cache (docs/cuda.md
  * "Determinism"): per query head the max logit m and Z = sum of kvq_prob_fixed(e^(l - m)), written to norm. Over
@@ -592,12 +587,13 @@ KVQ_OFFSET_ASSERT(kvq_decode_params, tiles_per_chunk, 60);
 KVQ_OFFSET_ASSERT(kvq_quant_params, cap, 48);
 KVQ_OFFSET_ASSERT(kvq_store_params, n, 52);
 KVQ_PARAMS_CHECK(kvq_ott_params, 168);
-KVQ_PARAMS_CHECK(kvq_zip_params, 136);
+KVQ_PARAMS_CHECK(kvq_zip_params, 144);
 KVQ_PARAMS_CHECK(kvq_tk_params, 64);
 KVQ_PARAMS_CHECK(kvq_dense_params, 56);
 KVQ_OFFSET_ASSERT(kvq_ott_params, group, 164);
 KVQ_OFFSET_ASSERT(kvq_zip_params, scale, 96);
 KVQ_OFFSET_ASSERT(kvq_zip_params, count, 132);
+KVQ_OFFSET_ASSERT(kvq_zip_params, chunk, 136);
 KVQ_OFFSET_ASSERT(kvq_tk_params, n_ch, 56);
 KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
 KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
@@ -629,6 +625,14 @@ typedef struct {
     int hidden;
     int sbytes, zbytes; /* 2 (fp16) or 4 (fp32) */
     int masked;
+    /* element formats (templates/kvq_format.cuh; 0 = asymmetric integers, the fields after it unused): the kind,
+     * a tensor scale section per kv head (tsh), the static tensor scale (ts; 0 = from the prompt), a codebook's
+     * levels (normal: Lloyd-Max levels, the group scale the root mean square). bits is the format's code width,
+     * sbytes 1 an e4m3/e8m0 block scale, sbytes/zbytes 0 absent. */
+    int kind, tsh, normal;
+    float ts;
+    int n_levels;
+    float lv[16];
 } kvq_fmt;
 
 typedef struct {
@@ -636,9 +640,20 @@ typedef struct {
     int cbpt;     /* code bytes per token of one kv head */
     int n_groups; /* per token: scale entries per token and kv head (1 when hidden) */
     int mask_stride; /* bytes of mask per kv head */
+    long long tscale; /* element formats with a tensor scale: fp32 T, [1] or [kv_head] (layout/layout.h) */
 } kvq_page_off;
 
 KVQ_HD long long kvq_al16(long long n) { return (n + 15) & ~15LL; }
+
+/* Formats whose levels are linear in the code, L = c - off (int symmetric, q8_0, q4_0, q5_0; off 0 for q4_1,
+ * q5_1): the decode kernel runs them on its integer path, x = z' + s c with z' = z - s off. */
+KVQ_HD int kvq_fmt_linear(int kind)
+{
+    return kind >= 1 && kind <= 6; /* compiler/scheme_format.h: int symmetric, q8_0, q4_0, q4_1, q5_0, q5_1 */
+}
+
+/* Code width the integer path stages a linear format's codes at (5-bit codes widen to 8). */
+KVQ_HD int kvq_fmt_staged_bits(int kind, int bits) { return kvq_fmt_linear(kind) && bits == 5 ? 8 : bits; }
 
 KVQ_HD int kvq_fmt_cbpt(int bits, int D) { return bits >= 16 ? 2 * D : D * bits / 8; }
 
@@ -671,6 +686,8 @@ KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
     o.mask_stride = (cap + 7) / 8;
     o.mask = off;
     off += f.masked ? kvq_al16((long long)H * o.mask_stride) : 0;
+    o.tscale = off; /* e4m3 (7), e5m2 (8), nvfp4 (9): compiler/scheme_format.h */
+    off += quantized && (f.kind == 7 || f.kind == 8 || f.kind == 9) ? kvq_al16(4LL * (f.tsh ? H : 1)) : 0;
     o.total = off;
     return o;
 }
@@ -812,12 +829,6 @@ KVQ_DEV float kvq_factor(float absmax, int f32)
 KVQ_DEV void kvq_stage_bytes(unsigned char *dst, const unsigned char *src, int bytes, int tid, int nthreads)
 {
     kvq_u64 a = (kvq_u64)src;
-#ifdef KVQ_MEASURE_KINDS
-    /* kvqc build's issue count: the body's page tiles start 16-byte aligned (the page's codes are at its
-     * 16-byte aligned start, a tile's first slot is a multiple of the tile, and tile x row bytes is a multiple of
-     * 16), so only this path runs for them; the count must not take the unaligned ones */
-    a = 0;
-#endif
     if ((a & 15) == 0) {
         int n16 = bytes >> 4;
         /* a few iterations a tile (2 for a 128-token tile of 2-bit codes at head_dim 128): not unrolled */
@@ -831,6 +842,565 @@ KVQ_DEV void kvq_stage_bytes(unsigned char *dst, const unsigned char *src, int b
         for (int i = (n8 << 1) + tid; i < (bytes >> 2); i += nthreads) kvq_cp_async4(dst + 4 * i, src + 4 * i);
     } else {
         for (int i = tid; i < (bytes >> 2); i += nthreads) kvq_cp_async4(dst + 4 * i, src + 4 * i);
+    }
+}
+
+#endif
+/* ======== templates/kvq_format.cuh ======== */
+/* Element formats on the device (compiler/scheme_format.h): each format's element decode and its group
+ * quantizer, reproduced operation by operation from runtime/quant.c and base/minifloat.c so that codes and
+ * parameters are bit-exact with the reference backend (tests/emu/test_emu_format.c checks every code and
+ * 10^5+ values per format, ties and saturation included). Every element decodes as
+ *
+ *     x = z + (s * T) * L[code]                                   (runtime/quant.h kvq_format_dequant)
+ *
+ * with L the format's level table (kvq_fmt_level). Arithmetic that the reference does in fp32 uses the _rn
+ * intrinsics, so NVRTC's default --fmad=true cannot contract it into a fused multiply-add.
+ *
+ * Rounding, as the references do it:
+ *   q8_0          ggml quantize_row_q8_0_ref: roundf (half away from zero) of x * (1 / d), d = absmax / 127;
+ *   q4_0, q5_0    ggml quantize_row_q4_0_ref / q5_0: d = -(signed absmax) / 8 (16), (int)(x * id + 8.5 (16.5))
+ *                 truncated toward zero, capped at 15 (31);
+ *   q4_1, q5_1    ggml quantize_row_q4_1_ref / q5_1: d = (max - min) / 15 (31), (int)((x - min) * id + 0.5);
+ *   e4m3, e5m2,   ml_dtypes' float8_e4m3fn / float8_e5m2 / float4_e2m1fn: round to nearest even, saturated at
+ *   e2m1          the largest finite value (448, 57344, 6); NaN -> 0x7f (fp8) or 0 (e2m1);
+ *   nvfp4         block scale e4m3((amax / 6) / T), elements e2m1(x / (s T));
+ *   mxfp4         OCP MX v1.0: scale 2^(floor(log2 amax) - 2) as e8m0, elements e2m1(x / s);
+ *   int symmetric clamp(rint(x / s), -(2^(b-1) - 1), 2^(b-1) - 1), s = absmax / (2^(b-1) - 1) rounded up;
+ *   codebook      nearest level of x / s (the first of equals), s = absmax / max |L| rounded up, or for
+ *                 `normal` the group's root mean square (sum of squares in double, as the reference).
+ * Decoding the NaN codes of e4m3/e5m2 (and e5m2's infinities), which the quantizer never writes, gives 0, as
+ * the reference's level table does (runtime/quant.c kvq_format_levels).
+ *
+ * sm_90 could convert e4m3/e5m2 pairs with cvt.rn.f16x2.e4m3x2; the element decode here is a bit trick on every
+ * arch (exact, and no PTX the emulator would have to learn), used where a tile is staged. */
+#ifndef KVQ_FORMAT_CUH
+#define KVQ_FORMAT_CUH
+
+/* #include "kvq_types.cuh": inlined */
+
+/* compiler/scheme_format.h's kvq_format_kind, in the same order (tests/emu/test_emu_format.c checks it) */
+#define KVQ_FK_INT 0
+#define KVQ_FK_INT_SYM 1
+#define KVQ_FK_Q8_0 2
+#define KVQ_FK_Q4_0 3
+#define KVQ_FK_Q4_1 4
+#define KVQ_FK_Q5_0 5
+#define KVQ_FK_Q5_1 6
+#define KVQ_FK_E4M3 7
+#define KVQ_FK_E5M2 8
+#define KVQ_FK_NVFP4 9
+#define KVQ_FK_MXFP4 10
+#define KVQ_FK_CODEBOOK 11
+#define KVQ_FK_CODEBOOK_MAX 16
+#define KVQ_POS_INF_ (__uint_as_float(0x7f800000u))
+
+/* ---- minifloats (base/minifloat.c) ---- */
+
+/* 2^k as a float, k in [-126, 127] */
+KVQ_DEV float kvq_pow2(int k) { return __uint_as_float((unsigned)(k + 127) << 23); }
+
+/* sign-exponent-mantissa value of code c (ebits, mbits, bias), finite codes only */
+KVQ_DEV float kvq_mf_decode(unsigned c, int ebits, int mbits, int bias)
+{
+    const unsigned ef = (c >> mbits) & ((1u << ebits) - 1u), mf = c & ((1u << mbits) - 1u);
+    /* exact: at most 4 significant bits times a power of two within fp32's normal range */
+    const float v = ef == 0 ? __fmul_rn((float)mf, kvq_pow2(1 - bias - mbits))
+                            : __fmul_rn((float)(mf | 1u << mbits), kvq_pow2((int)ef - bias - mbits));
+    return (c >> (ebits + mbits)) & 1u ? -v : v;
+}
+
+KVQ_DEV float kvq_e4m3_f32(unsigned c) { return (c & 0x7fu) == 0x7fu ? 0.0f : kvq_mf_decode(c & 0xffu, 4, 3, 7); }
+KVQ_DEV float kvq_e5m2_f32(unsigned c) { return (c & 0x7cu) == 0x7cu ? 0.0f : kvq_mf_decode(c & 0xffu, 5, 2, 15); }
+KVQ_DEV float kvq_e2m1_f32(unsigned c) { return kvq_mf_decode(c & 0x0fu, 2, 1, 1); }
+KVQ_DEV float kvq_e8m0_f32(unsigned c)
+{
+    /* 2^(c - 127); 2^-127 is an fp32 subnormal; c = 0xff (NaN) never stored */
+    return (int)c - 127 >= -126 ? kvq_pow2((int)c - 127) : __fmul_rn(kvq_pow2(-126), 0.5f);
+}
+
+/* base/minifloat.c encode(): round to nearest even with `mbits` mantissa bits, exponent at least 1 - bias,
+ * |x| saturated at maxv (inf included). x is not NaN. */
+KVQ_DEV unsigned kvq_mf_encode(float x, int ebits, int mbits, int bias, float maxv)
+{
+    const unsigned u = __float_as_uint(x), sign = (u >> 31) << (ebits + mbits);
+    float a = __uint_as_float(u & 0x7fffffffu);
+    const int emin = 1 - bias;
+    if (a == 0.0f) return sign;
+    if (a > maxv) a = maxv;
+    int e = (int)((__float_as_uint(a) >> 23) & 0xffu) - 127; /* floor(log2 a) for a normal a */
+    if (e < emin) e = emin;                                  /* also every fp32 subnormal */
+    /* a * 2^(mbits - e): exact (a power of two, the result below 2^(mbits+1) and above fp32's subnormals
+     * whenever it can round to a nonzero code), then rint: round half to even */
+    const int k = mbits - e;
+    const float q = __fmul_rn(a, kvq_pow2(k)); /* k in [-124, 16] */
+    unsigned r = (unsigned)rintf(q);
+    if (r == 0u) return sign;
+    if (r >= (2u << mbits)) { /* rounded up into the next binade */
+        r >>= 1;
+        e += 1;
+    }
+    if (r < (1u << mbits)) return sign | r; /* subnormal (only at e == emin) */
+    return sign | (unsigned)(e + bias) << mbits | (r - (1u << mbits));
+}
+
+KVQ_DEV unsigned kvq_e4m3_enc(float x) { return x != x ? 0x7fu : kvq_mf_encode(x, 4, 3, 7, 448.0f); }
+KVQ_DEV unsigned kvq_e5m2_enc(float x) { return x != x ? 0x7fu : kvq_mf_encode(x, 5, 2, 15, 57344.0f); }
+KVQ_DEV unsigned kvq_e2m1_enc(float x) { return x != x ? 0u : kvq_mf_encode(x, 2, 1, 1, 6.0f); }
+
+/* ---- levels ---- */
+
+/* Code width of a format's codes (runtime/quant.c kvq_format_code_bits): `bits` for int, int symmetric and
+ * codebooks. */
+KVQ_HD int kvq_fmt_code_bits(int kind, int bits)
+{
+    return kind == KVQ_FK_Q8_0 || kind == KVQ_FK_E4M3 || kind == KVQ_FK_E5M2                            ? 8
+           : kind == KVQ_FK_Q4_0 || kind == KVQ_FK_Q4_1 || kind == KVQ_FK_NVFP4 || kind == KVQ_FK_MXFP4 ? 4
+           : kind == KVQ_FK_Q5_0 || kind == KVQ_FK_Q5_1                                               ? 5
+                                                                                                    : bits;
+}
+
+/* L[c] of a format whose codes are cbits wide; levels: a codebook's levels (n_levels of them, unused codes 0) */
+KVQ_DEV float kvq_fmt_level(int kind, int cbits, unsigned c, const float *levels, int n_levels)
+{
+    switch (kind) {
+    case KVQ_FK_INT:
+    case KVQ_FK_Q4_1:
+    case KVQ_FK_Q5_1: return (float)c;
+    case KVQ_FK_INT_SYM:
+    case KVQ_FK_Q8_0:
+    case KVQ_FK_Q4_0:
+    case KVQ_FK_Q5_0: return (float)((int)c - (1 << (cbits - 1))); /* the implied zero */
+    case KVQ_FK_E4M3: return kvq_e4m3_f32(c);
+    case KVQ_FK_E5M2: return kvq_e5m2_f32(c);
+    case KVQ_FK_NVFP4:
+    case KVQ_FK_MXFP4: return kvq_e2m1_f32(c);
+    default: {
+        /* selects over constant indices: a level table indexed by a code would live in local memory */
+        float v = 0.0f;
+#pragma unroll
+        for (int i = 0; i < KVQ_FK_CODEBOOK_MAX; i++)
+            if (i < n_levels && (int)c == i) v = levels[i];
+        return v;
+    }
+    }
+}
+
+/* runtime/quant.h kvq_format_dequant: z + (s T) L, two roundings */
+KVQ_DEV float kvq_fmt_dequant(float level, float s, float z, float T)
+{
+    return __fadd_rn(z, __fmul_rn(__fmul_rn(s, T), level));
+}
+
+/* ---- reading a page (layout/layout.h) ---- */
+
+/* Code of channel c of a token row of cbits-bit codes: 1, 2, 4, 8 bits little-endian in 32-bit words; 3 bits a
+ * 2-bit plane (D/4 bytes) then the high bits as a 1-bit plane; 5 bits (q5_0/q5_1) a 4-bit plane (D/2 bytes)
+ * then the fifth bits as a 1-bit plane (runtime/quant.c kvq_pack_codes). */
+KVQ_DEV unsigned kvq_fmt_code_at(const unsigned char *row, int cbits, int D, int c)
+{
+    if (cbits == 3) return ((row[c >> 2] >> (2 * (c & 3))) & 3u) | ((row[D / 4 + (c >> 3)] >> (c & 7)) & 1u) << 2;
+    if (cbits == 5) return ((row[c >> 1] >> (4 * (c & 1))) & 15u) | ((row[D / 2 + (c >> 3)] >> (c & 7)) & 1u) << 4;
+    const int bit = c * cbits;
+    return (row[bit >> 3] >> (bit & 7)) & ((1u << cbits) - 1u);
+}
+
+/* Group scale i of a page's scale section: 1 byte (nvfp4: e4m3, mxfp4: e8m0), fp16/fp32, or none (fp8
+ * elements: 1) (runtime/quant.c kvq_format_scale_bytes / kvq_format_scale8_decode). */
+KVQ_DEV float kvq_fmt_ld_scale(const unsigned char *p, long long i, int kind, int sbytes)
+{
+    if (sbytes == 0) return 1.0f;
+    if (sbytes == 1) return kind == KVQ_FK_MXFP4 ? kvq_e8m0_f32(p[i]) : kvq_e4m3_f32(p[i]);
+    return kvq_ld_par(p, i, sbytes);
+}
+
+/* The byte a 1-byte scale is stored as (the quantizer's scale is already exactly representable) */
+KVQ_DEV unsigned kvq_fmt_scale8(int kind, float s)
+{
+    if (kind != KVQ_FK_MXFP4) return kvq_e4m3_enc(s);
+    const int be = (int)((__float_as_uint(s) >> 23) & 0xffu);
+    return be ? (unsigned)be : 0u; /* 2^(be - 127); the subnormal 2^-127 is code 0 */
+}
+
+/* ---- the group quantizers (runtime/quant.c kvq_format_quantize_group) ---- */
+
+/* What a group quantizer needs besides the values: the format, the class bits (int, int symmetric,
+ * codebooks), parameter dtypes, the tensor scale of the page and a codebook. */
+typedef struct {
+    int kind, bits, s_f32, z_f32;
+    float T;
+    int normal, n_levels;
+    const float *levels;
+} kvq_fq;
+
+KVQ_DEV float kvq_f16r(float x) { return kvq_h2f(kvq_f2h(x)); }
+
+KVQ_DEV float kvq_fq_absmax(const float *x, int n, int stride)
+{
+    float a = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float v = fabsf(x[i * stride]);
+        if (v > a) a = v;
+    }
+    return a;
+}
+
+/* ggml's (int8_t) cast of a non-negative float below 128 (quant.c trunc_int) */
+KVQ_DEV int kvq_fq_trunc(float v) { return v >= 127.0f ? 127 : v <= 0.0f ? 0 : (int)v; }
+
+/* The parameters of a group (kvq_format_fit and the block formats' scales). */
+KVQ_DEV void kvq_fq_fit(const kvq_fq *q, const float *x, int n, int stride, float *s, float *z)
+{
+    *s = 1.0f, *z = 0.0f;
+    switch (q->kind) {
+    case KVQ_FK_INT: {
+        float mn = x[0], mx = x[0];
+        for (int i = 1; i < n; i++) {
+            const float v = x[i * stride];
+            if (v < mn) mn = v;
+            if (v > mx) mx = v;
+        }
+        kvq_fit(mn, mx, q->bits, q->s_f32, q->z_f32, s, z);
+        return;
+    }
+    case KVQ_FK_INT_SYM: {
+        const float amax = kvq_fq_absmax(x, n, stride);
+        *s = amax > 0.0f ? kvq_round_up(__fdiv_rn(amax, (float)((1 << (q->bits - 1)) - 1)), q->s_f32) : 0.0f;
+        break;
+    }
+    case KVQ_FK_CODEBOOK:
+        if (q->normal) {
+            double ss = 0.0;
+            for (int i = 0; i < n; i++) ss = __dadd_rn(ss, __dmul_rn((double)x[i * stride], (double)x[i * stride]));
+            const float r = (float)sqrt(ss / (double)n); /* IEEE on the device too */
+            *s = q->s_f32 ? r : kvq_f16r(r);
+        } else {
+            const float top = fmaxf(fabsf(q->levels[0]), fabsf(q->levels[q->n_levels - 1]));
+            *s = kvq_round_up(__fdiv_rn(kvq_fq_absmax(x, n, stride), top), q->s_f32);
+        }
+        break;
+    case KVQ_FK_Q8_0: *s = kvq_f16r(__fdiv_rn(kvq_fq_absmax(x, n, stride), 127.0f)); return;
+    case KVQ_FK_Q4_0:
+    case KVQ_FK_Q5_0: {
+        /* the signed value of largest magnitude, the first of equals */
+        float amax = 0.0f, mx = 0.0f;
+        for (int i = 0; i < n; i++) {
+            const float v = x[i * stride];
+            if (amax < fabsf(v)) amax = fabsf(v), mx = v;
+        }
+        *s = kvq_f16r(__fdiv_rn(mx, q->kind == KVQ_FK_Q4_0 ? -8.0f : -16.0f));
+        return;
+    }
+    case KVQ_FK_Q4_1:
+    case KVQ_FK_Q5_1: {
+        float mn = KVQ_POS_INF_, mx = -KVQ_POS_INF_;
+        for (int i = 0; i < n; i++) {
+            const float v = x[i * stride];
+            if (v < mn) mn = v;
+            if (v > mx) mx = v;
+        }
+        *s = kvq_f16r(__fdiv_rn(__fsub_rn(mx, mn), q->kind == KVQ_FK_Q4_1 ? 15.0f : 31.0f));
+        *z = kvq_f16r(mn);
+        return;
+    }
+    case KVQ_FK_NVFP4:
+        *s = kvq_e4m3_f32(kvq_e4m3_enc(__fdiv_rn(__fdiv_rn(kvq_fq_absmax(x, n, stride), 6.0f), q->T)));
+        return;
+    case KVQ_FK_MXFP4: {
+        const float amax = kvq_fq_absmax(x, n, stride);
+        int e = -127;
+        if (amax > 0.0f) {
+            const int be = (int)((__float_as_uint(amax) >> 23) & 0xffu);
+            e = be == 0 ? -127 : be - 127 - 2; /* floor(log2 amax) - emax(e2m1); a subnormal amax: below -127 */
+            if (e < -127) e = -127;
+            if (e > 127) e = 127;
+        }
+        *s = kvq_e8m0_f32((unsigned)(e + 127));
+        return;
+    }
+    default: return;
+    }
+    if (!q->s_f32 && *s > 65504.0f) *s = 65504.0f;
+}
+
+/* The code of one element given its group's parameters (the exact ggml (and ml_dtypes) arithmetic). */
+KVQ_DEV unsigned kvq_fq_code(const kvq_fq *q, float x, float s, float z)
+{
+    switch (q->kind) {
+    case KVQ_FK_INT: return kvq_code(x, s, z, q->bits);
+    case KVQ_FK_INT_SYM: {
+        const int half = 1 << (q->bits - 1), lh = half - 1;
+        float v = s > 0.0f ? rintf(__fdiv_rn(x, s)) : 0.0f;
+        if (!(v == v)) v = 0.0f;
+        if (v > (float)lh) v = (float)lh;
+        if (v < (float)-lh) v = (float)-lh;
+        return (unsigned)((int)v + half);
+    }
+    case KVQ_FK_CODEBOOK: {
+        const float y = s > 0.0f ? __fdiv_rn(x, s) : 0.0f;
+        int best = 0;
+        float bd = fabsf(__fsub_rn(y, q->levels[0]));
+#pragma unroll
+        for (int i = 1; i < KVQ_FK_CODEBOOK_MAX; i++) { /* constant indices: no local memory */
+            if (i >= q->n_levels) break;
+            const float d = fabsf(__fsub_rn(y, q->levels[i]));
+            if (d < bd) bd = d, best = i;
+        }
+        return (unsigned)best;
+    }
+    case KVQ_FK_Q8_0: {
+        /* d = absmax / 127 before its fp16 rounding: recomputed by the caller into z's place (kvq_fq_group) */
+        const float id = z != 0.0f ? __fdiv_rn(1.0f, z) : 0.0f;
+        int v = (int)roundf(__fmul_rn(x, id));
+        v = v > 127 ? 127 : v < -127 ? -127 : v;
+        return (unsigned)(v + 128);
+    }
+    case KVQ_FK_Q4_0:
+    case KVQ_FK_Q5_0: {
+        const int lh = q->kind == KVQ_FK_Q4_0 ? 8 : 16, top = 2 * lh - 1;
+        const float id = z != 0.0f ? __fdiv_rn(1.0f, z) : 0.0f; /* z: the unrounded d */
+        const int v = kvq_fq_trunc(__fadd_rn(__fmul_rn(x, id), (float)lh + 0.5f));
+        return (unsigned)(v < top ? v : top);
+    }
+    case KVQ_FK_Q4_1:
+    case KVQ_FK_Q5_1: {
+        /* s: the unrounded d, z: the unrounded min (kvq_fq_group passes them) */
+        const int top = q->kind == KVQ_FK_Q4_1 ? 15 : 31;
+        const float id = s != 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
+        const int v = kvq_fq_trunc(__fadd_rn(__fmul_rn(__fsub_rn(x, z), id), 0.5f));
+        return (unsigned)(v < top ? v : top);
+    }
+    case KVQ_FK_E4M3: return kvq_e4m3_enc(__fdiv_rn(x, q->T));
+    case KVQ_FK_E5M2: return kvq_e5m2_enc(__fdiv_rn(x, q->T));
+    case KVQ_FK_NVFP4: {
+        const float step = __fmul_rn(s, q->T);
+        return step > 0.0f ? kvq_e2m1_enc(__fdiv_rn(x, step)) : 0u;
+    }
+    case KVQ_FK_MXFP4: return s > 0.0f ? kvq_e2m1_enc(__fdiv_rn(x, s)) : 0u;
+    default: return 0u;
+    }
+}
+
+/* A whole group, as runtime/quant.c kvq_format_quantize_group: n values stride apart -> n codes, the stored
+ * scale and zero. ggml's types quantize with their unrounded d (and min), and store d rounded to fp16. */
+/* The stored parameters (s, z) and those the codes are computed with (cs, cz): ggml's types quantize with
+ * their unrounded d (and min) and store d rounded to fp16. */
+KVQ_DEV void kvq_fq_params(const kvq_fq *q, const float *x, int n, int stride, float *s, float *z, float *ocs,
+                           float *ocz)
+{
+    kvq_fq_fit(q, x, n, stride, s, z);
+    float cs = *s, cz = *z;
+    if (q->kind == KVQ_FK_Q8_0) {
+        cz = __fdiv_rn(kvq_fq_absmax(x, n, stride), 127.0f);
+    } else if (q->kind == KVQ_FK_Q4_0 || q->kind == KVQ_FK_Q5_0) {
+        float amax = 0.0f, mx = 0.0f;
+        for (int i = 0; i < n; i++) {
+            const float v = x[i * stride];
+            if (amax < fabsf(v)) amax = fabsf(v), mx = v;
+        }
+        cz = __fdiv_rn(mx, q->kind == KVQ_FK_Q4_0 ? -8.0f : -16.0f);
+    } else if (q->kind == KVQ_FK_Q4_1 || q->kind == KVQ_FK_Q5_1) {
+        float mn = KVQ_POS_INF_, mx = -KVQ_POS_INF_;
+        for (int i = 0; i < n; i++) {
+            const float v = x[i * stride];
+            if (v < mn) mn = v;
+            if (v > mx) mx = v;
+        }
+        cs = __fdiv_rn(__fsub_rn(mx, mn), q->kind == KVQ_FK_Q4_1 ? 15.0f : 31.0f);
+        cz = mn;
+    }
+    *ocs = cs, *ocz = cz;
+}
+
+KVQ_DEV void kvq_fq_group(const kvq_fq *q, const float *x, int n, int stride, unsigned char *codes, float *s,
+                          float *z)
+{
+    float cs, cz;
+    kvq_fq_params(q, x, n, stride, s, z, &cs, &cz);
+    for (int i = 0; i < n; i++) codes[i] = (unsigned char)kvq_fq_code(q, x[i * stride], cs, cz);
+}
+
+/* The same, each code written over its value (as a float): no per-thread array */
+KVQ_DEV void kvq_fq_group_inplace(const kvq_fq *q, float *x, int n, float *s, float *z)
+{
+    float cs, cz;
+    kvq_fq_params(q, x, n, 1, s, z, &cs, &cz);
+    for (int i = 0; i < n; i++) x[i] = (float)kvq_fq_code(q, x[i], cs, cz);
+}
+
+/* ---- the kernels' format paths (hooks: kvq_quantize.cuh's token and channel bodies, kvq_decode.cuh's
+ * kvq_stage_page and kvq_decode_body) ---- */
+
+KVQ_DEV int kvq_fmt_is(kvq_fmt f) { return f.kind != KVQ_FK_INT && f.bits > 0 && f.bits < 16; }
+
+/* What the decode kernel's compute sees of a page format: linear formats as asymmetric integers of the staged
+ * width with float parameters; the others (fp8, e2m1, codebooks) as fp16 rows x = z + (s T) L[code]. */
+KVQ_DEV kvq_fmt kvq_fmt_staged(kvq_fmt f)
+{
+    if (!kvq_fmt_is(f)) return f;
+    if (kvq_fmt_linear(f.kind)) {
+        kvq_fmt g = {kvq_fmt_staged_bits(f.kind, f.bits), f.gran, 0, f.group, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}};
+        return g;
+    }
+    kvq_fmt g = {16, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0.0f, 0, {0}};
+    return g;
+}
+
+KVQ_DEV kvq_fq kvq_fmt_fq(const kvq_fmt *f, float T)
+{
+    kvq_fq q;
+    q.kind = f->kind, q.bits = f->bits, q.s_f32 = f->sbytes == 4, q.z_f32 = f->zbytes == 4, q.T = T;
+    q.normal = f->normal, q.n_levels = f->n_levels, q.levels = f->lv;
+    return q;
+}
+
+/* Tensor scale T of kv head h of a page. */
+KVQ_DEV float kvq_fmt_page_T(const unsigned char *page, kvq_fmt f, kvq_page_off o, int h)
+{
+    if (!(f.kind == KVQ_FK_E4M3 || f.kind == KVQ_FK_E5M2 || f.kind == KVQ_FK_NVFP4)) return 1.0f;
+    return ((const float *)(page + o.tscale))[f.tsh ? h : 0];
+}
+
+/* Stores a group's scale and zero at parameter index i */
+KVQ_DEV void kvq_fmt_st_par(unsigned char *page, kvq_page_off o, kvq_fmt f, long long i, float s, float z)
+{
+    if (f.sbytes == 1)
+        page[o.scale + i] = (unsigned char)kvq_fmt_scale8(f.kind, s);
+    else if (f.sbytes)
+        kvq_st_par(page + o.scale, i, f.sbytes, s);
+    if (f.zbytes) kvq_st_par(page + o.zero, i, f.zbytes, z);
+}
+
+/* Code word w of a token row of cbits-bit codes (runtime/quant.c kvq_pack_codes), code(c) giving channel c's. */
+#define KVQ_FMT_PACK_WORD(cbits, w, code, out)                                                                 \
+    do {                                                                                                       \
+        unsigned word_ = 0;                                                                                    \
+        const int lo_ = (cbits) == 3 ? 2 : (cbits) == 5 ? 4 : (cbits);                                         \
+        const int lw_ = KVQ_D * lo_ / 32; /* words of the low plane */                                         \
+        if ((w) < lw_) {                                                                                       \
+            const int per_ = 32 / lo_;                                                                         \
+            for (int k_ = 0; k_ < per_; k_++)                                                                  \
+                word_ |= ((unsigned)code((w) * per_ + k_) & ((1u << lo_) - 1u)) << (lo_ * k_);                 \
+        } else {                                                                                               \
+            for (int k_ = 0; k_ < 32; k_++) word_ |= (((unsigned)code(((w) - lw_) * 32 + k_) >> lo_) & 1u) << k_; \
+        }                                                                                                      \
+        (out) = word_;                                                                                         \
+    } while (0)
+
+/* Per-token groups of an element format, tokens [tb, tb + nt) staged in xs ([KVQ_QTOK][D]): each group's
+ * quantizer (codes written back over xs as floats), then the code words. The caller synchronised after xs. */
+KVQ_DEV void kvq_fmt_quant_token_run(const kvq_quant_params *p, kvq_fmt f, kvq_page_off o, float *xs, int tb, int nt,
+                                     int h, int tid, int nthreads)
+{
+    unsigned char *page = (unsigned char *)p->page;
+    const float T = f.ts > 0.0f ? f.ts : 1.0f;
+    if (tid == 0 && o.tscale < o.total && (!f.tsh || h == 0))
+        for (int i = 0; i < (f.tsh ? KVQ_HKV : 1); i++) ((float *)(page + o.tscale))[i] = T;
+    const kvq_fq q = kvq_fmt_fq(&f, T);
+    const int G = f.group, ng = KVQ_D / G;
+    for (int i = tid; i < nt * ng; i += nthreads) {
+        const int t = i / ng, g = i % ng;
+        float *x = xs + t * KVQ_D + g * G;
+        float s, z;
+        kvq_fq_group_inplace(&q, x, G, &s, &z);
+        kvq_fmt_st_par(page, o, f, ((long long)h * p->cap + p->slot + tb + t) * ng + g, s, z);
+    }
+    __syncthreads();
+    const int W = o.cbpt / 4;
+    unsigned *codes = (unsigned *)(page + o.codes);
+    for (int i = tid; i < nt * W; i += nthreads) {
+        const int t = i / W, w = i % W;
+        const float *x = xs + t * KVQ_D;
+#define KVQ_FC_(c) ((unsigned)x[c])
+        unsigned word;
+        KVQ_FMT_PACK_WORD(f.bits, w, KVQ_FC_, word);
+#undef KVQ_FC_
+        codes[((long long)h * p->cap + p->slot + tb + t) * W + w] = word;
+    }
+}
+
+/* Per-channel pages of an element format without group parameters (e4m3, e5m2: the element alone, x / T). */
+KVQ_DEV void kvq_fmt_quant_channel(const kvq_quant_params *p, kvq_fmt f, int h, int tid, int nthreads)
+{
+    const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
+    unsigned char *page = (unsigned char *)p->page;
+    const float T = f.ts > 0.0f ? f.ts : 1.0f;
+    if (tid == 0 && o.tscale < o.total && (!f.tsh || h == 0))
+        for (int i = 0; i < (f.tsh ? KVQ_HKV : 1); i++) ((float *)(page + o.tscale))[i] = T;
+    const kvq_fq q = kvq_fmt_fq(&f, T);
+    const int W = o.cbpt / 4;
+    unsigned *codes = (unsigned *)(page + o.codes);
+    for (int i = tid; i < p->n * W; i += nthreads) {
+        const int t = i / W, w = i % W;
+        const long long row = kvq_row_at(&p->src, h, t, p->n);
+#define KVQ_FC_(c) kvq_fq_code(&q, kvq_src_ld(&p->src, row, (c)), 1.0f, 0.0f)
+        unsigned word;
+        KVQ_FMT_PACK_WORD(f.bits, w, KVQ_FC_, word);
+#undef KVQ_FC_
+        codes[((long long)h * p->cap + p->slot + t) * W + w] = word;
+    }
+}
+
+/* Stages tokens [slot, slot + n) of an element-format page (and the pages of its run after it) for kv head h
+ * as fp16 rows x = z + (s T) L[code] (the reference's value, rounded once to fp16). */
+KVQ_DEV void kvq_fmt_stage_linear(unsigned char *rows, float *ss, float *sz, const unsigned char *b, kvq_fmt f,
+                                  int slot, int cap, int n, int h, int tid, int nthreads)
+{
+    /* per-token groups (kvq_fmt_quant_token_run); a page run is per channel only, so one page */
+    const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
+    const int sb = kvq_fmt_staged_bits(f.kind, f.bits), cb = f.bits, ng = o.n_groups;
+    const int scbpt = KVQ_D * sb / 8;
+    const float off = f.kind == KVQ_FK_Q4_1 || f.kind == KVQ_FK_Q5_1 ? 0.0f : (float)(1 << (cb - 1));
+    const unsigned char *codes = b + o.codes + ((long long)h * cap + slot) * o.cbpt;
+    if (sb == cb) {
+        kvq_stage_bytes(rows, codes, n * o.cbpt, tid, nthreads);
+    } else {
+#pragma unroll 1
+        for (int i = tid; i < n * (scbpt / 4); i += nthreads) {
+            const int t = i / (scbpt / 4), w = i % (scbpt / 4);
+            const unsigned char *row = codes + (long long)t * o.cbpt;
+            unsigned word = 0;
+            for (int k = 0; k < 4; k++) word |= kvq_fmt_code_at(row, cb, KVQ_D, 4 * w + k) << (8 * k);
+            ((unsigned *)rows)[i] = word;
+        }
+    }
+#pragma unroll 1
+    for (int j = tid; j < n * ng; j += nthreads) {
+        const long long pi = ((long long)h * cap + slot) * ng + j;
+        const float s = kvq_fmt_ld_scale(b + o.scale, pi, f.kind, f.sbytes);
+        const float z = f.zbytes ? kvq_ld_par(b + o.zero, pi, f.zbytes) : 0.0f;
+        ss[j] = s;
+        sz[j] = __fsub_rn(z, __fmul_rn(s, off));
+    }
+}
+
+KVQ_DEV void kvq_fmt_stage_page(unsigned char *rows, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
+                                int h, int tid, int nthreads)
+{
+    const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
+    const long long stride = kvq_page_stride(o.total);
+    const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
+    const int cb = f.bits;
+    b += pg0 * stride;
+    kvq_half *out = (kvq_half *)rows;
+#pragma unroll 1
+    for (int i = 0; i < np; i++, b += stride) {
+        const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
+        const float T = kvq_fmt_page_T(b, f, o, h);
+#pragma unroll 1
+        for (int e = tid; e < m * KVQ_D; e += nthreads) {
+            const int t = e / KVQ_D, c = e % KVQ_D, slt = sl + t;
+            const unsigned code = kvq_fmt_code_at(b + o.codes + ((long long)h * cap + slt) * o.cbpt, cb, KVQ_D, c);
+            long long pi;
+            if (f.gran == 0)
+                pi = (long long)h * KVQ_D + c;
+            else
+                pi = ((long long)h * cap + slt) * o.n_groups + c / f.group;
+            const float s = kvq_fmt_ld_scale(b + o.scale, pi, f.kind, f.sbytes);
+            const float z = f.zbytes ? kvq_ld_par(b + o.zero, pi, f.zbytes) : 0.0f;
+            const float x = kvq_fmt_dequant(kvq_fmt_level(f.kind, cb, code, f.lv, f.n_levels), s, z, T);
+            out[(long long)(t0 + t) * KVQ_D + c] = kvq_f2h(x);
+        }
     }
 }
 
@@ -1002,22 +1572,44 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
 }
 
 /* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the staged per-channel
- * scales), high and low parts, as [D/16 k-blocks][32 lanes][2 registers] of half2 at qb. qscale (a power of two
- * from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. */
-KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qscale, unsigned short *qb, int tid)
+ * scales of np pages at ks + page D), high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of
+ * half2 at qb. qscale (a power of two from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16
+ * scale. One item is a (page, k-block, t, head): the four channels of lane t's two registers (r) and halves (h),
+ * i.e. its high pair (lane 8 head + t) and its low pair (lane 8 head + 4 + t), each one 8-byte store; the two
+ * halves of a register convert in one cvt.rn.f16x2.f32. The shift k depends on t only, and 2^-k qscale multiplies
+ * the query before the scale (q 2^-k qscale s: the same product as q s 2^-k qscale, powers of two being exact). */
+KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qscale, unsigned *qb, int np, int tid)
 {
-    const int G = KVQ_GQA;
+    const int G = KVQ_GQA, per = (KVQ_D / 16) * 4 * G;
+    /* the item's place and query are the same on every page: computed once, the pages in the inner loop */
 #pragma unroll 1
-    for (int i = tid; i < KVQ_D * G; i += KVQ_THREADS) {
-        const int c = i / G, h = i % G, kb = c >> 4;
-        int t, r, hh, k;
-        kvq_mma_kpos(bits, c & 15, &t, &r, &hh, &k);
-        const float inv = __uint_as_float((unsigned)(127 - k) << 23); /* 2^-k, exact */
-        unsigned short hi, lo;
-        kvq_mma_split(qs[i] * ks[c] * inv * qscale, &hi, &lo);
-        const int base = (kb * 32 + t) * 2 + r; /* lane 4n + t, n = 2h (hi) and 2h + 1 (lo) */
-        qb[(base + 8 * (2 * h)) * 2 + hh] = hi;
-        qb[(base + 8 * (2 * h + 1)) * 2 + hh] = lo;
+    for (int j = tid; j < per; j += KVQ_THREADS) {
+        const int kb = j / (4 * G), t = j & 3, h = (j >> 2) % G;
+        const int k = bits == 2 ? 2 * t : 4 * (t & 1);
+        const float sc = __uint_as_float((unsigned)(127 - k) << 23) * qscale; /* 2^-k qscale: a power of two */
+        int cs[4];
+        float qv[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1, hh = e & 1; /* kvq_mma_kpos inverted: the channel at (t, r, hh) */
+            cs[e] = kb * 16 + (bits == 2 ? t + 4 * r + 8 * hh : 8 * r + 4 * hh + t);
+            qv[e] = qs[cs[e] * G + h] * sc;
+        }
+        uint2 *dst = (uint2 *)qb + kb * 32 + 8 * h + t;
+#pragma unroll 1
+        for (int pg = 0; pg < np; pg++, dst += KVQ_D * G / 2) {
+            const float *kp = ks + pg * KVQ_D;
+            unsigned hi[2], lo[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float x0 = qv[2 * r] * kp[cs[2 * r]], x1 = qv[2 * r + 1] * kp[cs[2 * r + 1]];
+                const kvq_half2 xh = kvq_f2h2(x0, x1);
+                hi[r] = kvq_h2_bits(xh);
+                lo[r] = kvq_h2_bits(kvq_f2h2((x0 - kvq_h2f(xh.x)) * KVQ_MMA_LO, (x1 - kvq_h2f(xh.y)) * KVQ_MMA_LO));
+            }
+            dst[0] = make_uint2(hi[0], hi[1]);
+            dst[4] = make_uint2(lo[0], lo[1]);
+        }
     }
 }
 
@@ -1029,7 +1621,7 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
     return __uint_as_float((unsigned)(127 - (e + 2)) << 23);
 }
 
-/* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes 16-token blocks w, w + 4, ...; each lane ends with
+/* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes a quarter of the 16-token blocks; each lane ends with
  * the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
  * (-inf for masked slots) and kept in the per-head maxima. A tile over several pages of a page run (kcap > 0, the
  * tile's first token at slot s0 of its first page) takes each block's page's fold (qb + page x D GQA words) and
@@ -1047,10 +1639,17 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
     const int sh = bits == 2 ? 8 : t >= 2 ? 8 : 0;
     float bh = 0.0f;
     float mx = KVQ_NEG_INF;
+    /* warp w takes the consecutive 16-token blocks [w per, (w + 1) per) of the tile's nb: as many a warp as
+     * blocks w, w + 4, ... would give, and neighbours share a page of a page run, so the page (one division a
+     * tile) advances by a compare and the query's fragments reload once a page */
+    const int nb = (n + 15) >> 4, per = (nb + KVQ_MMA_NW - 1) / KVQ_MMA_NW, bend = min(nb, (warp + 1) * per);
+    int pg = 0, off = 0;
+    if (kcap > 0) {
+        const int s = s0 + warp * per * 16;
+        pg = s / kcap, off = s - pg * kcap;
+    }
 #pragma unroll 1
-    for (int m0 = warp * 16; m0 < n; m0 += KVQ_MMA_NW * 16) {
-        KVQ_MARK(1);
-        const int pg = kcap > 0 ? (s0 + m0) / kcap : 0;
+    for (int m0 = warp * per * 16; m0 < bend * 16; m0 += 16) {
         if (pg != cur) {
             const uint2 *qp = (const uint2 *)(qb + pg * (KVQ_D * G));
 #pragma unroll
@@ -1094,6 +1693,8 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
                 mx = fmaxf(mx, x);
             }
         }
+        off += 16; /* pages hold multiples of 16 tokens */
+        if (kcap > 0 && off >= kcap) off -= kcap, pg++;
     }
     /* the block maximum reduces over lanes split apart (the fp32 path's lanes of a token agree already): give
      * every lane of such a group its quad's maxima */
@@ -1120,6 +1721,19 @@ KVQ_DEV void kvq_mma_put_w(unsigned short *wb, int nks, int gi, int tt, int h, f
     wb[(base + 8 * (2 * h + 1)) * 2 + (k & 1)] = lo;
 }
 
+/* kvq_mma_put_w for the even token tt and tt + 1, which share each 32-bit register: one store of the pair for
+ * the high parts and one for the low parts */
+KVQ_DEV void kvq_mma_put_w2(unsigned short *wb, int nks, int gi, int tt, int h, float w0, float w1)
+{
+    const int ks = tt >> 4, k = tt & 15;
+    const int base = ((gi * nks + ks) * 32 + ((k & 7) >> 1)) * 2 + (k >> 3);
+    const kvq_half2 hi = kvq_f2h2(w0, w1);
+    const kvq_half2 lo = kvq_f2h2((w0 - kvq_h2f(hi.x)) * KVQ_MMA_LO, (w1 - kvq_h2f(hi.y)) * KVQ_MMA_LO);
+    unsigned *w = (unsigned *)wb + base + 16 * h;
+    w[0] = kvq_h2_bits(hi);
+    w[8] = kvq_h2_bits(lo);
+}
+
 /* The value codes of the lane's channels 2g, 2g + 1 of a 16-channel block for two tokens: prmt brings the byte
  * holding both from each token's word into the two halves, then one lop3 per channel (2 bits: byte g / 2, fields
  * at 4 (g & 1) and 4 (g & 1) + 2; 4 bits: byte g mod 4 of word g / 4 of the block, nibbles 0 and 4). */
@@ -1144,9 +1758,20 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
     const unsigned m1 = m0 << (bits == 2 ? 2 : 4);
     const unsigned *rp = (const unsigned *)rows + 2 * t * cw;
     const unsigned *bp = wb + 2 * lane;
+    /* 2 bits: the warp's blocks are consecutive words of a token's row, one 8-byte load of each of the four rows
+     * when MPW is 2 (head_dim 128; rows are 16-byte aligned, cw even) */
+    const int w2 = bits == 2 && KVQ_MMA_MPW == 2 && (cw & 1) == 0;
 #pragma unroll 1
     for (int k0 = 0; k0 < n; k0 += 16) {
-        KVQ_MARK(3);
+        unsigned x[4][KVQ_MMA_MPW];
+        if (w2) {
+            const int rr[4] = {0, cw, 8 * cw, 9 * cw};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint2 y = *(const uint2 *)(rp + rr[q] + warp * KVQ_MMA_MPW);
+                x[q][0] = y.x, x[q][KVQ_MMA_MPW - 1] = y.y;
+            }
+        }
 #pragma unroll
         for (int i = 0; i < KVQ_MMA_MPW; i++) {
             const int mb = warp * KVQ_MMA_MPW + i;
@@ -1155,8 +1780,9 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
             const uint2 bw = *(const uint2 *)(bp + gi * nks * 64);
             const unsigned b[2] = {bw.x, bw.y};
             unsigned a[4];
-            kvq_mma_vcodes(rp[wo], rp[cw + wo], sel, m0, m1, &a[0], &a[1]);
-            kvq_mma_vcodes(rp[8 * cw + wo], rp[9 * cw + wo], sel, m0, m1, &a[2], &a[3]);
+            if (!w2) x[0][i] = rp[wo], x[1][i] = rp[cw + wo], x[2][i] = rp[8 * cw + wo], x[3][i] = rp[9 * cw + wo];
+            kvq_mma_vcodes(x[0][i], x[1][i], sel, m0, m1, &a[0], &a[1]);
+            kvq_mma_vcodes(x[2][i], x[3][i], sel, m0, m1, &a[2], &a[3]);
             kvq_mma_m16n8k16(acc[i], a, b);
         }
         rp += 16 * cw, bp += 64;
@@ -1194,72 +1820,123 @@ KVQ_DEV float kvq_mma_vinv(int bits, int c)
 #ifndef KVQ_DECODE_CUH
 #define KVQ_DECODE_CUH
 
+/* #include "kvq_format.cuh": inlined */
 /* #include "kvq_mma.cuh": inlined */
 
-/* Staged tile of one tensor in shared memory. */
+/* Staged tile of one tensor in shared memory (one stage of the load pipeline). */
 typedef struct {
     unsigned char *rows; /* [tile][row bytes] */
     float *s, *z;        /* per channel: [D]; per token: [tile][n_groups] */
     float *f;            /* channel-separable factors [D] */
     unsigned char *mask; /* keys: [tile], 1 = masked slot */
+    unsigned char *raw;  /* parameter bytes as cp.async lands them: scales, zeros (raws bytes each), factors (rawf),
+                          * mask bits */
+    int raws, rawf;
 } kvq_stage_buf;
+
+/* The parameters of a tile move as whole 16-byte blocks: [src, src + n eb) is covered by the aligned blocks from
+ * src & ~15, landed at dst (16-aligned), so element j sits at dst + (src & 15) + j eb. A page's sections start
+ * 16-byte aligned and their sizes are multiples of 16 (kvq_page_offsets), so every covering block lies inside
+ * the page. fin 0 issues the copies (cp.async 16 B, thread tid takes blocks tid, tid + THREADS, ...); fin 1, after
+ * the thread's cp.async.wait_group, widens the elements of the same blocks (the thread's own copies: no barrier
+ * between) into out[0, n) as floats. */
+KVQ_DEV void kvq_stage_par(int fin, float *out, unsigned char *dst, const unsigned char *src, int n, int eb, int tid)
+{
+    const int r = (int)((kvq_u64)src & 15), nb = n > 0 ? (r + n * eb + 15) >> 4 : 0;
+    if (!fin) {
+#pragma unroll 1
+        for (int k = tid; k < nb; k += KVQ_THREADS) kvq_cp_async16(dst + 16 * k, src - r + 16 * k);
+        return;
+    }
+#pragma unroll 1
+    for (int k = tid; k < nb; k += KVQ_THREADS) {
+        const int j0 = max(0, (16 * k - r + eb - 1) / eb), j1 = min(n, (16 * k + 16 - r + eb - 1) / eb);
+        for (int j = j0; j < j1; j++) out[j] = kvq_ld_par(dst + r, j, eb);
+    }
+}
+
+/* Mask bits [bit0, bit0 + m) from src (bit0 < 8) the same way: out[t] = bit bit0 + t. */
+KVQ_DEV void kvq_stage_mask(int fin, unsigned char *out, unsigned char *dst, const unsigned char *src, int bit0, int m,
+                            int tid)
+{
+    const int r = (int)((kvq_u64)src & 15), nb = m > 0 ? (r + ((bit0 + m + 7) >> 3) + 15) >> 4 : 0;
+    if (!fin) {
+#pragma unroll 1
+        for (int k = tid; k < nb; k += KVQ_THREADS) kvq_cp_async16(dst + 16 * k, src - r + 16 * k);
+        return;
+    }
+#pragma unroll 1
+    for (int k = tid; k < nb; k += KVQ_THREADS) {
+        const int t0 = max(0, 8 * (16 * k - r) - bit0), t1 = min(m, 8 * (16 * k + 16 - r) - bit0);
+        for (int t = t0; t < t1; t++) out[t] = (dst[r + ((bit0 + t) >> 3)] >> ((bit0 + t) & 7)) & 1;
+    }
+}
 
 /* Stages tokens [slot, slot + n) of a page for kv head h: codes to rows, parameters to s/z/f, mask bits. A slot
  * past the page's capacity is in a later page of a page run (layout/tiles.h: pages of one flush back to back at
  * kvq_page_stride), and a tile may span several of them: page i of the tile's pages stages its codes after the
- * previous page's tokens and, per channel, its scales and zeros at s/z + i * D (one fold of the query each). */
+ * previous page's tokens and, per channel, its scales and zeros at s/z + i * D (one fold of the query each).
+ * fin 0 issues every copy (codes and parameters, cp.async); fin 1 (after the wait for this tile's group) widens
+ * the thread's own parameter blocks into floats and mask bytes. Page i's raw parameter bytes sit at
+ * al16(its first element's offset) + 64 i (plan.c, store_raw: the 16-byte blocks' slack). */
 KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
-                            int h, int tid)
+                            int h, int tid, int fin)
 {
+    if (kvq_fmt_is(f)) { /* element formats (kvq_format.cuh): integer codes and parameters, or fp16 rows, staged by
+                          * plain loads and stores when the copies are issued (fin 0; the barrier after the wait
+                          * publishes them); nothing to widen afterwards */
+        if (fin) return;
+        if (kvq_fmt_linear(f.kind))
+            kvq_fmt_stage_linear(sb->rows, sb->s, sb->z, b, f, slot, cap, n, h, tid, KVQ_THREADS);
+        else
+            kvq_fmt_stage_page(sb->rows, b, f, slot, cap, n, h, tid, KVQ_THREADS);
+        return;
+    }
     kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
     const long long stride = kvq_page_stride(o.total);
     const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
+    unsigned char *rz = sb->raw + sb->raws, *rf = sb->raw + 2 * sb->raws, *rm = rf + sb->rawf;
     b += pg0 * stride;
 #pragma unroll 1
     for (int i = 0; i < np; i++, b += stride) {
         const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
-        kvq_stage_bytes(sb->rows + t0 * o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m * o.cbpt, tid,
-                        KVQ_THREADS);
+        if (!fin)
+            kvq_stage_bytes(sb->rows + t0 * o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m * o.cbpt, tid,
+                            KVQ_THREADS);
         if (f.bits >= 16) continue;
-        /* loops of one iteration a thread at head_dim <= the block's threads: not unrolled (an unrolled copy would
-         * only add a prologue) */
         if (f.gran == 0) {
-#pragma unroll 1
-            for (int c = tid; c < KVQ_D; c += KVQ_THREADS) {
-                sb->s[i * KVQ_D + c] = kvq_ld_par(b + o.scale, (long long)h * KVQ_D + c, f.sbytes);
-                sb->z[i * KVQ_D + c] = kvq_ld_par(b + o.zero, (long long)h * KVQ_D + c, f.zbytes);
-            }
+            const long long e = (long long)h * KVQ_D;
+            kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_al16(i * KVQ_D * f.sbytes) + 64 * i,
+                          b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid);
+            kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
+                          b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
         } else {
-            long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
-            /* m x groups / threads iterations (4 for KIVI's values): not unrolled, the prologue of an unrolled
-             * loop costs more than it saves at these counts */
-#pragma unroll 1
-            for (int j = tid; j < m * o.n_groups; j += KVQ_THREADS) {
-                sb->s[t0 * o.n_groups + j] = kvq_ld_par(b + o.scale, first + j, f.sbytes);
-                sb->z[t0 * o.n_groups + j] = kvq_ld_par(b + o.zero, first + j, f.zbytes);
-            }
+            const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
+            const int e0 = t0 * o.n_groups;
+            kvq_stage_par(fin, sb->s + e0, sb->raw + kvq_al16(e0 * f.sbytes) + 64 * i, b + o.scale + first * f.sbytes,
+                          m * o.n_groups, f.sbytes, tid);
+            kvq_stage_par(fin, sb->z + e0, rz + kvq_al16(e0 * f.zbytes) + 64 * i, b + o.zero + first * f.zbytes,
+                          m * o.n_groups, f.zbytes, tid);
         }
         if (f.sep) /* channel-separable pages never form runs (kvq_page_run_ok): one page */
-#pragma unroll 1
-            for (int c = tid; c < KVQ_D; c += KVQ_THREADS)
-                sb->f[c] = kvq_ld_par(b + o.factor, (long long)h * KVQ_D + c, f.sbytes);
+            kvq_stage_par(fin, sb->f, rf, b + o.factor + (long long)h * KVQ_D * f.sbytes, KVQ_D, f.sbytes, tid);
         if (f.masked)
-#pragma unroll 1
-            for (int t = tid; t < m; t += KVQ_THREADS)
-                sb->mask[t0 + t] = (b[o.mask + (long long)h * o.mask_stride + ((sl + t) >> 3)] >> ((sl + t) & 7)) & 1;
+            kvq_stage_mask(fin, sb->mask + t0, rm + kvq_al16(t0 >> 3) + 64 * i,
+                           b + o.mask + (long long)h * o.mask_stride + (sl >> 3), sl & 7, m, tid);
     }
 }
 
 KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot, int cap, int n, int h,
-                       kvq_fmt hi, kvq_fmt lo, int tid)
+                       kvq_fmt hi, kvq_fmt lo, int tid, int fin)
 {
     const unsigned char *b = (const unsigned char *)base;
-    if (kind == KVQ_SRC_F16)
-        kvq_stage_bytes(sb->rows, b + ((long long)h * cap + slot) * (2 * KVQ_D), n * 2 * KVQ_D, tid, KVQ_THREADS);
-    else if (kind == KVQ_SRC_HI && hi.bits)
-        kvq_stage_page(sb, b, hi, slot, cap, n, h, tid);
+    if (kind == KVQ_SRC_F16) {
+        if (!fin)
+            kvq_stage_bytes(sb->rows, b + ((long long)h * cap + slot) * (2 * KVQ_D), n * 2 * KVQ_D, tid, KVQ_THREADS);
+    } else if (kind == KVQ_SRC_HI && hi.bits)
+        kvq_stage_page(sb, b, hi, slot, cap, n, h, tid, fin);
     else if (kind == KVQ_SRC_LO && lo.bits)
-        kvq_stage_page(sb, b, lo, slot, cap, n, h, tid);
+        kvq_stage_page(sb, b, lo, slot, cap, n, h, tid, fin);
 }
 
 /* Decode geometry of a layer class (kvq_class.cuh passes constants, folded after inlining): tile tokens, phase-1
@@ -1269,7 +1946,37 @@ typedef struct {
     int so_kpar, so_vpar, so_kmask, so_q, so_qk, so_qsum, so_p, so_red;
     int so_w, mk, mv; /* tensor-core paths (kvq_mma.cuh): the weight fragments; page classes (bit 0 hi, 1 lo) */
     int kpages;       /* most key pages a tile spans (page runs): qk, the bias and kpar hold that many folds */
+    /* the load pipeline (plan.h): stages (2) of [0, stage_bytes), the raw parameter bytes of K and V in each */
+    int stages, stage_bytes, so_kraw, so_vraw, kraws, vraws, rawf;
 } kvq_dec_geo;
+
+/* The staged buffers of K and V of pipeline stage st (plan.c: stage st at st * stage_bytes). */
+KVQ_DEV void kvq_stage_bufs(unsigned char *smem, const kvq_dec_geo *g, int st, kvq_stage_buf *kb, kvq_stage_buf *vb)
+{
+    unsigned char *s0 = smem + st * g->stage_bytes;
+    float *kpar = (float *)(s0 + g->so_kpar), *vpar = (float *)(s0 + g->so_vpar);
+    kb->rows = s0, kb->s = kpar, kb->z = kpar + g->kparn, kb->f = kpar + 2 * g->kparn, kb->mask = s0 + g->so_kmask;
+    vb->rows = s0 + g->voff, vb->s = vpar, vb->z = vpar + g->vparn, vb->f = vpar + 2 * g->vparn, vb->mask = 0;
+    kb->raw = s0 + g->so_kraw, vb->raw = s0 + g->so_vraw;
+    kb->raws = g->kraws, vb->raws = g->vraws, kb->rawf = vb->rawf = g->rawf;
+}
+
+/* Tokens of tile T this kv head reads (a pool's tile: kvq_tile.count) and its K and V kinds. */
+KVQ_DEV int kvq_tile_n(const kvq_tile *T, int hk)
+{
+    int n = T->n;
+    if (T->count) n = max(0, min(n, ((const int *)T->count)[hk] - T->k_slot));
+    return n;
+}
+
+/* Issues (fin 0) or finishes (fin 1) the staging of tile T into stage buffers kb, vb. */
+KVQ_DEV void kvq_stage_tile(const kvq_tile *T, int kk, int vk, int n, int hk, const kvq_stage_buf *kb,
+                            const kvq_stage_buf *vb, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi, kvq_fmt vlo, int tid,
+                            int fin)
+{
+    kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, fin);
+    kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, fin);
+}
 
 /* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
 KVQ_DEV int kvq_k_runs(kvq_fmt f) { return f.bits < 16 && f.gran != 0 && (f.hidden || f.group % KVQ_VEC == 0); }
@@ -1278,49 +1985,6 @@ KVQ_DEV int kvq_k_preshift(kvq_fmt f) { return kvq_preshift_ok(f.bits) && (f.gra
 /* The query dotted with the codes is folded (q'_c = q_c s_c per channel, or q_c f_c channel-separable, times
  * 2^-k(c) for pre-shifted codes). */
 KVQ_DEV int kvq_k_folds(kvq_fmt f) { return f.bits < 16 && (f.gran == 0 || f.sep || kvq_k_preshift(f)); }
-
-/* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
- * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[8][GQA] = eight partial
- * sums of q . z in channel order (per-channel zeros), added up by kvq_fold_bias. Per-channel keys of a tile that
- * spans np pages of a page run fold once per page: qk + i D GQA and red + i 8 GQA from the page's scales and zeros
- * at kb->s + i D. Every thread takes items. */
-KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *kb, const float *qs, float *qk,
-                        float *qsum, float *red, int np, int tid)
-{
-    const int G = KVQ_GQA, D = KVQ_D;
-    if (f.bits >= 16) return;
-    if (f.gran != 0) np = 1;
-    if (mma) /* q.K on tensor cores: qk's place holds B's fragments, D GQA 4 bytes a page */
-#pragma unroll 1
-        for (int i = 0; i < np; i++)
-            kvq_fold_k_mma(f.bits, kb->s + i * D, qs, qscale, (unsigned short *)(qk + i * D * G), tid);
-    else if (kvq_k_folds(f))
-        for (int i = tid; i < np * D * G; i += KVQ_THREADS) {
-            const int pg = i / (D * G), j = i - pg * (D * G), c = j / G;
-            const float x = f.gran == 0 ? qs[j] * kb->s[pg * D + c] : f.sep ? qs[j] * kb->f[c] : qs[j];
-            qk[i] = kvq_k_preshift(f) ? x * kvq_preshift_inv(f.bits, c) : x; /* exact: a power of two */
-        }
-    if (f.gran == 0) {
-        for (int i = tid; i < np * 8 * G; i += KVQ_THREADS) {
-            const int pg = i / (8 * G), r = i - pg * (8 * G), h = r % G, part = r / G;
-            const float *z = kb->z + pg * D;
-            float acc = 0.0f;
-            for (int c = part * (D / 8); c < (part + 1) * (D / 8); c++) acc = fmaf(qs[c * G + h], z[c], acc);
-            red[i] = acc;
-        }
-    } else if (kvq_k_runs(f)) {
-        for (int i = tid; i < (D / 8) * G; i += KVQ_THREADS) {
-            const int h = i % G, c8 = i / G;
-            float acc = 0.0f;
-#pragma unroll
-            for (int v = 0; v < 8; v++) {
-                float x = qs[(c8 * 8 + v) * G + h];
-                acc += f.sep ? x * kb->f[c8 * 8 + v] : x; /* the product qk holds, rounded the same */
-            }
-            qsum[i] = acc;
-        }
-    }
-}
 
 /* Loads the GQA query values of channel c (G consecutive floats, 16-byte aligned when G % 4 == 0). */
 KVQ_DEV void kvq_ld_qrow(const float *q, int c, float *out)
@@ -1334,6 +1998,57 @@ KVQ_DEV void kvq_ld_qrow(const float *q, int c, float *out)
     } else {
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) out[h] = q[c * KVQ_GQA + h];
+    }
+}
+
+/* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
+ * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[8][GQA] = eight partial
+ * sums of q . z in channel order (per-channel zeros), added up by kvq_fold_bias. Per-channel keys of a tile that
+ * spans np pages of a page run fold once per page: qk + i D GQA and red + i 8 GQA from the page's scales and zeros
+ * at kb->s + i D. Every thread takes items. */
+KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *kb, const float *qs, float *qk,
+                        float *qsum, float *red, int np, int tid)
+{
+    const int G = KVQ_GQA, D = KVQ_D;
+    if (f.bits >= 16) return;
+    if (f.gran != 0) np = 1;
+    if (mma) /* q.K on tensor cores: qk's place holds B's fragments, D GQA 4 bytes a page */
+        kvq_fold_k_mma(f.bits, kb->s, qs, qscale, (unsigned *)qk, np, tid);
+    else if (kvq_k_folds(f))
+        for (int i = tid; i < np * D * G; i += KVQ_THREADS) {
+            const int pg = i / (D * G), j = i - pg * (D * G), c = j / G;
+            const float x = f.gran == 0 ? qs[j] * kb->s[pg * D + c] : f.sep ? qs[j] * kb->f[c] : qs[j];
+            qk[i] = kvq_k_preshift(f) ? x * kvq_preshift_inv(f.bits, c) : x; /* exact: a power of two */
+        }
+    if (f.gran == 0) {
+        /* one item a (page, eighth of the channels) for all heads: the query row of a channel in one load */
+        for (int i = tid; i < np * 8; i += KVQ_THREADS) {
+            const int pg = i / 8, part = i % 8;
+            const float *z = kb->z + pg * D;
+            float acc[KVQ_GQA];
+#pragma unroll
+            for (int h = 0; h < KVQ_GQA; h++) acc[h] = 0.0f;
+            for (int c = part * (D / 8); c < (part + 1) * (D / 8); c++) {
+                float q[KVQ_GQA];
+                kvq_ld_qrow(qs, c, q);
+                const float zc = z[c];
+#pragma unroll
+                for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(q[h], zc, acc[h]);
+            }
+#pragma unroll
+            for (int h = 0; h < KVQ_GQA; h++) red[i * G + h] = acc[h];
+        }
+    } else if (kvq_k_runs(f)) {
+        for (int i = tid; i < (D / 8) * G; i += KVQ_THREADS) {
+            const int h = i % G, c8 = i / G;
+            float acc = 0.0f;
+#pragma unroll
+            for (int v = 0; v < 8; v++) {
+                float x = qs[(c8 * 8 + v) * G + h];
+                acc += f.sep ? x * kb->f[c8 * 8 + v] : x; /* the product qk holds, rounded the same */
+            }
+            qsum[i] = acc;
+        }
     }
 }
 
@@ -1352,7 +2067,6 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
     /* the same trip count on every lane: the shuffles need the whole warp */
 #pragma unroll 1
     for (int base = 0; base < n; base += p1) {
-        KVQ_MARK(1);
         const int t = base + lane1, live = t < n, tt = live ? t : 0;
         const unsigned char *row = kb->rows + tt * cbpt;
         /* the token's page of a page run (kcap > 0: per-channel keys over several pages): its fold and bias */
@@ -1364,7 +2078,6 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         /* runs of 8 channels, not unrolled: unrolled, the compiler hoists every run's query loads and spills */
 #pragma unroll 2
         for (int j = 0; j < cp / KVQ_VEC; j++) {
-            KVQ_MARK(5);
             const int c0 = cbeg + j * KVQ_VEC;
             float cv[KVQ_VEC];
             if (f.bits >= 16)
@@ -1457,7 +2170,6 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
     for (int t2 = tz; t2 < n; t2 += 2 * KVQ_TZ) {
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-            KVQ_MARK(3); /* twice an iteration: kvqc build counts the loop's tokens by its markers */
             const int live = u == 0 || t2 + KVQ_TZ < n, du = live ? u * KVQ_TZ : 0;
             const int t = t2 + du;
             const unsigned char *row = rp + du * cbpt;
@@ -1524,46 +2236,62 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
 }
 
 /* Phase 2: p = 2^(s - m) of this lane's own tokens (written by itself in phase 1), d += p. When the tile's values
- * take the tensor-core path, the lane also writes its tokens' weights w = p s_t as p.V's B fragments (kvq_mma.cuh;
- * 0 for the tokens from n up to the next 16) and keeps sum p z_t per head and value group in oz (the per-token
- * zeros, added at the end of the chunk). */
+ * take the tensor-core path, the lane takes two adjacent tokens instead (any lane may: phase 1's maximum put a
+ * barrier after every score) and writes their weights w = p s_t as p.V's B fragments (kvq_mma.cuh), both tokens'
+ * halves of a register in one 32-bit store (0 for the tokens from n up to the next 16), and keeps sum p z_t per
+ * head and value group in oz (the per-token zeros, added at the end of the chunk). */
 KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, const float m[KVQ_GQA], int n,
                        int part0, int lane1, int p1, int tid, int nks, unsigned short *wb, float dl[KVQ_GQA],
                        float oz[KVQ_GQA][4])
 {
     const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D);
+    if (mma) {
 #pragma unroll 1
-    for (int t = part0 ? lane1 : n; t < n; t += p1) {
-        KVQ_MARK(2);
-        float pr[KVQ_GQA];
+        for (int t = part0 ? 2 * lane1 : n; t < n; t += 2 * p1) {
+            const int live1 = t + 1 < n;
+            float pr[2][KVQ_GQA];
 #pragma unroll
-        for (int h = 0; h < KVQ_GQA; h++) {
-            const float x = ps[t * G + h];
-            pr[h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
-            ps[t * G + h] = pr[h];
-            dl[h] += pr[h];
-        }
-        if (mma)
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int h = 0; h < KVQ_GQA; h++) {
+                    const float x = u == 0 || live1 ? ps[(t + u) * G + h] : KVQ_NEG_INF;
+                    pr[u][h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
+                    if (u == 0 || live1) ps[(t + u) * G + h] = pr[u][h];
+                    dl[h] += pr[u][h];
+                }
 #pragma unroll
             for (int gi = 0; gi < 4; gi++)
                 if (gi < ngv) {
-                    const float s = vb->s[t * ngv + gi], z = vb->z[t * ngv + gi];
+                    /* token t + 1 past n: weight 0 (its staged parameters may be anything, even not finite) */
+                    const float s0 = vb->s[t * ngv + gi], z0 = vb->z[t * ngv + gi];
+                    const float s1 = live1 ? vb->s[(t + 1) * ngv + gi] : 0.0f;
+                    const float z1 = live1 ? vb->z[(t + 1) * ngv + gi] : 0.0f;
 #pragma unroll
                     for (int h = 0; h < KVQ_GQA; h++) {
-                        kvq_mma_put_w(wb, nks, gi, t, h, pr[h] * s);
-                        oz[h][gi] = fmaf(pr[h], z, oz[h][gi]);
+                        kvq_mma_put_w2(wb, nks, gi, t, h, pr[0][h] * s0, pr[1][h] * s1);
+                        oz[h][gi] = fmaf(pr[1][h], z1, fmaf(pr[0][h], z0, oz[h][gi]));
                     }
                 }
-    }
-    if (mma)
-        for (int t = n + tid; t < ((n + 15) & ~15); t += KVQ_THREADS)
+        }
+        for (int t = ((n + 1) & ~1) + tid; t < ((n + 15) & ~15); t += KVQ_THREADS)
             for (int gi = 0; gi < ngv; gi++)
                 for (int h = 0; h < KVQ_GQA; h++) kvq_mma_put_w(wb, nks, gi, t, h, 0.0f);
+        return;
+    }
+#pragma unroll 1
+    for (int t = part0 ? lane1 : n; t < n; t += p1)
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) {
+            const float x = ps[t * G + h];
+            const float pr = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
+            ps[t * G + h] = pr;
+            dl[h] += pr;
+        }
 }
 
 KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 {
-    kvq_fmt f = {16, 0, 0, 0, 0, 2, 2, 0};
+    kvq_fmt f = {16, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0.0f, 0, {0}};
     return f;
 }
 
@@ -1590,13 +2318,17 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 /* The whole decode kernel of a layer class; hi/lo are the class's page formats and g its geometry (constants
  * after inlining), smem the dynamic shared memory laid out by the plan (compiler/plan.c, tile_mapping).
  *
- * Per tile: stage K and V (cp.async); fold the query into the key format; phase 1, the scores of every token for
- * every query head, the tile's maximum per head and m' = max(m, tile max), a = 2^(m - m'), p_t = 2^(s_t - m')
- * written back to shared memory, d = d a + sum p; phase 3, o = o a once, then o += p_t v_t. m is the same on
- * every thread (each computes it from the same shared values), so the end of a chunk only adds. */
+ * Per tile: stage K and V (cp.async, issued a tile ahead); fold the query into the key format; phase 1, the
+ * scores of every token for every query head, the tile's maximum per head and m' = max(m, tile max),
+ * a = 2^(m - m'), p_t = 2^(s_t - m') written back to shared memory, d = d a + sum p; phase 3, o = o a once, then
+ * o += p_t v_t. m is the same on every thread (each computes it from the same shared values), so the end of a
+ * chunk only adds. */
 KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi,
                              kvq_fmt vlo, const kvq_dec_geo g)
 {
+    /* element formats are staged as fp16 rows, and computed on as such (kvq_format.cuh) */
+    const kvq_fmt skhi = khi, sklo = klo, svhi = vhi, svlo = vlo;
+    khi = kvq_fmt_staged(khi), klo = kvq_fmt_staged(klo), vhi = kvq_fmt_staged(vhi), vlo = kvq_fmt_staged(vlo);
     const int G = KVQ_GQA, D = KVQ_D, NW = KVQ_THREADS / 32;
     const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
     const int tid = tx + KVQ_TX * (ty + KVQ_TY * tz);
@@ -1613,9 +2345,6 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     float *ps = (float *)(smem + g.so_p), *red = (float *)(smem + g.so_red);
     float *wmax = red, *bred = red + NW * G, *sa = red + (NW + 8 * g.kpages) * G, *sm = sa + G;
     kvq_stage_buf kb, vb;
-    float *kpar = (float *)(smem + g.so_kpar), *vpar = (float *)(smem + g.so_vpar);
-    kb.rows = smem, kb.s = kpar, kb.z = kpar + g.kparn, kb.f = kpar + 2 * g.kparn, kb.mask = smem + g.so_kmask;
-    vb.rows = smem + g.voff, vb.s = vpar, vb.z = vpar + g.vparn, vb.f = vpar + 2 * g.vparn, vb.mask = 0;
 
     /* the group's queries, [D][GQA], in the log2 domain */
     float qmax = 0.0f;
@@ -1654,23 +2383,35 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #pragma unroll
         for (int v = 0; v < KVQ_VEC; v++) o[i][v] = 0.0f;
 
+#define KVQ_TILE_KK(T) ((T).kinds & 255)
+#define KVQ_TILE_VK(T) (((T).kinds >> 8) & 255)
+    /* The load pipeline (docs/cuda.md "Load path"): two stages; tile i + 1's copies (codes, parameters, masks,
+     * cp.async) are issued and committed as one group before tile i's math, and tile i waits for all but that
+     * newest group (cp.async.wait_group 1). Prologue: tile t0 into stage 0. */
+    if (t0 < t1) {
+        const kvq_tile T0 = ((const kvq_tile *)st.tiles)[t0];
+        kvq_stage_bufs(smem, &g, 0, &kb, &vb);
+        kvq_stage_tile(&T0, KVQ_TILE_KK(T0), KVQ_TILE_VK(T0), kvq_tile_n(&T0, hk), hk, &kb, &vb, skhi, sklo, svhi,
+                       svlo, tid, 0);
+    }
+    kvq_cp_async_commit();
 #pragma unroll 1
     for (int ti = t0; ti < t1; ti++) {
-        KVQ_MARK(4);
         const kvq_tile T = ((const kvq_tile *)st.tiles)[ti];
-#ifdef KVQ_MEASURE_KINDS
-        /* kvqc build's instruction count (docs/cuda.md) compiles the unit once more with every tile on the
-         * body's pages, so that the token loop of the quantized path is the only one left to count */
-        const int kk = KVQ_SRC_HI, vk = KVQ_SRC_HI;
-#else
-        const int kk = T.kinds & 255, vk = (T.kinds >> 8) & 255;
-#endif
-        int n = T.n;
-        if (T.count) n = max(0, min(n, ((const int *)T.count)[hk] - T.k_slot)); /* a pool's tile: kvq_tile.count */
-        __syncthreads(); /* the previous tile's readers are done with the buffers */
-        kvq_stage(&kb, T.k, kk, T.k_slot, T.k_cap, n, hk, khi, klo, tid);
-        kvq_stage(&vb, T.v, vk, T.v_slot, T.v_cap, n, hk, vhi, vlo, tid);
-        kvq_cp_async_wait_all();
+        const int kk = KVQ_TILE_KK(T), vk = KVQ_TILE_VK(T);
+        const int n = kvq_tile_n(&T, hk), cur = (ti - t0) & 1;
+        __syncthreads(); /* the previous tile's readers are done with the stage the next tile's copies fill */
+        if (ti + 1 < t1) {
+            const kvq_tile T1 = ((const kvq_tile *)st.tiles)[ti + 1];
+            kvq_stage_bufs(smem, &g, cur ^ 1, &kb, &vb);
+            kvq_stage_tile(&T1, KVQ_TILE_KK(T1), KVQ_TILE_VK(T1), kvq_tile_n(&T1, hk), hk, &kb, &vb, skhi, sklo,
+                           svhi, svlo, tid, 0);
+        }
+        kvq_cp_async_commit(); /* possibly empty: "all but the newest group" is then tile ti */
+        kvq_cp_async_wait_group(1);
+        kvq_stage_bufs(smem, &g, cur, &kb, &vb);
+        /* own blocks: parameters to floats */
+        kvq_stage_tile(&T, kk, vk, n, hk, &kb, &vb, skhi, sklo, svhi, svlo, tid, 1);
         __syncthreads();
         const int kchan = (kk == KVQ_SRC_HI && khi.bits < 16 && khi.gran == 0) ||
                           (kk == KVQ_SRC_LO && klo.bits && klo.bits < 16 && klo.gran == 0);
@@ -1749,8 +2490,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
                     else if (act) kvq_values(F_, &vb, ps, n, c0, hl0, tz, o));
     }
 
+#undef KVQ_TILE_KK
+#undef KVQ_TILE_VK
     /* End of the chunk: o summed over the TZ token lanes and d over the phase-1 lanes, in a fixed order,
-     * through the row buffers (scratch [TZ][GQA][D] then [P1][GQA]). */
+     * through the stages' buffers (scratch [TZ][GQA][D] then [P1][GQA] from 0; every copy has landed). */
     float *so = (float *)smem, *dred = so + KVQ_TZ * G * D;
     __syncthreads();
     if (part == 0)
@@ -1864,6 +2607,7 @@ KVQ_DEV void kvq_merge_body(const kvq_decode_params *p)
 #ifndef KVQ_QUANTIZE_CUH
 #define KVQ_QUANTIZE_CUH
 
+/* #include "kvq_format.cuh": inlined */
 /* #include "kvq_types.cuh": inlined */
 
 #define KVQ_QTHREADS 128
@@ -1926,6 +2670,11 @@ KVQ_DEV void kvq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, float *xs
         xs[i] = x;
     }
     __syncthreads();
+    if (f.kind) { /* element formats (kvq_format.cuh) */
+        kvq_fmt_quant_token_run(p, f, o, xs, tb, nt, h, tid, KVQ_QTHREADS);
+        kvq_set_mask_bits(p, f, o, h, tb, tb + nt, tid, KVQ_QTHREADS);
+        return;
+    }
     const int G = f.group, ng = KVQ_D / G;
     for (int i = tid; i < nt * ng; i += KVQ_QTHREADS) {
         int t = i / ng, g = i % ng;
@@ -1983,6 +2732,10 @@ KVQ_DEV float kvq_pc_val(const kvq_quant_params *p, int h, int t, int c, const f
 KVQ_DEV void kvq_quant_channel_body(const kvq_quant_params *p, kvq_fmt f, float *ps, float *pz, float *fill)
 {
     const int h = blockIdx.x, tid = threadIdx.x, n = p->n;
+    if (f.kind) { /* element formats without group parameters (kvq_format.cuh) */
+        kvq_fmt_quant_channel(p, f, h, tid, KVQ_QTHREADS);
+        return;
+    }
     const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
     unsigned char *page = (unsigned char *)p->page;
     for (int c = tid; c < KVQ_D; c += KVQ_QTHREADS) {
@@ -2628,19 +3381,48 @@ KVQ_DEV double kvq_dot_qk(const float *q, const kvq_rows *r, long long row0)
     return s;
 }
 
-/* Eq. 9's probe rows, softmax(q K^T * scale) over keys 0..pos: the max logit, then the denominator summed by one
- * thread in key order from exps computed KVQ_PTHREADS at a time. */
-extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_stats(const kvq_zip_params p)
+/* kvq_prob_fixed (runtime/policy.h): a weight e in [0, 1] in integer units of 2^-40, truncated. */
+#define KVQ_PROB_FIXED_UNIT 9.094947017729282e-13
+KVQ_DEV unsigned long long kvq_prob_fixed(double e) { return (unsigned long long)(e * 1099511627776.0); }
+
+/* A double's order key: unsigned comparison of keys is the comparison of the doubles (-0 below +0; NaN never
+ * enters: the callers skip it as ref_saliency.c's `>` does), so atomicMax on keys is the maximum in any order. */
+KVQ_DEV unsigned long long kvq_dkey(double x)
+{
+    unsigned long long b = (unsigned long long)__double_as_longlong(x);
+    return (b >> 63) ? ~b : b | 0x8000000000000000ull;
+}
+KVQ_DEV double kvq_dkey_val(unsigned long long k)
+{
+    return __longlong_as_double((long long)((k >> 63) ? k & 0x7fffffffffffffffull : ~k));
+}
+
+/* Eq. 9's prefill probe rows, softmax(q K^T * scale) over keys 0..pos, over (probe, query head, key chunk) grids:
+ * block z takes keys [z * chunk, (z + 1) * chunk) of the row. kvq_zip_stats_max: the row's max logit, kvq_zip_stats
+ * then its denominator as the integer sum of kvq_prob_fixed(e^(l - m)) (ref_saliency.c sums the same integers).
+ * A maximum and an integer sum are the same whatever order the chunks run in, so the result does not depend on
+ * the chunking. stats: u64 [heads][np][2] = (order key of the max logit, fixed-point sum), zeroed before (key 0
+ * is below every double's). */
+KVQ_DEV int kvq_zip_stats_begin(const kvq_zip_params *p, float *qs, int *t0, int *t1)
+{
+    const int r = blockIdx.x, hq = blockIdx.y, n = ((const int *)p->pos)[r] + 1;
+    *t0 = blockIdx.z * p->chunk;
+    *t1 = min(n, *t0 + p->chunk);
+    if (*t0 >= n) return 0; /* a chunk past the probe: it cannot see those keys (uniform per block) */
+    for (int x = threadIdx.x; x < KVQ_D; x += KVQ_PTHREADS)
+        qs[x] = ((const float *)p->q)[((long long)hq * p->np + r) * KVQ_D + x];
+    __syncthreads();
+    return 1;
+}
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_stats_max(const kvq_zip_params p)
 {
     __shared__ float qs[KVQ_D];
     __shared__ double red[KVQ_PTHREADS];
-    const int r = blockIdx.x, hq = blockIdx.y, h = hq / KVQ_GQA, tid = threadIdx.x;
-    const int n = ((const int *)p.pos)[r] + 1;
-    for (int x = tid; x < KVQ_D; x += KVQ_PTHREADS)
-        qs[x] = ((const float *)p.q)[((long long)hq * p.np + r) * KVQ_D + x];
-    __syncthreads();
+    const int hq = blockIdx.y, h = hq / KVQ_GQA, tid = threadIdx.x;
+    int t0, t1;
+    if (!kvq_zip_stats_begin(&p, qs, &t0, &t1)) return;
     double mx = KVQ_NEG_INF_D;
-    for (int t = tid; t < n; t += KVQ_PTHREADS) {
+    for (int t = t0 + tid; t < t1; t += KVQ_PTHREADS) {
         double l = kvq_dmul(kvq_dot_qk(qs, &p.k, kvq_row_at(&p.k, h, t, 0)), p.scale);
         if (l > mx) mx = l;
     }
@@ -2650,22 +3432,28 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_stats(cons
         if (tid < s && red[tid + s] > red[tid]) red[tid] = red[tid + s];
         __syncthreads();
     }
-    mx = red[0];
-    __syncthreads();
-    double den = 0.0;
-    for (int base = 0; base < n; base += KVQ_PTHREADS) {
-        int t = base + tid;
-        red[tid] = t < n ? kvq_exp_det(kvq_dmul(kvq_dot_qk(qs, &p.k, kvq_row_at(&p.k, h, t, 0)), p.scale) - mx) : 0.0;
-        __syncthreads();
-        if (tid == 0)
-            for (int j = 0; j < min(KVQ_PTHREADS, n - base); j++) den += red[j];
-        __syncthreads();
-    }
     if (tid == 0) {
-        double *st = (double *)p.stats + ((long long)hq * p.np + r) * 2;
-        st[0] = mx;
-        st[1] = den;
+        mx = red[0] == 0.0 ? 0.0 : red[0]; /* +0 for -0, as the reference */
+        atomicMax((unsigned long long *)p.stats + ((long long)hq * p.np + blockIdx.x) * 2, kvq_dkey(mx));
     }
+}
+KVQ_KERNEL_EXPORT(kvq_zip_stats_max);
+extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_stats(const kvq_zip_params p)
+{
+    __shared__ float qs[KVQ_D];
+    __shared__ unsigned long long zsum;
+    const int hq = blockIdx.y, h = hq / KVQ_GQA, tid = threadIdx.x;
+    if (tid == 0) zsum = 0;
+    int t0, t1;
+    if (!kvq_zip_stats_begin(&p, qs, &t0, &t1)) return;
+    unsigned long long *st = (unsigned long long *)p.stats + ((long long)hq * p.np + blockIdx.x) * 2;
+    const double mx = kvq_dkey_val(st[0]);
+    unsigned long long z = 0;
+    for (int t = t0 + tid; t < t1; t += KVQ_PTHREADS)
+        z += kvq_prob_fixed(kvq_exp_det(kvq_dmul(kvq_dot_qk(qs, &p.k, kvq_row_at(&p.k, h, t, 0)), p.scale) - mx));
+    atomicAdd(&zsum, z);
+    __syncthreads();
+    if (tid == 0) atomicAdd(st + 1, zsum);
 }
 KVQ_KERNEL_EXPORT(kvq_zip_stats);
 
@@ -2683,7 +3471,7 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_saliency(c
     if (i >= p.n) return;
     const int t = p.first + i, *pos = (const int *)p.pos;
     const long long row0 = kvq_row_at(&p.k, h, t, 0);
-    const double *st = (const double *)p.stats;
+    const unsigned long long *st = (const unsigned long long *)p.stats;
     double sum = 0.0;
     int nnz = 0;
     for (int r = 0; r < p.np; r++) {
@@ -2691,9 +3479,9 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_saliency(c
         float a = 0.0f;
         for (int j = 0; j < KVQ_GQA; j++) {
             long long qr = (long long)(h * KVQ_GQA + j) * p.np + r;
-            double e =
-                kvq_exp_det(kvq_dmul(kvq_dot_qk((const float *)p.q + qr * KVQ_D, &p.k, row0), p.scale) - st[2 * qr]);
-            a = (float)((double)a + e / st[2 * qr + 1]);
+            double e = kvq_exp_det(kvq_dmul(kvq_dot_qk((const float *)p.q + qr * KVQ_D, &p.k, row0), p.scale) -
+                                   kvq_dkey_val(st[2 * qr]));
+            a = (float)((double)a + e / ((double)st[2 * qr + 1] * KVQ_PROB_FIXED_UNIT));
         }
         sum += (double)a;
         nnz++;
@@ -2741,9 +3529,6 @@ extern "C" __global__ void __launch_bounds__(KVQ_PTHREADS, 2) kvq_zip_row_list(c
 }
 KVQ_KERNEL_EXPORT(kvq_zip_row_list);
 
-/* kvq_prob_fixed (runtime/policy.h): a weight e in [0, 1] in integer units of 2^-40, truncated. */
-#define KVQ_PROB_FIXED_UNIT 9.094947017729282e-13
-KVQ_DEV unsigned long long kvq_prob_fixed(double e) { return (unsigned long long)(e * 1099511627776.0); }
 
 /* Key k_c of token t of tile T (kv head h) as ref_page_read dequantizes it: z + s * code (two roundings), times
  * the channel factor when separable; fp16 rows and pages as they are. */
@@ -3217,39 +4002,46 @@ KVQ_KERNEL_EXPORT(kvq_tk_dense);
  *   sparse: sinks 8, recent 56, top-k 128, critical channels 8
  */
 #define KVQ_C(name) name##_c0
-#define KVQ_C_TILE 128
+#define KVQ_C_TILE 64
 #define KVQ_C_KROW 256
 #define KVQ_C_VROW 256
-#define KVQ_C_KPAR 256
-#define KVQ_C_VPAR 256
-#define KVQ_C_SBUF 65536
-#define KVQ_C_SPLIT 1
-#define KVQ_C_P1 128
-#define KVQ_C_KPAGES 2
-#define KVQ_C_VOFF 32768
+#define KVQ_C_KPAR 128
+#define KVQ_C_VPAR 128
+#define KVQ_C_SBUF 32768
+#define KVQ_C_SPLIT 2
+#define KVQ_C_P1 64
+#define KVQ_C_KPAGES 1
+#define KVQ_C_VOFF 16384
 #define KVQ_C_MINB 2
-#define KVQ_C_SMEM 79616 /* dynamic shared memory: rows 0, kpar 65536, vpar 68096, kmask 70656, q 70784, qk 72832, qsum 76928, p 77216, red 79264 */
-#define KVQ_C_SO_KPAR 65536
-#define KVQ_C_SO_VPAR 68096
-#define KVQ_C_SO_KMASK 70656
-#define KVQ_C_SO_Q 70784
-#define KVQ_C_SO_QK 72832
-#define KVQ_C_SO_QSUM 76928
-#define KVQ_C_SO_P 77216
-#define KVQ_C_SO_RED 79264
-#define KVQ_C_SO_W 36864
+#define KVQ_C_SMEM 82192 /* dynamic shared memory: rows 0, kpar 32768, vpar 34304, kmask 35840, q 74528, qk 76576, qsum 78624, p 78896, red 79920 */
+#define KVQ_C_SO_KPAR 32768
+#define KVQ_C_SO_VPAR 34304
+#define KVQ_C_SO_KMASK 35840
+#define KVQ_C_SO_Q 74528
+#define KVQ_C_SO_QK 76576
+#define KVQ_C_SO_QSUM 78624
+#define KVQ_C_SO_P 78896
+#define KVQ_C_SO_RED 79920
+#define KVQ_C_SO_W 80144
+#define KVQ_C_STAGES 2
+#define KVQ_C_STAGE_BYTES 37264
+#define KVQ_C_SO_KRAW 35904
+#define KVQ_C_SO_VRAW 36624
+#define KVQ_C_KRAWS 320
+#define KVQ_C_VRAWS 320
+#define KVQ_C_RAWF 0
 #define KVQ_C_MMA_K 1
 #define KVQ_C_MMA_V 1
-#define KVQ_C_KHI {2, 0, 0, 64, 0, 2, 2, 0}
+#define KVQ_C_KHI {2, 0, 0, 64, 0, 2, 2, 0, 0, 0, 0, 0, 0, {0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f}}
 #define KVQ_C_KHI_Q 1
 #define KVQ_C_KHI_SEP 0
-#define KVQ_C_KLO {0, 0, 0, 0, 0, 2, 2, 0}
+#define KVQ_C_KLO {0, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0, 0, {0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f}}
 #define KVQ_C_KLO_Q 0
 #define KVQ_C_KLO_SEP 0
-#define KVQ_C_VHI {2, 1, 0, 64, 0, 2, 2, 0}
+#define KVQ_C_VHI {2, 1, 0, 64, 0, 2, 2, 0, 0, 0, 0, 0, 0, {0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f}}
 #define KVQ_C_VHI_Q 1
 #define KVQ_C_VHI_SEP 0
-#define KVQ_C_VLO {0, 0, 0, 0, 0, 2, 2, 0}
+#define KVQ_C_VLO {0, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0, 0, {0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f}}
 #define KVQ_C_VLO_Q 0
 #define KVQ_C_VLO_SEP 0
 /* ======== templates/kvq_class.cuh ======== */
@@ -3265,6 +4057,8 @@ KVQ_KERNEL_EXPORT(kvq_tk_dense);
  *   KVQ_C_KPAGES           most key pages a tile spans (page runs, layout/tiles.h): staged parameters and folds
  *   KVQ_C_MINB             decode blocks per SM for __launch_bounds__: what sm_80's shared memory allows
  *   KVQ_C_SMEM, KVQ_C_SO_* the decode kernel's dynamic shared memory and the offsets of its parts (plan.c)
+ *   KVQ_C_STAGES, KVQ_C_STAGE_BYTES, KVQ_C_SO_KRAW, KVQ_C_SO_VRAW, KVQ_C_KRAWS, KVQ_C_VRAWS, KVQ_C_RAWF
+ *                          the load pipeline: stages of the staged part and its raw parameter bytes (plan.h)
  *   KVQ_C_MMA_K, KVQ_C_MMA_V  page classes (bit 0 high, bit 1 low) whose q.K / p.V run on tensor cores
  *   KVQ_C_KHI, KVQ_C_KLO, KVQ_C_VHI, KVQ_C_VLO   kvq_fmt initialisers of the page formats (bits 0: absent)
  *   KVQ_C_<store>_Q        1 when the store is quantized (has a quantize kernel)
@@ -3279,7 +4073,9 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_
     const kvq_dec_geo g = {KVQ_C_TILE,    KVQ_C_SPLIT,    KVQ_C_P1,       KVQ_C_VOFF,  KVQ_C_KPAR,
                            KVQ_C_VPAR,    KVQ_C_SO_KPAR,  KVQ_C_SO_VPAR,  KVQ_C_SO_KMASK, KVQ_C_SO_Q,
                            KVQ_C_SO_QK,   KVQ_C_SO_QSUM,  KVQ_C_SO_P,     KVQ_C_SO_RED,
-                           KVQ_C_SO_W,    KVQ_C_MMA_K,    KVQ_C_MMA_V,    KVQ_C_KPAGES};
+                           KVQ_C_SO_W,    KVQ_C_MMA_K,    KVQ_C_MMA_V,    KVQ_C_KPAGES,
+                           KVQ_C_STAGES,  KVQ_C_STAGE_BYTES, KVQ_C_SO_KRAW, KVQ_C_SO_VRAW, KVQ_C_KRAWS,
+                           KVQ_C_VRAWS,   KVQ_C_RAWF};
     kvq_decode_body(&p, smem, khi, klo, vhi, vlo, g);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
@@ -3430,6 +4226,13 @@ KVQ_FACTOR_KERNEL(kvq_factor_v_lo, kvq_factor_list_v_lo, KVQ_C_VLO);
 #undef KVQ_C_SO_W
 #undef KVQ_C_MMA_K
 #undef KVQ_C_MMA_V
+#undef KVQ_C_STAGES
+#undef KVQ_C_STAGE_BYTES
+#undef KVQ_C_SO_KRAW
+#undef KVQ_C_SO_VRAW
+#undef KVQ_C_KRAWS
+#undef KVQ_C_VRAWS
+#undef KVQ_C_RAWF
 #undef KVQ_C_KHI
 #undef KVQ_C_KHI_Q
 #undef KVQ_C_KHI_SEP
