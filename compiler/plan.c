@@ -165,7 +165,7 @@ static kvq_status check_class(const plan_class *c, int D, char *msg, size_t n)
     if (!c->quant) return KVQ_OK;
     const plan_store *st[4] = {&c->k_hi, &c->v_hi, &c->k_lo, &c->v_lo};
     for (int i = 0; i < (c->has_low ? 4 : 2); i++) {
-        const kvq_format_cfg *f = i % 2 ? &c->vcfg.format : &c->kcfg.format;
+        const kvq_format_cfg *f = &st[i]->format;
         int q5 = st[i]->bits == 5 && (f->kind == KVQ_FMT_Q5_0 || f->kind == KVQ_FMT_Q5_1); /* llama.cpp's 5-bit types */
         if (!bits_ok(st[i]->bits) && !q5) {
             snprintf(msg, n, "plan: %d-bit storage is not supported", st[i]->bits);
