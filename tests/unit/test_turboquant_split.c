@@ -32,6 +32,8 @@ static const split_spec specs[] = {
     {"specs/rotate/turboquant-2.5bit.kvq", "turboquant-2p5", 2.5},
     {"specs/rotate/turboquant-2.5bit.kvq", "turboquant-32x3-96x2", 2.25},
     {"specs/rotate/turboquant-3.5bit.kvq", "turboquant-3p5", 3.5},
+    {"specs/rotate/turboquant-2.5bit.kvq", "turboquant-2p5-mse", 2.5},
+    {"specs/rotate/turboquant-3.5bit.kvq", "turboquant-3p5-mse", 3.5},
 };
 
 /* Bits of one token's codes (QJL included) of tensor t at head_dim D, from the spec alone. */
