@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "harness.h"
 #include "rotation.h"
 #include "test_engine_util.h"
@@ -280,8 +281,74 @@ static void test_dims_refused(void)
     th_end();
 }
 
+/* create + two sequences' prefill + 3 decode steps + read_cache of turboquant-2p5 on the reference: the last
+ * step's outputs (the split's rotations, per-sequence orders and two-instance quantizers all allocate). */
+static kvq_status alloc_scenario(const kvq_scheme *sch, float *out)
+{
+    enum { H = 2, Hq = 4, T = 40 };
+    kvq_engine_config cfg;
+    kvq_engine_config_init(&cfg);
+    cfg.dims = (kvq_dims){1, Hq, H, D};
+    kvq_engine *e = NULL;
+    char err[256];
+    kvq_status st = kvq_engine_create(sch, &cfg, &e, err, sizeof err);
+    kvq_seq *sq[2] = {NULL, NULL};
+    static float buf[(2 * H + Hq) * T * D], rk[H * (T + 3) * D], rv[H * (T + 3) * D];
+    uint64_t rng = tu_rng;
+    for (int b = 0; b < 2 && st == KVQ_OK; b++) st = kvq_seq_create(e, &sq[b]);
+    for (int b = 0; b < 2 && st == KVQ_OK; b++) {
+        tu_fill(buf, sizeof buf / sizeof buf[0], 1.0f);
+        kvq_prefill_item it = {sq[b], T - 5 * b, buf, buf + H * (T - 5 * b) * D, NULL};
+        st = kvq_prefill(e, 0, &it, 1);
+    }
+    for (int step = 0; step < 3 && st == KVQ_OK; step++) {
+        tu_fill(buf, 2 * (2 * H + Hq) * D, 1.0f);
+        kvq_decode_item it[2];
+        for (int b = 0; b < 2; b++) {
+            float *x = buf + (size_t)b * (2 * H + Hq) * D;
+            it[b] = (kvq_decode_item){sq[b], x, x + H * D, x + 2 * H * D, out + (size_t)b * Hq * D};
+        }
+        st = kvq_decode(e, 0, it, 2);
+    }
+    int n = 0;
+    if (st == KVQ_OK) st = kvq_seq_read_cache(e, sq[1], 0, rk, rv, T + 3, &n);
+    tu_rng = rng;
+    kvq_engine_free(e);
+    return st;
+}
+
+static void test_alloc_failures(void)
+{
+    th_begin("turboquant-2p5 on the reference: allocation failure n = 1, 2, ... through create, prefill, decode and "
+             "read_cache: KVQ_ERR_NOMEM, nothing leaked, then the same outputs");
+    kvq_spec *f = tu_spec_file("specs/rotate/turboquant-2.5bit.kvq");
+    const kvq_scheme *s = f ? kvq_spec_scheme(f, "turboquant-2p5") : NULL;
+    static float want[2 * 4 * D], got[2 * 4 * D];
+    TH_CHECK(s && alloc_scenario(s, want) == KVQ_OK, "the scenario fails without injection");
+    int completed = 0;
+    long n;
+    for (n = 1; n < 20000 && s && !th_failed(); n++) {
+        kvq_alloc_fail_after(n);
+        kvq_status st = alloc_scenario(s, got);
+        long injected = kvq_alloc_failures();
+        kvq_alloc_fail_after(0);
+        if (injected == 0) {
+            TH_CHECK(st == KVQ_OK && !memcmp(got, want, sizeof got), "n=%ld: the completed run differs (%s)", n,
+                     kvq_status_str(st));
+            completed = 1;
+            break;
+        }
+        TH_CHECK(st == KVQ_ERR_NOMEM, "n=%ld: an allocation failure gave %s", n, kvq_status_str(st));
+    }
+    TH_CHECK(completed, "no run completed (n up to %ld)", n);
+    printf("  %ld allocations\n", n - 1);
+    kvq_spec_free(f);
+    th_end();
+}
+
 int main(void)
 {
+    test_alloc_failures();
     test_dims_refused();
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) test_accounting(&specs[i]);
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) test_engine(&specs[i]);
