@@ -32,6 +32,7 @@
 
 #include "emit_llvm_format.h"
 #include "emit_llvm_ir.h"
+#include "emit_llvm_turboquant.h"
 #include "quant.h"
 
 /* ------------------------------------------------------------------------------------------ IR helpers -- */
@@ -50,7 +51,7 @@ typedef struct {
 } E;
 
 enum { A_Q, A_ACC, A_ML, A_P, A_K, A_KS, A_KZ, A_KF, A_KMASK, A_V, A_VS, A_VZ, A_VF, A_N, A_KMBIT, A_KPG, A_NKP, A_KT, A_VT,
-       A_COUNT };
+       A_KQJL, A_SQ, A_COUNT };
 static int arg_is_i32(int i) { return i == A_N || i == A_KMBIT || i == A_NKP; }
 
 static LLVMValueRef ci32(E *e, long v) { return LLVMConstInt(e->i32, (unsigned long long)v, 1); }
@@ -576,6 +577,11 @@ static LLVMValueRef row_f32(E *e, const emit_llvm_src *src, int D, LLVMValueRef 
         return LLVMBuildFPExt(e->b, load(e, LLVMVectorType(e->f16, (unsigned)e->W), p, 2), e->vf, "");
     }
     const kvq_page_format *f = &src->fmt;
+    if (f->tq != KVQ_TQ_NONE) { /* TurboQuant: norm_j L_j[code] (emit_llvm_turboquant.c) */
+        LLVMValueRef tr = gep(e, base, LLVMBuildMul(e->b, t64, ci64(e, (long)emit_llvm_tq_row_bytes(f)), ""));
+        LLVMValueRef tn = gep(e, s_sec, LLVMBuildMul(e->b, t64, ci64(e, f->tq_out ? 8 : 4), ""));
+        return emit_llvm_tq_row(e->b, f, e->vf, tr, tn, c0, e->perm16);
+    }
     LLVMValueRef row = gep(e, base, LLVMBuildMul(e->b, t64, ci64(e, (long)kvq_code_bytes(D, f->bits)), ""));
     LLVMValueRef code = codes_f32(e, f, row, c0), s, z;
     if (f->gran == KVQ_GRAN_CHANNEL) {
@@ -609,6 +615,8 @@ typedef struct {
     LLVMValueRef qhi[MAXG][MAXB / 4], qlo[MAXG][MAXB / 4];     /* vn: q' as int16 pairs per 32 channels */
     LLVMValueRef sq[MAXG], sql[MAXG];                          /* vn: their scales */
     LLVMValueRef qa[MAXG][3], qb[MAXG][3];                     /* v8: q' as three byte pieces (quant_q8) */
+    int qjl;                                                   /* TurboQuant prod keys: the QJL term */
+    LLVMValueRef jq[MAXG][MAXB];                               /* qjl: sqrt(pi/2)/m S q, per head (A_SQ) */
 } KPhase;
 
 /* One token t (i32) of the K phase for all g heads: per head either an fp32 vector whose lane sum is the dot
@@ -664,6 +672,13 @@ static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef row, LL
             *pc = bl >= P ? fma_sum(e, *pc, kp->qv[j][bl], kv) : fm(LLVMBuildFMul(b, kp->qv[j][bl], kv, ""));
         }
     }
+    for (int bl = 0; kp->qjl && bl < NB; bl++) {
+        /* TurboQuant Q_prod: + sum_j rnorm_j sqrt(pi/2)/m_j <S_j q_j, sign(S_j r_j)> (Algorithm 2) */
+        LLVMValueRef sg = gep(e, a[A_KQJL], LLVMBuildMul(b, t64, ci64(e, D / 8), ""));
+        LLVMValueRef rn = gep(e, a[A_KZ], LLVMBuildMul(b, t64, ci64(e, k->k.fmt.tq_out ? 8 : 4), ""));
+        LLVMValueRef jv = emit_llvm_tq_qjl(b, &k->k.fmt, e->vf, sg, rn, bl * W);
+        for (int j = 0; j < g; j++) part[j][bl % P] = fma_sum(e, part[j][bl % P], kp->jq[j][bl], jv);
+    }
     for (int j = 0; j < g; j++) {
         for (int w = P; w > 1; w = (w + 1) / 2) /* a tree over the partial sums */
             for (int c = 0; c + (w + 1) / 2 < w; c++)
@@ -683,7 +698,7 @@ static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef row, LL
 static int v_int16(const E *e, const emit_llvm_kernel *k)
 {
     const kvq_page_format *f = &k->v.fmt;
-    return e->vnni && e->W == 16 && !k->v.fp16 && fmt_int(f) && f->gran == KVQ_GRAN_TOKEN && !f->hidden &&
+    return e->vnni && e->W == 16 && !k->v.fp16 && fmt_int(f) && f->tq == KVQ_TQ_NONE && f->gran == KVQ_GRAN_TOKEN && !f->hidden &&
            !f->channel_separable &&
            f->group % 16 == 0 && k->gqa == 1 && k->gqa * (k->head_dim / f->group) <= 32;
 }
@@ -1255,6 +1270,9 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     if (kp.P > NB) kp.P = NB;
     for (int j = 0; j < g; j++)
         for (int bl = 0; bl < NB; bl++) kp.qv[j][bl] = qv[j][bl];
+    kp.qjl = !k->k.fp16 && k->k.fmt.tq == KVQ_TQ_PROD;
+    for (int j = 0; kp.qjl && j < g; j++)
+        for (int bl = 0; bl < NB; bl++) kp.jq[j][bl] = load(e, e->vf, gepc(e, a[A_SQ], ((long)j * D + (long)bl * W) * 4), 4);
     if (kp.v8)
         for (int j = 0; j < g; j++) quant_q8(e, qv[j], NB, kp.qa[j], kp.qb[j], &kp.sq[j]);
     else if (kp.vn)
@@ -1479,7 +1497,7 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
      * scalar sum (DESIGN §6): sum_t p_t (z_t + s_t code_t) = sum_t (p_t s_t) code_t + sum_t p_t z_t, one FMA per
      * head and vector instead of a dequantization plus an FMA. */
     const kvq_page_format *vf = &k->v.fmt;
-    int vfold = !k->v.fp16 && vf->gran == KVQ_GRAN_TOKEN && !vf->hidden && !vf->channel_separable &&
+    int vfold = !k->v.fp16 && vf->tq == KVQ_TQ_NONE && vf->gran == KVQ_GRAN_TOKEN && !vf->hidden && !vf->channel_separable &&
                 vf->group % W == 0 && g == 1; /* with more heads the per-group scalars cost more than they save */
     int G = vfold ? vf->group : 0, ngr = vfold ? D / G : 0;
     LLVMValueRef vt_scale = vfold && !k->v.fp16 ? tensor_scale(e, vf, a[A_VT]) : NULL;

@@ -66,6 +66,11 @@ typedef struct {
     int32_t nkp;
     const float *kt, *vt; /* element formats with a tensor scale (e4m3, e5m2, nvfp4): this kv head's fp32 T
                            * of the K / V page (layout.h's tscale section); else unused */
+    /* TurboQuant prod keys (emit_llvm_turboquant.h): kqjl the QJL sign row of the tile's first slot of this kv
+     * head (D / 8 bytes a slot); sq [g][D] this kv head's query heads' sqrt(pi/2)/m_j (S_j q_j), q the scaled
+     * query above; else unused */
+    const uint8_t *kqjl;
+    const float *sq;
 } emit_llvm_tile_args;
 
 /* 1 if kernels with K source s read their keys through emit_llvm_tile_args.kp (per-channel quantized pages: the

@@ -21,7 +21,8 @@ static int same_format(const kvq_page_format *a, const kvq_page_format *b)
     return a->bits == b->bits && a->gran == b->gran && a->channel_separable == b->channel_separable && group_same &&
            a->hidden == b->hidden && a->masked == b->masked && a->scale_bytes == b->scale_bytes &&
            a->zero_bytes == b->zero_bytes && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
-           same_element_format(&a->format, &b->format);
+           same_element_format(&a->format, &b->format) && a->tq == b->tq && a->tq_out == b->tq_out &&
+           a->tq_out_bits == b->tq_out_bits;
 }
 
 int emit_llvm_source_index(const emit_llvm_sources *s, int which, const kvq_page_format *f)

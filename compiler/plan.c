@@ -15,7 +15,8 @@ static int tensor_eq(const kvq_tensor_cfg *a, const kvq_tensor_cfg *b)
            !memcmp(a->format.levels, b->format.levels, (size_t)a->format.n_levels * sizeof(float)) &&
            a->format.codebook_normal == b->format.codebook_normal &&
            a->format.tensor_scale == b->format.tensor_scale &&
-           a->format.tensor_scale_per_head == b->format.tensor_scale_per_head;
+           a->format.tensor_scale_per_head == b->format.tensor_scale_per_head && a->turboquant == b->turboquant &&
+           a->tq_outliers == b->tq_outliers && a->tq_outlier_bits == b->tq_outlier_bits;
 }
 
 /* Field by field: the scheme is plain data but its padding bytes are not guaranteed to be zero. */
@@ -70,6 +71,11 @@ static void store_init(plan_store *st, const kvq_tensor_cfg *t, int bits, int ma
     st->scale_f32 = t->scale_dtype == KVQ_DT_FP32;
     st->zero_f32 = t->zero_dtype == KVQ_DT_FP32;
     st->masked = masked;
+    if (!kvq_bits_is_fp16(bits) && t->turboquant != KVQ_TQ_NONE) {
+        st->tq = (int)t->turboquant;
+        st->tq_out = t->tq_outliers;
+        st->tq_out_bits = t->tq_outliers ? t->tq_outlier_bits : 0;
+    }
 }
 
 void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page_format *fmt)
@@ -83,6 +89,9 @@ void plan_page_format(const kvq_plan *p, const plan_store *st, int cap, kvq_page
     t.scale_dtype = st->scale_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16;
     t.zero_dtype = st->zero_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16;
     t.format = st->format;
+    t.turboquant = (kvq_turboquant)st->tq;
+    t.tq_outliers = st->tq_out;
+    t.tq_outlier_bits = st->tq_out_bits;
     kvq_page_format_init(fmt, &t, st->bits, st->masked, p->kv_heads, p->head_dim, cap);
 }
 
@@ -417,8 +426,23 @@ int plan_smem_optin(int sm)
     return 48 * 1024;
 }
 
+kvq_status plan_cuda_ok(const kvq_plan *p, char *msg, size_t n)
+{
+    for (int l = 0; l < p->layers; l++) {
+        const plan_class *c = &p->cls[p->layer_class[l]];
+        if (c->quant && (c->k_hi.tq || c->v_hi.tq)) {
+            snprintf(msg, n, "plan: layer %d stores TurboQuant codes (turboquant), which the CUDA kernels do not "
+                             "decode yet (the reference and cpu backends do)", l);
+            return KVQ_ERR_UNSUPPORTED;
+        }
+    }
+    return KVQ_OK;
+}
+
 kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t n)
 {
+    kvq_status tq = plan_cuda_ok(p, msg, n);
+    if (tq != KVQ_OK) return tq;
     if (p->threads > 1024) {
         snprintf(msg, n, "plan: the decode block needs %d threads (head_dim %d, GQA %d), more than 1024", p->threads,
                  p->head_dim, p->gqa);
@@ -482,11 +506,6 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
     for (int l = 0; l < p->layers; l++) {
         const kvq_layer_cfg *cfg = kvq_scheme_layer(scheme, l);
         int c = 0;
-        if (kvq_layer_turboquant(cfg)) {
-            snprintf(msg, n, "plan: layer %d stores TurboQuant codes (turboquant), which the compiled kernels do not "
-                             "decode yet (the reference backend does)", l);
-            return KVQ_ERR_UNSUPPORTED;
-        }
         /* Element formats are planned like integers (plan_store carries the format): the cpu kernels
          * (compiler/emit_llvm_format.c) and the CUDA templates (templates/kvq_format.cuh) decode them; what a
          * backend cannot run it refuses in its supports() (cu_supports: a tensor scale from the prompt). */

@@ -54,6 +54,10 @@ typedef struct {
     int rotate_seed;       /* hadamard: the seed of its random signs, -1 = no signs; random: the matrix's seed */
     kvq_turboquant turboquant; /* NONE: the format below; else TurboQuant codes (per token, group all, rotated;
                                   its QJL matrix is seeded by rotate_seed) */
+    int tq_outliers;       /* TurboQuant's outlier channel split (arXiv 2504.19874 Sec. 4.3): 0 = off; else this many
+                              channels (the largest by norm over the prompt, per sequence and kv head) form a second,
+                              independent TurboQuant instance at tq_outlier_bits, the rest one at `bits` */
+    int tq_outlier_bits;
     kvq_format_cfg format; /* element format (scheme_format.h); zero-initialised = asymmetric integers */
 } kvq_tensor_cfg;
 

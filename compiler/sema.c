@@ -36,6 +36,8 @@ static void tset(kvq_tensor_cfg *t, int k, double v)
     case T_ROT: t->rotate = i == 1 ? KVQ_ROT_HADAMARD : i == 2 ? KVQ_ROT_RANDOM : KVQ_ROT_NONE; break;
     case T_ROT_SEED: t->rotate_seed = i; break;
     case T_TQ: t->turboquant = i == 1 ? KVQ_TQ_MSE : i == 2 ? KVQ_TQ_PROD : KVQ_TQ_NONE; break;
+    case T_TQ_OUT: t->tq_outliers = i; break;
+    case T_TQ_OUT_BITS: t->tq_outlier_bits = i; break;
     default: /* T_TSCALE */
         t->format.tensor_scale = v < 0 ? KVQ_TENSOR_SCALE_PROMPT : (float)v;
         t->format.tensor_scale_per_head = v < 0;
@@ -254,6 +256,32 @@ static void check_turboquant(sema_state *S, const sema_lcfg *t, int key)
     if (t->c.quant.saliency.metric != KVQ_SAL_NONE && (b = BLAME(&t->p[F_SAL_METRIC], &t->p[F + T_TQ])))
         sema_error(S, b->src, sema_prov_loc(b), "turboquant and saliency cannot be combined (saliency needs two "
                                                 "precision classes of the kvq quantizer)");
+    /* The outlier instance is a TurboQuant instance of its own: the variant's bit range holds for it too */
+    if (x->tq_outliers > 0 && x->turboquant == KVQ_TQ_PROD && x->tq_outlier_bits < 2 &&
+        (b = BLAME(&t->p[F + T_TQ_OUT], &t->p[F + T_TQ])))
+        sema_error(S, b->src, sema_prov_loc(b),
+                   "turboquant prod of the %s needs outlier_channels bits 2 to 4, not %d (b - 1 bits of codes plus "
+                   "the 1-bit QJL sketch)", name, x->tq_outlier_bits);
+}
+
+/* outlier_channels splits TurboQuant's head vector in two instances: without TurboQuant it means nothing, and it
+ * must leave regular channels (head_dim known here; else kvq_scheme_check_dims at the model's dims). */
+static void check_tq_split(sema_state *S, const sema_scheme *s, const sema_lcfg *t, int key)
+{
+    const kvq_tensor_cfg *x = key ? &t->c.quant.key : &t->c.quant.value;
+    const int F = key ? F_KEY : F_VALUE;
+    const char *name = key ? "keys" : "values";
+    const sema_prov *b;
+    int hd = s->model.head_dim;
+    if (x->tq_outliers <= 0) return;
+    if (x->turboquant == KVQ_TQ_NONE && (b = BLAME(&t->p[F + T_TQ_OUT], &t->p[F + T_TQ])))
+        sema_error(S, b->src, sema_prov_loc(b),
+                   "outlier_channels splits TurboQuant's head vectors into two instances; the %s need turboquant "
+                   "mse|prod seed S",
+                   name);
+    else if (hd > 0 && x->tq_outliers >= hd && (b = BLAME(&t->p[F + T_TQ_OUT], &s->g[G_HEAD_DIM])))
+        sema_error(S, b->src, sema_prov_loc(b), "%s outlier_channels %d leaves no regular channels at head_dim %d",
+                   name, x->tq_outliers, hd);
 }
 
 static void check_tensor(sema_state *S, const sema_scheme *s, const sema_lcfg *t, int key)
@@ -267,6 +295,7 @@ static void check_tensor(sema_state *S, const sema_scheme *s, const sema_lcfg *t
     if (kvq_bits_is_fp16(x->bits)) return;
     sema_check_format(S, s, t, key);
     if (x->turboquant != KVQ_TQ_NONE) check_turboquant(S, t, key);
+    check_tq_split(S, s, t, key);
     if (x->channel_separable && x->gran == KVQ_GRAN_CHANNEL && (b = BLAME(&t->p[F + T_CS], &t->p[F + T_GRAN])))
         sema_error(S, b->src, sema_prov_loc(b),
                    "channel_separable needs per token quantization, but the %s are per channel", name);

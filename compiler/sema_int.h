@@ -24,6 +24,8 @@ enum {
     T_ROT,      /* rotate: kvq_rotation (sema_stmt.c h_rotate sets both rotation fields) */
     T_ROT_SEED,
     T_TQ,       /* turboquant: kvq_turboquant (h_turboquant also sets per token, group all, rotate random) */
+    T_TQ_OUT,   /* outlier_channels N bits B: TurboQuant's channel split (h_outlier_channels sets both) */
+    T_TQ_OUT_BITS,
     T_COUNT
 };
 enum {

@@ -245,6 +245,50 @@ static void h_turboquant(sema_state *S, const ast_stmt *st, const sema_ctx *c, c
     sema_put_tensor(S, c, T_ROT_SEED, seed, st->loc);
 }
 
+/* `outlier_channels N bits B` (docs/language.md, "TurboQuant's channel split"): the paper's non-integer bits
+ * (arXiv 2504.19874 Sec. 4.3): N outlier channels form a second, independent TurboQuant instance at B bits, the
+ * other head_dim - N channels one at `bits`. Each instance packs its codes in 32-channel words, so N is a multiple
+ * of 32. `outlier_channels 0` (or `none`) turns the split off. */
+static void h_outlier_channels(sema_state *S, const ast_stmt *st, const sema_ctx *c, const stmt_def *d)
+{
+    const ast_arg *a = arg(st, 0);
+    char q[64];
+    int n = 0, bits = 0;
+    if (a->kind == AST_IDENT && !strcmp(a->text, "none")) {
+        if (st->n_args > 1) {
+            ERR(arg(st, 1)->loc, "'outlier_channels none' takes no bits");
+            return;
+        }
+    } else {
+        if (!int_arg(S, st, a, 0, 224, &n)) return;
+        if (n % 32) {
+            ERR(a->loc, "outlier_channels must be a multiple of 32 (each TurboQuant instance packs its codes 32 "
+                        "channels to a word), not '%s'", sema_q(q, sizeof q, a->text));
+            return;
+        }
+        if (n == 0 && st->n_args > 1) {
+            ERR(arg(st, 1)->loc, "'outlier_channels 0' takes no bits");
+            return;
+        }
+        if (n > 0 && st->n_args != 3) {
+            ERR(st->loc, "outlier_channels %d needs the outliers' bits (usage: %s)", n, d->usage);
+            return;
+        }
+        if (n > 0) {
+            if (choice_arg(S, st, arg(st, 1), "bits") < 0) return;
+            const ast_arg *b = arg(st, 2);
+            if (b->kind == AST_INT && (b->num < 1 || b->num > 4)) {
+                ERR(b->loc, "outlier_channels bits must be 1 to 4 (TurboQuant's Lloyd-Max codebooks), not '%s'",
+                    sema_q(q, sizeof q, b->text));
+                return;
+            }
+            if (!int_arg(S, st, b, 1, 4, &bits)) return;
+        }
+    }
+    sema_put_tensor(S, c, T_TQ_OUT, n, st->loc);
+    sema_put_tensor(S, c, T_TQ_OUT_BITS, bits, st->loc);
+}
+
 static void h_tensor_block(sema_state *S, const ast_stmt *st, const sema_ctx *c, const stmt_def *d)
 {
     sema_ctx in = *c;
@@ -641,6 +685,7 @@ static const stmt_def DEFS[] = {
     {"tensor_scale", M_TENSOR, sema_h_tensor_scale, NO_BLOCK, 1, 3, "tensor_scale X | prompt [per head]", 0},
     {"rotate", M_TENSOR, h_rotate, NO_BLOCK, 1, 3, "rotate none|hadamard|random [seed S]", 0},
     {"turboquant", M_TENSOR, h_turboquant, NO_BLOCK, 1, 3, "turboquant none|mse|prod seed S", 0},
+    {"outlier_channels", M_TENSOR, h_outlier_channels, NO_BLOCK, 1, 3, "outlier_channels N bits B | none", 0},
     {"key", M_QUANT, h_tensor_block, NEEDS_BLOCK, 0, 0, "key { ... }", 0},
     {"value", M_QUANT, h_tensor_block, NEEDS_BLOCK, 0, 0, "value { ... }", 0},
     {"sinks", M_QUANT | B_WHEN_S, h_count, NO_BLOCK, 1, 1, "sinks N", 0},

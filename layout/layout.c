@@ -30,6 +30,8 @@ void kvq_page_format_init(kvq_page_format *fmt, const kvq_tensor_cfg *t, int bit
     fmt->head_dim = head_dim;
     fmt->capacity = capacity;
     fmt->tq = kvq_bits_is_fp16(bits) ? KVQ_TQ_NONE : t->turboquant;
+    fmt->tq_out = fmt->tq != KVQ_TQ_NONE ? t->tq_outliers : 0;
+    fmt->tq_out_bits = fmt->tq_out ? t->tq_outlier_bits : 0;
     if (fmt->tq != KVQ_TQ_NONE) {
         /* One group of the head; norms fp32: a head vector's norm can pass fp16's range where its elements do not */
         fmt->group = head_dim;
@@ -43,7 +45,9 @@ void kvq_page_layout_compute(const kvq_page_format *f, kvq_page_layout *o)
     size_t off = 0;
     int quantized = !kvq_bits_is_fp16(f->bits);
 
-    o->code_bytes_per_token = kvq_code_bytes(f->head_dim, f->tq == KVQ_TQ_PROD ? f->bits - 1 : f->bits);
+    int qjl = f->tq == KVQ_TQ_PROD; /* prod spends one bit of each part on its QJL sign */
+    o->code_bytes_per_token = kvq_code_bytes(f->head_dim - f->tq_out, f->bits - qjl);
+    if (f->tq_out) o->code_bytes_per_token += kvq_code_bytes(f->tq_out, f->tq_out_bits - qjl);
     o->n_groups = 0;
     o->codes = off;
     o->codes_size = kvq_align16(H * cap * o->code_bytes_per_token);
@@ -57,7 +61,7 @@ void kvq_page_layout_compute(const kvq_page_format *f, kvq_page_layout *o)
             o->n_groups = 1;
             n_scale = n_zero = cap;
         } else {
-            o->n_groups = (int)(D / (size_t)f->group);
+            o->n_groups = f->tq_out ? 2 : (int)(D / (size_t)f->group); /* TurboQuant split: a norm per part */
             n_scale = n_zero = H * cap * (size_t)o->n_groups;
         }
         if (f->tq == KVQ_TQ_MSE) n_zero = 0; /* the norm only */

@@ -26,7 +26,10 @@
  * as a 2-bit plane (D/4 bytes) followed by the high bit as a 1-bit plane (D/8 bytes). b = 16 stores fp16 values
  * (no scale/zero). TurboQuant pages (turboquant.h) store the level indices at b bits (mse) or b - 1 bits (prod),
  * the vector's norm as the per-token scale, and for prod the residual's norm as the per-token zero (none for
- * mse).
+ * mse). With TurboQuant's outlier channel split (`outlier_channels N bits B`, turboquant.h kvq_tqv) a token has
+ * two parts: codes = [the N outlier coordinates at B (prod: B - 1) bits | the other D - N at b (b - 1)], each
+ * part packed as above; scale and zero hold two entries per token (n_groups 2: outlier part, regular part); the
+ * qjl signs are the outlier part's N bits then the regular part's D - N.
  *
  * fp16 windows (sinks, residual, outlier and spill pools, sparse local and host copies) are
  * [kv_head][capacity][head_dim] fp16 for K and the same for V. */
@@ -57,6 +60,7 @@ typedef struct {
     int hidden;          /* per token, one group over every kv head */
     int masked;          /* keys of a layer with an outlier pool */
     kvq_turboquant tq;   /* TurboQuant codes (per token, one group of head_dim) */
+    int tq_out, tq_out_bits; /* TurboQuant's outlier split: outlier channels (0 = none) and their bits */
     int scale_bytes;     /* 2 (fp16) or 4 (fp32) */
     int zero_bytes;
     int kv_heads, head_dim, capacity;

@@ -62,9 +62,10 @@ static void account_pages(acct_guard *g, layer_acct *a, const kvq_tensor_cfg *t,
     kvq_page_layout lay;
     kvq_page_format_init(&fmt, t, bits, masked, H, D, cap);
     kvq_page_layout_compute(&fmt, &lay);
-    a->bytes[code_seg] = cadd(g, a->bytes[code_seg], cmul(g, n, lay.codes_size));
+    /* codes: the code planes and TurboQuant's QJL sign bits (one of the prod variant's b bits) */
+    a->bytes[code_seg] = cadd(g, a->bytes[code_seg], cmul(g, n, lay.codes_size + lay.qjl_size));
     a->tokens[code_seg] = cadd(g, a->tokens[code_seg], cmul(g, n, (uint64_t)cap * (uint64_t)H));
-    a->bytes[KVQ_SEG_PARAMS] = cadd(g, a->bytes[KVQ_SEG_PARAMS], cmul(g, n, lay.total - lay.codes_size));
+    a->bytes[KVQ_SEG_PARAMS] = cadd(g, a->bytes[KVQ_SEG_PARAMS], cmul(g, n, lay.total - lay.codes_size - lay.qjl_size));
     a->shared_params = cadd(g, a->shared_params, cmul(g, n, kvq_page_channel_param_bytes(&lay, &fmt)));
 }
 
@@ -105,6 +106,10 @@ static void account_quant_layer(acct_guard *g, layer_acct *a, const kvq_quant_cf
             account_class(g, a, t, t->bits, masked, H, D, quantized, KVQ_SEG_BODY_HIGH);
         }
         if (which == 0) pooled = quantized < q->outliers.keep ? quantized : q->outliers.keep;
+        /* TurboQuant's outlier split: the sequence's channel selection, a head_dim-bit mask per kv head, chosen
+         * from the prompt (rt_rotate.c) */
+        if (T > 0 && !kvq_bits_is_fp16(t->bits) && t->turboquant != KVQ_TQ_NONE && t->tq_outliers > 0)
+            a->bytes[KVQ_SEG_PARAMS] += (uint64_t)H * (uint64_t)(D / 8);
     }
 
     if (q->outliers.keep > 0) {

@@ -101,12 +101,12 @@ static void hadamard(double *x, int D, int transpose)
 /* Q of G = QR by modified Gram-Schmidt over G's columns, run twice per column (re-orthogonalisation keeps Q
  * orthogonal to 1e-15 at D = 256); R's diagonal is positive, which makes Q Haar-distributed. G[i][j] is the
  * (i D + j)-th normal draw. m ends row-major: y = m x. */
-static kvq_status haar(double *m, int D, int seed)
+static kvq_status haar(double *m, int D, int seed, uint64_t stream)
 {
     double *q = kvq_malloc((size_t)D * D * sizeof *q); /* column-major: column j at q + j D */
     if (!q) return KVQ_ERR_NOMEM;
     kvq_rng g;
-    kvq_rng_seed(&g, KVQ_RNG_STREAM_HAAR, (uint64_t)seed);
+    kvq_rng_seed(&g, stream, (uint64_t)seed);
     for (int i = 0; i < D; i++)
         for (int j = 0; j < D; j++) q[(size_t)j * D + i] = kvq_rng_normal(&g);
     for (int j = 0; j < D; j++) {
@@ -131,7 +131,7 @@ static kvq_status haar(double *m, int D, int seed)
 
 /* ---- the interface ---- */
 
-kvq_status kvq_rot_build(kvq_rot *r, kvq_rotation kind, int seed, int D)
+static kvq_status build(kvq_rot *r, kvq_rotation kind, int seed, int D, uint64_t stream)
 {
     memset(r, 0, sizeof *r);
     if (D < 1 || D > KVQ_ROT_MAX_D) return KVQ_ERR_SHAPE;
@@ -145,7 +145,7 @@ kvq_status kvq_rot_build(kvq_rot *r, kvq_rotation kind, int seed, int D)
         for (int c = 0; c < D; c++) r->signs[c] = seed < 0 || !(kvq_rng_next(&g) >> 63) ? norm : -norm;
     } else if (kind == KVQ_ROT_RANDOM) {
         r->m = kvq_malloc((size_t)D * D * sizeof *r->m);
-        kvq_status st = r->m ? haar(r->m, D, seed) : KVQ_ERR_NOMEM;
+        kvq_status st = r->m ? haar(r->m, D, seed, stream) : KVQ_ERR_NOMEM;
         if (st != KVQ_OK) {
             kvq_free(r->m);
             r->m = NULL;
@@ -158,6 +158,16 @@ kvq_status kvq_rot_build(kvq_rot *r, kvq_rotation kind, int seed, int D)
     r->seed = seed;
     r->D = D;
     return KVQ_OK;
+}
+
+kvq_status kvq_rot_build(kvq_rot *r, kvq_rotation kind, int seed, int D)
+{
+    return build(r, kind, seed, D, KVQ_RNG_STREAM_HAAR);
+}
+
+kvq_status kvq_rot_build_random_stream(kvq_rot *r, int seed, int D, uint64_t stream)
+{
+    return build(r, KVQ_ROT_RANDOM, seed, D, stream);
 }
 
 void kvq_rot_free(kvq_rot *r)

@@ -34,6 +34,8 @@ typedef struct kvq_rot {
 /* Builds the rotation of `kind` (not NONE) and `seed` for vectors of D (64, 96, 128 or 256; random: 1..256).
  * KVQ_ERR_NOMEM or KVQ_ERR_SHAPE (a Hadamard size without a construction) with r zeroed. */
 kvq_status kvq_rot_build(kvq_rot *r, kvq_rotation kind, int seed, int D);
+/* A random rotation drawn from generator stream `stream` (kvq_rot_build: KVQ_RNG_STREAM_HAAR). */
+kvq_status kvq_rot_build_random_stream(kvq_rot *r, int seed, int D, uint64_t stream);
 void kvq_rot_free(kvq_rot *r);
 /* x <- R x (inverse = 0) or x <- R^T x (inverse = 1), in place, computed in double. */
 void kvq_rot_apply(const kvq_rot *r, float *x, int inverse);
@@ -52,5 +54,7 @@ double kvq_rng_log(double x);        /* natural log for x > 0 by range reduction
 #define KVQ_RNG_STREAM_SIGNS 0x5349474e53ull  /* Hadamard signs */
 #define KVQ_RNG_STREAM_HAAR 0x48414152ull     /* random rotation */
 #define KVQ_RNG_STREAM_QJL 0x514a4cull        /* TurboQuant's QJL matrix */
+#define KVQ_RNG_STREAM_HAAR_OUT 0x484141524full /* TurboQuant's outlier-channel instance: its rotation ... */
+#define KVQ_RNG_STREAM_QJL_OUT 0x514a4c4full    /* ... and its QJL matrix (turboquant.h, kvq_tqv) */
 
 #endif

@@ -185,10 +185,14 @@ kvq_status kvq_seq_create(kvq_engine *e, kvq_seq **out)
     *out = NULL;
     kvq_seq *s = kvq_calloc(1, sizeof *s);
     if (!s) return rt_error(e, KVQ_ERR_NOMEM, "kvq_seq_create: out of memory");
-    s->prefilled = kvq_calloc((size_t)e->cfg.dims.layers, 1);
+    const kvq_dims *d = &e->cfg.dims;
+    s->prefilled = kvq_calloc((size_t)d->layers, 1);
+    if (rt_tq_split_any(e)) s->tq_perm = kvq_calloc((size_t)d->layers * 2 * (size_t)d->kv_heads, (size_t)d->head_dim);
     char msg[RT_ERRMSG_MAX] = "out of memory";
-    kvq_status st = s->prefilled ? e->be->seq_create(e->ctx, &s->bseq, msg, sizeof msg) : KVQ_ERR_NOMEM;
+    kvq_status st = s->prefilled && (s->tq_perm || !rt_tq_split_any(e)) ? e->be->seq_create(e->ctx, &s->bseq, msg, sizeof msg)
+                                                                         : KVQ_ERR_NOMEM;
     if (st != KVQ_OK) {
+        kvq_free(s->tq_perm);
         kvq_free(s->prefilled);
         kvq_free(s);
         return rt_error(e, st, "kvq_seq_create: %s", msg);
@@ -210,6 +214,7 @@ void kvq_seq_free(kvq_engine *e, kvq_seq *s)
         e->seqs = s->next;
     if (s->next) s->next->prev = s->prev;
     e->be->seq_free(e->ctx, s->bseq);
+    kvq_free(s->tq_perm);
     kvq_free(s->prefilled);
     kvq_free(s);
 }
@@ -362,7 +367,8 @@ kvq_status kvq_prefill(kvq_engine *e, int layer, const kvq_prefill_item *items, 
         char msg[RT_ERRMSG_MAX] = "";
         /* Rotations (rt_rotate.c) once the layer's mode is known; a refusal names the rotated element. */
         for (int i = 0; i < n_items && st == KVQ_OK && rt_rotate_active(e, layer); i++)
-            st = rt_rotate_in(e, fn, i, layer, bufs[3 * i], bufs[3 * i + 1], bufs[3 * i + 2], bi[i].n_tokens, 0);
+            st = rt_rotate_in(e, fn, items[i].seq, i, layer, bufs[3 * i], bufs[3 * i + 1], bufs[3 * i + 2],
+                              bi[i].n_tokens, 0);
         if (st == KVQ_OK) {
             st = e->be->prefill(e->ctx, layer, bi, n_items, msg, sizeof msg);
             if (st != KVQ_OK) rt_error(e, st, "%s: layer %d: %s", fn, layer, msg[0] ? msg : kvq_status_str(st));
@@ -427,7 +433,7 @@ kvq_status kvq_decode(kvq_engine *e, int layer, const kvq_decode_item *items, in
         /* Rotations: each item's new K/V rows and its query rows, once per step (rt_rotate.c). */
         float *b = buf + (size_t)i * per;
         if (st == KVQ_OK && rt_rotate_active(e, layer))
-            st = rt_rotate_in(e, fn, i, layer, b, b + nkv, b + 2 * nkv, 1, pos);
+            st = rt_rotate_in(e, fn, items[i].seq, i, layer, b, b + nkv, b + 2 * nkv, 1, pos);
         if (st != KVQ_OK) {
             kvq_free(bi);
             kvq_free(buf);
@@ -437,7 +443,7 @@ kvq_status kvq_decode(kvq_engine *e, int layer, const kvq_decode_item *items, in
     char msg[RT_ERRMSG_MAX] = "";
     st = e->be->decode(e->ctx, layer, bi, n_items, msg, sizeof msg);
     if (st != KVQ_OK) rt_error(e, st, "%s: layer %d: %s", fn, layer, msg[0] ? msg : kvq_status_str(st));
-    for (int i = 0; i < n_items && st == KVQ_OK; i++) rt_rotate_out(e, layer, items[i].out, d->heads);
+    for (int i = 0; i < n_items && st == KVQ_OK; i++) rt_rotate_out(e, items[i].seq, layer, items[i].out, d->heads);
     kvq_free(bi);
     kvq_free(buf);
     return st;
@@ -449,6 +455,10 @@ static void add_seq(const kvq_engine *e, const kvq_seq *s, kvq_mem_stats *out, u
 {
     e->be->seq_account(e->ctx, s->bseq, out);
     const kvq_dims *d = &e->cfg.dims;
+    for (int l = 0; l < d->layers && s->tq_perm; l++)
+        if (s->prefilled[l]) {
+            out->bytes[KVQ_SEG_PARAMS] += rt_tq_split_bytes(e, l);
+        }
     for (int l = 0; l < d->layers; l++)
         *elems += (uint64_t)e->be->seq_length(s->bseq, l) * (uint64_t)d->kv_heads * (uint64_t)d->head_dim * 2;
 }
@@ -509,7 +519,7 @@ kvq_status kvq_seq_read_cache(kvq_engine *e, const kvq_seq *s, int layer, float 
     char msg[RT_ERRMSG_MAX] = "";
     st = e->be->read_cache(e->ctx, s->bseq, layer, k, v, capacity, n_tokens, msg, sizeof msg);
     if (st != KVQ_OK) return rt_error(e, st, "%s: %s", fn, msg[0] ? msg : kvq_status_str(st));
-    rt_rotate_back(e, layer, k, v, capacity, *n_tokens); /* the cache in the caller's basis */
+    rt_rotate_back(e, s, layer, k, v, capacity, *n_tokens); /* the cache in the caller's basis */
     return KVQ_OK;
 }
 

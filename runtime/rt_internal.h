@@ -15,6 +15,9 @@ struct kvq_seq {
     kvq_engine *engine;
     kvq_backend_seq *bseq;
     unsigned char *prefilled; /* [layers] */
+    /* TurboQuant's outlier channel split (rt_rotate.c): [layers][2][kv_heads][head_dim] channel order, the
+     * outlier channels (chosen from the prompt) first; NULL when the scheme splits no tensor */
+    unsigned char *tq_perm;
     kvq_seq *prev, *next;     /* the engine's list of live sequences */
 };
 
@@ -40,6 +43,10 @@ struct kvq_engine {
     int n_rots;
     const struct kvq_rot **rot;
     uint64_t rot_count[RT_ROT_KINDS];
+    /* TurboQuant's outlier split (rt_rotate.c): per (layer, tensor) the split rotation, or NULL */
+    struct rt_tq_split *splits;
+    int n_splits;
+    const struct rt_tq_split **split;
     char errmsg[RT_ERRMSG_MAX];
 };
 
@@ -83,10 +90,16 @@ kvq_status rt_rotate_init(kvq_engine *e, char *msg, size_t msg_size);
 void rt_rotate_free(kvq_engine *e);
 int rt_rotate_configured(const kvq_engine *e, int layer);
 int rt_rotate_active(const kvq_engine *e, int layer);
-kvq_status rt_rotate_in(kvq_engine *e, const char *fn, int item, int layer, float *k, float *v, float *q,
-                        int n_tokens, int pos0);
-void rt_rotate_out(kvq_engine *e, int layer, float *out, int rows);
-void rt_rotate_back(const kvq_engine *e, int layer, float *k, float *v, int capacity, int n_tokens);
+kvq_status rt_rotate_in(kvq_engine *e, const char *fn, kvq_seq *seq, int item, int layer, float *k, float *v,
+                        float *q, int n_tokens, int pos0);
+void rt_rotate_out(kvq_engine *e, const kvq_seq *seq, int layer, float *out, int rows);
+void rt_rotate_back(const kvq_engine *e, const kvq_seq *seq, int layer, float *k, float *v, int capacity,
+                    int n_tokens);
+/* TurboQuant's outlier split: 1 if the scheme splits some tensor (sequences then carry tq_perm); the bytes of a
+ * sequence's channel selection in a layer (a head_dim-bit mask per kv head and split tensor, counted with the
+ * cache's parameters as kvq_scheme_account counts it). */
+int rt_tq_split_any(const kvq_engine *e);
+uint64_t rt_tq_split_bytes(const kvq_engine *e, int layer);
 
 /* The folder of a scheme's kernels built ahead of time (kvqc build): $KVQ_GENERATED_DIR/<scheme>, else
  * kvq_data_dir()/generated/<scheme>. Used by the cpu and cuda backends alike. */

@@ -38,6 +38,11 @@ kvq_status kvq_scheme_check_dims(const kvq_scheme *s, const kvq_dims *d, char *m
                     d->head_dim % t->group != 0)
                     return kvq_status_msg(msg, size, KVQ_ERR_SHAPE, "layer %d: %s group %d does not divide head_dim %d", l,
                                 w ? "value" : "key", t->group, d->head_dim);
+                /* TurboQuant's outlier split leaves at least one 32-channel word of regular channels */
+                if (!kvq_bits_is_fp16(t->bits) && t->turboquant != KVQ_TQ_NONE && t->tq_outliers >= d->head_dim)
+                    return kvq_status_msg(msg, size, KVQ_ERR_SHAPE,
+                                "layer %d: %s outlier_channels %d leaves no regular channels at head_dim %d", l,
+                                w ? "value" : "key", t->tq_outliers, d->head_dim);
             }
         if (c->mode != KVQ_MODE_QUANT) {
             if (!s->classify.enabled)

@@ -10,6 +10,11 @@
 
 kvq_status kvq_tq_init(kvq_tq *t, int D, int bits, int prod, int seed)
 {
+    return kvq_tq_init_stream(t, D, bits, prod, seed, KVQ_RNG_STREAM_QJL);
+}
+
+kvq_status kvq_tq_init_stream(kvq_tq *t, int D, int bits, int prod, int seed, uint64_t stream)
+{
     memset(t, 0, sizeof *t);
     int mb = prod ? bits - 1 : bits;
     if (D < 1 || D > 256 || mb < 1 || mb > 4 || seed < 0) return KVQ_ERR_INVALID;
@@ -23,7 +28,7 @@ kvq_status kvq_tq_init(kvq_tq *t, int D, int bits, int prod, int seed)
             return KVQ_ERR_NOMEM;
         }
         kvq_rng g;
-        kvq_rng_seed(&g, KVQ_RNG_STREAM_QJL, (uint64_t)seed);
+        kvq_rng_seed(&g, stream, (uint64_t)seed);
         for (size_t i = 0; i < (size_t)D * D; i++) t->S[i] = kvq_rng_normal(&g);
     }
     t->D = D;
@@ -115,4 +120,31 @@ void kvq_tq_dequant(const kvq_tq *t, const uint8_t *codes, float norm, const uin
         }
     }
     for (int c = 0; c < D; c++) out[c] = (float)acc[c];
+}
+
+kvq_status kvq_tqv_init(kvq_tqv *v, int D, int bits, int prod, int seed, int n_out, int out_bits)
+{
+    memset(v, 0, sizeof *v);
+    if (n_out < 0 || n_out >= D || n_out % 32) return KVQ_ERR_INVALID;
+    kvq_status st = KVQ_OK;
+    if (n_out > 0) {
+        st = kvq_tq_init_stream(&v->part[0], n_out, out_bits, prod, seed, KVQ_RNG_STREAM_QJL_OUT);
+        if (st == KVQ_OK) st = kvq_tq_init(&v->part[1], D - n_out, bits, prod, seed);
+        v->off[1] = n_out;
+        v->n_parts = 2;
+    } else {
+        st = kvq_tq_init(&v->part[0], D, bits, prod, seed);
+        v->n_parts = 1;
+    }
+    v->D = D;
+    if (st != KVQ_OK) kvq_tqv_free(v);
+    return st;
+}
+
+void kvq_tqv_free(kvq_tqv *v)
+{
+    if (!v) return;
+    kvq_tq_free(&v->part[0]);
+    kvq_tq_free(&v->part[1]);
+    memset(v, 0, sizeof *v);
 }

@@ -35,6 +35,8 @@ typedef struct {
 
 /* bits: MSE 1..4, prod 2..5; D 1..256; seed: S's (prod). KVQ_ERR_INVALID / KVQ_ERR_NOMEM with t zeroed. */
 kvq_status kvq_tq_init(kvq_tq *t, int D, int bits, int prod, int seed);
+/* The same with S drawn from generator stream `stream` (kvq_tq_init: KVQ_RNG_STREAM_QJL). */
+kvq_status kvq_tq_init_stream(kvq_tq *t, int D, int bits, int prod, int seed, uint64_t stream);
 void kvq_tq_free(kvq_tq *t);
 
 /* Quantizes y [D]: codes [D] (level indices), *norm = ||y||; prod also signs [m] (1 for S r >= 0, else 0) and
@@ -50,5 +52,23 @@ double kvq_tq_score(const kvq_tq *t, const float *q, const double *sq, const uin
 /* Prod: the vector whose inner product with any q is kvq_tq_score: y_mse + rnorm sqrt(pi/2)/m S^T (2 sign - 1)
  * (Algorithm 2's DeQuant_prod). MSE: kvq_tq_dequant_mse. */
 void kvq_tq_dequant(const kvq_tq *t, const uint8_t *codes, float norm, const uint8_t *signs, float rnorm, float *out);
+
+/* TurboQuant's outlier channel split (Sec. 4.3: "splitting channels into outlier and non-outlier sets, and
+ * applying two independent instances of TurboQuant to each"; 2.5 bits = 32 channels at 3 bits + 96 at 2). The
+ * engine (rt_rotate.c) permutes a head vector's outlier channels to the front and rotates each part by its own
+ * random matrix, so a stored vector is [outlier part (n_out coordinates) | regular part]; each part has its own
+ * norm, codes, and for prod its residual norm and QJL signs (m = the part's dimension). The regular part uses the
+ * tensor's seed and the streams of kvq_tq_init / `rotate random`; the outlier part the same seed on streams
+ * KVQ_RNG_STREAM_HAAR_OUT / KVQ_RNG_STREAM_QJL_OUT, so the two instances are independent. Without a split there is
+ * one part, the whole vector. */
+typedef struct {
+    int D, n_parts;
+    int off[2];     /* first coordinate of each part */
+    kvq_tq part[2]; /* [0]: the outlier part when split, else the whole vector */
+} kvq_tqv;
+
+/* n_out: 0 or a multiple of 32 below D; out_bits: the outlier instance's bits (as bits). */
+kvq_status kvq_tqv_init(kvq_tqv *v, int D, int bits, int prod, int seed, int n_out, int out_bits);
+void kvq_tqv_free(kvq_tqv *v);
 
 #endif

@@ -66,6 +66,7 @@ typedef struct {
     const uint8_t *x, *sc, *z, *f, *mask;
     size_t xb, sb, zb, sfix, zfix, fb;
     const float *t; /* element formats with a tensor scale: this kv head's T (layout.h tscale), else NULL */
+    const uint8_t *qjl; /* TurboQuant prod keys: slot 0's QJL sign row (D / 8 bytes a slot), else NULL */
 } cpu_span;
 
 /* Per (sequence, kv head) of a decode step. */
@@ -84,6 +85,7 @@ typedef struct {
     const float *q;   /* [Hq][D] */
     float *out;       /* [Hq][D] */
     float *qs;        /* [Hq][D] q times the softmax scale */
+    float *sq;        /* TurboQuant prod keys: [Hq][D] sqrt(pi/2)/m_j S_j qs (emit_llvm_turboquant.h), else NULL */
     int chunks;       /* KV chunks per kv head */
     cpu_head *heads;  /* [H] */
     float *state;     /* [H][chunks][g * (D + 2 + EMIT_LLVM_TILE)] */

@@ -39,6 +39,9 @@ static size_t state_floats(const ref_qlayer *L)
     return (size_t)g * ((size_t)L->D + 2 + TILE);
 }
 
+/* TurboQuant prod keys: the QJL term needs S q once per step (emit_llvm_turboquant.h). */
+static int qjl_keys(const ref_qlayer *L) { return L->tq[0] && L->tq[0]->part[0].prod; }
+
 static int span_cap(const ref_qlayer *L, int new_pages)
 {
     return L->pages[0].n + L->pages[1].n + new_pages + 4;
@@ -54,6 +57,7 @@ size_t cpu_item_size(cpu_item *it, const ref_qlayer *L, int new_pages, int threa
                (size_t)H * (2 * ref_arena_need((size_t)cap * sizeof(cpu_span)) + ref_arena_need(2 * sizeof(cpu_span))) +
                ref_arena_need((size_t)L->Hq * (size_t)L->D * sizeof(float)) +
                ref_arena_need((size_t)H * (size_t)C * state_floats(L) * sizeof(float));
+    if (qjl_keys(L)) n += ref_arena_need((size_t)L->Hq * (size_t)L->D * sizeof(float));
     if (saliency_on(L)) n += (size_t)H * ref_arena_need(2 * (size_t)len * sizeof(int));
     return n;
 }
@@ -78,6 +82,21 @@ void cpu_item_init(cpu_item *it, const ref_qlayer *L, const cpu_class *cls, ref_
     it->state = ref_arena_take(a, (size_t)H * (size_t)it->chunks * state_floats(L) * sizeof(float));
     size_t nq = (size_t)L->Hq * (size_t)L->D;
     for (size_t i = 0; i < nq; i++) it->qs[i] = it->q ? it->q[i] * L->scale : 0.0f; /* no q: a tile list only */
+    it->sq = NULL;
+    if (qjl_keys(L)) {
+        /* TurboQuant Algorithm 2's estimator: sqrt(pi/2)/m_j (S_j q_j) per part, once per step and query head
+         * (the keys' QJL term is then one dot product per token, emit_llvm_turboquant.h) */
+        it->sq = ref_arena_take(a, nq * sizeof(float));
+        const kvq_tqv *tv = L->tq[0];
+        double sqd[256];
+        for (int hq = 0; hq < L->Hq; hq++)
+            for (int j = 0; j < tv->n_parts; j++) {
+                const kvq_tq *t = &tv->part[j];
+                size_t o = (size_t)hq * (size_t)L->D + (size_t)tv->off[j];
+                kvq_tq_sketch_query(t, it->qs + o, sqd);
+                for (int i = 0; i < t->m; i++) it->sq[o + (size_t)i] = (float)(sqd[i] * sqrt(M_PI / 2) / t->m);
+            }
+    }
 }
 
 /* ------------------------------------------------------------------------------------------------ spans -- */
@@ -141,6 +160,7 @@ static int add_page(cpu_span *list, int *n, const ref_page *pg, int h, const cpu
         s->fb = D * (size_t)fm->scale_bytes;
     }
     if (fm->masked) s->mask = pg->mem + lay->mask + hh * ((c + 7) / 8);
+    if (lay->qjl_size) s->qjl = pg->mem + lay->qjl + hh * c * (D / 8);
     if (lay->tscale_size) /* element formats: the page's tensor scale, one or one per kv head (layout.h) */
         s->t = (const float *)(pg->mem + lay->tscale + (fm->format.tensor_scale_per_head ? hh * sizeof(float) : 0));
     return s->src > 0;
@@ -442,6 +462,7 @@ static int iter_next(tile_iter *t, const cpu_class *cls, tile_job *j)
         a->nkp = np;
     } else {
         source_args(ks, i, t->D, &a->k, &a->ks, &a->kz, &a->kf, &a->kmask, &a->kmbit);
+        a->kqjl = ks->qjl ? ks->qjl + (size_t)i * (size_t)(t->D / 8) : NULL;
         PREFETCH_SOURCE(ks, n, a->k, a->ks, a->kz, a->kf);
     }
     source_args(vs, off, t->D, &a->v, &a->vs, &a->vz, &a->vf, &unused_mask, &unused_bit);
@@ -478,6 +499,7 @@ void cpu_item_tiles(cpu_item *it, int h, int chunk)
     emit_llvm_tile_args a;
     memset(&a, 0, sizeof a);
     a.q = it->qs + (size_t)h * (size_t)g * (size_t)D;
+    a.sq = it->sq ? it->sq + (size_t)h * (size_t)g * (size_t)D : NULL;
     a.acc = st;
     a.ml = st + (size_t)g * (size_t)D;
     a.p = a.ml + 2 * g;

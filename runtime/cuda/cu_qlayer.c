@@ -673,8 +673,8 @@ void cu_qlayer_account(const kvq_backend_ctx *c, cu_qlayer *L, kvq_mem_stats *o)
         o->tokens[KVQ_SEG_RESIDUAL] += (uint64_t)L->win[w].count * H;
         for (int j = 0; j < L->n_pages[w]; j++) {
             const cu_page *p = L->pages[w][j];
-            o->bytes[p->seg] += p->lay.codes_size;
-            o->bytes[KVQ_SEG_PARAMS] += p->lay.total - p->lay.codes_size;
+            o->bytes[p->seg] += p->lay.codes_size + p->lay.qjl_size; /* QJL signs are codes (account.c) */
+            o->bytes[KVQ_SEG_PARAMS] += p->lay.total - p->lay.codes_size - p->lay.qjl_size;
             o->tokens[p->seg] += (uint64_t)p->count * H;
         }
     }

@@ -53,7 +53,7 @@ typedef struct {
     kvq_segment seg; /* KVQ_SEG_BODY_HIGH or KVQ_SEG_BODY_LOW: where its codes are accounted */
     int count;       /* slots filled (an appendable page fills one token per step) */
     uint8_t *mem;    /* lay.total bytes, zero-initialised */
-    const kvq_tq *tq; /* TurboQuant pages (fmt.tq): the layer's quantizer (its levels and QJL matrix) */
+    const kvq_tqv *tq; /* TurboQuant pages (fmt.tq): the layer's quantizer (its parts' levels and QJL matrices) */
     int *pos;        /* [H][cap] token position of each slot (host metadata) */
     float levels[256]; /* element formats other than int: the level table L (kvq_format_levels) */
     int run_idx, run_len; /* a page run (layout/tiles.h) of run_len full key pages of one flush, this the
@@ -118,7 +118,7 @@ typedef struct ref_qlayer {
     ref_pages pages[2];   /* quantized body of K, of V */
     ref_page *append[2];  /* the appendable page being filled, or NULL (it is also in pages[]) */
     ref_pool pool, spill; /* OTT: outlier pool (keep) and spill pool */
-    kvq_tq *tq[2];        /* TurboQuant K, V quantizers (heap: pages point at them), or NULL */
+    kvq_tqv *tq[2];       /* TurboQuant K, V quantizers (heap: pages point at them), or NULL */
     /* ZipCache decode: the probe queries of the current cycle and their attention rows over the window. */
     int probe_cap;        /* bound on probes per cycle */
     int *probe_pos;       /* [probe_cap] absolute positions, ascending */

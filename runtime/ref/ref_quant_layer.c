@@ -207,7 +207,7 @@ void ref_qlayer_free(ref_qlayer *L)
     for (int w = 0; w < 2; w++) {
         kvq_free(L->tscale[w]);
         L->tscale[w] = NULL;
-        kvq_tq_free(L->tq[w]);
+        kvq_tqv_free(L->tq[w]);
         kvq_free(L->tq[w]);
         L->tq[w] = NULL;
     }
@@ -259,7 +259,9 @@ kvq_status ref_qlayer_prefill(ref_layer *RL, const kvq_be_engine *e, int layer, 
         const kvq_tensor_cfg *t = tcfg(L, w);
         if (t->turboquant == KVQ_TQ_NONE || kvq_bits_is_fp16(t->bits)) continue;
         L->tq[w] = kvq_calloc(1, sizeof *L->tq[w]);
-        st = L->tq[w] ? kvq_tq_init(L->tq[w], D, t->bits, t->turboquant == KVQ_TQ_PROD, t->rotate_seed) : KVQ_ERR_NOMEM;
+        st = L->tq[w] ? kvq_tqv_init(L->tq[w], D, t->bits, t->turboquant == KVQ_TQ_PROD, t->rotate_seed, t->tq_outliers,
+                                      t->tq_outlier_bits)
+                       : KVQ_ERR_NOMEM;
     }
     if (st == KVQ_OK && cfg->outliers.keep > 0) {
         st = ref_pool_init(&L->pool, H, D, cfg->outliers.keep);
@@ -585,8 +587,8 @@ void ref_qlayer_account(const ref_qlayer *L, kvq_mem_stats *o)
         o->tokens[KVQ_SEG_RESIDUAL] += (uint64_t)L->win[w].count * H;
         for (int j = 0; j < L->pages[w].n; j++) {
             const ref_page *pg = L->pages[w].v[j];
-            o->bytes[pg->seg] += pg->lay.codes_size;
-            o->bytes[KVQ_SEG_PARAMS] += pg->lay.total - pg->lay.codes_size;
+            o->bytes[pg->seg] += pg->lay.codes_size + pg->lay.qjl_size; /* QJL signs are codes (account.c) */
+            o->bytes[KVQ_SEG_PARAMS] += pg->lay.total - pg->lay.codes_size - pg->lay.qjl_size;
             o->tokens[pg->seg] += (uint64_t)pg->count * H;
         }
     }

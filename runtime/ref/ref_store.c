@@ -280,18 +280,24 @@ static void quant_token(ref_page *p, const float *x, size_t head_stride, int slo
         return;
     }
     if (f->tq != KVQ_TQ_NONE) {
-        /* TurboQuant Algorithms 1-2 on the rotated head vector: norm as the scale, residual norm as the zero */
+        /* TurboQuant Algorithms 1-2 on each part of the rotated head vector (one part, or the outlier split's
+         * two): norm as the scale, residual norm as the zero, one entry per part */
         uint8_t signs[256];
-        int cb = f->tq == KVQ_TQ_PROD ? bits - 1 : bits;
+        int ng = p->lay.n_groups;
         for (int h = 0; h < H; h++) {
-            float norm, rnorm = 0;
-            size_t idx = (size_t)h * (size_t)f->capacity + (size_t)slot;
-            kvq_tq_quantize(p->tq, x + (size_t)h * head_stride, codes, &norm, signs, &rnorm);
-            put_param(scale, idx, f->scale_bytes, norm);
-            kvq_pack_codes(codes, D, cb, slot_codes(p, h, slot));
-            if (f->tq != KVQ_TQ_PROD) continue;
-            put_param(zero, idx, f->zero_bytes, rnorm);
-            kvq_pack_codes(signs, D, 1, p->mem + p->lay.qjl + idx * (size_t)(D / 8));
+            size_t idx = (size_t)h * (size_t)f->capacity + (size_t)slot, cb_off = 0;
+            for (int j = 0; j < p->tq->n_parts; j++) {
+                const kvq_tq *t = &p->tq->part[j];
+                int off = p->tq->off[j];
+                float norm, rnorm = 0;
+                kvq_tq_quantize(t, x + (size_t)h * head_stride + off, codes, &norm, signs, &rnorm);
+                put_param(scale, idx * (size_t)ng + (size_t)j, f->scale_bytes, norm);
+                kvq_pack_codes(codes, t->D, t->mse_bits, slot_codes(p, h, slot) + cb_off);
+                cb_off += kvq_code_bytes(t->D, t->mse_bits);
+                if (f->tq != KVQ_TQ_PROD) continue;
+                put_param(zero, idx * (size_t)ng + (size_t)j, f->zero_bytes, rnorm);
+                kvq_pack_codes(signs, t->D, 1, p->mem + p->lay.qjl + idx * (size_t)(D / 8) + off / 8);
+            }
         }
         return;
     }
@@ -404,14 +410,20 @@ void ref_page_read(const ref_page *p, int h, int slot, float *out)
     if (f->tq != KVQ_TQ_NONE) {
         /* TurboQuant's dequantization: the prod key's q.k is Algorithm 2's unbiased estimate */
         uint8_t signs[256];
-        size_t idx = (size_t)h * (size_t)f->capacity + (size_t)slot;
-        kvq_unpack_codes(src, D, f->tq == KVQ_TQ_PROD ? bits - 1 : bits, codes);
-        float norm = get_param(scale, idx, f->scale_bytes), rnorm = 0;
-        if (f->tq == KVQ_TQ_PROD) {
-            rnorm = get_param(zero, idx, f->zero_bytes);
-            kvq_unpack_codes(p->mem + p->lay.qjl + idx * (size_t)(D / 8), D, 1, signs);
+        size_t idx = (size_t)h * (size_t)f->capacity + (size_t)slot, cb_off = 0;
+        int ng = p->lay.n_groups;
+        for (int j = 0; j < p->tq->n_parts; j++) {
+            const kvq_tq *t = &p->tq->part[j];
+            int off = p->tq->off[j];
+            kvq_unpack_codes(src + cb_off, t->D, t->mse_bits, codes);
+            cb_off += kvq_code_bytes(t->D, t->mse_bits);
+            float norm = get_param(scale, idx * (size_t)ng + (size_t)j, f->scale_bytes), rnorm = 0;
+            if (f->tq == KVQ_TQ_PROD) {
+                rnorm = get_param(zero, idx * (size_t)ng + (size_t)j, f->zero_bytes);
+                kvq_unpack_codes(p->mem + p->lay.qjl + idx * (size_t)(D / 8) + off / 8, t->D, 1, signs);
+            }
+            kvq_tq_dequant(t, codes, norm, signs, rnorm, out + off);
         }
-        kvq_tq_dequant(p->tq, codes, norm, signs, rnorm, out);
         return;
     }
     kvq_unpack_codes(src, D, bits, codes);

@@ -546,7 +546,7 @@ static void test_cache(void)
             for (int i = 0; i < 2 * 64; i++) q[i] = 0.1f * (float)(i % 7);
             memset(res[r], 0, sizeof res[r]);
             emit_llvm_tile_args a = {q, res[r], ml, p, (const uint8_t *)K, NULL, NULL, NULL, NULL, (const uint8_t *)V,
-                                     NULL, NULL, NULL, 3, 0, NULL, 0, NULL, NULL};
+                                     NULL, NULL, NULL, 3, 0, NULL, 0, NULL, NULL, NULL, NULL};
             fn(&a);
         }
         emit_llvm_free(j);

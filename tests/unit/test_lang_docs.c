@@ -33,7 +33,8 @@ static int same_tensor(const kvq_tensor_cfg *a, const kvq_tensor_cfg *b)
            a->format.kind == b->format.kind && a->format.codebook_normal == b->format.codebook_normal &&
            a->format.n_levels == b->format.n_levels && a->format.tensor_scale == b->format.tensor_scale &&
            !memcmp(a->format.levels, b->format.levels, sizeof a->format.levels) && a->rotate == b->rotate &&
-           a->rotate_seed == b->rotate_seed && a->turboquant == b->turboquant;
+           a->rotate_seed == b->rotate_seed && a->turboquant == b->turboquant && a->tq_outliers == b->tq_outliers &&
+           a->tq_outlier_bits == b->tq_outlier_bits;
 }
 
 static int same_layer(const kvq_layer_cfg *a, const kvq_layer_cfg *b)

@@ -344,6 +344,9 @@ static int build_scheme(const build_args *a, const kvq_scheme *sch, int can_comp
         /* reported */
     } else if (!a->cuda) {
         /* cpu only */
+    } else if (plan_cuda_ok(p, msg, sizeof msg) != KVQ_OK) {
+        fprintf(stderr, "kvqc build: %s: %s\n", kvq_scheme_name(sch), msg);
+        rc = 1;
     } else if (emit_cuda_text_build(p, NULL, &t) != KVQ_OK) {
         fprintf(stderr, "kvqc build: out of memory\n");
         rc = 1;
