@@ -79,10 +79,8 @@ typedef struct {
     int *probe_pos;  /* [window capacity] */
     uint64_t rows;   /* device float [probe_cap][H][window capacity] */
     /* element formats whose tensor scale comes from the prompt (tensor_scale prompt), K and V: the prompt's absolute
-     * maxima, device float [H] (kvq_tensor_amax), and whether they are taken yet (a prompt of no tokens: at the
-     * first flush, as ref_quant_layer.c set_tscale) */
+     * maxima, device float [H] (kvq_tensor_amax), or 0 */
     uint64_t tamax[2];
-    int tamax_set[2];
 } cu_qlayer;
 
 typedef struct {
@@ -119,7 +117,6 @@ typedef struct {
     int pending_flush, n_probes, n_rows, cycle_first;
     int *probe_pos; /* copy (saliency layers) */
     int n_gen, gen_count[2];
-    int tamax_set[2];
 } cu_snap;
 
 /* cu_pool.c: the engine's device memory for the cache (slabs, free lists by size). */
@@ -382,8 +379,6 @@ kvq_status cu_qlayer_save(const cu_qlayer *L, cu_snap *s);
 /* Puts L back as saved (frees what the step created); KVQ_OK unless undoing an OTT unmask failed on the device. */
 kvq_status cu_qlayer_restore(kvq_backend_ctx *c, cu_qlayer *L, cu_snap *s, char *msg, size_t n);
 void cu_qlayer_commit(kvq_backend_ctx *c, cu_qlayer *L);
-/* 1 while a tensor scale from the prompt is still to be taken (a prompt of no tokens, before its first flush) */
-int cu_qlayer_tamax_pending(const cu_qlayer *L);
 
 /* cu_ott.c: OTT's pools (Sec. 3.2, App. E) on the device */
 kvq_status cu_ott_init(kvq_backend_ctx *c, cu_ott *o, int keep, int spill, char *msg, size_t n);

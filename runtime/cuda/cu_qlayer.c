@@ -45,26 +45,19 @@ static int prompt_scale(const cu_qlayer *L, int w)
 
 static size_t tamax_bytes(const kvq_backend_ctx *c) { return (size_t)c->H * sizeof(float); }
 
-/* The absolute maxima of tensor w's tensor scale from n rows of src, once: the first values the layer is given
- * (the whole prompt, or, after a prompt of no tokens, the first flush), as ref_quant_layer.c set_tscale takes
- * them; the quantize kernels derive T from them (kvq_format.cuh kvq_fmt_quant_T). */
+/* The prompt's absolute maxima of tensor w's tensor scale (kvq_tensor_amax), from which the quantize kernels derive
+ * T (kvq_format.cuh kvq_fmt_quant_T): the whole prompt, sinks and window included, as ref_quant_layer.c set_tscale
+ * takes it. A prefill has at least one token (kvq_prefill), so T is fixed before any flush. */
 static kvq_status take_tamax(kvq_backend_ctx *c, cu_qlayer *L, int w, const kvq_rows *src, int n, char *msg,
                              size_t mn)
 {
-    if (!prompt_scale(L, w) || L->tamax_set[w] || n == 0) return KVQ_OK;
+    if (!prompt_scale(L, w)) return KVQ_OK;
+    kvq_status st = cu_pool_get(c, tamax_bytes(c), &L->tamax[w], msg, mn);
     kvq_tamax_params tp;
     memset(&tp, 0, sizeof tp);
     tp.src = *src, tp.out = L->tamax[w], tp.n = n;
-    kvq_status st = cu_launch(c, "kvq_tensor_amax", (unsigned)c->H, 1, 1, 128, &tp, sizeof tp, msg, mn);
-    if (st == KVQ_OK) L->tamax_set[w] = 1;
+    if (st == KVQ_OK) st = cu_launch(c, "kvq_tensor_amax", (unsigned)c->H, 1, 1, 128, &tp, sizeof tp, msg, mn);
     return st;
-}
-
-int cu_qlayer_tamax_pending(const cu_qlayer *L)
-{
-    for (int w = 0; w < 2; w++)
-        if (L->cfg && prompt_scale(L, w) && !L->tamax_set[w]) return 1;
-    return 0;
 }
 
 /* ---- pages ---- */
@@ -196,9 +189,7 @@ static kvq_status flush_pages(kvq_backend_ctx *c, cu_qlayer *L, int w, const kvq
 {
     const kvq_tensor_cfg *t = tcfg(L, w);
     int H = c->H;
-    kvq_status st = take_tamax(c, L, w, src, B, msg, mn);
-    if (st == KVQ_OK)
-        st = cu_scratch(c, &c->aux, &c->aux_bytes, (size_t)H * (B > 0 ? B : 1) * sizeof(int) + 64, msg, mn);
+    kvq_status st = cu_scratch(c, &c->aux, &c->aux_bytes, (size_t)H * (B > 0 ? B : 1) * sizeof(int) + 64, msg, mn);
     int *member = kvq_malloc((size_t)H * (B > 0 ? B : 1) * sizeof *member);
     int *gidx = kvq_malloc((size_t)H * (B > 0 ? B : 1) * sizeof *gidx);
     if (st == KVQ_OK && (!member || !gidx)) st = KVQ_ERR_NOMEM;
@@ -357,9 +348,7 @@ kvq_status cu_qlayer_prefill(kvq_backend_ctx *c, cu_layer *RL, int layer, const 
     for (int w = 0; w < 2 && st == KVQ_OK; w++) {
         kvq_rows r = cu_rows_f16(c->stage + (w ? rows : 0), T, 0, 0);
         st = cu_win_push(c, &L->sink[w], &r, S, pos, msg, mn);
-        /* a tensor scale from the prompt: the whole prompt's (sinks and window included), before any flush */
-        if (st == KVQ_OK && prompt_scale(L, w)) st = cu_pool_get(c, tamax_bytes(c), &L->tamax[w], msg, mn);
-        if (st == KVQ_OK) st = take_tamax(c, L, w, &r, T, msg, mn);
+        if (st == KVQ_OK) st = take_tamax(c, L, w, &r, T, msg, mn); /* before any flush */
     }
     /* the flush: OTT's competition (the prefill is one quantization step), or ZipCache's classes, then pages */
     kvq_rows fr[2] = {cu_rows_f16(c->stage, T, S, 0), cu_rows_f16(c->stage + rows, T, S, 0)};
@@ -445,8 +434,7 @@ kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, const float *k, co
             }
             kvq_rows r = direct[w] ? newr[w] : cu_rows_f16(win->addr, win->cap, win->head, win->cap);
             int fp = direct[w] ? pos : win->pos[win->head];
-            st = take_tamax(c, L, w, &r, 1, msg, mn);
-            if (st == KVQ_OK) st = page_write(c, L, ap, &r, ap->count, 1, 0, msg, mn);
+            st = page_write(c, L, ap, &r, ap->count, 1, 0, msg, mn);
             for (int h = 0; h < H; h++) ap->pos[h * ap->fmt.capacity + ap->count] = fp;
             ap->count++;
             if (!direct[w]) win_drop(win, 1);
@@ -733,7 +721,7 @@ void cu_qlayer_free(kvq_backend_ctx *c, cu_qlayer *L)
     }
     for (int w = 0; w < 2; w++) {
         if (L->tamax[w]) cu_pool_put(c, L->tamax[w], tamax_bytes(c));
-        L->tamax[w] = 0, L->tamax_set[w] = 0;
+        L->tamax[w] = 0;
     }
     cu_ott_free(c, &L->ott);
     cu_sal_free(c, L);
@@ -753,7 +741,6 @@ kvq_status cu_qlayer_save(const cu_qlayer *L, cu_snap *s)
         s->n_pages[w] = L->n_pages[w];
         s->append[w] = L->append[w];
         s->append_count[w] = L->append[w] ? L->append[w]->count : 0;
-        s->tamax_set[w] = L->tamax_set[w];
     }
     s->pending_flush = L->pending_flush, s->n_probes = L->n_probes, s->n_rows = L->n_rows;
     s->cycle_first = L->cycle_first;
@@ -776,7 +763,6 @@ kvq_status cu_qlayer_restore(kvq_backend_ctx *c, cu_qlayer *L, cu_snap *s, char 
         if (L->append[w]) L->append[w]->count = s->append_count[w];
         L->sink[w].count = s->sink_count[w];
         L->win[w].head = s->win_head[w], L->win[w].count = s->win_count[w];
-        L->tamax_set[w] = s->tamax_set[w]; /* taken again by the next flush: kvq_tensor_amax overwrites */
     }
     L->length = s->length;
     L->pending_flush = s->pending_flush, L->n_probes = s->n_probes, L->n_rows = s->n_rows;

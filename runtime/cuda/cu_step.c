@@ -264,14 +264,6 @@ static kvq_status check_plannable(const kvq_backend_ctx *c, kvq_backend_seq *con
                          l);
                 return KVQ_ERR_UNSUPPORTED;
             }
-            if (L && !L->sparse && cu_qlayer_tamax_pending(&L->q)) {
-                snprintf(msg, ms,
-                         "sequence %d layer %d: its tensor scale from the prompt (tensor_scale prompt) is not taken "
-                         "yet (a prompt of no tokens: the first flush takes it, a launch a planned step does not "
-                         "hold); run that step with kvq_decode_device (docs/cuda.md)",
-                         i, l);
-                return KVQ_ERR_UNSUPPORTED;
-            }
             int len = !L ? 0 : L->sparse ? L->s.length : L->q.length;
             if (L && len + 1 > S->max_tokens) {
                 snprintf(msg, ms,

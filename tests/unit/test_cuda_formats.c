@@ -3,7 +3,8 @@
  * on the emulator device) against the reference backend through the public API: a batch of sequences of
  * different lengths prefilled and decoded on structured K/V (kvq_synth: large key channels, outlier tokens, a
  * sink, heavy hitters) with edge values planted in the prompt (values beyond e4m3's 448 and e2m1's block range,
- * exact zeros, +-0, a constant row, fp16's largest), so that saturation and rounding ties are exercised. Every
+ * exact zeros, +-0, a constant row, fp16's largest in one kv head), so that saturation and rounding ties are
+ * exercised, and each kv head has its own absolute maximum. Every
  * read_cache is bit-identical (the device's codes and parameters decode to the reference's values: the codes
  * and scales are the same bits, the tensor scales from the prompt included: kvq_tensor_amax), every decode output
  * within 1e-3 of the reference's (relative to the head's magnitude; every format, codebooks included: the decode
@@ -93,7 +94,7 @@ static kvq_engine *make_engine(const kvq_scheme *s, kvq_backend_kind kind, int h
 }
 
 /* edge values planted in token rows of the prompt (K and V of every kv head): saturation of e4m3 (448) and of
- * NVFP4/MXFP4 blocks, zeros and signed zeros, a constant row, fp16's largest */
+ * NVFP4/MXFP4 blocks, zeros and signed zeros, a constant row, fp16's largest (kv head 0) */
 static void plant_edges(float *x, int H, size_t T, int layer)
 {
     for (int h = 0; h < H; h++) {
@@ -101,7 +102,9 @@ static void plant_edges(float *x, int H, size_t T, int layer)
         for (int c = 0; c < D; c++) {
             r[5 * D + c] = c % 3 == 0 ? 600.0f : c % 3 == 1 ? -0.0f : 0.0f; /* beyond e4m3's 448 */
             r[9 * D + c] = 1.25f;                                         /* a constant row */
-            r[12 * D + c] = c == 7 ? 65504.0f : c == 40 ? -65504.0f : (float)(c % 17) * 0.03125f;
+            /* fp16's largest in kv head 0 only: each kv head its own absolute maximum (tensor_scale per head) */
+            const float big = h == 0 ? 65504.0f : 300.0f * (float)h;
+            r[12 * D + c] = c == 7 ? big : c == 40 ? -big : (float)(c % 17) * 0.03125f;
             r[30 * D + c] = (float)((c * 7 + layer) % 33 - 16) * 0.5f; /* values on half steps: rounding ties */
         }
     }
