@@ -388,7 +388,7 @@ KVQ_DEV int kvq_fmt_is(kvq_fmt f) { return f.kind != KVQ_FK_INT && f.bits > 0 &&
  * width with float parameters; the others (fp8, e2m1, codebooks) as fp32 rows x = z + (s T) L[code], the
  * reference's values exactly (bits 32, kvq_fmt_cbpt). fp16 rows would round s T L once more: a codebook's levels,
  * or a tensor scale from the prompt, are not fp16 numbers, and the structured keys' large scores amplify that
- * rounding (2^-12) past 1e-3 of the attention (test_cuda_formats measured 1.2e-3 to 5.4e-3). */
+ * rounding (2^-12) past 1e-3 of the attention (test_cuda_formats: 1.1e-3 to 2.8e-3, docs/cuda.md). */
 KVQ_DEV kvq_fmt kvq_fmt_staged(kvq_fmt f)
 {
     if (!kvq_fmt_is(f)) return f;
@@ -543,8 +543,8 @@ KVQ_DEV void kvq_fmt_quant_channel(const kvq_quant_params *p, kvq_fmt f, int h, 
     }
 }
 
-/* Stages tokens [slot, slot + n) of an element-format page (and the pages of its run after it) for kv head h
- * as fp32 rows x = z + (s T) L[code]: the reference's value (runtime/quant.h kvq_format_dequant), bit for bit. */
+/* Stages tokens [slot, slot + n) of a linear format's page for kv head h for the integer path: codes at the
+ * staged width (kvq_fmt_staged_bits) into rows, each group's s and z' = z - s off into ss / sz as floats. */
 KVQ_DEV void kvq_fmt_stage_linear(unsigned char *rows, float *ss, float *sz, const unsigned char *b, kvq_fmt f,
                                   int slot, int cap, int n, int h, int tid, int nthreads)
 {
@@ -576,6 +576,8 @@ KVQ_DEV void kvq_fmt_stage_linear(unsigned char *rows, float *ss, float *sz, con
     }
 }
 
+/* Stages tokens [slot, slot + n) of an element-format page (and the pages of its run after it) for kv head h
+ * as fp32 rows x = z + (s T) L[code]: the reference's value (runtime/quant.h kvq_format_dequant), bit for bit. */
 KVQ_DEV void kvq_fmt_stage_page(unsigned char *rows, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
                                 int h, int tid, int nthreads)
 {
