@@ -130,6 +130,12 @@ int emit_cuda_sbuf_bytes(const kvq_plan *p, const plan_class *c)
 
 static int quantized(const plan_store *st) { return st->bits >= 1 && st->bits <= 8; }
 
+/* A store whose element format takes its tensor scale from the prompt (tensor_scale prompt): kvq_tensor_amax */
+static int prompt_scale(const plan_store *st)
+{
+    return quantized(st) && kvq_format_has_tensor_scale(st->format.kind) && !(st->format.tensor_scale > 0.0f);
+}
+
 static void add_kernel(emit_cuda_kernel *out, int *n, int max, const char *name, emit_cuda_kind kind, int cls,
                        const char *params, int param_size, unsigned bx, unsigned by, unsigned bz, const char *grid)
 {
@@ -157,6 +163,12 @@ int emit_cuda_kernels(const kvq_plan *p, emit_cuda_kernel *out, int max)
     add_kernel(out, &n, max, "kvq_merge", EMIT_K_MERGE, -1, "kvq_decode_params", DP, mt, 1, 1, "(heads, batch)");
     add_kernel(out, &n, max, "kvq_store_f16", EMIT_K_STORE, -1, "kvq_store_params", SP, 128, 1, 1, "(kv_heads, n)");
     add_kernel(out, &n, max, "kvq_params_sig", EMIT_K_SIG, -1, "kvq_sig_params", GP, 32, 1, 1, "(1)");
+    int tamax = 0;
+    for (int c = 0; c < p->n_classes; c++)
+        tamax |= p->cls[c].quant && (prompt_scale(&p->cls[c].k_hi) || prompt_scale(&p->cls[c].v_hi));
+    if (tamax)
+        add_kernel(out, &n, max, "kvq_tensor_amax", EMIT_K_STORE, -1, "kvq_tamax_params", (int)sizeof(kvq_tamax_params),
+                   128, 1, 1, "(kv_heads)");
     /* policy kernels (kvq_policy.cuh), block KVQ_PTHREADS = 256 */
     if (p->any_pool) {
         add_kernel(out, &n, max, "kvq_ott_compete", EMIT_K_POLICY, -1, "kvq_ott_params", OP, 256, 1, 1, "(kv_heads)");

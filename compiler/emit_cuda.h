@@ -13,7 +13,7 @@
 /* kvq's own version, part of every JIT cache key (DESIGN §7). */
 #define EMIT_CUDA_KVQ_VERSION "kvq-cuda-1"
 
-#define EMIT_CUDA_MAX_KERNELS (16 + 10 * PLAN_MAX_CLASSES)
+#define EMIT_CUDA_MAX_KERNELS (20 + 10 * PLAN_MAX_CLASSES)
 
 typedef enum {
     EMIT_K_DECODE = 0, /* fused decode attention of one layer class */

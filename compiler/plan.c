@@ -47,13 +47,14 @@ static int layer_eq(const kvq_layer_cfg *a, const kvq_layer_cfg *b)
 
 int plan_row_bytes(int head_dim, int bits) { return (int)kvq_code_bytes(head_dim, bits); }
 
-/* Bytes a decode tile stages per token of a store: its codes, or fp16 rows for element formats, which
- * templates/kvq_format.cuh decodes while staging. */
+/* Bytes a decode tile stages per token of a store: its codes; for element formats, the linear ones' codes at
+ * their staged width, the others' fp32 rows, which templates/kvq_format.cuh decodes while staging (the
+ * reference's values exactly: fp16 rows would round a codebook's levels and a prompt's tensor scale). */
 static int staged_row_bytes(int head_dim, const plan_store *st)
 {
     if (st->bits >= 16 || st->format.kind == KVQ_FMT_INT) return plan_row_bytes(head_dim, st->bits);
-    return plan_row_bytes(head_dim, kvq_fmt_linear((int)st->format.kind)
-                                        ? kvq_fmt_staged_bits((int)st->format.kind, st->bits) : 16);
+    if (!kvq_fmt_linear((int)st->format.kind)) return 4 * head_dim;
+    return plan_row_bytes(head_dim, kvq_fmt_staged_bits((int)st->format.kind, st->bits));
 }
 
 static void store_init(plan_store *st, const kvq_tensor_cfg *t, int bits, int masked, int head_dim)
@@ -226,7 +227,7 @@ static int align16(int n) { return (n + 15) & ~15; }
 static int store_par(const kvq_plan *p, const plan_store *st, int tile)
 {
     if (st->bits == 0 || st->bits >= 16) return 1;
-    if (st->format.kind != KVQ_FMT_INT && !kvq_fmt_linear((int)st->format.kind)) return 1; /* fp16 rows staged */
+    if (st->format.kind != KVQ_FMT_INT && !kvq_fmt_linear((int)st->format.kind)) return 1; /* fp32 rows staged */
     if (st->gran == KVQ_GRAN_CHANNEL) return p->head_dim * kvq_tile_max_pages(tile, st->group);
     if (st->hidden) return tile;
     return tile * (p->head_dim / st->group);
@@ -508,7 +509,7 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
         int c = 0;
         /* Element formats are planned like integers (plan_store carries the format): the cpu kernels
          * (compiler/emit_llvm_format.c) and the CUDA templates (templates/kvq_format.cuh) decode them; what a
-         * backend cannot run it refuses in its supports() (cu_supports: a tensor scale from the prompt). */
+         * backend cannot run it refuses in its supports() (cu_supports: per-channel groups of a block format). */
         while (c < p->n_classes && !layer_eq(seen[c], cfg)) c++;
         if (c == p->n_classes) {
             if (c == PLAN_MAX_CLASSES) {

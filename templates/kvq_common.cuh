@@ -1,5 +1,6 @@
-/* Entry points that depend only on the model dimensions: the split-KV merge, fp16 row stores, and the
- * parameter-layout signature the host checks before its first launch (kvq_params.cuh). */
+/* Entry points that depend only on the model dimensions: the split-KV merge, fp16 row stores, the prompt's
+ * absolute maxima of a tensor scale, and the parameter-layout signature the host checks before its first launch
+ * (kvq_params.cuh). */
 #ifndef KVQ_COMMON_CUH
 #define KVQ_COMMON_CUH
 
@@ -63,6 +64,15 @@ extern "C" __global__ void __launch_bounds__(128) kvq_convert_rows(const kvq_con
         }
 }
 KVQ_KERNEL_EXPORT(kvq_convert_rows);
+
+/* The prompt's absolute maxima of a tensor whose element format takes its tensor scale from the prompt
+ * (kvq_tamax_params, kvq_format.cuh). grid (kv_heads), block 128. */
+extern "C" __global__ void __launch_bounds__(128) kvq_tensor_amax(const kvq_tamax_params p)
+{
+    __shared__ float red[128];
+    kvq_tensor_amax_body(&p, red);
+}
+KVQ_KERNEL_EXPORT(kvq_tensor_amax);
 
 /* Sizes and offsets of the parameter structs as this compilation lays them out (KVQ_PARAMS_SIG_LIST). */
 extern "C" __global__ void kvq_params_sig(const kvq_sig_params p)

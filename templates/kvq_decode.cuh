@@ -280,7 +280,9 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         for (int j = 0; j < cp / KVQ_VEC; j++) {
             const int c0 = cbeg + j * KVQ_VEC;
             float cv[KVQ_VEC];
-            if (f.bits >= 16)
+            if (f.bits == 32) /* element formats' fp32 rows (kvq_format.cuh) */
+                kvq_unpack8_f32(row + 4 * c0, cv);
+            else if (f.bits >= 16)
                 kvq_unpack8_half(row + 2 * c0, cv);
             else if (kvq_k_preshift(f))
                 kvq_unpack8_ps(row, c0, f.bits, cv);
@@ -384,7 +386,9 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
             if (!live)
 #pragma unroll
                 for (int i = 0; i < KVQ_HPT; i++) p[i] = 0.0f;
-            if (f.bits >= 16)
+            if (f.bits == 32) /* element formats' fp32 rows (kvq_format.cuh) */
+                kvq_unpack8_f32(row + 4 * c0, cv);
+            else if (f.bits >= 16)
                 kvq_unpack8_half(row + 2 * c0, cv);
             else if (psh)
                 kvq_unpack8_ps(row, c0, f.bits, cv);
@@ -526,7 +530,7 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi,
                              kvq_fmt vlo, const kvq_dec_geo g)
 {
-    /* element formats are staged as fp16 rows, and computed on as such (kvq_format.cuh) */
+    /* element formats are staged as integer codes or fp32 rows, and computed on as such (kvq_format.cuh) */
     const kvq_fmt skhi = khi, sklo = klo, svhi = vhi, svlo = vlo;
     khi = kvq_fmt_staged(khi), klo = kvq_fmt_staged(klo), vhi = kvq_fmt_staged(vhi), vlo = kvq_fmt_staged(vlo);
     const int G = KVQ_GQA, D = KVQ_D, NW = KVQ_THREADS / 32;

@@ -385,7 +385,10 @@ KVQ_DEV void kvq_fq_group_inplace(const kvq_fq *q, float *x, int n, float *s, fl
 KVQ_DEV int kvq_fmt_is(kvq_fmt f) { return f.kind != KVQ_FK_INT && f.bits > 0 && f.bits < 16; }
 
 /* What the decode kernel's compute sees of a page format: linear formats as asymmetric integers of the staged
- * width with float parameters; the others (fp8, e2m1, codebooks) as fp16 rows x = z + (s T) L[code]. */
+ * width with float parameters; the others (fp8, e2m1, codebooks) as fp32 rows x = z + (s T) L[code], the
+ * reference's values exactly (bits 32, kvq_fmt_cbpt). fp16 rows would round s T L once more: a codebook's levels,
+ * or a tensor scale from the prompt, are not fp16 numbers, and the structured keys' large scores amplify that
+ * rounding (2^-12) past 1e-3 of the attention (test_cuda_formats: 1.1e-3 to 2.8e-3, docs/cuda.md). */
 KVQ_DEV kvq_fmt kvq_fmt_staged(kvq_fmt f)
 {
     if (!kvq_fmt_is(f)) return f;
@@ -393,7 +396,7 @@ KVQ_DEV kvq_fmt kvq_fmt_staged(kvq_fmt f)
         kvq_fmt g = {kvq_fmt_staged_bits(f.kind, f.bits), f.gran, 0, f.group, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}};
         return g;
     }
-    kvq_fmt g = {16, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0.0f, 0, {0}};
+    kvq_fmt g = {32, 0, 0, 0, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}};
     return g;
 }
 
@@ -403,6 +406,54 @@ KVQ_DEV kvq_fq kvq_fmt_fq(const kvq_fmt *f, float T)
     q.kind = f->kind, q.bits = f->bits, q.s_f32 = f->sbytes == 4, q.z_f32 = f->zbytes == 4, q.T = T;
     q.normal = f->normal, q.n_levels = f->n_levels, q.levels = f->lv;
     return q;
+}
+
+/* runtime/quant.c kvq_format_tensor_scale: T = amax / top (top: the element's largest value, NVFP4's 6 * 448),
+ * 1 when amax is not positive and finite or the division underflows. */
+KVQ_DEV float kvq_fmt_tensor_scale(int kind, float amax)
+{
+    const float top = kind == KVQ_FK_E4M3    ? 448.0f
+                      : kind == KVQ_FK_E5M2  ? 57344.0f
+                      : kind == KVQ_FK_NVFP4 ? 2688.0f /* 6 * 448 */
+                                             : 0.0f;
+    if (top == 0.0f || !(amax > 0.0f) || !(amax < KVQ_POS_INF_)) return 1.0f;
+    const float t = __fdiv_rn(amax, top);
+    return t > 0.0f ? t : 1.0f;
+}
+
+/* The tensor scale a quantize kernel of kv head h uses: the spec's static value, or (tensor_scale prompt) the one
+ * of the prompt's absolute maxima (kvq_tensor_amax): the head's own (per head), or the largest over every kv head,
+ * taken as ref_quant_layer.c set_tscale takes it. */
+KVQ_DEV float kvq_fmt_quant_T(const kvq_quant_params *p, kvq_fmt f, int h)
+{
+    if (f.ts > 0.0f) return f.ts;
+    if (!p->tamax) return 1.0f;
+    const float *a = (const float *)p->tamax;
+    float m = 0.0f;
+    if (f.tsh)
+        m = a[h];
+    else
+        for (int i = 0; i < KVQ_HKV; i++) m = fmaxf(m, a[i]);
+    return kvq_fmt_tensor_scale(f.kind, m);
+}
+
+/* kvq_tensor_amax (kvq_params.cuh kvq_tamax_params): one block per kv head, fmaxf over |x| (fmaxf ignores a NaN as
+ * the reference's comparison does), then a tree of maxima. */
+KVQ_DEV void kvq_tensor_amax_body(const kvq_tamax_params *p, float *red)
+{
+    const int h = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    float a = 0.0f;
+    for (long long i = tid; i < (long long)p->n * KVQ_D; i += nt) {
+        const int t = (int)(i / KVQ_D), c = (int)(i % KVQ_D);
+        a = fmaxf(a, fabsf(kvq_src_ld(&p->src, kvq_row_at(&p->src, h, t, p->n), c)));
+    }
+    red[tid] = a;
+    __syncthreads();
+    for (int s = nt / 2; s > 0; s >>= 1) {
+        if (tid < s) red[tid] = fmaxf(red[tid], red[tid + s]);
+        __syncthreads();
+    }
+    if (tid == 0) ((float *)p->out)[h] = red[0];
 }
 
 /* Tensor scale T of kv head h of a page. */
@@ -444,9 +495,9 @@ KVQ_DEV void kvq_fmt_quant_token_run(const kvq_quant_params *p, kvq_fmt f, kvq_p
                                      int h, int tid, int nthreads)
 {
     unsigned char *page = (unsigned char *)p->page;
-    const float T = f.ts > 0.0f ? f.ts : 1.0f;
-    if (tid == 0 && o.tscale < o.total && (!f.tsh || h == 0))
-        for (int i = 0; i < (f.tsh ? KVQ_HKV : 1); i++) ((float *)(page + o.tscale))[i] = T;
+    const float T = kvq_fmt_quant_T(p, f, h);
+    /* each kv head's blocks write its own T (per head), or every block the one T (the same value) */
+    if (tid == 0 && o.tscale < o.total) ((float *)(page + o.tscale))[f.tsh ? h : 0] = T;
     const kvq_fq q = kvq_fmt_fq(&f, T);
     const int G = f.group, ng = KVQ_D / G;
     for (int i = tid; i < nt * ng; i += nthreads) {
@@ -475,9 +526,9 @@ KVQ_DEV void kvq_fmt_quant_channel(const kvq_quant_params *p, kvq_fmt f, int h, 
 {
     const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
     unsigned char *page = (unsigned char *)p->page;
-    const float T = f.ts > 0.0f ? f.ts : 1.0f;
-    if (tid == 0 && o.tscale < o.total && (!f.tsh || h == 0))
-        for (int i = 0; i < (f.tsh ? KVQ_HKV : 1); i++) ((float *)(page + o.tscale))[i] = T;
+    const float T = kvq_fmt_quant_T(p, f, h);
+    /* each kv head's blocks write its own T (per head), or every block the one T (the same value) */
+    if (tid == 0 && o.tscale < o.total) ((float *)(page + o.tscale))[f.tsh ? h : 0] = T;
     const kvq_fq q = kvq_fmt_fq(&f, T);
     const int W = o.cbpt / 4;
     unsigned *codes = (unsigned *)(page + o.codes);
@@ -492,8 +543,8 @@ KVQ_DEV void kvq_fmt_quant_channel(const kvq_quant_params *p, kvq_fmt f, int h, 
     }
 }
 
-/* Stages tokens [slot, slot + n) of an element-format page (and the pages of its run after it) for kv head h
- * as fp16 rows x = z + (s T) L[code] (the reference's value, rounded once to fp16). */
+/* Stages tokens [slot, slot + n) of a linear format's page for kv head h for the integer path: codes at the
+ * staged width (kvq_fmt_staged_bits) into rows, each group's s and z' = z - s off into ss / sz as floats. */
 KVQ_DEV void kvq_fmt_stage_linear(unsigned char *rows, float *ss, float *sz, const unsigned char *b, kvq_fmt f,
                                   int slot, int cap, int n, int h, int tid, int nthreads)
 {
@@ -525,6 +576,8 @@ KVQ_DEV void kvq_fmt_stage_linear(unsigned char *rows, float *ss, float *sz, con
     }
 }
 
+/* Stages tokens [slot, slot + n) of an element-format page (and the pages of its run after it) for kv head h
+ * as fp32 rows x = z + (s T) L[code]: the reference's value (runtime/quant.h kvq_format_dequant), bit for bit. */
 KVQ_DEV void kvq_fmt_stage_page(unsigned char *rows, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
                                 int h, int tid, int nthreads)
 {
@@ -533,7 +586,7 @@ KVQ_DEV void kvq_fmt_stage_page(unsigned char *rows, const unsigned char *b, kvq
     const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
     const int cb = f.bits;
     b += pg0 * stride;
-    kvq_half *out = (kvq_half *)rows;
+    float *out = (float *)rows;
 #pragma unroll 1
     for (int i = 0; i < np; i++, b += stride) {
         const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
@@ -550,7 +603,7 @@ KVQ_DEV void kvq_fmt_stage_page(unsigned char *rows, const unsigned char *b, kvq
             const float s = kvq_fmt_ld_scale(b + o.scale, pi, f.kind, f.sbytes);
             const float z = f.zbytes ? kvq_ld_par(b + o.zero, pi, f.zbytes) : 0.0f;
             const float x = kvq_fmt_dequant(kvq_fmt_level(f.kind, cb, code, f.lv, f.n_levels), s, z, T);
-            out[(long long)(t0 + t) * KVQ_D + c] = kvq_f2h(x);
+            out[(long long)(t0 + t) * KVQ_D + c] = x;
         }
     }
 }

@@ -46,7 +46,8 @@ KVQ_HD int kvq_fmt_linear(int kind)
 /* Code width the integer path stages a linear format's codes at (5-bit codes widen to 8). */
 KVQ_HD int kvq_fmt_staged_bits(int kind, int bits) { return kvq_fmt_linear(kind) && bits == 5 ? 8 : bits; }
 
-KVQ_HD int kvq_fmt_cbpt(int bits, int D) { return bits >= 16 ? 2 * D : D * bits / 8; }
+/* bits 32: the fp32 rows a decode tile stages for an element format (kvq_format.cuh kvq_fmt_staged), never a page */
+KVQ_HD int kvq_fmt_cbpt(int bits, int D) { return bits >= 32 ? 4 * D : bits >= 16 ? 2 * D : D * bits / 8; }
 
 KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
 {

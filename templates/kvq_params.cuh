@@ -100,7 +100,20 @@ typedef struct {
     kvq_u64 masked;     /* 0, or const unsigned char [kv_heads][n]: 1 = the slot is masked (pooled outlier) */
     kvq_i32 cap, slot, n;
     kvq_i32 mean_fill;  /* OTT: masked tokens are replaced by the mean of the group's unmasked tokens first */
+    kvq_u64 tamax;      /* 0, or const float [kv_heads]: the absolute maxima a tensor scale from the prompt comes
+                         * from (element formats, tensor_scale prompt; kvq_tensor_amax) */
 } kvq_quant_params;
+
+/* kvq_tensor_amax (kvq_common.cuh): out[h] = max |x| over the n rows of kv head h of src (NaN ignored), from
+ * which the quantize kernels derive a tensor scale from the prompt (runtime/quant.c kvq_format_tensor_scale;
+ * ref_quant_layer.c set_tscale). A maximum does not depend on the order it is taken in: the reference's value,
+ * bit for bit. grid (kv_heads), block 128. */
+typedef struct {
+    kvq_rows src;
+    kvq_u64 out;
+    kvq_i32 n;
+    kvq_i32 reserved;
+} kvq_tamax_params;
 
 /* kvq_store_f16: copies n rows of every kv head into fp16 slots (slot + t) mod dst_ring (0: no wrap) of a
  * window of capacity dst_cap. grid (kv_heads, n); block min(D, 128) threads. */
@@ -284,8 +297,9 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles), (long long)sizeof(kvq_convert_params),       \
         (long long)KVQ_RT_OFFSETOF(kvq_convert_params, mul), (long long)sizeof(kvq_list_params),                \
         (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk), (long long)sizeof(kvq_tile_patch),       \
-        (long long)KVQ_RT_OFFSETOF(kvq_tile_patch, n)
-#define KVQ_PARAMS_SIG_N 28
+        (long long)KVQ_RT_OFFSETOF(kvq_tile_patch, n), (long long)sizeof(kvq_tamax_params),                  \
+        (long long)KVQ_RT_OFFSETOF(kvq_quant_params, tamax)
+#define KVQ_PARAMS_SIG_N 30
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -293,7 +307,9 @@ KVQ_PARAMS_CHECK(kvq_tile, 48);
 KVQ_PARAMS_CHECK(kvq_seq_tiles, 16);
 KVQ_PARAMS_CHECK(kvq_decode_params, 64);
 KVQ_PARAMS_CHECK(kvq_rows, 32);
-KVQ_PARAMS_CHECK(kvq_quant_params, 64);
+KVQ_PARAMS_CHECK(kvq_quant_params, 72);
+KVQ_OFFSET_ASSERT(kvq_quant_params, tamax, 64);
+KVQ_PARAMS_CHECK(kvq_tamax_params, 48);
 KVQ_PARAMS_CHECK(kvq_store_params, 56);
 KVQ_OFFSET_ASSERT(kvq_tile, n, 40);
 KVQ_OFFSET_ASSERT(kvq_decode_params, scale, 48);

@@ -98,4 +98,13 @@ KVQ_DEV void kvq_unpack8_half(const unsigned char *p, float *cv)
     cv[4] = c.x, cv[5] = c.y, cv[6] = d.x, cv[7] = d.y;
 }
 
+/* Eight fp32 values of a staged fp32 row (element formats other than the linear ones, kvq_format.cuh), 16-byte
+ * aligned */
+KVQ_DEV void kvq_unpack8_f32(const unsigned char *p, float *cv)
+{
+    const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 16);
+    cv[0] = a.x, cv[1] = a.y, cv[2] = a.z, cv[3] = a.w;
+    cv[4] = b.x, cv[5] = b.y, cv[6] = b.z, cv[7] = b.w;
+}
+
 #endif

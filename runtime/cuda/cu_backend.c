@@ -68,9 +68,9 @@ static kvq_status probe_cuda(char *msg, size_t n) { return probe_kind(CU_DEV_GPU
 static kvq_status probe_emu(char *msg, size_t n) { return probe_kind(CU_DEV_EMU, msg, n); }
 
 /* Element formats (templates/kvq_format.cuh) the kernels run: every one of specs/formats/, per token (groups of
- * the block or the tensor's group) or per channel for e4m3/e5m2 (no group parameters), with a static tensor scale.
- * Refused, naming what: a tensor scale from the prompt (its device reduction is not written yet), per-channel
- * groups of formats with group parameters, and formats combined with saliency classes or outlier pools. */
+ * the block or the tensor's group) or per channel for e4m3/e5m2 (no group parameters), with a static tensor scale
+ * or one from the prompt (kvq_tensor_amax). Refused, naming what: per-channel groups of formats with group
+ * parameters, and formats combined with saliency classes or outlier pools. */
 static kvq_status cu_formats_supported(int l, const kvq_quant_cfg *q, char *msg, size_t n)
 {
     for (int w = 0; w < 2; w++) {
@@ -78,12 +78,6 @@ static kvq_status cu_formats_supported(int l, const kvq_quant_cfg *q, char *msg,
         const kvq_format_cfg *f = &t->format;
         const char *what = w ? "values" : "keys";
         if (kvq_bits_is_fp16(t->bits) || f->kind == KVQ_FMT_INT) continue;
-        if (kvq_format_has_tensor_scale(f->kind) && !(f->tensor_scale > 0.0f)) {
-            snprintf(msg, n, "layer %d: the %s' %s tensor scale from the prompt (tensor_scale prompt) is not computed by "
-                             "the cuda kernels yet; give a static tensor_scale (the reference backend runs it)",
-                     l, what, kvq_format_name(f->kind));
-            return KVQ_ERR_UNSUPPORTED;
-        }
         if (t->gran == KVQ_GRAN_CHANNEL && kvq_format_has_group_scale(f->kind)) {
             snprintf(msg, n, "layer %d: the %s' element format %s per channel is not supported by the cuda kernels "
                              "(per token is; the reference backend runs both)", l, what, kvq_format_name(f->kind));

@@ -78,6 +78,9 @@ typedef struct {
     int probe_cap, n_probes, n_rows, cycle_first;
     int *probe_pos;  /* [window capacity] */
     uint64_t rows;   /* device float [probe_cap][H][window capacity] */
+    /* element formats whose tensor scale comes from the prompt (tensor_scale prompt), K and V: the prompt's absolute
+     * maxima, device float [H] (kvq_tensor_amax), or 0 */
+    uint64_t tamax[2];
 } cu_qlayer;
 
 typedef struct {

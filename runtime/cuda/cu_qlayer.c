@@ -34,6 +34,32 @@ static const char *store_name(int store)
     return store == 0 ? "k_hi" : store == 1 ? "k_lo" : store == 2 ? "v_hi" : "v_lo";
 }
 
+/* ---- a tensor scale from the prompt (element formats, tensor_scale prompt) ---- */
+
+static int prompt_scale(const cu_qlayer *L, int w)
+{
+    const kvq_tensor_cfg *t = tcfg(L, w);
+    return !kvq_bits_is_fp16(t->bits) && kvq_format_has_tensor_scale(t->format.kind) &&
+           !(t->format.tensor_scale > 0.0f);
+}
+
+static size_t tamax_bytes(const kvq_backend_ctx *c) { return (size_t)c->H * sizeof(float); }
+
+/* The prompt's absolute maxima of tensor w's tensor scale (kvq_tensor_amax), from which the quantize kernels derive
+ * T (kvq_format.cuh kvq_fmt_quant_T): the whole prompt, sinks and window included, as ref_quant_layer.c set_tscale
+ * takes it. A prefill has at least one token (kvq_prefill), so T is fixed before any flush. */
+static kvq_status take_tamax(kvq_backend_ctx *c, cu_qlayer *L, int w, const kvq_rows *src, int n, char *msg,
+                             size_t mn)
+{
+    if (!prompt_scale(L, w)) return KVQ_OK;
+    kvq_status st = cu_pool_get(c, tamax_bytes(c), &L->tamax[w], msg, mn);
+    kvq_tamax_params tp;
+    memset(&tp, 0, sizeof tp);
+    tp.src = *src, tp.out = L->tamax[w], tp.n = n;
+    if (st == KVQ_OK) st = cu_launch(c, "kvq_tensor_amax", (unsigned)c->H, 1, 1, 128, &tp, sizeof tp, msg, mn);
+    return st;
+}
+
 /* ---- pages ---- */
 
 static void page_free(kvq_backend_ctx *c, cu_page *p)
@@ -132,6 +158,7 @@ static kvq_status page_write(kvq_backend_ctx *c, const cu_qlayer *L, cu_page *p,
     kvq_quant_params qp;
     memset(&qp, 0, sizeof qp);
     qp.src = *src, qp.page = p->addr, qp.masked = masked, qp.cap = p->fmt.capacity, qp.slot = slot, qp.n = n;
+    qp.tamax = prompt_scale(L, p->store / 2) ? L->tamax[p->store / 2] : 0;
     char name[48];
     const char *sn = store_name(p->store);
     kvq_status s = KVQ_OK;
@@ -321,6 +348,7 @@ kvq_status cu_qlayer_prefill(kvq_backend_ctx *c, cu_layer *RL, int layer, const 
     for (int w = 0; w < 2 && st == KVQ_OK; w++) {
         kvq_rows r = cu_rows_f16(c->stage + (w ? rows : 0), T, 0, 0);
         st = cu_win_push(c, &L->sink[w], &r, S, pos, msg, mn);
+        if (st == KVQ_OK) st = take_tamax(c, L, w, &r, T, msg, mn); /* before any flush */
     }
     /* the flush: OTT's competition (the prefill is one quantization step), or ZipCache's classes, then pages */
     kvq_rows fr[2] = {cu_rows_f16(c->stage, T, S, 0), cu_rows_f16(c->stage + rows, T, S, 0)};
@@ -690,6 +718,10 @@ void cu_qlayer_free(kvq_backend_ctx *c, cu_qlayer *L)
         kvq_free(L->pages[w]);
         L->pages[w] = NULL;
         L->n_pages[w] = L->cap_pages[w] = 0;
+    }
+    for (int w = 0; w < 2; w++) {
+        if (L->tamax[w]) cu_pool_put(c, L->tamax[w], tamax_bytes(c));
+        L->tamax[w] = 0;
     }
     cu_ott_free(c, &L->ott);
     cu_sal_free(c, L);
