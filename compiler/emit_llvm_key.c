@@ -80,6 +80,108 @@ static void k_token(E *e, const KPhase *kp, LLVMValueRef t, LLVMValueRef row, LL
     }
 }
 
+/* ---- GQA > 1: blocks of W tokens in the lanes ---- */
+
+/* Per-channel integer keys of 1, 2, 4 or 8 bits at GQA > 1 with 16 lanes: a block of 16 tokens has its tokens in
+ * the lanes, so the g heads' logits of the block are g vectors with no reduction at all (the lane-sum tree of
+ * the token blocks costs ~15 shuffle-and-add pairs per 16 dot products, and its g x D/W query vectors do not fit
+ * the 32 registers at GQA 4: the compiler spilled them). Per 32-bit word column of the block's 16 code rows
+ * (one transposition: the rows are one 16 rb-byte load), per channel c of the word: its code kept in place by
+ * one AND (code 2^(b i), i = c mod 32/b: exact in fp32), one conversion, and g FMAs against the broadcast
+ * q''_jc = q'_jc 2^-(b i) from a scratch (a power-of-two scaling: the same products, the same roundings).
+ * D/W x (AND, conversion) + D g FMAs per 16 tokens: 16 + 8 g instructions a token where the tree path takes
+ * ~32 + 8 g + ~10 and the spills. Up to 16 heads (g accumulators, or 8 / g partial sums each, in registers). */
+static int k_lanes(const E *e, const emit_llvm_kernel *k)
+{
+    int b = k->k.fmt.bits;
+    if (!el_src_fold(&k->k) || k->gqa == 1 || k->gqa > 16 || e->W != 16 || k->k.fmt.masked ||
+        (b != 1 && b != 2 && b != 4 && b != 8))
+        return 0;
+    return 1;
+}
+
+/* The block loop of k_lanes over the page's whole blocks of 16 tokens (from the current block; leaves the builder
+ * in the block after it with *t_start the first token it did not do): logits to the p scratch, each head's max
+ * vector in lmx. */
+static void k_lanes_blocks(E *e, const KPhase *kp, LLVMValueRef qs, const LLVMValueRef *qz, LLVMValueRef nk,
+                           LLVMValueRef *lmx, LLVMValueRef *t_start)
+{
+    const emit_llvm_kernel *k = kp->k;
+    LLVMBuilderRef b = e->b;
+    int D = k->head_dim, g = k->gqa, W = 16, NB = D / W, N = EMIT_LLVM_TILE, bits = k->k.fmt.bits;
+    int per = 32 / bits, rb = (int)kvq_code_bytes(D, bits), nw = rb / 4; /* channels per word, row bytes, words */
+    /* q'' per page: q' times 2^-(b (c mod per)) */
+    for (int j = 0; j < g; j++)
+        for (int bl = 0; bl < NB; bl++) {
+            LLVMValueRef f[16];
+            for (int i = 0; i < W; i++) f[i] = el_cf(e, 1.0 / (double)(1ull << (bits * ((bl * W + i) % per))));
+            el_store(e, LLVMBuildFMul(b, kp->qv[j][bl], LLVMConstVector(f, 16), ""),
+                     el_gepc(e, qs, ((long)j * D + (long)bl * W) * 4), 4);
+        }
+    LLVMBasicBlockRef kentry = LLVMGetInsertBlock(b);
+    LLVMBasicBlockRef blk = LLVMAppendBasicBlockInContext(e->c, e->fn, "klanes");
+    LLVMBasicBlockRef end = LLVMAppendBasicBlockInContext(e->c, e->fn, "klanes_end");
+    LLVMValueRef zero_i = el_ci32(e, 0), ninf_v = el_vfc(e, -__builtin_inf());
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, el_ci32(e, W), nk, ""), blk, end);
+    LLVMPositionBuilderAtEnd(b, blk);
+    LLVMValueRef t0 = LLVMBuildPhi(b, e->i32, "t0"), mx[MAXG], mx1[MAXG];
+    for (int j = 0; j < g; j++) mx[j] = LLVMBuildPhi(b, e->vf, "");
+    LLVMValueRef t64 = LLVMBuildZExt(b, t0, e->i64, "");
+    LLVMTypeRef rows_t = LLVMVectorType(e->i32, (unsigned)(W * nw));
+    LLVMValueRef rows = el_load(e, rows_t, el_gep(e, kp->a[A_K], LLVMBuildMul(b, t64, el_ci64(e, rb), "")), 1);
+    /* q'' read through a pointer the optimiser cannot see through (an empty asm with a side effect, in the loop):
+     * else it hoists the D g loop-invariant broadcasts out of the loop into D g vectors on the stack (per page: D g
+     * broadcasts and stores, 64-byte reloads), where each FMA can take its q'' as a 4-byte broadcast operand. */
+    LLVMTypeRef pty = LLVMFunctionType(e->ptr, &e->ptr, 1, 0);
+    LLVMValueRef launder = LLVMGetInlineAsm(pty, "", 0, "=r,0", 4, 1, 0, LLVMInlineAsmDialectATT, 0);
+    LLVMValueRef qsl = LLVMBuildCall2(b, pty, launder, &qs, 1, "");
+    /* NP partial sums per head: at least ~4 independent FMA chains */
+    int NP = g >= 8 ? 1 : 8 / g > 4 ? 4 : 8 / g;
+    LLVMValueRef acc[MAXG][4], col = NULL;
+    for (int c = 0; c < D; c++) {
+        int kc = c / per, i = c % per;
+        if (i == 0) { /* word kc of the 16 rows */
+            LLVMValueRef idx[16];
+            for (int t = 0; t < W; t++) idx[t] = el_ci32(e, (long)t * nw + kc);
+            col = LLVMBuildShuffleVector(b, rows, LLVMGetPoison(rows_t), LLVMConstVector(idx, 16), "");
+        }
+        LLVMValueRef x = LLVMBuildAnd(b, col, el_vic(e, (long)(((1ull << bits) - 1) << (bits * i))), "");
+        LLVMValueRef xf = LLVMBuildUIToFP(b, x, e->vf, "");
+        for (int j = 0; j < g; j++) {
+            LLVMValueRef qc = el_splat(e, el_load(e, e->f32, el_gepc(e, qsl, ((long)j * D + c) * 4), 4));
+            LLVMValueRef *pa = &acc[j][c % NP];
+            *pa = c < NP ? el_fm(LLVMBuildFMul(b, qc, xf, "")) : el_fma_sum(e, *pa, qc, xf);
+        }
+    }
+    for (int j = 0; j < g; j++) {
+        LLVMValueRef lg = acc[j][0];
+        for (int p = 1; p < NP; p++) lg = el_fm(LLVMBuildFAdd(b, lg, acc[j][p], ""));
+        lg = el_fm(LLVMBuildFAdd(b, lg, el_splat(e, qz[j]), ""));
+        LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, t64, el_ci64(e, (long)j * N), ""), el_ci64(e, 4), "");
+        el_store(e, lg, el_gep(e, kp->a[A_P], off), 4);
+        mx1[j] = el_fmax_sel(e, mx[j], lg);
+    }
+    LLVMValueRef t0n = LLVMBuildAdd(b, t0, el_ci32(e, W), "");
+    LLVMBasicBlockRef last = LLVMGetInsertBlock(b);
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, t0n, el_ci32(e, W), ""), nk, ""), blk, end);
+    LLVMAddIncoming(t0, &zero_i, &kentry, 1);
+    LLVMAddIncoming(t0, &t0n, &last, 1);
+    for (int j = 0; j < g; j++) {
+        LLVMAddIncoming(mx[j], &ninf_v, &kentry, 1);
+        LLVMAddIncoming(mx[j], &mx1[j], &last, 1);
+    }
+    LLVMPositionBuilderAtEnd(b, end);
+    *t_start = LLVMBuildPhi(b, e->i32, "");
+    LLVMValueRef ts[2] = {zero_i, t0n};
+    LLVMBasicBlockRef fr[2] = {kentry, last};
+    LLVMAddIncoming(*t_start, ts, fr, 2);
+    for (int j = 0; j < g; j++) {
+        lmx[j] = LLVMBuildPhi(b, e->vf, "");
+        LLVMValueRef ms[2] = {ninf_v, mx1[j]};
+        LLVMAddIncoming(lmx[j], ms, fr, 2);
+    }
+}
+
 /* The K phase of a tile (emit_llvm_build.h). */
 void el_k_phase(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef *mtile)
 {
@@ -95,6 +197,12 @@ void el_k_phase(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef *
      * tokens and its logits stored from slot poff of the scratch; the running max of the pages goes to the
      * softmax, which (with the V phase) runs once per tile. */
     int fold = el_src_fold(&k->k), paged = fold;
+    int lanes = k_lanes(e, k);
+    LLVMValueRef qs = NULL; /* lanes: q'' of the page, [g][D] fp32 */
+    if (lanes) {
+        qs = LLVMBuildAlloca(b, LLVMArrayType(e->f32, (unsigned)(g * D)), "qs");
+        LLVMSetAlignment(qs, 64);
+    }
     LLVMValueRef ak[A_COUNT], nk = n, pg_i = NULL, pg_off = NULL, pg_max[MAXG];
     for (int i = 0; i < A_COUNT; i++) ak[i] = a[i];
     LLVMBasicBlockRef kpage = NULL, pg_from = entry;
@@ -170,7 +278,14 @@ void el_k_phase(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef *
     LLVMBasicBlockRef kentry = LLVMGetInsertBlock(b), from = kentry;
     LLVMValueRef t_start = zero_i, mxv_fin = NULL;
     LLVMBasicBlockRef kbend = NULL;
-    if (TB > 1) {
+    LLVMValueRef lmx[MAXG]; /* lanes: each head's max over the blocks, a vector */
+    if (lanes) {
+        k_lanes_blocks(e, &kp, qs, qz, nk, lmx, &t_start);
+        kbend = LLVMGetInsertBlock(b);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t_start, nk, ""), kloop, soft);
+        from = kbend;
+        TB = W;
+    } else if (TB > 1) {
         /* Per-lane constants of a block's logits vector: lane l is head l % g2. */
         LLVMValueRef sqv = LLVMGetPoison(e->vf), sqlv = LLVMGetPoison(e->vf), qzv = LLVMGetPoison(e->vf);
         for (int l = 0; l < W; l++) {
@@ -295,7 +410,8 @@ void el_k_phase(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef *
         LLVMAddIncoming(ph, ins, fr, 2);
         mtile[j] = ph;
     }
-    for (int j = 0; j < g && TB > 1; j++) {
+    for (int j = 0; j < g && lanes; j++) mtile[j] = el_fmax_sel(e, mtile[j], el_hmax(e, lmx[j]));
+    for (int j = 0; j < g && TB > 1 && !lanes; j++) {
         LLVMValueRef idx[16];
         for (int t = 0; t < TB; t++) idx[t] = el_ci32(e, t * kp.g2 + j);
         LLVMValueRef lanes = LLVMBuildShuffleVector(b, mxv_fin, LLVMGetPoison(e->vf), LLVMConstVector(idx, (unsigned)TB), "");

@@ -487,6 +487,169 @@ static void v_phase_int8(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMV
     }
 }
 
+/* ---- fp32 P.V at GQA > 1 with the value scales folded into the weights ---- */
+
+/* Per-token integer values in groups of whole vectors at GQA > 1 (KIVI's values at GQA 4): the scale folds into
+ * the weight and the zero point into a sum, as at GQA 1 (DESIGN §6),
+ *   sum_t p_jt (z_tq + s_tq code_tc) = sum_t w_jqt code_tc + sum_t p_jt z_tq,   w_jqt = p_jt s_tq,
+ * but the weights of the g heads are made once per tile, W tokens per vector (a masked load of the tokens' scales
+ * and zeros, a stride shuffle per group, one multiply per head and group), into a scratch [g][ngr][N]; the token
+ * loop then does one FMA per head and vector, its weight a broadcast load, and the V row is unpacked once for the
+ * g heads with no dequantization. Per token and vector of channels: the unpacking and g FMAs, where the
+ * dequantizing loop did the unpacking, the scale and zero loads, a multiply and an add, and g FMAs. */
+static int v_wfold(const E *e, const emit_llvm_kernel *k)
+{
+    const kvq_page_format *f = &k->v.fmt;
+    if (k->gqa == 1 || k->v.fp16 || !el_fmt_int(f) || f->gran != KVQ_GRAN_TOKEN || f->hidden ||
+        f->channel_separable || f->group % e->W)
+        return 0;
+    int ngr = k->head_dim / f->group;
+    return (f->scale_bytes == 2 || f->scale_bytes == 4) && (f->zero_bytes == 2 || f->zero_bytes == 4) &&
+           k->gqa * ngr <= 64;
+}
+
+/* The weights w_jqt of the tile's tokens into wf ([g][ngr][N] fp32) and zs[j][q] = sum_t p_jt z_tq. p is 0 past
+ * n in every block of W lanes the softmax ran (blocks bl W < n), and the masked loads read no scale past n. */
+static void v_wfold_weights(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef wf, LLVMValueRef zs[MAXG][16])
+{
+    LLVMBuilderRef b = e->b;
+    const kvq_page_format *vf = &k->v.fmt;
+    int g = k->gqa, W = e->W, N = EMIT_LLVM_TILE, ngr = k->head_dim / vf->group;
+    LLVMValueRef n = a[A_N], zero_i = el_ci32(e, 0);
+    LLVMTypeRef st = vf->scale_bytes == 4 ? e->f32 : e->f16, zt = vf->zero_bytes == 4 ? e->f32 : e->f16;
+    LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
+    LLVMBasicBlockRef loop = LLVMAppendBasicBlockInContext(e->c, e->fn, "vwloop");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(e->c, e->fn, "vwdone");
+    LLVMBuildBr(b, loop);
+    LLVMPositionBuilderAtEnd(b, loop);
+    LLVMValueRef t0 = LLVMBuildPhi(b, e->i32, "t0"), zacc[MAXG * 16], zacc1[MAXG * 16];
+    for (int x = 0; x < g * ngr; x++) zacc[x] = LLVMBuildPhi(b, e->vf, "");
+    LLVMValueRef t64 = LLVMBuildZExt(b, t0, e->i64, ""), valid = LLVMBuildSub(b, n, t0, "");
+    LLVMValueRef off = LLVMBuildMul(b, t64, el_ci64(e, ngr), "");
+    LLVMValueRef sv = masked_load(e, st, W * ngr, el_gep(e, a[A_VS], LLVMBuildMul(b, off, el_ci64(e, vf->scale_bytes), "")),
+                                  valid, ngr);
+    LLVMValueRef zv = masked_load(e, zt, W * ngr, el_gep(e, a[A_VZ], LLVMBuildMul(b, off, el_ci64(e, vf->zero_bytes), "")),
+                                  valid, ngr);
+    LLVMTypeRef fv = LLVMVectorType(e->f32, (unsigned)(W * ngr));
+    if (st != e->f32) sv = LLVMBuildFPExt(b, sv, fv, "");
+    if (zt != e->f32) zv = LLVMBuildFPExt(b, zv, fv, "");
+    LLVMValueRef sq[16], zq[16];
+    for (int q = 0; q < ngr; q++) {
+        LLVMValueRef idx[16];
+        for (int i = 0; i < W; i++) idx[i] = el_ci32(e, (long)i * ngr + q);
+        sq[q] = ngr == 1 ? sv : LLVMBuildShuffleVector(b, sv, LLVMGetPoison(fv), LLVMConstVector(idx, (unsigned)W), "");
+        zq[q] = ngr == 1 ? zv : LLVMBuildShuffleVector(b, zv, LLVMGetPoison(fv), LLVMConstVector(idx, (unsigned)W), "");
+    }
+    for (int j = 0; j < g; j++) {
+        LLVMValueRef pj = el_load(e, e->vf, el_gep(e, a[A_P], LLVMBuildMul(b, LLVMBuildAdd(b, t64, el_ci64(e, (long)j * N), ""),
+                                                                     el_ci64(e, 4), "")), 4);
+        for (int q = 0; q < ngr; q++) {
+            LLVMValueRef w = LLVMBuildFMul(b, pj, sq[q], "");
+            LLVMValueRef wo = LLVMBuildAdd(b, t64, el_ci64(e, (long)(j * ngr + q) * N), "");
+            el_store(e, w, el_gep(e, wf, LLVMBuildMul(b, wo, el_ci64(e, 4), "")), 4);
+            zacc1[j * ngr + q] = el_fma_sum(e, zacc[j * ngr + q], pj, zq[q]);
+        }
+    }
+    LLVMValueRef t1 = LLVMBuildAdd(b, t0, el_ci32(e, W), "");
+    LLVMBasicBlockRef last = LLVMGetInsertBlock(b);
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t1, n, ""), loop, done);
+    LLVMAddIncoming(t0, &zero_i, &pre, 1);
+    LLVMAddIncoming(t0, &t1, &last, 1);
+    LLVMValueRef vzero = LLVMConstNull(e->vf);
+    for (int x = 0; x < g * ngr; x++) {
+        LLVMAddIncoming(zacc[x], &vzero, &pre, 1);
+        LLVMAddIncoming(zacc[x], &zacc1[x], &last, 1);
+    }
+    LLVMPositionBuilderAtEnd(b, done);
+    for (int j = 0; j < g; j++)
+        for (int q = 0; q < ngr; q++) zs[j][q] = el_hsum(e, zacc1[j * ngr + q]);
+}
+
+/* Lanes c0..c0+W-1 of a b-bit plane (b in 1, 2, 4, 8) with each code kept in place: lane c is code_c 2^((c b) mod
+ * 32), as a float (exact: at most 8 significant bits below 2^32). The words covering the lanes are loaded once
+ * and spread (el_unpack_plane without its shift). */
+static LLVMValueRef codes_in_place(E *e, LLVMValueRef row, int b, int c0)
+{
+    int W = e->W, first = (c0 * b) / 32, nw = ((c0 + W - 1) * b) / 32 - first + 1;
+    LLVMValueRef idx[16], msk[16], words, wp = el_gepc(e, row, (long)first * 4);
+    for (int i = 0; i < W; i++) {
+        idx[i] = el_ci32(e, ((c0 + i) * b) / 32 - first);
+        msk[i] = el_ci32(e, (long)(((1ull << b) - 1) << (((c0 + i) * b) % 32)));
+    }
+    if (nw == 1) {
+        words = el_splat(e, el_load(e, e->i32, wp, 1));
+    } else {
+        LLVMTypeRef wt = LLVMVectorType(e->i32, (unsigned)nw);
+        words = LLVMBuildShuffleVector(e->b, el_load(e, wt, wp, 1), LLVMGetPoison(wt), LLVMConstVector(idx, (unsigned)W), "");
+    }
+    return LLVMBuildUIToFP(e->b, LLVMBuildAnd(e->b, words, LLVMConstVector(msk, (unsigned)W), ""), e->vf, "");
+}
+
+/* The token loop of v_wfold: per pass of nb vectors of channels, g x nb accumulators in registers. Codes of 1, 2,
+ * 4 or 8 bits stay in place (codes_in_place: one AND and a conversion, no shift), the factors 2^-(b c mod 32) of
+ * the sums applied once per tile (a power of two: the same products). */
+static void v_phase_wfold(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef *alpha_h, LLVMValueRef wf)
+{
+    LLVMBuilderRef b = e->b;
+    const kvq_page_format *vf = &k->v.fmt;
+    int D = k->head_dim, g = k->gqa, W = e->W, NB = D / W, N = EMIT_LLVM_TILE, G = vf->group, ngr = D / G;
+    long rb = kvq_code_bytes(D, vf->bits);
+    LLVMValueRef n = a[A_N], zero_i = el_ci32(e, 0), zs[MAXG][16];
+    int inplace = vf->bits == 1 || vf->bits == 2 || vf->bits == 4 || vf->bits == 8;
+    v_wfold_weights(e, k, a, wf, zs);
+    int nb = 16 / g;
+    if (nb < 1) nb = 1;
+    if (nb > NB) nb = NB;
+    for (int b0 = 0; b0 < NB; b0 += nb) {
+        int m = b0 + nb < NB ? nb : NB - b0;
+        LLVMBasicBlockRef pre = LLVMGetInsertBlock(b);
+        LLVMBasicBlockRef loop = LLVMAppendBasicBlockInContext(e->c, e->fn, "vwfloop");
+        LLVMBasicBlockRef end = LLVMAppendBasicBlockInContext(e->c, e->fn, "vwfend");
+        LLVMValueRef acc0[MAXG * 16], acc[MAXG * 16], acc1[MAXG * 16];
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < m; i++)
+                acc0[j * m + i] = LLVMBuildFMul(
+                    b, el_load(e, e->vf, el_gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4), alpha_h[j], "");
+        LLVMBuildBr(b, loop);
+        LLVMPositionBuilderAtEnd(b, loop);
+        LLVMValueRef t = LLVMBuildPhi(b, e->i32, "t");
+        for (int x = 0; x < g * m; x++) acc[x] = LLVMBuildPhi(b, e->vf, "");
+        LLVMValueRef t64 = LLVMBuildZExt(b, t, e->i64, "");
+        LLVMValueRef row = el_gep(e, a[A_V], LLVMBuildMul(b, t64, el_ci64(e, rb), ""));
+        LLVMValueRef t4 = LLVMBuildMul(b, t64, el_ci64(e, 4), "");
+        for (int i = 0; i < m; i++) {
+            int q = (b0 + i) * W / G;
+            LLVMValueRef code = inplace ? codes_in_place(e, row, vf->bits, (b0 + i) * W) : el_codes_f32(e, vf, row, (b0 + i) * W);
+            for (int j = 0; j < g; j++) {
+                LLVMValueRef wp = el_gep(e, el_gepc(e, wf, (long)(j * ngr + q) * N * 4), t4);
+                acc1[j * m + i] = el_fma_sum(e, acc[j * m + i], el_splat(e, el_load(e, e->f32, wp, 4)), code);
+            }
+        }
+        LLVMValueRef t1 = LLVMBuildAdd(b, t, el_ci32(e, 1), "");
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t1, n, ""), loop, end);
+        LLVMAddIncoming(t, &zero_i, &pre, 1);
+        LLVMAddIncoming(t, &t1, &loop, 1);
+        for (int x = 0; x < g * m; x++) {
+            LLVMValueRef a0 = inplace ? LLVMConstNull(e->vf) : acc0[x];
+            LLVMAddIncoming(acc[x], &a0, &pre, 1);
+            LLVMAddIncoming(acc[x], &acc1[x], &loop, 1);
+        }
+        LLVMPositionBuilderAtEnd(b, end);
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < m; i++) {
+                LLVMValueRef v = acc1[j * m + i];
+                if (inplace) { /* the loop's sums are of code 2^(b c mod 32): scale back, add acc e^(m - m') */
+                    LLVMValueRef f[16];
+                    for (int c = 0; c < W; c++)
+                        f[c] = el_cf(e, 1.0 / (double)(1ull << (((b0 + i) * W + c) * vf->bits % 32)));
+                    v = el_fma_sum(e, acc0[j * m + i], v, LLVMConstVector(f, (unsigned)W));
+                }
+                v = el_fm(LLVMBuildFAdd(b, v, el_splat(e, zs[j][(b0 + i) * W / G]), ""));
+                el_store(e, v, el_gepc(e, a[A_ACC], ((long)j * D + (long)(b0 + i) * W) * 4), 4);
+            }
+    }
+}
+
 /* The int16 / int8 P.V's weight scratch (emit_llvm_build.h). */
 void el_v_scratch(E *e, const emit_llvm_kernel *k, LLVMValueRef *wh, LLVMValueRef *wl)
 {
@@ -504,6 +667,9 @@ void el_v_scratch(E *e, const emit_llvm_kernel *k, LLVMValueRef *wh, LLVMValueRe
         *wl = LLVMBuildAlloca(b, at, "wl");
         LLVMSetAlignment(*wh, 64);
         LLVMSetAlignment(*wl, 64);
+    } else if (v_wfold(e, k)) {
+        *wh = LLVMBuildAlloca(b, LLVMArrayType(e->f32, (unsigned)(g * (D / k->v.fmt.group) * EMIT_LLVM_TILE)), "wf");
+        LLVMSetAlignment(*wh, 64);
     }
 }
 
@@ -521,6 +687,10 @@ void el_v_phase(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef *
     }
     if (vq) {
         v_phase_int16(e, k, a, alpha_h, vq_wh, vq_wl);
+        return;
+    }
+    if (v_wfold(e, k)) {
+        v_phase_wfold(e, k, a, alpha_h, vq_wh);
         return;
     }
 
