@@ -42,3 +42,9 @@ $(BENCH_CPU): bench/cpu/bench_cpu_decode.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
 EXTRA_ALL += $(BENCH_CPU)
+# bench/cpu/bench_cpu_tile.c: one tile kernel alone, through the emitter's internal API (docs/cpu.md "GQA > 1").
+BENCH_CPU_TILE := $(BUILD)/bench/bench_cpu_tile
+$(BENCH_CPU_TILE): bench/cpu/bench_cpu_tile.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
+EXTRA_ALL += $(BENCH_CPU_TILE)

@@ -376,11 +376,14 @@ static void test_widths(void)
 
 /* The int16 paths' accuracy argument (docs/cpu.md "Accuracy") on adversarial data, against the reference, and the
  * fp32 path on the same data (KVQ_CPU_VNNI=0): per-channel keys (the int16 key path), per-token values in
- * groups of 32 and 128 (the int16 P.V), odd tile lengths, GQA 1 (where the int16 paths run). */
+ * groups of 32 and 128 (the int16 P.V), odd tile lengths, GQA 1 (where the int16 paths run); and at GQA 4 and 8
+ * the GQA paths (keys with tokens in the lanes, value scales folded into the weights; "GQA > 1"). */
 static void test_adversarial(void)
 {
-    static const char *files[] = {"specs/kivi2.kvq", "specs/kivi4.kvq", "specs/compare/kivi2-g128.kvq"};
-    static const shape sh[] = {{97, 2, 1, 128, 1, 45}, {201, 1, 1, 128, 2, 37}, {1000, 1, 1, 128, 1, 12}};
+    static const char *files[] = {"specs/kivi2.kvq", "specs/kivi4.kvq", "specs/compare/kivi2-g128.kvq",
+                                  "specs/kivi2.kvq", "specs/kivi4.kvq"};
+    static const shape sh[] = {{97, 2, 1, 128, 1, 45}, {201, 1, 1, 128, 2, 37}, {1000, 1, 1, 128, 1, 12},
+                               {301, 2, 4, 128, 1, 37}, {201, 1, 8, 64, 2, 37}};
     static const char *paths[] = {"host path (int8 2-bit keys and values, int16 with VNNI)",
                                   "int16 keys (KVQ_CPU_INT8=0)", "fp32 path (KVQ_CPU_VNNI=0)"};
     for (int path = 0; path < 3; path++) {
@@ -393,7 +396,7 @@ static void test_adversarial(void)
         if (path == 1) setenv("KVQ_CPU_INT8", "0", 1);
         if (path == 2) setenv("KVQ_CPU_VNNI", "0", 1);
         adversarial = 1;
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < (int)(sizeof sh / sizeof sh[0]); i++) {
             kvq_spec *sp = tu_spec_file(files[i]);
             const kvq_scheme *sch = sp ? kvq_spec_scheme_at(sp, kvq_spec_scheme_count(sp) - 1) : NULL;
             if (sch) compare_run(files[i], sch, &sh[i]);
@@ -628,6 +631,11 @@ static void test_ir(void)
         k1.gqa = 1;
         char *c1 = emit_llvm_ir_text(&k1, 16);
         TH_CHECK(!strstr(c, "vpdpwssd"), "a GQA-4 kernel emits vpdpwssd");
+        /* GQA > 1 at 16 lanes: keys with the tokens in the lanes (q'' read through the laundering asm), the value
+         * scales folded into a weight scratch (wf); neither at GQA 1; at 8 lanes the weight scratch only */
+        TH_CHECK(c && strstr(c, "asm sideeffect") && strstr(c, "%wf = alloca"), "GQA 4, 16 lanes: no GQA paths");
+        TH_CHECK(c1 && !strstr(c1, "asm sideeffect") && !strstr(c1, "%wf = alloca"), "GQA 1 takes a GQA path");
+        TH_CHECK(!strstr(a, "asm sideeffect") && strstr(a, "%wf = alloca"), "8 lanes: tokens in the lanes, or no wf");
         /* The int8 paths: 2-bit per-channel keys at GQA 1 on a VNNI host, and 2- or 4-bit per-token values there
          * with VBMI too (vpdpbusd); with EMIT_LLVM_NO_INT8 the int16 paths (vpdpwssd); never at GQA 4, nor for
          * 4-bit keys or 3-bit values. */
