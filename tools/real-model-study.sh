@@ -15,14 +15,14 @@
 # (about 100 MB) into OUT_DIR unless they are there, and checks their sha256.
 # Environment: TOKENS (2048), PREFILL (1792), TQ_LAYERS (the layers kvq eval runs TurboQuant on: 0 5 10 15 20 25),
 # TQ_EVAL_PREFILL (TOKENS - 128), TQ_PPL_PREFILL (TOKENS - 64), THREADS (1: torch's threads and kvq eval's; kvq-ppl's engine uses
-# every core while it decodes), STEPS (dump eval ppl: which steps to run). A step whose output is in OUT_DIR is not
+# every core while it decodes), STEPS (dump eval ppl ppl2: which steps to run). A step whose output is in OUT_DIR is not
 # run again (delete the file to rerun it).
 build=${1:-build}
 out=${2:-$build/real-study}
 tokens=${TOKENS:-2048}
 prefill=${PREFILL:-1792}
 threads=${THREADS:-1}
-steps=${STEPS:-dump eval ppl}
+steps=${STEPS:-dump eval ppl ppl2}
 
 cd "$(dirname "$0")/.." || exit 2
 venv="$build/venv/bin"
@@ -115,8 +115,16 @@ for n in 'KVQ': np.save(os.path.join(sys.argv[2], n + '.npy'), np.ascontiguousar
           awk '/^scheme turboquant-k4v3 /,/^}/' specs/rotate/turboquant.kvq; } >"$out/turboquant-ppl.kvq"
         run ppl-turboquant "$venv/kvq-ppl" specs/kivi2.kvq specs/kivi4.kvq "$out/turboquant-ppl.kvq" \
             --model "$model" --text "$text" --tokens "$tokens" --prefill "$tq_ppl_prefill" ;;
-    *) echo "real-model-study: unknown step $s (dump, eval, ppl)" >&2; exit 2 ;;
+    ppl2)
+        # A second window (chapter VII onwards): how much of a perplexity difference is the choice of 256 tokens.
+        [ -f "$out/alice29-ch7.txt" ] || tail -c +"$(($(grep -b 'CHAPTER VII$' "$text" | cut -d: -f1) + 1))" "$text" \
+            >"$out/alice29-ch7.txt"
+        run ppl-ch7 "$venv/kvq-ppl" specs/fp16.kvq specs/formats/q8_0.kvq specs/formats/fp8-e4m3.kvq specs/kivi4.kvq \
+            specs/formats/q4_0.kvq specs/formats/nvfp4.kvq specs/formats/mxfp4.kvq specs/kivi2.kvq \
+            specs/rotate/kivi-hadamard.kvq --model "$model" --text "$out/alice29-ch7.txt" --tokens "$tokens" \
+            --prefill "$prefill" ;;
+    *) echo "real-model-study: unknown step $s (dump, eval, ppl, ppl2)" >&2; exit 2 ;;
     esac
 done
 echo "real-model-study: tables in $out (eval-formats.txt, eval-rotate.txt, eval-turboquant.txt, ppl.txt,
- ppl-turboquant.txt)" >&2
+ ppl-turboquant.txt, ppl-ch7.txt)" >&2
