@@ -116,8 +116,8 @@ for n in 'KVQ': np.save(os.path.join(sys.argv[2], n + '.npy'), np.ascontiguousar
         run ppl-turboquant "$venv/kvq-ppl" specs/kivi2.kvq specs/kivi4.kvq "$out/turboquant-ppl.kvq" \
             --model "$model" --text "$text" --tokens "$tokens" --prefill "$tq_ppl_prefill" ;;
     ppl2)
-        # A second window (chapter VII onwards): how much of a perplexity difference is the choice of 256 tokens.
-        [ -f "$out/alice29-ch7.txt" ] || tail -c +"$(($(grep -b 'CHAPTER VII$' "$text" | cut -d: -f1) + 1))" "$text" \
+        # A second window (chapter VII onwards; the text has CRLF line ends): how much of a perplexity difference is the choice of 256 tokens.
+        [ -f "$out/alice29-ch7.txt" ] || tail -c +"$(($(grep -b 'CHAPTER VII.$' "$text" | cut -d: -f1) + 1))" "$text" \
             >"$out/alice29-ch7.txt"
         run ppl-ch7 "$venv/kvq-ppl" specs/fp16.kvq specs/formats/q8_0.kvq specs/formats/fp8-e4m3.kvq specs/kivi4.kvq \
             specs/formats/q4_0.kvq specs/formats/nvfp4.kvq specs/formats/mxfp4.kvq specs/kivi2.kvq \
