@@ -104,7 +104,14 @@ for n in 'KVQ': np.save(os.path.join(sys.argv[2], n + '.npy'), np.ascontiguousar
         fi
         run eval-turboquant "$build/kvq" eval specs/rotate/kivi-hadamard.kvq specs/rotate/turboquant.kvq \
             --keys "$out/kv-tq/K.npy" --values "$out/kv-tq/V.npy" --queries "$out/kv-tq/Q.npy" \
-            --prefill "$tq_eval_prefill" --threads "$threads" --per-layer ;;
+            --prefill "$tq_eval_prefill" --threads "$threads" --per-layer
+        # TurboQuant with KIVI's fp16 window of 128 tokens: how much of KIVI's lead is its window.
+        printf '%s\n' "include \"$(pwd)/specs/rotate/turboquant.kvq\";" \
+            'scheme turboquant-mse3-r128 : turboquant-mse3 { residual 128; }' \
+            'scheme turboquant-k4v3-r128 : turboquant-k4v3 { residual 128; }' >"$out/turboquant-r128.kvq"
+        run eval-turboquant-r128 "$build/kvq" eval "$out/turboquant-r128.kvq" --scheme turboquant-mse3-r128 \
+            --scheme turboquant-k4v3-r128 --keys "$out/kv-tq/K.npy" --values "$out/kv-tq/V.npy" \
+            --queries "$out/kv-tq/Q.npy" --prefill "$tq_eval_prefill" --threads "$threads" --per-layer ;;
     ppl)
         # shellcheck disable=SC2086
         run ppl "$venv/kvq-ppl" $formats $rotate --model "$model" --text "$text" --tokens "$tokens" \
@@ -126,5 +133,5 @@ for n in 'KVQ': np.save(os.path.join(sys.argv[2], n + '.npy'), np.ascontiguousar
     *) echo "real-model-study: unknown step $s (dump, eval, ppl, ppl2)" >&2; exit 2 ;;
     esac
 done
-echo "real-model-study: tables in $out (eval-formats.txt, eval-rotate.txt, eval-turboquant.txt, ppl.txt,
+echo "real-model-study: tables in $out (eval-formats.txt, eval-rotate.txt, eval-turboquant*.txt, ppl.txt,
  ppl-turboquant.txt, ppl-ch7.txt)" >&2
