@@ -116,10 +116,15 @@ for n in 'KVQ': np.save(os.path.join(sys.argv[2], n + '.npy'), np.ascontiguousar
         # shellcheck disable=SC2086
         run ppl "$venv/kvq-ppl" $formats $rotate --model "$model" --text "$text" --tokens "$tokens" \
             --prefill "$prefill"
-        # turboquant-mse3 and -k4v3 only, verbatim from specs/rotate/turboquant.kvq: on the reference backend each
+        # turboquant-mse3 and -k4v3 only (not -k3v2), verbatim from specs/rotate/turboquant.kvq: on the reference backend each
         # costs about 12 minutes here; -k3v2's attention error (kvq eval) already rules it out.
+        # And turboquant-mse3 with KIVI's window (eval-turboquant-r128), written out: an `include` would bring
+        # every scheme of the file.
         { awk '/^scheme turboquant-mse3 /,/^}/' specs/rotate/turboquant.kvq
-          awk '/^scheme turboquant-k4v3 /,/^}/' specs/rotate/turboquant.kvq; } >"$out/turboquant-ppl.kvq"
+          awk '/^scheme turboquant-k4v3 /,/^}/' specs/rotate/turboquant.kvq
+          awk '/^scheme turboquant-mse3 /,/^}/' specs/rotate/turboquant.kvq |
+              sed 's/^scheme turboquant-mse3 /scheme turboquant-mse3-r128 /; s/^}/  residual 128;\n}/'
+        } >"$out/turboquant-ppl.kvq"
         run ppl-turboquant "$venv/kvq-ppl" specs/kivi2.kvq specs/kivi4.kvq "$out/turboquant-ppl.kvq" \
             --model "$model" --text "$text" --tokens "$tokens" --prefill "$tq_ppl_prefill" ;;
     ppl2)
