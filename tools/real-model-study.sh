@@ -98,6 +98,7 @@ for s in $steps; do
         # shellcheck disable=SC2086
         run eval-rotate "$build/kvq" eval $rotate $kv --per-layer
         if [ ! -f "$out/kv-tq/K.npy" ]; then
+            # shellcheck disable=SC2086 # the layer list is words
             "$venv/python" -c "import numpy as np, os, sys; os.makedirs(sys.argv[2], exist_ok=True); L = [int(x) for x in sys.argv[3:]]
 for n in 'KVQ': np.save(os.path.join(sys.argv[2], n + '.npy'), np.ascontiguousarray(np.load(os.path.join(sys.argv[1], n + '.npy'), mmap_mode='r')[L]))" \
                 "$out/kv" "$out/kv-tq" $tq_layers || exit 1
