@@ -92,6 +92,12 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(BUILD)/obj/tests/harne
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
+# tests/run.sh's NVRTC helper (tests/nvrtc_helper.c): `make test` builds it in the plain build, without the
+# sanitizers, and the sanitized programs have it compile their CUDA units (runtime/cuda/cu_nvrtc.c).
+$(BUILD)/tests/nvrtc-helper: $(BUILD)/obj/tests/nvrtc_helper.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
 # Module fragments add their own targets and append to TEST_BIN / EXTRA_ALL.
 EXTRA_ALL :=
 -include tests/emu/module.mk
@@ -117,7 +123,7 @@ test:
 	@mkdir -p build; sh tools/python-venv.sh build >build/venv.out 2>&1 & venv=$$!; \
 	$(MAKE) --no-print-directory -j$(TEST_BUILD_JOBS) BUILD=build/san SAN=1 all tests && \
 	sh tools/ensure-sass-tools.sh build && \
-	$(MAKE) --no-print-directory -j$(TEST_BUILD_JOBS) BUILD=build SAN=0 all; st=$$?; \
+	$(MAKE) --no-print-directory -j$(TEST_BUILD_JOBS) BUILD=build SAN=0 all build/tests/nvrtc-helper; st=$$?; \
 	wait $$venv; cat build/venv.out; [ $$st -eq 0 ] && sh tests/run.sh build/san build
 
 # ---- install: make install PREFIX=/usr/local [DESTDIR=...] (docs/install.md) ----

@@ -346,6 +346,18 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
     for (int i = 0; i < 4; i++) emit_buf_printf(b, "#undef %s\n#undef %s_Q\n#undef %s_SEP\n", mn[i], mn[i], mn[i]);
 }
 
+/* 1 when a layer class stores a page in an element format (put_fmt's test). */
+static int any_format(const kvq_plan *p)
+{
+    for (int c = 0; c < p->n_classes; c++) {
+        const plan_class *k = &p->cls[c];
+        const plan_store *st[4] = {&k->k_hi, &k->k_lo, &k->v_hi, &k->v_lo};
+        for (int i = 0; k->quant && i < 4; i++)
+            if (st[i]->bits < 16 && st[i]->format.kind != KVQ_FMT_INT) return 1;
+    }
+    return 0;
+}
+
 static const char *dtype_name(int dt) { return dt == KVQ_F16 ? "fp16" : dt == KVQ_BF16 ? "bf16" : "fp32"; }
 
 kvq_status emit_cuda_source(const kvq_plan *p, char **out, size_t *len)
@@ -373,6 +385,8 @@ kvq_status emit_cuda_source(const kvq_plan *p, char **out, size_t *len)
     /* policy kernels (kvq_policy.cuh): only the sections the plan's policies need */
     emit_buf_printf(&b, "#define KVQ_POL_OTT %d\n#define KVQ_POL_ZIP %d\n", p->any_pool, p->any_saliency);
     emit_buf_printf(&b, "#define KVQ_POL_TK %d\n#define KVQ_POL_DENSE %d\n", p->any_sparse, p->any_auto);
+    /* element formats (kvq_format.cuh): their device code only in a unit that has one */
+    emit_buf_printf(&b, "#define KVQ_FMT_ANY %d\n", any_format(p));
     static const char *const common[] = {"kvq_intrin.cuh", "kvq_params.cuh", "kvq_layout.cuh",   "kvq_types.cuh",
                                          "kvq_format.cuh", "kvq_unpack.cuh", "kvq_mma.cuh", "kvq_decode.cuh", "kvq_quantize.cuh", "kvq_common.cuh"};
     for (size_t i = 0; i < sizeof common / sizeof common[0]; i++) put_template(&b, common[i]);

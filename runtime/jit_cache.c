@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -153,4 +154,37 @@ int kvq_cache_put(const char *key, const char *ext, const kvq_cache_section *sec
     }
     kvq_free(buf);
     return rc;
+}
+
+int kvq_cache_lock(const char *name)
+{
+    if (!kvq_cache_dir()[0]) return -1;
+    char path[4200];
+    kvq_cache_path(name, "lock", path, sizeof path);
+    /* The holder unlinks the file before it unlocks: a lock taken on a file that is no longer the one at `path`
+     * (its holder removed it meanwhile) is taken again on the new one. */
+    for (int tries = 0; tries < 100; tries++) {
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) return -1;
+        int r;
+        while ((r = flock(fd, LOCK_EX)) != 0 && errno == EINTR) {
+        }
+        if (r != 0) {
+            close(fd);
+            return -1;
+        }
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return fd;
+        close(fd);
+    }
+    return -1;
+}
+
+void kvq_cache_unlock(const char *name, int handle)
+{
+    if (handle < 0) return;
+    char path[4200];
+    kvq_cache_path(name, "lock", path, sizeof path);
+    unlink(path);
+    close(handle); /* releases the flock */
 }

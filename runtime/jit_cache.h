@@ -21,5 +21,12 @@ int kvq_cache_get(const char *key, const char *ext, void **sections, size_t *siz
 int kvq_cache_put(const char *key, const char *ext, const kvq_cache_section *sections, int n);
 /* Path of an entry, for diagnostics. */
 void kvq_cache_path(const char *key, const char *ext, char *out, size_t size);
+/* An exclusive lock on `name` in the cache directory, between processes (flock on <dir>/<name>.lock): a process
+ * about to compile an entry takes it, looks again, and compiles only if the entry is still missing, so that two
+ * programs sharing a cold cache (make test's) do not compile the same unit at once. Returns a handle for
+ * kvq_cache_unlock, or -1 when there is no cache or no lock (the caller compiles without one). The lock file is
+ * removed when released; the lock dies with the process. */
+int kvq_cache_lock(const char *name);
+void kvq_cache_unlock(const char *name, int handle);
 
 #endif

@@ -82,6 +82,7 @@ KVQ_DEV void kvq_stage_mask(int fin, unsigned char *out, unsigned char *dst, con
 KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
                             int h, int tid, int fin)
 {
+#if KVQ_FMT_ANY
     if (kvq_fmt_is(f)) { /* element formats (kvq_format.cuh): integer codes and parameters, or fp16 rows, staged by
                           * plain loads and stores when the copies are issued (fin 0; the barrier after the wait
                           * publishes them); nothing to widen afterwards */
@@ -92,6 +93,7 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
             kvq_fmt_stage_page(sb->rows, b, f, slot, cap, n, h, tid, KVQ_THREADS);
         return;
     }
+#endif
     kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
     const long long stride = kvq_page_stride(o.total);
     const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;

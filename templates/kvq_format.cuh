@@ -382,7 +382,13 @@ KVQ_DEV void kvq_fq_group_inplace(const kvq_fq *q, float *x, int n, float *s, fl
 /* ---- the kernels' format paths (hooks: kvq_quantize.cuh's token and channel bodies, kvq_decode.cuh's
  * kvq_stage_page and kvq_decode_body) ---- */
 
-KVQ_DEV int kvq_fmt_is(kvq_fmt f) { return f.kind != KVQ_FK_INT && f.bits > 0 && f.bits < 16; }
+/* KVQ_FMT_ANY (compiler/emit_cuda.c): 0 in a unit whose plan has no element format, whose format branches below
+ * are then left out before the compiler sees them (they are dead there, but NVRTC and the emulator's C++ compiler
+ * still spent 10-25 % of a unit's compile on them; docs/testing.md, "Test time"). Absent: every format. */
+#ifndef KVQ_FMT_ANY
+#define KVQ_FMT_ANY 1
+#endif
+KVQ_DEV int kvq_fmt_is(kvq_fmt f) { return KVQ_FMT_ANY && f.kind != KVQ_FK_INT && f.bits > 0 && f.bits < 16; }
 
 /* What the decode kernel's compute sees of a page format: linear formats as asymmetric integers of the staged
  * width with float parameters; the others (fp8, e2m1, codebooks) as fp32 rows x = z + (s T) L[code], the

@@ -77,11 +77,13 @@ KVQ_DEV void kvq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, float *xs
         xs[i] = x;
     }
     __syncthreads();
+#if KVQ_FMT_ANY
     if (f.kind) { /* element formats (kvq_format.cuh) */
         kvq_fmt_quant_token_run(p, f, o, xs, tb, nt, h, tid, KVQ_QTHREADS);
         kvq_set_mask_bits(p, f, o, h, tb, tb + nt, tid, KVQ_QTHREADS);
         return;
     }
+#endif
     const int G = f.group, ng = KVQ_D / G;
     for (int i = tid; i < nt * ng; i += KVQ_QTHREADS) {
         int t = i / ng, g = i % ng;
@@ -139,10 +141,12 @@ KVQ_DEV float kvq_pc_val(const kvq_quant_params *p, int h, int t, int c, const f
 KVQ_DEV void kvq_quant_channel_body(const kvq_quant_params *p, kvq_fmt f, float *ps, float *pz, float *fill)
 {
     const int h = blockIdx.x, tid = threadIdx.x, n = p->n;
+#if KVQ_FMT_ANY
     if (f.kind) { /* element formats without group parameters (kvq_format.cuh) */
         kvq_fmt_quant_channel(p, f, h, tid, KVQ_QTHREADS);
         return;
     }
+#endif
     const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
     unsigned char *page = (unsigned char *)p->page;
     for (int c = tid; c < KVQ_D; c += KVQ_QTHREADS) {

@@ -8,10 +8,12 @@
 # machine without a GPU (its reason says "no GPU"): CI must not pass with a backend left untested.
 # Last line: "N passed, N failed" (", N skipped" when a case printed SKIP).
 #
-# The scripts run first, one at a time (the Python one makes PLAIN_BUILD/venv, whose python3 with numpy then
-# serves the unit tests that cross-check with NumPy); then the programs, KVQ_TEST_JOBS at a time (default: the
-# machine's cores; the programs are single-threaded under the sanitizers, and each uses its own temporary files),
-# the longest first, their results printed in name order once all have run.
+# The scripts and the programs run KVQ_TEST_JOBS at a time (default: the machine's cores; the programs are
+# single-threaded under the sanitizers, and each uses its own temporary files), the longest first, their results
+# printed (scripts first, then programs in name order) once all have run. Only when PLAIN_BUILD/venv is missing
+# does the Python script run first, alone: it makes the virtualenv whose python3 with numpy serves the unit tests
+# that cross-check with NumPy. $KVQ_NVRTC_HELPER (unless set already): PLAIN_BUILD/tests/nvrtc-helper, which
+# compiles the programs' CUDA units outside the sanitizers (runtime/cuda/cu_nvrtc.c).
 # Which is longest: tests/test-times, one line per program, `NAME SECONDS [shards=N] [emu=HOW]` (measured under
 # the sanitizers, cold cache). A program not listed counts 60 s if it is an emulator program (test_cuda_*), else 0.
 # shards=N (N > 1) runs the program N times at once with KVQ_TEST_SHARD=K/N (K = 0..N-1): the program runs its
@@ -20,6 +22,8 @@
 # KVQ_EMU_SANITIZE=0: its emulated kernels uninstrumented (runtime/cuda/cu_emu.c), libkvq still under the
 # sanitizers, for programs that test the host side and whose kernels other programs run under ASan; emu=address
 # with KVQ_EMU_SANITIZE=address: the kernels under ASan without UBSan (about twice as fast), memory checks kept.
+# opt=FLAG (KVQ_EMU_OPT, default -O1): the emulated modules' optimisation; -Og compiles a module under ASan + UBSan
+# about 3 times faster, for programs whose time is the compiles rather than the kernels' runs.
 
 # run_one PATH[@K/N]: runs one script or program (shard K of N) into $out/NAME[@K].{log,rc,secs}.
 run_one() {
@@ -35,6 +39,8 @@ run_one() {
                 plain) KVQ_EMU_SANITIZE=0; export KVQ_EMU_SANITIZE ;;
                 address) KVQ_EMU_SANITIZE=address; export KVQ_EMU_SANITIZE ;;
             esac
+            opt=$(hint_of "$name" opt)
+            if [ -n "$opt" ]; then KVQ_EMU_OPT=$opt; export KVQ_EMU_OPT; fi
             if [ -n "$shard" ]; then KVQ_TEST_SHARD=$shard; export KVQ_TEST_SHARD; fi
             exec "$path") >"$out/$tag.log" 2>&1 ;;
     esac
@@ -123,19 +129,32 @@ report() {
     pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
 }
 
+# The scripts join the programs' queue when the Python tests' virtualenv is already there (make test makes it
+# while it builds); without it test_python.sh runs first, alone, and makes it for the programs that use numpy.
+scripts=""
 for t in tests/sh/test_*.sh; do
     [ -f "$t" ] || continue
-    run_one "$t"
-    report "$t"
+    if [ "$t" = tests/sh/test_python.sh ] && [ ! -x "$plain/venv/bin/python3" ]; then
+        run_one "$t"
+        report "$t"
+        continue
+    fi
+    scripts="$scripts $t"
 done
 [ -x "$plain/venv/bin/python3" ] && case ":$PATH:" in *":$(pwd)/$plain/venv/bin:"*) ;;
     *) PATH="$(pwd)/$plain/venv/bin:$PATH"; export PATH ;; esac
+# NVRTC outside the sanitizers: the plain build's helper compiles each CUDA unit a sanitized program needs into the
+# shared cache (runtime/cuda/cu_nvrtc.c; about 1.8 times faster than NVRTC under ASan's allocator).
+if [ -z "${KVQ_NVRTC_HELPER+set}" ] && [ -x "$plain/tests/nvrtc-helper" ]; then
+    KVQ_NVRTC_HELPER=$(cd "$plain/tests" && pwd)/nvrtc-helper
+    export KVQ_NVRTC_HELPER
+fi
 
 # The programs, the ones known to take minutes under the sanitizers first (a shard counts its share) so that
 # the others fill the gaps.
 progs=""
 for t in "$build"/tests/test_*; do [ -f "$t" ] && [ -x "$t" ] && progs="$progs $t"; done
-order=$(for t in $progs; do
+order=$(for t in $scripts $progs; do
     name=$(basename "$t")
     secs=$(awk -v n="$name" '$1 == n { print $2 }' "$KVQ_SRCDIR/tests/test-times" 2>/dev/null)
     n=$(shards_of "$name")
@@ -149,7 +168,7 @@ order=$(for t in $progs; do
 done | sort -k1,1nr -s | cut -d' ' -f2)
 export out plain
 printf '%s\n' $order | xargs -P "$jobs" -I{} sh "$0" --one {}
-for t in $progs; do report "$t"; done
+for t in $scripts $progs; do report "$t"; done
 if [ -s "$out/skips" ]; then
     echo "Skipped ($(wc -l <"$out/skips")), by reason:"
     # Reasons grouped: a case's own name differs, its reason (after the last ': ') is what repeats.

@@ -223,6 +223,8 @@ static void log_head(const char *log, char *out, size_t n)
     if (f) fclose(f);
 }
 
+static kvq_status build_runtime_objs(emu_dev *e, const char *rtdir, char objs[N_RT][4300], char *msg, size_t n);
+
 /* The emulator runtime objects, compiled once per (sources, flags) into <cache>/emu-rt-<hash>/. */
 static kvq_status build_runtime(emu_dev *e, const char *dir, char objs[N_RT][4300], char *msg, size_t n)
 {
@@ -257,8 +259,20 @@ static kvq_status build_runtime(emu_dev *e, const char *dir, char objs[N_RT][430
         have &= file_exists(objs[i]);
     }
     if (have) return KVQ_OK;
+    char lock[80];
+    snprintf(lock, sizeof lock, "emu-rt-%.16s", key);
+    const int lk = kvq_cache_lock(lock);
+    kvq_status st = build_runtime_objs(e, rtdir, objs, msg, n);
+    kvq_cache_unlock(lock, lk);
+    return st;
+}
+
+/* Compiles the runtime objects missing from rtdir (another process may have made them while this one waited). */
+static kvq_status build_runtime_objs(emu_dev *e, const char *rtdir, char objs[N_RT][4300], char *msg, size_t n)
+{
     mkdir(rtdir, 0755);
     for (int i = 0; i < N_RT; i++) {
+        if (file_exists(objs[i])) continue;
         char cmd[1024], src[4200], tmp[4400], log[4500];
         snprintf(cmd, sizeof cmd, "%s -std=c11 -D_GNU_SOURCE %s -g0 -fPIC%s", e->cc, e->opt, e->san);
         snprintf(src, sizeof src, "%.4096s/%.16s", e->emu_dir, emu_rt_files[i]);
@@ -378,11 +392,17 @@ static kvq_status emu_load(cu_dev *d, const char *src, const char *scheme, cu_mo
     snprintf(so, sizeof so, "%.4096s/%s.emu.so", dir, key);
     snprintf(cu, sizeof cu, "%.4096s/%s.emu.cu", dir, key);
     int origin_cache = file_exists(so);
+    /* one compile of a module at a time across processes (programs sharing make test's cache): a second waits */
+    char lock[80];
+    snprintf(lock, sizeof lock, "emu-%s", key);
+    const int lk = origin_cache || tmpdir ? -1 : kvq_cache_lock(lock);
+    if (lk >= 0) origin_cache = file_exists(so);
     if (!origin_cache) {
         FILE *f = fopen(cu, "w");
         if (!f || fputs(src, f) < 0) {
             if (f) fclose(f);
             snprintf(msg, n, "emu: cannot write %s", cu);
+            kvq_cache_unlock(lock, lk);
             return KVQ_ERR_IO;
         }
         fclose(f);
@@ -412,12 +432,14 @@ static kvq_status emu_load(cu_dev *d, const char *src, const char *scheme, cu_mo
             snprintf(msg, n, "emu: compiling the kernels failed (source %s, log %s): %s", cu, log,
                      rc < 0 ? "no C++ compiler" : head);
             unlink(tmp);
+            kvq_cache_unlock(lock, lk);
             return rc < 0 ? KVQ_ERR_UNAVAILABLE : KVQ_ERR_INTERNAL;
         }
         unlink(log);
         /* kept on failure, for the message, and for a profile (the source its line numbers refer to) */
         if (!tmpdir && !(prof && *prof)) unlink(cu);
     }
+    kvq_cache_unlock(lock, lk);
     void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
     if (tmpdir) {
         unlink(so);

@@ -1,13 +1,20 @@
 /* NVRTC through dlopen: compile a generated translation unit to a cubin (and PTX) for one architecture, with
  * ptxas's resource report, through the on-disk cache. See cu.h. */
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "cu.h"
 #include "emit_cuda.h"
+
+extern char **environ;
 
 typedef int nvrtc_res;
 typedef struct nvrtc_prog_ *nvrtc_prog;
@@ -178,49 +185,79 @@ static char *failure_text(const char *src, const char *const *opts, int nopt, co
     return b.s;
 }
 
-static kvq_status compile(const char *src, const char *arch, int lineinfo, int use_cache, cu_compiled *out,
-                          char **diag, char *msg, size_t n)
+/* The entry `key` from the cache into *out: 1 a hit, 0 a miss, -1 out of memory. */
+static int cached(const char *key, cu_compiled *out)
 {
-    memset(out, 0, sizeof *out);
-    if (diag) *diag = NULL;
-    kvq_status st = cu_nvrtc_load(msg, n);
-    if (st != KVQ_OK) return st;
-    char opt_arch[64];
-    const char *opts[N_OPTS];
-    const int nopts = options(arch, lineinfo, opt_arch, opts);
-
-    /* Cache key (DESIGN §7): source, options, compiler version, target, kvq version. */
-    emit_buf kb = {0};
-    emit_buf_printf(&kb, "%s\n%s\n%s\n", EMIT_CUDA_KVQ_VERSION, nv.version, arch);
-    for (int i = 0; i < nopts; i++) emit_buf_printf(&kb, "%s\n", opts[i]);
-    emit_buf_put(&kb, src, strlen(src));
-    if (kb.failed) {
-        emit_buf_free(&kb);
-        snprintf(msg, n, "cuda: out of memory");
-        return KVQ_ERR_NOMEM;
+    void *sec[3];
+    size_t sz[3];
+    if (!kvq_cache_get(key, "cubin", sec, sz, 3)) return 0;
+    out->cubin = sec[0], out->cubin_size = sz[0];
+    out->ptx = sec[1], out->ptx_size = sz[1];
+    out->log = sec[2];
+    out->from_cache = 1;
+    out->n_res = cu_parse_resources(out->log, &out->res);
+    if (out->n_res < 0) {
+        cu_compiled_free(out);
+        return -1;
     }
-    char key[65];
-    emit_cuda_sha256_hex(kb.s, kb.len, key);
-    emit_buf_free(&kb);
+    return 1;
+}
 
-    if (use_cache) {
-        void *sec[3];
-        size_t sz[3];
-        if (kvq_cache_get(key, "cubin", sec, sz, 3)) {
-            out->cubin = sec[0], out->cubin_size = sz[0];
-            out->ptx = sec[1], out->ptx_size = sz[1];
-            out->log = sec[2];
-            out->from_cache = 1;
-            out->n_res = cu_parse_resources(out->log, &out->res);
-            if (out->n_res < 0) {
-                cu_compiled_free(out);
-                snprintf(msg, n, "cuda: out of memory");
-                return KVQ_ERR_NOMEM;
+/* $KVQ_NVRTC_HELPER (tests/run.sh sets it to the plain build's tests/nvrtc-helper): a program built without the
+ * sanitizers that compiles one unit into the cache. In a process under AddressSanitizer every one of NVRTC's
+ * allocations goes through ASan's allocator, which makes a compile about 1.8 times as long (docs/testing.md, "Test
+ * time"); the helper compiles it at full speed and this process reads the entry back. Returns 1 when the helper
+ * says it compiled (the caller still checks the cache: a helper from another build may key differently, and then
+ * the unit is compiled here, as without a helper). */
+static int helper_compile(const char *helper, const char *src, const char *arch, int lineinfo, const char *key)
+{
+    char path[4300], base[4200];
+    kvq_cache_path(key, "cu", base, sizeof base);
+    snprintf(path, sizeof path, "%s.tmp.%ld", base, (long)getpid());
+    FILE *f = fopen(path, "w");
+    if (!f) return 0;
+    int ok = fputs(src, f) >= 0;
+    if (fclose(f) != 0 || !ok) {
+        unlink(path);
+        return 0;
+    }
+    /* the environment, plus KVQ_NVRTC_CHILD=1: the helper neither locks (this process holds the key's lock) nor
+     * calls a helper itself */
+    size_t ne = 0;
+    while (environ[ne]) ne++;
+    char **env = kvq_malloc((ne + 2) * sizeof *env);
+    if (!env) {
+        unlink(path);
+        return 0;
+    }
+    memcpy(env, environ, ne * sizeof *env);
+    env[ne] = "KVQ_NVRTC_CHILD=1";
+    env[ne + 1] = NULL;
+    char *argv[] = {(char *)helper, (char *)arch, lineinfo ? "1" : "0", path, NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid;
+    int rc = posix_spawn(&pid, helper, &fa, NULL, argv, env);
+    posix_spawn_file_actions_destroy(&fa);
+    kvq_free(env);
+    int status = 0;
+    if (rc == 0)
+        while (waitpid(pid, &status, 0) < 0)
+            if (errno != EINTR) {
+                status = -1;
+                break;
             }
-            return KVQ_OK;
-        }
-    }
+    unlink(path);
+    return rc == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
 
+/* Compiles in this process; stores the result in the cache when use_cache. */
+static kvq_status compile_here(const char *src, const char *arch, const char *const *opts, int nopts, const char *key,
+                               int use_cache, cu_compiled *out, char **diag, char *msg, size_t n)
+{
+    kvq_status st;
     nvrtc_prog prog = NULL;
     nvrtc_res r = nv.create(&prog, src, "kernels.cu", 0, NULL, NULL);
     if (r != 0) {
@@ -304,6 +341,59 @@ static kvq_status compile(const char *src, const char *arch, int lineinfo, int u
     if (use_cache) {
         kvq_cache_section sec[3] = {{out->cubin, out->cubin_size}, {out->ptx, out->ptx_size}, {out->log, strlen(out->log)}};
         kvq_cache_put(key, "cubin", sec, 3);
+    }
+    return KVQ_OK;
+}
+
+
+static kvq_status compile(const char *src, const char *arch, int lineinfo, int use_cache, cu_compiled *out,
+                          char **diag, char *msg, size_t n)
+{
+    memset(out, 0, sizeof *out);
+    if (diag) *diag = NULL;
+    kvq_status st = cu_nvrtc_load(msg, n);
+    if (st != KVQ_OK) return st;
+    char opt_arch[64];
+    const char *opts[N_OPTS];
+    const int nopts = options(arch, lineinfo, opt_arch, opts);
+
+    /* Cache key (DESIGN §7): source, options, compiler version, target, kvq version. */
+    emit_buf kb = {0};
+    emit_buf_printf(&kb, "%s\n%s\n%s\n", EMIT_CUDA_KVQ_VERSION, nv.version, arch);
+    for (int i = 0; i < nopts; i++) emit_buf_printf(&kb, "%s\n", opts[i]);
+    emit_buf_put(&kb, src, strlen(src));
+    if (kb.failed) {
+        emit_buf_free(&kb);
+        snprintf(msg, n, "cuda: out of memory");
+        return KVQ_ERR_NOMEM;
+    }
+    char key[65];
+    emit_cuda_sha256_hex(kb.s, kb.len, key);
+    emit_buf_free(&kb);
+    if (!use_cache) return compile_here(src, arch, opts, nopts, key, 0, out, diag, msg, n);
+
+    int hit = cached(key, out);
+    if (hit == 0) {
+        /* One compile of a key at a time across processes: a second process waits for the first's entry. */
+        const int child = getenv("KVQ_NVRTC_CHILD") != NULL;
+        char lock[80];
+        snprintf(lock, sizeof lock, "nvrtc-%s", key);
+        const int lk = child ? -1 : kvq_cache_lock(lock);
+        if (lk >= 0) hit = cached(key, out);
+        const char *helper = getenv("KVQ_NVRTC_HELPER");
+        if (hit == 0 && !child && helper && *helper && helper_compile(helper, src, arch, lineinfo, key) &&
+            (hit = cached(key, out)) > 0)
+            out->from_cache = 0; /* compiled for this call */
+        if (hit == 0) {
+            st = compile_here(src, arch, opts, nopts, key, 1, out, diag, msg, n);
+            kvq_cache_unlock(lock, lk);
+            return st;
+        }
+        kvq_cache_unlock(lock, lk);
+    }
+    if (hit < 0) {
+        snprintf(msg, n, "cuda: out of memory");
+        return KVQ_ERR_NOMEM;
     }
     return KVQ_OK;
 }
