@@ -500,14 +500,14 @@ static unsigned long long gcd(unsigned long long a, unsigned long long b)
     return a;
 }
 
-/* Whether `name` starts with one of the comma-separated prefixes of `list`; *dim gets the letter after a prefix's
- * ':' (0 without one). */
-static int name_listed(const char *list, const char *name, char *dim)
+/* Whether `name` starts with one of the comma-separated prefixes of `list`; *dims gets what follows a prefix's ':'
+ * (NULL without one). */
+static int name_listed(const char *list, const char *name, const char **dims)
 {
     for (const char *p = list; p && *p;) {
         size_t n = strcspn(p, ",:");
         if (n && !strncmp(name, p, n)) {
-            *dim = p[n] == ':' ? p[n + 1] : 0;
+            *dims = p[n] == ':' ? p + n + 1 : NULL;
             return 1;
         }
         p = strchr(p, ',');
@@ -519,31 +519,45 @@ static int name_listed(const char *list, const char *name, char *dim)
 /* Hooks of kvqc build's cost model (docs/cuda.md, "Cost model"), read at every launch:
  * - $KVQ_EMU_PROFILE_KERNELS (prefixes, comma-separated): only launches of those kernels are profiled
  *   (profile.c); unset: every launch;
- * - $KVQ_EMU_SAMPLE ("prefix:x|y|z", comma-separated): a launch of such a kernel runs only its blocks whose index
- *   along that dimension is 0, each standing for gridDim of that dimension in the profile (the caller makes the
- *   blocks along it alike: the same work on the same data; the profile names every sampled launch);
+ * - $KVQ_EMU_SAMPLE ("prefix:DIMS", DIMS some of x, y, z; comma-separated): a launch of such a kernel runs only
+ *   its blocks whose index along each of DIMS is 0, each standing for the product of gridDim along DIMS in the
+ *   profile (the caller makes the blocks along them alike: the same work on the same data; the profile names
+ *   every sampled launch and dimension);
  * - $KVQ_EMU_SKIP=1: launches return at once, running nothing (work whose results the sampled launches never
  *   read). */
-static void cost_hooks(const struct emu_kernel *k, emu_dim3 grid, char *dim, unsigned *along, int *skip)
+static void note_sample(const char *name, char d, unsigned n)
+{
+    int i = 0;
+    while (i < emu_n_samples &&
+           !(emu_samples[i].dim == d && emu_samples[i].n == n && !strcmp(emu_samples[i].kernel, name)))
+        i++;
+    if (i == emu_n_samples && i < EMU_SAMPLES) {
+        snprintf(emu_samples[i].kernel, sizeof emu_samples[i].kernel, "%s", name);
+        emu_samples[i].dim = d, emu_samples[i].n = n;
+        emu_n_samples++;
+    }
+}
+
+/* sampled[0..2]: whether x, y, z are sampled; *weight: the blocks each run block stands for */
+static void cost_hooks(const struct emu_kernel *k, emu_dim3 grid, int sampled[3], unsigned long long *weight,
+                       int *skip)
 {
     const char *name = k && k->name ? k->name : "";
     const char *only = getenv("KVQ_EMU_PROFILE_KERNELS"), *sample = getenv("KVQ_EMU_SAMPLE"),
                *sk = getenv("KVQ_EMU_SKIP");
-    char d = 0;
-    emu_profiling = !only || !*only || name_listed(only, name, &d);
+    const char *dims = NULL;
+    emu_profiling = !only || !*only || name_listed(only, name, &dims);
     *skip = sk && !strcmp(sk, "1");
-    *dim = 0, *along = 1;
-    if (sample && name_listed(sample, name, &d) && (d == 'x' || d == 'y' || d == 'z')) {
-        *dim = d;
-        *along = d == 'x' ? grid.x : d == 'y' ? grid.y : grid.z;
-        int i = 0;
-        while (i < emu_n_samples && !(emu_samples[i].dim == d && emu_samples[i].n == *along &&
-                                      !strcmp(emu_samples[i].kernel, name)))
-            i++;
-        if (i == emu_n_samples && i < EMU_SAMPLES) {
-            snprintf(emu_samples[i].kernel, sizeof emu_samples[i].kernel, "%s", name);
-            emu_samples[i].dim = d, emu_samples[i].n = *along;
-            emu_n_samples++;
+    sampled[0] = sampled[1] = sampled[2] = 0;
+    *weight = 1;
+    if (sample && name_listed(sample, name, &dims) && dims) {
+        const unsigned g[3] = {grid.x, grid.y, grid.z};
+        for (const char *d = dims; *d == 'x' || *d == 'y' || *d == 'z'; d++) {
+            const int i = *d - 'x';
+            if (sampled[i]) continue;
+            sampled[i] = 1;
+            *weight *= g[i];
+            note_sample(name, *d, g[i]);
         }
     }
 }
@@ -596,10 +610,9 @@ emu_status emu_launch(const struct emu_kernel *k, emu_dim3 grid, emu_dim3 block,
     emu_run_ = &R;
     emu_blk_ = &R.blk;
     unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z, mul = 1, add = 0;
-    char sdim = 0;
-    unsigned along = 1;
-    int skip = 0;
-    cost_hooks(k, grid, &sdim, &along, &skip);
+    int sampled[3], skip = 0;
+    unsigned long long weight = 1;
+    cost_hooks(k, grid, sampled, &weight, &skip);
     if (skip) nblocks = 0;
     if (R.shuffle && nblocks > 1) {
         /* Block order b -> (mul*b + add) mod nblocks, a permutation when mul is coprime with nblocks. */
@@ -609,10 +622,10 @@ emu_status emu_launch(const struct emu_kernel *k, emu_dim3 grid, emu_dim3 block,
     }
     for (unsigned long long b = 0; b < nblocks && R.status == EMU_OK; b++) {
         unsigned long long lin = (unsigned long long)(((unsigned __int128)mul * b + add) % nblocks);
-        if (sdim == 'x' && lin % grid.x != 0) continue;
-        if (sdim == 'y' && lin / grid.x % grid.y != 0) continue;
-        if (sdim == 'z' && lin / grid.x / grid.y != 0) continue;
-        run_block(&R, lin, along);
+        if ((sampled[0] && lin % grid.x != 0) || (sampled[1] && lin / grid.x % grid.y != 0) ||
+            (sampled[2] && lin / grid.x / grid.y != 0))
+            continue;
+        run_block(&R, lin, weight);
     }
     emu_profiling = 0;
     emu_run_ = NULL;

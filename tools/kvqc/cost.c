@@ -92,10 +92,11 @@ static char *run_text(const char *cmd)
  * gets the same rows, so the runtime gives every one the same pages, window and tiles; sequence 0 is prefilled
  * under the emulator, the others' prefill launches are skipped ($KVQ_EMU_SKIP: their host state, which decides
  * the step's tiles and split, is made all the same), and the step's decode and merge launches run only sequence
- * 0's blocks, each counted for the batch ($KVQ_EMU_SAMPLE, set by the caller: gridDim.z of kvq_decode_c<k> and
- * gridDim.y of kvq_merge are the batch, cu_decode_launch). That this stands for the whole batch is checked here
- * (every sequence's tiles after the step, rt_step_tiles, are sequence 0's) and by test_cost_model (the same
- * counts as a run of every block). */
+ * 0's blocks of head 0 (every head gets the same rows), each counted for the batch and the heads ($KVQ_EMU_SAMPLE,
+ * set by the caller: the grid of kvq_decode_c<k> is (kv heads, chunks, batch), kvq_merge's (heads, batch),
+ * cu_decode_launch). That this stands for the whole step is checked here (every sequence's tiles after the step,
+ * rt_step_tiles, are sequence 0's), by the caller (the sampled dimensions are those) and by test_cost_model (the
+ * same counts as a run of every block). */
 static int run_step(const kvq_scheme *sch, const kvq_plan *p, int batch, int tokens, int every_block, char *msg,
                     size_t ms)
 {
@@ -121,12 +122,13 @@ static int run_step(const kvq_scheme *sch, const kvq_plan *p, int batch, int tok
         snprintf(msg, ms, "out of memory");
         goto done;
     }
-    /* values of unit scale from a fixed LCG */
+    /* values of unit scale from a fixed LCG, the same rows for every head (rows [heads][tokens][head_dim]): the
+     * heads are alike too, and the step's decode and merge launches run head 0's blocks for all */
     uint32_t x = 12345;
     unsigned char *bufs[3] = {k, v, q};
-    size_t lens[3] = {nkv, nkv, nq};
-    for (int b = 0; b < 3; b++)
-        for (size_t i = 0; i < lens[b]; i++) {
+    const size_t per_head = (size_t)tokens * D, heads[3] = {(size_t)p->kv_heads, (size_t)p->kv_heads, (size_t)p->heads};
+    for (int b = 0; b < 3; b++) {
+        for (size_t i = 0; i < per_head; i++) {
             x = x * 1664525u + 1013904223u;
             float f = ((float)(x >> 8) / 16777216.0f - 0.5f) * 2.0f;
             if (es == 4) memcpy(bufs[b] + 4 * i, &f, 4);
@@ -135,6 +137,8 @@ static int run_step(const kvq_scheme *sch, const kvq_plan *p, int batch, int tok
                 memcpy(bufs[b] + 2 * i, &h, 2);
             }
         }
+        for (size_t h = 1; h < heads[b]; h++) memcpy(bufs[b] + h * per_head * es, bufs[b], per_head * es);
+    }
     for (int b = 0; b < batch; b++) {
         if (kvq_seq_create(e, &seqs[b]) != KVQ_OK) {
             snprintf(msg, ms, "%s", kvq_engine_errmsg(e));
@@ -152,11 +156,14 @@ static int run_step(const kvq_scheme *sch, const kvq_plan *p, int batch, int tok
         snprintf(msg, ms, "prefill: %s", kvq_engine_errmsg(e));
         goto done;
     }
-    for (int b = 0; b < batch; b++) {
+    for (int b = 0; b < batch; b++) { /* the new token: each head's first prefilled row, alike across heads */
         unsigned char *s = step + (size_t)b * (2 * p->kv_heads + p->heads) * D * es;
-        memcpy(s, k, (size_t)p->kv_heads * D * es);
-        memcpy(s + (size_t)p->kv_heads * D * es, v, (size_t)p->kv_heads * D * es);
-        memcpy(s + (size_t)2 * p->kv_heads * D * es, q, (size_t)p->heads * D * es);
+        for (int h = 0; h < p->kv_heads; h++) {
+            memcpy(s + (size_t)h * D * es, k + (size_t)h * per_head * es, D * es);
+            memcpy(s + (size_t)(p->kv_heads + h) * D * es, v + (size_t)h * per_head * es, D * es);
+        }
+        for (int h = 0; h < p->heads; h++)
+            memcpy(s + (size_t)(2 * p->kv_heads + h) * D * es, q + (size_t)h * per_head * es, D * es);
         di[b] = (kvq_decode_item){seqs[b], s, s + (size_t)p->kv_heads * D * es, s + (size_t)2 * p->kv_heads * D * es,
                                   out + (size_t)b * p->heads * D};
     }
@@ -511,7 +518,7 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
         /* only the kernels counted are profiled; no sanitizers (the count needs none, and they slow the -O0 unit) */
         setenv("KVQ_EMU_PROFILE_KERNELS", "kvq_decode_c,kvq_merge", 1);
         setenv("KVQ_EMU_SANITIZE", "0", 1);
-        if (!a->every_block) setenv("KVQ_EMU_SAMPLE", "kvq_decode_c:z,kvq_merge:y", 1);
+        if (!a->every_block) setenv("KVQ_EMU_SAMPLE", "kvq_decode_c:xz,kvq_merge:xy", 1);
         int st = run_step(sch, p, a->batch, a->tokens, a->every_block, msg, sizeof msg);
         unsetenv("KVQ_EMU_PROFILE");
         unsetenv("KVQ_EMU_SMS");
@@ -528,13 +535,15 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
             goto done;
         }
     }
-    /* the sampled launches were the batch's: gridDim.z of the decode kernels, gridDim.y of the merge */
+    /* the sampled launches were along the heads and the batch (cu_decode_launch): the decode kernels' grid is
+     * (kv heads, chunks, batch), the merge's (heads, batch) */
     for (int i = 0; i < pb.n_samples; i++) {
         const int dec = !strncmp(pb.sample[i].kernel, "kvq_decode_c", 12), mrg = !strcmp(pb.sample[i].kernel, "kvq_merge");
-        if (a->every_block || (!dec && !mrg) || pb.sample[i].dim != (dec ? 'z' : 'y') ||
-            pb.sample[i].n != (unsigned)a->batch) {
-            fprintf(stderr, "kvqc build: cost model: a sampled launch of %s along %c of %u blocks, not the batch's %d\n",
-                    pb.sample[i].kernel, pb.sample[i].dim, pb.sample[i].n, a->batch);
+        const char d = pb.sample[i].dim;
+        const int want = d == 'x' ? (dec ? p->kv_heads : p->heads) : d == (dec ? 'z' : 'y') ? a->batch : -1;
+        if (a->every_block || (!dec && !mrg) || want < 0 || pb.sample[i].n != (unsigned)want) {
+            fprintf(stderr, "kvqc build: cost model: a sampled launch of %s along %c of %u blocks, not the %s's %d\n",
+                    pb.sample[i].kernel, d, pb.sample[i].n, d == 'x' ? "heads" : "batch", want);
             goto done;
         }
     }
