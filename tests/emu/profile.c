@@ -158,7 +158,9 @@ NO_INSTR static void record(unsigned t, uintptr_t pc);
 HOOK void __cyg_profile_func_enter(void *fn, void *site)
 {
     (void)fn;
-    if (!emu_self_ || !emu_profiling || P.failed) return;
+    /* emu_profiling first: a plain load, where emu_self_ is thread-local (a call in a shared object); the hooks
+     * run at every call and basic block of the unprofiled kernels too */
+    if (!emu_profiling || P.failed || !emu_self_) return;
     unsigned t = emu_self_->linear;
     if (t >= PROF_THREADS) return;
     if (P.sp[t] < PROF_DEPTH) {
@@ -200,7 +202,7 @@ HOOK void __cyg_profile_func_enter(void *fn, void *site)
 HOOK void __cyg_profile_func_exit(void *fn, void *site)
 {
     (void)fn, (void)site;
-    if (!emu_self_ || !emu_profiling) return;
+    if (!emu_profiling || !emu_self_) return;
     unsigned t = emu_self_->linear;
     if (t >= PROF_THREADS || P.sp[t] == 0) return;
     P.sp[t]--;
@@ -229,7 +231,7 @@ NO_INSTR static void record(unsigned t, uintptr_t pc)
 
 HOOK void __sanitizer_cov_trace_pc(void)
 {
-    if (!emu_self_ || !emu_profiling || P.failed) return;
+    if (!emu_profiling || P.failed || !emu_self_) return;
     unsigned t = emu_self_->linear;
     if (t >= PROF_THREADS) return;
     if (!P.on) {
