@@ -62,7 +62,8 @@ static struct {
     map2 node_map, key_map;
     prof_key *keys;
     uint32_t n_keys, cap_keys;
-    uint32_t *lane; /* [PROF_THREADS][cap_keys]: this block's per-thread counts */
+    uint32_t *lane; /* [cap_keys][PROF_THREADS]: this block's per-thread counts (a key's lanes side by side: the
+                     * block's working set is the keys it touched, not a page a thread) */
     uint32_t *touched; /* the keys this block counted (block_end folds only these: a launch of many small
                         * blocks would otherwise cost keys x threads a block) */
     unsigned char *is_touched;
@@ -114,20 +115,15 @@ NO_INSTR static int grow_keys(void)
     uint32_t cap = P.cap_keys ? 2 * P.cap_keys : 4096;
     prof_key *k = realloc(P.keys, (size_t)cap * sizeof *k);
     if (k) P.keys = k;
-    uint32_t *lane = calloc((size_t)PROF_THREADS * cap, sizeof *lane);
-    uint32_t *touched = k ? realloc(P.touched, (size_t)cap * sizeof *touched) : NULL;
+    uint32_t *lane = k ? realloc(P.lane, (size_t)PROF_THREADS * cap * sizeof *lane) : NULL;
+    if (lane) P.lane = lane;
+    uint32_t *touched = lane ? realloc(P.touched, (size_t)cap * sizeof *touched) : NULL;
     if (touched) P.touched = touched;
     unsigned char *is_touched = touched ? realloc(P.is_touched, cap) : NULL;
     if (is_touched) P.is_touched = is_touched;
-    if (!k || !lane || !touched || !is_touched) {
-        free(lane);
-        return -1;
-    }
+    if (!k || !lane || !touched || !is_touched) return -1;
     memset(is_touched + P.cap_keys, 0, cap - P.cap_keys);
-    for (unsigned t = 0; t < PROF_THREADS && P.lane; t++)
-        memcpy(lane + (size_t)t * cap, P.lane + (size_t)t * P.cap_keys, P.cap_keys * sizeof *lane);
-    free(P.lane);
-    P.lane = lane;
+    memset(lane + (size_t)PROF_THREADS * P.cap_keys, 0, (size_t)PROF_THREADS * (cap - P.cap_keys) * sizeof *lane);
     P.cap_keys = cap;
     return 0;
 }
@@ -142,7 +138,7 @@ NO_INSTR static void block_end(unsigned n, unsigned long long weight)
         for (unsigned w = 0; w * 32 < n; w++) {
             uint32_t mx = 0;
             for (unsigned l = w * 32; l < n && l < w * 32 + 32; l++) {
-                uint32_t *c = &P.lane[(size_t)l * P.cap_keys + k];
+                uint32_t *c = &P.lane[(size_t)k * PROF_THREADS + l];
                 if (*c > mx) mx = *c;
                 *c = 0;
             }
@@ -192,8 +188,8 @@ HOOK void __cyg_profile_func_enter(void *fn, void *site)
     }
     P.sp[t]++;
     uint32_t id = P.last_id[t];
-    if (id && P.lane[(size_t)t * P.cap_keys + id - 1] > 0) {
-        P.lane[(size_t)t * P.cap_keys + id - 1]--;
+    if (id && P.lane[(size_t)(id - 1) * PROF_THREADS + t] > 0) {
+        P.lane[(size_t)(id - 1) * PROF_THREADS + t]--;
         P.last_id[t] = 0;
         record(t, P.last_pc[t]);
     }
@@ -224,7 +220,7 @@ NO_INSTR static void record(unsigned t, uintptr_t pc)
         id = ++P.n_keys;
         P.key_map.a[s] = pc, P.key_map.b[s] = ctx, P.key_map.id[s] = id;
     }
-    P.lane[(size_t)t * P.cap_keys + id - 1]++;
+    P.lane[(size_t)(id - 1) * PROF_THREADS + t]++;
     if (!P.is_touched[id - 1]) P.is_touched[id - 1] = 1, P.touched[P.n_touched++] = id - 1;
     P.last_id[t] = id, P.last_pc[t] = pc;
 }
