@@ -33,10 +33,13 @@
 #define PROF_DEPTH 24
 #define PROF_THREADS 1024
 
-/* a two-word open-addressing map (a, b) -> id + 1 */
+/* a two-word open-addressing map (a, b) -> id + 1, a slot's words side by side (one cache line a probe) */
 typedef struct {
-    uintptr_t *a, *b;
-    uint32_t *id;
+    uintptr_t a, b;
+    uint32_t id;
+} map_slot;
+typedef struct {
+    map_slot *slot;
     uint32_t cap; /* slots, a power of two */
 } map2;
 
@@ -62,8 +65,10 @@ static struct {
     map2 node_map, key_map;
     prof_key *keys;
     uint32_t n_keys, cap_keys;
-    uint32_t *lane; /* [cap_keys][PROF_THREADS]: this block's per-thread counts (a key's lanes side by side: the
-                     * block's working set is the keys it touched, not a page a thread) */
+    /* [cap_keys][stride]: this block's per-thread counts, a key's lanes side by side (the block's working set is
+     * the keys it touched); stride: the most threads a block had so far, rounded up to a power of two */
+    uint32_t *lane;
+    unsigned stride;
     uint32_t *touched; /* the keys this block counted (block_end folds only these: a launch of many small
                         * blocks would otherwise cost keys x threads a block) */
     unsigned char *is_touched;
@@ -84,9 +89,14 @@ NO_INSTR static uint32_t map_get(const map2 *m, uintptr_t a, uintptr_t b, uint64
 {
     if (!m->cap) return 0;
     uint64_t s = hash2(a, b) & (m->cap - 1);
-    while (m->id[s] && (m->a[s] != a || m->b[s] != b)) s = (s + 1) & (m->cap - 1);
+    while (m->slot[s].id && (m->slot[s].a != a || m->slot[s].b != b)) s = (s + 1) & (m->cap - 1);
     *slot = s;
-    return m->id[s];
+    return m->slot[s].id;
+}
+
+NO_INSTR static void map_put(map2 *m, uint64_t s, uintptr_t a, uintptr_t b, uint32_t id)
+{
+    m->slot[s].a = a, m->slot[s].b = b, m->slot[s].id = id;
 }
 
 /* room for one more entry when n entries are held (load at most 1/2) */
@@ -94,19 +104,28 @@ NO_INSTR static int map_reserve(map2 *m, uint32_t n)
 {
     if (2 * (uint64_t)(n + 1) <= m->cap) return 0;
     uint32_t cap = m->cap ? 2 * m->cap : 8192;
-    map2 g = {calloc(cap, sizeof(uintptr_t)), calloc(cap, sizeof(uintptr_t)), calloc(cap, sizeof(uint32_t)), cap};
-    if (!g.a || !g.b || !g.id) {
-        free(g.a), free(g.b), free(g.id);
-        return -1;
-    }
+    map_slot *g = calloc(cap, sizeof *g);
+    if (!g) return -1;
     for (uint32_t i = 0; i < m->cap; i++)
-        if (m->id[i]) {
-            uint64_t s = hash2(m->a[i], m->b[i]) & (cap - 1);
-            while (g.id[s]) s = (s + 1) & (cap - 1);
-            g.a[s] = m->a[i], g.b[s] = m->b[i], g.id[s] = m->id[i];
+        if (m->slot[i].id) {
+            uint64_t s = hash2(m->slot[i].a, m->slot[i].b) & (cap - 1);
+            while (g[s].id) s = (s + 1) & (cap - 1);
+            g[s] = m->slot[i];
         }
-    free(m->a), free(m->b), free(m->id);
-    *m = g;
+    free(m->slot);
+    m->slot = g, m->cap = cap;
+    return 0;
+}
+
+/* the lane counts laid out for `stride` threads a key (a wider block than any before: the counts so far kept) */
+NO_INSTR static int set_stride(unsigned stride)
+{
+    uint32_t *lane = calloc((size_t)(P.cap_keys ? P.cap_keys : 1) * stride, sizeof *lane);
+    if (!lane) return -1;
+    for (uint32_t k = 0; k < P.cap_keys && P.lane; k++)
+        memcpy(lane + (size_t)k * stride, P.lane + (size_t)k * P.stride, P.stride * sizeof *lane);
+    free(P.lane);
+    P.lane = lane, P.stride = stride;
     return 0;
 }
 
@@ -115,7 +134,8 @@ NO_INSTR static int grow_keys(void)
     uint32_t cap = P.cap_keys ? 2 * P.cap_keys : 4096;
     prof_key *k = realloc(P.keys, (size_t)cap * sizeof *k);
     if (k) P.keys = k;
-    uint32_t *lane = k ? realloc(P.lane, (size_t)PROF_THREADS * cap * sizeof *lane) : NULL;
+    if (!P.stride) P.stride = 128;
+    uint32_t *lane = k ? realloc(P.lane, (size_t)P.stride * cap * sizeof *lane) : NULL;
     if (lane) P.lane = lane;
     uint32_t *touched = lane ? realloc(P.touched, (size_t)cap * sizeof *touched) : NULL;
     if (touched) P.touched = touched;
@@ -123,7 +143,7 @@ NO_INSTR static int grow_keys(void)
     if (is_touched) P.is_touched = is_touched;
     if (!k || !lane || !touched || !is_touched) return -1;
     memset(is_touched + P.cap_keys, 0, cap - P.cap_keys);
-    memset(lane + (size_t)PROF_THREADS * P.cap_keys, 0, (size_t)PROF_THREADS * (cap - P.cap_keys) * sizeof *lane);
+    memset(lane + (size_t)P.stride * P.cap_keys, 0, (size_t)P.stride * (cap - P.cap_keys) * sizeof *lane);
     P.cap_keys = cap;
     return 0;
 }
@@ -137,8 +157,8 @@ NO_INSTR static void block_end(unsigned n, unsigned long long weight)
         P.is_touched[k] = 0;
         for (unsigned w = 0; w * 32 < n; w++) {
             uint32_t mx = 0;
-            for (unsigned l = w * 32; l < n && l < w * 32 + 32; l++) {
-                uint32_t *c = &P.lane[(size_t)k * PROF_THREADS + l];
+            for (unsigned l = w * 32; l < n && l < w * 32 + 32 && l < P.stride; l++) { /* wider: never counted */
+                uint32_t *c = &P.lane[(size_t)k * P.stride + l];
                 if (*c > mx) mx = *c;
                 *c = 0;
             }
@@ -181,15 +201,15 @@ HOOK void __cyg_profile_func_enter(void *fn, void *site)
             map_get(&P.node_map, (uintptr_t)site, parent, &s);
             id = P.n_nodes++;
             P.nodes[id] = (ctx_node){(uintptr_t)site, parent, P.nodes[parent].depth + 1};
-            P.node_map.a[s] = (uintptr_t)site, P.node_map.b[s] = parent, P.node_map.id[s] = id;
+            map_put(&P.node_map, s, (uintptr_t)site, parent, id);
         }
         P.ctx_stack[t][P.sp[t]] = parent;
         P.ctx[t] = id;
     }
     P.sp[t]++;
     uint32_t id = P.last_id[t];
-    if (id && P.lane[(size_t)(id - 1) * PROF_THREADS + t] > 0) {
-        P.lane[(size_t)(id - 1) * PROF_THREADS + t]--;
+    if (id && t < P.stride && P.lane[(size_t)(id - 1) * P.stride + t] > 0) {
+        P.lane[(size_t)(id - 1) * P.stride + t]--;
         P.last_id[t] = 0;
         record(t, P.last_pc[t]);
     }
@@ -218,9 +238,17 @@ NO_INSTR static void record(unsigned t, uintptr_t pc)
         map_get(&P.key_map, pc, ctx, &s);
         P.keys[P.n_keys] = (prof_key){pc, ctx, 0};
         id = ++P.n_keys;
-        P.key_map.a[s] = pc, P.key_map.b[s] = ctx, P.key_map.id[s] = id;
+        map_put(&P.key_map, s, pc, ctx, id);
     }
-    P.lane[(size_t)(id - 1) * PROF_THREADS + t]++;
+    if (t >= P.stride) {
+        unsigned st = P.stride;
+        while (st <= t) st *= 2;
+        if (set_stride(st) != 0) {
+            P.failed = 1;
+            return;
+        }
+    }
+    P.lane[(size_t)(id - 1) * P.stride + t]++;
     if (!P.is_touched[id - 1]) P.is_touched[id - 1] = 1, P.touched[P.n_touched++] = id - 1;
     P.last_id[t] = id, P.last_pc[t] = pc;
 }
@@ -263,6 +291,6 @@ __attribute__((destructor)) NO_INSTR static void write_profile(void)
     free(P.lane);
     free(P.touched);
     free(P.is_touched);
-    free(P.node_map.a), free(P.node_map.b), free(P.node_map.id);
-    free(P.key_map.a), free(P.key_map.b), free(P.key_map.id);
+    free(P.node_map.slot);
+    free(P.key_map.slot);
 }
