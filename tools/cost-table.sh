@@ -16,7 +16,7 @@ for spec in kivi2 kivi4 fp16; do
         [ "$g" = 1 ] && dims="--heads 8 --kv-heads 8"
         dir="$out/$spec-gqa$g"
         # shellcheck disable=SC2086
-        if ! "$kvqc" build "specs/$spec.kvq" --arch sm_80,sm_90 -o "$dir" $dims --cost --cost-tokens "$tokens" \
+        if ! "$kvqc" build "specs/$spec.kvq" --arch sm_90,sm_80 -o "$dir" $dims --cost --cost-tokens "$tokens" \
             --cost-batch 1,32 >"$dir.log" 2>&1; then
             cat "$dir.log" >&2
             exit 1
