@@ -98,7 +98,19 @@ const char *emu_warp_op_name(int op);
 void emu_cp_reset(struct emu_thr *t);
 void emu_cp_free(struct emu_thr *t);
 
-/* Called after each thread block with its thread count when set (profile.c, a profiled module's counts). */
-extern void (*emu_block_end_hook)(unsigned n_threads);
+/* Called after each thread block with its thread count and weight (the blocks it stands for: 1, or a sampled
+ * launch's gridDim along the sampled dimension) when set (profile.c, a profiled module's counts). */
+extern void (*emu_block_end_hook)(unsigned n_threads, unsigned long long weight);
+/* Whether the launch running now is profiled ($KVQ_EMU_PROFILE_KERNELS; profile.c's hooks count only then). */
+extern int emu_profiling;
+/* The sampled launches so far ($KVQ_EMU_SAMPLE), for the profile's header (profile.c). */
+#define EMU_SAMPLES 64
+struct emu_sample_rec {
+    char kernel[64];
+    char dim;
+    unsigned n;
+};
+extern struct emu_sample_rec emu_samples[EMU_SAMPLES];
+extern int emu_n_samples;
 
 #endif

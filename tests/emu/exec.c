@@ -21,7 +21,10 @@
 
 __thread struct emu_thread_pub *emu_self_;
 __thread struct emu_block_pub *emu_blk_;
-void (*emu_block_end_hook)(unsigned n_threads);
+void (*emu_block_end_hook)(unsigned n_threads, unsigned long long weight);
+int emu_profiling;
+struct emu_sample_rec emu_samples[EMU_SAMPLES];
+int emu_n_samples;
 struct emu_run *emu_run_;
 
 static pthread_mutex_t launch_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -308,7 +311,7 @@ static int fiber_ready(struct emu_run *R, struct emu_fiber *f)
     return 0;
 }
 
-static emu_status run_block(struct emu_run *R, unsigned long long b)
+static emu_status run_block(struct emu_run *R, unsigned long long b, unsigned long long weight)
 {
     struct emu_block_pub *B = &R->blk;
     B->bid.x = (unsigned)(b % B->gdim.x);
@@ -358,7 +361,7 @@ static emu_status run_block(struct emu_run *R, unsigned long long b)
         R->st.switches++;
         emu_fiber_switch(&R->main, t->fiber);
     }
-    if (emu_block_end_hook) emu_block_end_hook(R->n); /* profile.c: a profiled module's warp counts */
+    if (emu_block_end_hook) emu_block_end_hook(R->n, weight); /* profile.c: a profiled module's warp counts */
     R->st.blocks++;
     R->st.threads += R->n;
     R->st.plain_blocks += R->mode == MODE_PLAIN;
@@ -497,6 +500,68 @@ static unsigned long long gcd(unsigned long long a, unsigned long long b)
     return a;
 }
 
+/* Whether `name` starts with one of the comma-separated prefixes of `list`; *dims gets what follows a prefix's ':'
+ * (NULL without one). */
+static int name_listed(const char *list, const char *name, const char **dims)
+{
+    for (const char *p = list; p && *p;) {
+        size_t n = strcspn(p, ",:");
+        if (n && !strncmp(name, p, n)) {
+            *dims = p[n] == ':' ? p + n + 1 : NULL;
+            return 1;
+        }
+        p = strchr(p, ',');
+        p = p ? p + 1 : NULL;
+    }
+    return 0;
+}
+
+/* Hooks of kvqc build's cost model (docs/cuda.md, "Cost model"), read at every launch:
+ * - $KVQ_EMU_PROFILE_KERNELS (prefixes, comma-separated): only launches of those kernels are profiled
+ *   (profile.c); unset: every launch;
+ * - $KVQ_EMU_SAMPLE ("prefix:DIMS", DIMS some of x, y, z; comma-separated): a launch of such a kernel runs only
+ *   its blocks whose index along each of DIMS is 0, each standing for the product of gridDim along DIMS in the
+ *   profile (the caller makes the blocks along them alike: the same work on the same data; the profile names
+ *   every sampled launch and dimension);
+ * - $KVQ_EMU_SKIP=1: launches return at once, running nothing (work whose results the sampled launches never
+ *   read). */
+static void note_sample(const char *name, char d, unsigned n)
+{
+    int i = 0;
+    while (i < emu_n_samples &&
+           !(emu_samples[i].dim == d && emu_samples[i].n == n && !strcmp(emu_samples[i].kernel, name)))
+        i++;
+    if (i == emu_n_samples && i < EMU_SAMPLES) {
+        snprintf(emu_samples[i].kernel, sizeof emu_samples[i].kernel, "%s", name);
+        emu_samples[i].dim = d, emu_samples[i].n = n;
+        emu_n_samples++;
+    }
+}
+
+/* sampled[0..2]: whether x, y, z are sampled; *weight: the blocks each run block stands for */
+static void cost_hooks(const struct emu_kernel *k, emu_dim3 grid, int sampled[3], unsigned long long *weight,
+                       int *skip)
+{
+    const char *name = k && k->name ? k->name : "";
+    const char *only = getenv("KVQ_EMU_PROFILE_KERNELS"), *sample = getenv("KVQ_EMU_SAMPLE"),
+               *sk = getenv("KVQ_EMU_SKIP");
+    const char *dims = NULL;
+    emu_profiling = !only || !*only || name_listed(only, name, &dims);
+    *skip = sk && !strcmp(sk, "1");
+    sampled[0] = sampled[1] = sampled[2] = 0;
+    *weight = 1;
+    if (sample && name_listed(sample, name, &dims) && dims) {
+        const unsigned g[3] = {grid.x, grid.y, grid.z};
+        for (const char *d = dims; *d == 'x' || *d == 'y' || *d == 'z'; d++) {
+            const int i = *d - 'x';
+            if (sampled[i]) continue;
+            sampled[i] = 1;
+            *weight *= g[i];
+            note_sample(name, *d, g[i]);
+        }
+    }
+}
+
 emu_status emu_launch(const struct emu_kernel *k, emu_dim3 grid, emu_dim3 block, size_t dyn_smem, const void *params,
                       size_t param_size, const struct emu_options *opt, struct emu_error *err)
 {
@@ -545,14 +610,24 @@ emu_status emu_launch(const struct emu_kernel *k, emu_dim3 grid, emu_dim3 block,
     emu_run_ = &R;
     emu_blk_ = &R.blk;
     unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z, mul = 1, add = 0;
+    int sampled[3], skip = 0;
+    unsigned long long weight = 1;
+    cost_hooks(k, grid, sampled, &weight, &skip);
+    if (skip) nblocks = 0;
     if (R.shuffle && nblocks > 1) {
         /* Block order b -> (mul*b + add) mod nblocks, a permutation when mul is coprime with nblocks. */
         do mul = emu_rand(&R) % nblocks;
         while (mul == 0 || gcd(mul, nblocks) != 1);
         add = emu_rand(&R) % nblocks;
     }
-    for (unsigned long long b = 0; b < nblocks && R.status == EMU_OK; b++)
-        run_block(&R, (unsigned long long)(((unsigned __int128)mul * b + add) % nblocks));
+    for (unsigned long long b = 0; b < nblocks && R.status == EMU_OK; b++) {
+        unsigned long long lin = (unsigned long long)(((unsigned __int128)mul * b + add) % nblocks);
+        if ((sampled[0] && lin % grid.x != 0) || (sampled[1] && lin / grid.x % grid.y != 0) ||
+            (sampled[2] && lin / grid.x / grid.y != 0))
+            continue;
+        run_block(&R, lin, weight);
+    }
+    emu_profiling = 0;
     emu_run_ = NULL;
     emu_blk_ = NULL;
     emu_self_ = NULL;

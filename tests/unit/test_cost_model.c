@@ -78,6 +78,60 @@ done:
     return rc;
 }
 
+typedef struct {
+    char fn[64], arch[16], target[16], fl[8];
+    int batch, gqa, tokens, regs, smem, ctas;
+    double per_tok, bytes, per_byte, inflight, tiles, tile_tok, merge, executed;
+} cost_row;
+
+/* The rows of DIR/NAME/cost.txt (at most cap); -1 when a row does not parse or the file is missing. */
+static int read_rows(const char *dir, const char *name, cost_row *r, int cap)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s/cost.txt", dir, name);
+    char *txt = slurp(path);
+    if (!txt) return -1;
+    int n = 0;
+    for (char *l = strtok(txt, "\n"); l && n >= 0; l = strtok(NULL, "\n")) {
+        if (l[0] == '#' || !strncmp(l, "kernel", 6)) continue;
+        if (n == cap) break;
+        cost_row *x = &r[n];
+        int k = sscanf(l, "%63s %15s %d %d %d %lf %lf %lf %15s %d %d %d %lf %7s %lf %lf %lf %lf", x->fn, x->arch,
+                       &x->batch, &x->gqa, &x->tokens, &x->per_tok, &x->bytes, &x->per_byte, x->target, &x->regs,
+                       &x->smem, &x->ctas, &x->inflight, x->fl, &x->tiles, &x->tile_tok, &x->merge, &x->executed);
+        if (k != 18) {
+            printf("note: row does not parse (%d fields): %s\n", k, l);
+            n = -1;
+            break;
+        }
+        n++;
+    }
+    free(txt);
+    return n;
+}
+
+/* kvqc build SPEC --arch sm_90 -o DIR --cost --cost-tokens T EXTRA: 0 ok */
+static int run_kvqc(const char *kvqc, const char *spec, const char *dir, int tokens, const char *extra)
+{
+    char cmd[2 * PATH_MAX], path[PATH_MAX];
+    snprintf(cmd, sizeof cmd, "'%s' build %s --arch sm_90 -o %s --cost --cost-tokens %d %s >/dev/null 2>%s/err", kvqc,
+             spec, dir, tokens, extra, dir);
+    int st = system(cmd);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
+    snprintf(path, sizeof path, "%s/err", dir);
+    char *err = slurp(path);
+    printf("note: kvqc build --cost failed (%d): %.300s\n", st, err ? err : "");
+    free(err);
+    return -1;
+}
+
+static void remove_dir(const char *dir)
+{
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -102,52 +156,60 @@ int main(int argc, char **argv)
     }
     const char *specs[] = {"specs/kivi2.kvq", "specs/fp16.kvq"};
     const char *names[] = {"kivi2", "fp16"};
+    const char *targets[] = {"0.35:", "0.20:"};
     for (int si = 0; si < 2; si++) {
         th_begin("cost model, %s: the tiles it counted are the runtime's (%d tokens + 1)", names[si], TOKENS);
-        char dir[] = "/tmp/kvq_test_cost_XXXXXX", cmd[2 * PATH_MAX], path[PATH_MAX];
+        char dir[] = "/tmp/kvq_test_cost_XXXXXX";
         TH_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
-        snprintf(cmd, sizeof cmd, "'%s' build %s --arch sm_90 -o %s --cost --cost-tokens %d >/dev/null 2>%s/err",
-                 kvqc, specs[si], dir, TOKENS, dir);
-        int st = system(cmd);
-        snprintf(path, sizeof path, "%s/err", dir);
-        char *err = slurp(path);
-        TH_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvqc build --cost failed (%d): %.300s", st, err ? err : "");
-        free(err);
-        snprintf(path, sizeof path, "%s/%s/cost.txt", dir, names[si]);
-        char *txt = slurp(path);
-        TH_CHECK(txt != NULL, "no %s", path);
-        int rows = 0;
-        double tiles = 0, tile_tok = 0, per_tok = 0, bytes = 0, per_byte = 0, executed = 0;
-        for (char *l = txt ? strtok(txt, "\n") : NULL; l; l = strtok(NULL, "\n")) {
-            if (l[0] == '#' || !strncmp(l, "kernel", 6)) continue;
-            char fn[64], arch[16];
-            int batch, tokens, regs, smem, ctas;
-            double inflight, merge;
-            int n = sscanf(l, "%63s %15s %d %d %lf %lf %lf %d %d %d %lf %lf %lf %lf %lf", fn, arch, &batch, &tokens,
-                           &per_tok, &bytes, &per_byte, &regs, &smem, &ctas, &inflight, &tiles, &tile_tok, &merge,
-                           &executed);
-            TH_CHECK(n == 15, "row does not parse: %s", l);
-            if (n != 15) continue;
-            rows++;
-            TH_CHECK(batch == 1 && tokens == TOKENS && regs > 0 && ctas > 0 && inflight > 0, "row %s", l);
-            TH_CHECK(per_byte > 0 && per_byte - per_tok / bytes < 1e-3 && per_tok / bytes - per_byte < 1e-3,
-                     "per_byte %.3f", per_byte);
-        }
+        TH_CHECK(run_kvqc(kvqc, specs[si], dir, TOKENS, "") == 0, "kvqc build --cost failed");
+        cost_row r[4];
+        memset(r, 0, sizeof r);
+        int rows = read_rows(dir, names[si], r, 4);
         TH_CHECK(rows == 1, "%d rows", rows);
-        free(txt);
+        const cost_row *x = &r[0];
+        TH_CHECK(x->batch == 1 && x->gqa == 4 && x->tokens == TOKENS && x->regs > 0 && x->ctas > 0 && x->inflight > 0,
+                 "row %s %s", x->fn, x->arch);
+        TH_CHECK(x->per_byte > 0 && x->per_byte - x->per_tok / x->bytes < 1e-3 && x->per_tok / x->bytes - x->per_byte < 1e-3,
+                 "per_byte %.3f", x->per_byte);
+        /* the verdict is the comparison with the scheme's bound (fp16 0.2, quantized at GQA 4 0.35) */
+        const double bound = si == 0 ? 0.35 : 0.2;
+        TH_CHECK(!strncmp(x->target, targets[si], 5) &&
+                     !strcmp(x->target + 5, x->per_tok / x->bytes <= bound ? "pass" : "FAIL"),
+                 "target %s at %.3f / B", x->target, x->per_byte);
+        TH_CHECK(!strcmp(x->fl, x->inflight >= 24576 ? "pass" : "FAIL"), "in flight %.0f: %s", x->inflight, x->fl);
         int nt = 0, toks = 0;
         setenv("KVQ_EMU_SMS", "132", 1);
         TH_CHECK(runtime_tiles(specs[si], &nt, &toks) == 0, "the runtime's step failed");
         unsetenv("KVQ_EMU_SMS");
         TH_CHECK(toks == TOKENS + 1, "the runtime's tiles hold %d tokens", toks);
-        TH_CHECK(nt > 0 && tiles > nt - 0.05 && tiles < nt + 0.05, "model: %.2f tiles, runtime: %d", tiles, nt);
-        TH_CHECK(tile_tok > (double)toks / nt - 0.1 && tile_tok < (double)toks / nt + 0.1,
-                 "model: %.1f tokens a tile, runtime: %.1f", tile_tok, (double)toks / nt);
+        TH_CHECK(nt > 0 && x->tiles > nt - 0.05 && x->tiles < nt + 0.05, "model: %.2f tiles, runtime: %d", x->tiles, nt);
+        TH_CHECK(x->tile_tok > (double)toks / nt - 0.1 && x->tile_tok < (double)toks / nt + 0.1,
+                 "model: %.1f tokens a tile, runtime: %.1f", x->tile_tok, (double)toks / nt);
         /* every token's q.K and p.V is at least one warp-instruction of some warp: a real run, not a plan */
-        TH_CHECK(executed > 8.0 * (TOKENS + 1), "executed %.0f", executed);
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+        TH_CHECK(x->executed > 8.0 * (TOKENS + 1), "executed %.0f", x->executed);
+        remove_dir(dir);
         th_end();
     }
+    /* the batch: one sequence's blocks run for all (sampled) against every sequence's prefill and blocks run */
+    th_begin("cost model, kivi2: batch 3 counted from one sequence equals batch 3 run whole (%d tokens + 1)", TOKENS);
+    {
+        char d1[] = "/tmp/kvq_test_cost_XXXXXX", d2[] = "/tmp/kvq_test_cost_XXXXXX";
+        TH_CHECK(mkdtemp(d1) != NULL && mkdtemp(d2) != NULL, "mkdtemp");
+        TH_CHECK(run_kvqc(kvqc, specs[0], d1, TOKENS, "--cost-batch 3") == 0, "kvqc build --cost (sampled) failed");
+        TH_CHECK(run_kvqc(kvqc, specs[0], d2, TOKENS, "--cost-batch 3 --cost-every-block") == 0,
+                 "kvqc build --cost --cost-every-block failed");
+        cost_row a[2], b[2];
+        memset(a, 0, sizeof a), memset(b, 0, sizeof b);
+        int na = read_rows(d1, names[0], a, 2), nb = read_rows(d2, names[0], b, 2);
+        TH_CHECK(na == 1 && nb == 1, "%d and %d rows", na, nb);
+        TH_CHECK(a[0].batch == 3 && b[0].batch == 3, "batch %d, %d", a[0].batch, b[0].batch);
+        TH_CHECK(a[0].executed == b[0].executed, "sampled: %.0f warp-instructions, every block: %.0f", a[0].executed,
+                 b[0].executed);
+        TH_CHECK(a[0].tiles == b[0].tiles && a[0].merge == b[0].merge, "tiles %.2f / %.2f, merge %.2f / %.2f",
+                 a[0].tiles, b[0].tiles, a[0].merge, b[0].merge);
+        remove_dir(d1);
+        remove_dir(d2);
+    }
+    th_end();
     return th_summary();
 }

@@ -15,6 +15,7 @@
 #include "cost.h"
 #include "cuda/cu.h"
 #include "kvq.h"
+#include "rt_internal.h"
 #include "sass_cost.h"
 
 typedef struct {
@@ -25,6 +26,12 @@ typedef struct {
     int n_lines;
     unsigned long exit_site[16384]; /* offsets of the keys of function exit blocks (not counted) */
     int n_exit;
+    struct {
+        char kernel[64];
+        char dim;
+        unsigned n;
+    } sample[64]; /* the sampled launches: one block of every n along dim ran (run_step) */
+    int n_samples;
 } profile_buf;
 
 static char *slurp(const char *path, size_t *len)
@@ -81,8 +88,17 @@ static char *run_text(const char *cmd)
     return s;
 }
 
-/* The decode step: batch sequences of `tokens` prefilled tokens (layer 0), one kvq_decode step. */
-static int run_step(const kvq_scheme *sch, const kvq_plan *p, int batch, int tokens, char *msg, size_t ms)
+/* The decode step: batch sequences of `tokens` prefilled tokens (layer 0), one kvq_decode step. Every sequence
+ * gets the same rows, so the runtime gives every one the same pages, window and tiles; sequence 0 is prefilled
+ * under the emulator, the others' prefill launches are skipped ($KVQ_EMU_SKIP: their host state, which decides
+ * the step's tiles and split, is made all the same), and the step's decode and merge launches run only sequence
+ * 0's blocks of head 0 (every head gets the same rows), each counted for the batch and the heads ($KVQ_EMU_SAMPLE,
+ * set by the caller: the grid of kvq_decode_c<k> is (kv heads, chunks, batch), kvq_merge's (heads, batch),
+ * cu_decode_launch). That this stands for the whole step is checked here (every sequence's tiles after the step,
+ * rt_step_tiles, are sequence 0's), by the caller (the sampled dimensions are those) and by test_cost_model (the
+ * same counts as a run of every block). */
+static int run_step(const kvq_scheme *sch, const kvq_plan *p, int batch, int tokens, int every_block, char *msg,
+                    size_t ms)
 {
     kvq_engine_config cfg;
     kvq_engine_config_init(&cfg);
@@ -100,17 +116,19 @@ static int run_step(const kvq_scheme *sch, const kvq_plan *p, int batch, int tok
     float *out = kvq_malloc((size_t)batch * p->heads * D * sizeof *out);
     kvq_prefill_item *pi = kvq_calloc((size_t)batch, sizeof *pi);
     kvq_decode_item *di = kvq_calloc((size_t)batch, sizeof *di);
+    kvq_tile_info *t0 = NULL, *tb = NULL;
     int rc = -1;
     if (!seqs || !k || !v || !q || !step || !out || !pi || !di) {
         snprintf(msg, ms, "out of memory");
         goto done;
     }
-    /* values of unit scale from a fixed LCG; the kernels' control flow does not depend on them */
+    /* values of unit scale from a fixed LCG, the same rows for every head (rows [heads][tokens][head_dim]): the
+     * heads are alike too, and the step's decode and merge launches run head 0's blocks for all */
     uint32_t x = 12345;
     unsigned char *bufs[3] = {k, v, q};
-    size_t lens[3] = {nkv, nkv, nq};
-    for (int b = 0; b < 3; b++)
-        for (size_t i = 0; i < lens[b]; i++) {
+    const size_t per_head = (size_t)tokens * D, heads[3] = {(size_t)p->kv_heads, (size_t)p->kv_heads, (size_t)p->heads};
+    for (int b = 0; b < 3; b++) {
+        for (size_t i = 0; i < per_head; i++) {
             x = x * 1664525u + 1013904223u;
             float f = ((float)(x >> 8) / 16777216.0f - 0.5f) * 2.0f;
             if (es == 4) memcpy(bufs[b] + 4 * i, &f, 4);
@@ -119,6 +137,8 @@ static int run_step(const kvq_scheme *sch, const kvq_plan *p, int batch, int tok
                 memcpy(bufs[b] + 2 * i, &h, 2);
             }
         }
+        for (size_t h = 1; h < heads[b]; h++) memcpy(bufs[b] + h * per_head * es, bufs[b], per_head * es);
+    }
     for (int b = 0; b < batch; b++) {
         if (kvq_seq_create(e, &seqs[b]) != KVQ_OK) {
             snprintf(msg, ms, "%s", kvq_engine_errmsg(e));
@@ -126,21 +146,59 @@ static int run_step(const kvq_scheme *sch, const kvq_plan *p, int batch, int tok
         }
         pi[b] = (kvq_prefill_item){seqs[b], tokens, k, v, q};
     }
-    if (kvq_prefill(e, 0, pi, batch) != KVQ_OK) {
+    kvq_status pst = kvq_prefill(e, 0, pi, every_block ? batch : 1);
+    if (pst == KVQ_OK && batch > 1 && !every_block) {
+        /* without queries where the layer takes none (checking 31 x 32k tokens of queries costs more than the
+         * step): the runtime refuses up front when it needs them, and then gets them */
+        setenv("KVQ_EMU_SKIP", "1", 1);
+        for (int b = 1; b < batch; b++) pi[b].q = NULL;
+        pst = kvq_prefill(e, 0, pi + 1, batch - 1);
+        if (pst == KVQ_ERR_INVALID) {
+            for (int b = 1; b < batch; b++) pi[b].q = q;
+            pst = kvq_prefill(e, 0, pi + 1, batch - 1);
+        }
+        unsetenv("KVQ_EMU_SKIP");
+    }
+    if (pst != KVQ_OK) {
         snprintf(msg, ms, "prefill: %s", kvq_engine_errmsg(e));
         goto done;
     }
-    for (int b = 0; b < batch; b++) {
+    for (int b = 0; b < batch; b++) { /* the new token: each head's first prefilled row, alike across heads */
         unsigned char *s = step + (size_t)b * (2 * p->kv_heads + p->heads) * D * es;
-        memcpy(s, k, (size_t)p->kv_heads * D * es);
-        memcpy(s + (size_t)p->kv_heads * D * es, v, (size_t)p->kv_heads * D * es);
-        memcpy(s + (size_t)2 * p->kv_heads * D * es, q, (size_t)p->heads * D * es);
+        for (int h = 0; h < p->kv_heads; h++) {
+            memcpy(s + (size_t)h * D * es, k + (size_t)h * per_head * es, D * es);
+            memcpy(s + (size_t)(p->kv_heads + h) * D * es, v + (size_t)h * per_head * es, D * es);
+        }
+        for (int h = 0; h < p->heads; h++)
+            memcpy(s + (size_t)(2 * p->kv_heads + h) * D * es, q + (size_t)h * per_head * es, D * es);
         di[b] = (kvq_decode_item){seqs[b], s, s + (size_t)p->kv_heads * D * es, s + (size_t)2 * p->kv_heads * D * es,
                                   out + (size_t)b * p->heads * D};
     }
     if (kvq_decode(e, 0, di, batch) != KVQ_OK) {
         snprintf(msg, ms, "decode: %s", kvq_engine_errmsg(e));
         goto done;
+    }
+    /* the blocks of sequence 0 stand for every sequence's: the same tiles */
+    int n0 = 0, nb = 0;
+    if (rt_step_tiles(e, seqs[0], 0, NULL, 0, &n0) != KVQ_OK || !(t0 = kvq_calloc((size_t)n0 + 1, sizeof *t0)) ||
+        !(tb = kvq_calloc((size_t)n0 + 1, sizeof *tb)) || rt_step_tiles(e, seqs[0], 0, t0, n0, &n0) != KVQ_OK) {
+        snprintf(msg, ms, "the step's tiles: %s", kvq_engine_errmsg(e));
+        goto done;
+    }
+    for (int b = 1; b < batch; b++) {
+        if (rt_step_tiles(e, seqs[b], 0, tb, n0, &nb) != KVQ_OK) {
+            snprintf(msg, ms, "the step's tiles: %s", kvq_engine_errmsg(e));
+            goto done;
+        }
+        int same = nb == n0;
+        for (int i = 0; i < n0 && same; i++)
+            same = tb[i].n == t0[i].n && tb[i].k_kind == t0[i].k_kind && tb[i].v_kind == t0[i].v_kind &&
+                   tb[i].k_pages == t0[i].k_pages;
+        if (!same) {
+            snprintf(msg, ms, "sequence %d's tiles differ from sequence 0's: the sampled step does not stand for the batch",
+                     b);
+            goto done;
+        }
     }
     rc = 0;
 done:
@@ -153,6 +211,8 @@ done:
     kvq_free(out);
     kvq_free(pi);
     kvq_free(di);
+    kvq_free(t0);
+    kvq_free(tb);
     return rc;
 }
 
@@ -224,6 +284,16 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
     for (char *l = body ? body + 1 : NULL; l && *l && strncmp(l, "module ", 7); l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
         unsigned long long cnt;
         int depth, used;
+        char kname[64], dim;
+        unsigned along;
+        if (sscanf(l, "sample %63s %c %u", kname, &dim, &along) == 3) {
+            if (pb->n_samples < (int)(sizeof pb->sample / sizeof pb->sample[0])) {
+                snprintf(pb->sample[pb->n_samples].kernel, sizeof pb->sample[0].kernel, "%s", kname);
+                pb->sample[pb->n_samples].dim = dim, pb->sample[pb->n_samples].n = along;
+            }
+            pb->n_samples++;
+            continue;
+        }
         if (sscanf(l, "%llu %d%n", &cnt, &depth, &used) != 2) break;
         char *p = l + used;
         for (int i = 0; i < depth; i++) {
@@ -317,6 +387,7 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
          l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
         unsigned long long cnt;
         int depth, used;
+        if (!strncmp(l, "sample ", 7)) continue;
         if (sscanf(l, "%llu %d%n", &cnt, &depth, &used) != 2) break;
         sass_loc loc = {{0}, 0};
         int exit_blk = 0;
@@ -439,7 +510,7 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
     /* the profile is kept beside the outputs (<arch>-b<B>-t<T>.profile) and read again while the emulated module
      * it names is in the JIT cache and holds the same unit: the run takes minutes, the mapping a second */
     char prof[PATH_MAX + 96];
-    snprintf(prof, sizeof prof, "%s/%s-b%d-t%d.profile", dir, arch, a->batch, a->tokens);
+    snprintf(prof, sizeof prof, "%s/%s-b%d-t%d%s.profile", dir, arch, a->batch, a->tokens, a->every_block ? "-all" : "");
     if (read_profile(prof, src, &pb, msg, sizeof msg) != 0) {
         kvq_free(pb.loc);
         kvq_free(pb.count);
@@ -451,16 +522,35 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
         setenv("KVQ_EMU_PROFILE", prof, 1);
         setenv("KVQ_EMU_SMS", sms_s, 1);
         setenv("KVQ_EMU_ARCH", sm >= 90 ? "sm_90" : "sm_80", 1);
-        int st = run_step(sch, p, a->batch, a->tokens, msg, sizeof msg);
+        /* only the kernels counted are profiled; no sanitizers (the count needs none, and they slow the -O0 unit) */
+        setenv("KVQ_EMU_PROFILE_KERNELS", "kvq_decode_c,kvq_merge", 1);
+        setenv("KVQ_EMU_SANITIZE", "0", 1);
+        if (!a->every_block) setenv("KVQ_EMU_SAMPLE", "kvq_decode_c:xz,kvq_merge:xy", 1);
+        int st = run_step(sch, p, a->batch, a->tokens, a->every_block, msg, sizeof msg);
         unsetenv("KVQ_EMU_PROFILE");
         unsetenv("KVQ_EMU_SMS");
         unsetenv("KVQ_EMU_ARCH");
+        unsetenv("KVQ_EMU_PROFILE_KERNELS");
+        unsetenv("KVQ_EMU_SANITIZE");
+        unsetenv("KVQ_EMU_SAMPLE");
         if (st != 0) {
             fprintf(stderr, "kvqc build: cost model: emulated step: %s\n", msg);
             goto done;
         }
         if (read_profile(prof, src, &pb, msg, sizeof msg) != 0) {
             fprintf(stderr, "kvqc build: cost model: %s\n", msg);
+            goto done;
+        }
+    }
+    /* the sampled launches were along the heads and the batch (cu_decode_launch): the decode kernels' grid is
+     * (kv heads, chunks, batch), the merge's (heads, batch) */
+    for (int i = 0; i < pb.n_samples; i++) {
+        const int dec = !strncmp(pb.sample[i].kernel, "kvq_decode_c", 12), mrg = !strcmp(pb.sample[i].kernel, "kvq_merge");
+        const char d = pb.sample[i].dim;
+        const int want = d == 'x' ? (dec ? p->kv_heads : p->heads) : d == (dec ? 'z' : 'y') ? a->batch : -1;
+        if (a->every_block || (!dec && !mrg) || want < 0 || pb.sample[i].n != (unsigned)want) {
+            fprintf(stderr, "kvqc build: cost model: a sampled launch of %s along %c of %u blocks, not the %s's %d\n",
+                    pb.sample[i].kernel, d, pb.sample[i].n, d == 'x' ? "heads" : "batch", want);
             goto done;
         }
     }
@@ -516,11 +606,19 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
         const int ctas = plan_decode_ctas_per_sm(p, pc, sm, regs);
         /* in flight: the plan's stages of tiles of the step's mean length a CTA, times its CTAs (plan.h) */
         const double inflight = plan_decode_bytes_in_flight(p, pc, sm, regs, tile_tok);
+        /* issue 22's targets (docs/cuda.md, "Cost model"): warp-instructions per byte at most 0.2 for fp16 rows,
+         * 0.35 for quantized ones at GQA 4 or more, 0.5 at GQA 1; at least 24 KiB in flight per SM on sm_90 */
+        const int gqa = p->heads / p->kv_heads, f16 = pc->k_hi.bits == 16 && pc->v_hi.bits == 16;
+        const double target = f16 ? 0.2 : gqa >= 4 ? 0.35 : gqa == 1 ? 0.5 : 0.0;
+        char tgt[16] = "-", fl[16] = "-";
+        if (target > 0) snprintf(tgt, sizeof tgt, "%.2f:%s", target, per_tok / bytes <= target ? "pass" : "FAIL");
+        if (sm >= 90) snprintf(fl, sizeof fl, "%s", inflight >= 24576 ? "pass" : "FAIL");
         emit_buf_printf(out,
-                        "%-16s %-6s %5d %6d %9.1f %7.2f %8.3f %5d %7d %4d %9.0f %9.1f %9.1f %6.1f %12.0f %3.0f%%\n", fn,
-                        arch, a->batch, a->tokens, per_tok, bytes, per_tok / bytes, regs, pc->smem, ctas, inflight,
-                        tiles / ((double)a->batch * p->kv_heads), tile_tok, mc.executed / toks, sc.executed,
-                        sc.instructions ? 100.0 * sc.instr_unknown / sc.instructions : 0.0);
+                        "%-16s %-6s %5d %3d %6d %9.1f %7.2f %8.3f %-9s %5d %7d %4d %9.0f %-4s %9.1f %9.1f %6.1f %12.0f "
+                        "%3.0f%%\n",
+                        fn, arch, a->batch, gqa, a->tokens, per_tok, bytes, per_tok / bytes, tgt, regs, pc->smem, ctas,
+                        inflight, fl, tiles / ((double)a->batch * p->kv_heads), tile_tok, mc.executed / toks,
+                        sc.executed, sc.instructions ? 100.0 * sc.instr_unknown / sc.instructions : 0.0);
     }
     rc = out->failed ? -1 : 0;
 done:
@@ -538,11 +636,13 @@ void kvqc_cost_header(const kvqc_cost_args *a, emit_buf *out)
 {
     emit_buf_printf(out,
                     "# Cost model (docs/cuda.md, \"Cost model\"): warp-instructions a real decode step executes, counted\n"
-                    "# under the emulator and mapped onto the shipped cubin's SASS by line; batch %d, %d tokens + 1.\n"
-                    "# per_token: per token of one kv head; tiles, tile_tok: tiles per (sequence, kv head) and their mean\n"
-                    "# tokens; merge: kvq_merge per token; unknown: SASS of lines the profile did not place\n",
-                    a->batch, a->tokens);
-    emit_buf_printf(out, "%-16s %-6s %5s %6s %9s %7s %8s %5s %7s %4s %9s %9s %9s %6s %12s %4s\n", "kernel", "arch",
-                    "batch", "tokens", "per_token", "bytes", "per_byte", "regs", "smem", "ctas", "inflight", "tiles",
-                    "tile_tok", "merge", "executed", "unknown");
+                    "# under the emulator and mapped onto the shipped cubin's SASS by line; %d tokens + 1 a sequence.\n"
+                    "# per_token: per token of one kv head; target: issue 22's per-byte bound and whether the row meets it\n"
+                    "# (fp16 0.2, quantized 0.35 at GQA >= 4, 0.5 at GQA 1); inflight: cache bytes in flight per SM, fl: at\n"
+                    "# least 24 KiB (sm_90); tiles, tile_tok: tiles per (sequence, kv head) and their mean tokens; merge:\n"
+                    "# kvq_merge per token; unknown: SASS of lines the profile did not place\n",
+                    a->tokens);
+    emit_buf_printf(out, "%-16s %-6s %5s %3s %6s %9s %7s %8s %-9s %5s %7s %4s %9s %-4s %9s %9s %6s %12s %4s\n", "kernel",
+                    "arch", "batch", "gqa", "tokens", "per_token", "bytes", "per_byte", "target", "regs", "smem", "ctas",
+                    "inflight", "fl", "tiles", "tile_tok", "merge", "executed", "unknown");
 }

@@ -9,6 +9,7 @@
 
 typedef struct {
     int batch, tokens; /* the workload: sequences and prefilled tokens each (the step adds one) */
+    int every_block;   /* run every sequence's prefill and every block of the step (no sampling: the check of it) */
 } kvqc_cost_args;
 
 /* The header lines of the cost table. */
