@@ -48,8 +48,25 @@ KVQ_DEV void kvq_stage_par(int fin, float *out, unsigned char *dst, const unsign
         for (int k = tid; k < nb; k += KVQ_THREADS) kvq_cp_async16(dst + 16 * k, src - r + 16 * k);
         return;
     }
+    /* the common case, an aligned range (every per-channel page section; per-token ranges from an even slot):
+     * block k is elements [16k / eb, 16k / eb + 16 / eb), one 16-byte load, two (one) 16-byte stores */
+    const int vec = r == 0 && (eb == 2 || eb == 4) && ((kvq_u64)out & 15) == 0;
 #pragma unroll 1
     for (int k = tid; k < nb; k += KVQ_THREADS) {
+        if (vec && (k + 1) * (16 / eb) <= n) {
+            const uint4 u = *(const uint4 *)(dst + 16 * k);
+            float4 *o4 = (float4 *)(out + k * (16 / eb));
+            if (eb == 4) {
+                o4[0] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
+                                    __uint_as_float(u.w));
+            } else {
+                const float2 a = kvq_h22f2(kvq_bits_h2(u.x)), c = kvq_h22f2(kvq_bits_h2(u.y));
+                const float2 d = kvq_h22f2(kvq_bits_h2(u.z)), e = kvq_h22f2(kvq_bits_h2(u.w));
+                o4[0] = make_float4(a.x, a.y, c.x, c.y);
+                o4[1] = make_float4(d.x, d.y, e.x, e.y);
+            }
+            continue;
+        }
         const int j0 = max(0, (16 * k - r + eb - 1) / eb), j1 = min(n, (16 * k + 16 - r + eb - 1) / eb);
         for (int j = j0; j < j1; j++) out[j] = kvq_ld_par(dst + r, j, eb);
     }
