@@ -89,6 +89,38 @@ KVQ_DEV void kvq_stage_mask(int fin, unsigned char *out, unsigned char *dst, con
     }
 }
 
+/* Rows of m tokens (R bytes each, R % 16 == 0 when sw) from src into rows t0 .. t0 + m - 1 of a tile's rows, each
+ * 16-byte chunk to its place under the XOR swizzle when sw (kvq_row_swz, kvq_layout.cuh), else back to back
+ * (kvq_stage_bytes). The swizzle repeats every 8 rows, so where a step of THREADS chunks is a multiple of 8 rows
+ * (C = R / 16 chunks a row, THREADS % 8 C == 0) a thread's destination advances by the same 16 THREADS bytes as
+ * its source and its place in a row is computed once. A source not 16-byte aligned (none in practice: pages,
+ * pools and their sections are 16-byte aligned) moves by 4-byte copies to the same places. */
+KVQ_DEV void kvq_stage_rows(unsigned char *rows, int t0, int R, const unsigned char *src, int m, int tid, int sw)
+{
+    if (!sw || !kvq_row_swz_ok(R)) {
+        kvq_stage_bytes(rows + t0 * R, src, m * R, tid, KVQ_THREADS);
+        return;
+    }
+    const int C = R >> 4, n16 = m * C;
+    if ((kvq_u64)src & 15) {
+#pragma unroll 1
+        for (int i = tid; i < m * (R >> 2); i += KVQ_THREADS) {
+            const int t = i / (R >> 2), b = 4 * (i - t * (R >> 2));
+            kvq_cp_async4(rows + kvq_row_byte(t0 + t, R, b, 1), src + 4 * i);
+        }
+    } else if (KVQ_THREADS % (8 * C) == 0) {
+        unsigned char *d = rows + kvq_row_byte(t0 + tid / C, R, 16 * (tid % C), 1);
+        const unsigned char *s = src + 16 * tid;
+#pragma unroll 1
+        for (int i = tid; i < n16; i += KVQ_THREADS, d += 16 * KVQ_THREADS, s += 16 * KVQ_THREADS)
+            kvq_cp_async16(d, s);
+    } else {
+#pragma unroll 1
+        for (int i = tid; i < n16; i += KVQ_THREADS)
+            kvq_cp_async16(rows + kvq_row_byte(t0 + i / C, R, 16 * (i % C), 1), src + 16 * i);
+    }
+}
+
 /* Stages tokens [slot, slot + n) of a page for kv head h: codes to rows, parameters to s/z/f, mask bits. A slot
  * past the page's capacity is in a later page of a page run (layout/tiles.h: pages of one flush back to back at
  * kvq_page_stride), and a tile may span several of them: page i of the tile's pages stages its codes after the
@@ -118,8 +150,7 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     for (int i = 0; i < np; i++, b += stride) {
         const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
         if (!fin)
-            kvq_stage_bytes(sb->rows + t0 * o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m * o.cbpt, tid,
-                            KVQ_THREADS);
+            kvq_stage_rows(sb->rows, t0, o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m, tid, 1);
         if (f.bits >= 16) continue;
         if (f.gran == 0) {
             const long long e = (long long)h * KVQ_D;
@@ -149,7 +180,7 @@ KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot
     const unsigned char *b = (const unsigned char *)base;
     if (kind == KVQ_SRC_F16) {
         if (!fin)
-            kvq_stage_bytes(sb->rows, b + ((long long)h * cap + slot) * (2 * KVQ_D), n * 2 * KVQ_D, tid, KVQ_THREADS);
+            kvq_stage_rows(sb->rows, 0, 2 * KVQ_D, b + ((long long)h * cap + slot) * (2 * KVQ_D), n, tid, 1);
     } else if (kind == KVQ_SRC_HI && hi.bits)
         kvq_stage_page(sb, b, hi, slot, cap, n, h, tid, fin);
     else if (kind == KVQ_SRC_LO && lo.bits)
@@ -273,7 +304,7 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
  * group `split` adjacent lanes per token, each a run of head_dim / split channels, reduced by shuffles; the
  * part-0 lane writes the token's scores (-inf for masked slots) to ps[t][GQA] and every lane keeps the maxima. */
 KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, const float *qk, const float *qsum,
-                        int n, int s0, int kcap, int tid, int split, int p1, float *ps, float mloc[KVQ_GQA])
+                        int n, int s0, int kcap, int tid, int split, int p1, float *ps, float mloc[KVQ_GQA], int sw)
 {
     const int G = KVQ_GQA, D = KVQ_D;
     const int part = tid % split, lane1 = tid / split, cp = D / split, cbeg = part * cp;
@@ -295,14 +326,16 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         /* runs of 8 channels, not unrolled: unrolled, the compiler hoists every run's query loads and spills */
 #pragma unroll 2
         for (int j = 0; j < cp / KVQ_VEC; j++) {
-            const int c0 = cbeg + j * KVQ_VEC;
+            const int c0 = cbeg + j * KVQ_VEC, ch = c0 * f.bits / 128; /* the 16-byte chunk of the run's codes */
+            const int x = sw ? kvq_row_swz(tt, cbpt, ch) : 0; /* the row's swizzle (kvq_layout.cuh) */
+            const unsigned char *rj = row + 16 * ((ch ^ x) - ch);  /* where it put the chunk */
             float cv[KVQ_VEC];
             if (f.bits >= 16)
-                kvq_unpack8_half(row + 2 * c0, cv);
+                kvq_unpack8_half(rj + 2 * c0, cv);
             else if (kvq_k_preshift(f))
-                kvq_unpack8_ps(row, c0, f.bits, cv);
+                kvq_unpack8_ps(rj, c0, f.bits, cv);
             else
-                kvq_unpack8(row, c0, f.bits, D, cv);
+                kvq_unpack8(rj, c0, f.bits, D, cv);
             if (f.bits < 16 && f.gran != 0 && !runs) {
                 /* groups narrower than 8 channels: dequantise each code */
                 const int ng = D / f.group;
@@ -351,7 +384,7 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
  * value scales and zeros stay in registers for the tile; per-token scales fold into the weight (w = p s_t) and
  * their zeros accumulate as one scalar per head (sum p z_t) added back at the end of the tile. */
 KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int n, int c0, int hl0, int tz,
-                        float o[KVQ_HPT][KVQ_VEC])
+                        float o[KVQ_HPT][KVQ_VEC], int sw)
 {
     const int G = KVQ_GQA, D = KVQ_D;
     const int cbpt = kvq_fmt_cbpt(f.bits, D);
@@ -382,6 +415,11 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
      * sixth of the loop) */
     const int ngv = runs ? (f.hidden ? 1 : D / f.group) : 0, gv = runs && !f.hidden ? c0 / f.group : 0;
     const unsigned char *rp = vb->rows + tz * cbpt;
+    /* the lane's channels lie in one 16-byte chunk of a row (8 codes or 8 halves at c0), moved by the row's
+     * swizzle: fixed for the loop's rows when a step of 2 TZ rows is a multiple of its period, 8 */
+    const int ch = c0 * f.bits / 128, x0 = sw ? kvq_row_swz(tz, cbpt, ch) : 0;
+    const int x1 = sw ? kvq_row_swz(tz + KVQ_TZ, cbpt, ch) : 0;
+    const int adj0 = 16 * ((ch ^ x0) - ch), adj1 = 16 * ((ch ^ x1) - ch);
     const float *pp = ps + tz * G + hl0, *sp = vb->s + tz * ngv + gv, *zp = vb->z + tz * ngv + gv;
 #pragma unroll 1
     for (int t2 = tz; t2 < n; t2 += 2 * KVQ_TZ) {
@@ -389,7 +427,8 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
         for (int u = 0; u < 2; u++) {
             const int live = u == 0 || t2 + KVQ_TZ < n, du = live ? u * KVQ_TZ : 0;
             const int t = t2 + du;
-            const unsigned char *row = rp + du * cbpt;
+            const int x = (2 * KVQ_TZ) % 8 == 0 ? 0 : sw ? kvq_row_swz(t, cbpt, ch) : 0;
+            const unsigned char *row = rp + du * cbpt + ((2 * KVQ_TZ) % 8 == 0 ? (du ? adj1 : adj0) : 16 * ((ch ^ x) - ch));
             float p[KVQ_HPT], cv[KVQ_VEC];
             if (KVQ_HPT == 4) {
                 float4 x = *(const float4 *)(pp + du * G);
@@ -514,20 +553,21 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 
 /* Dispatch on a tile's (uniform) kind so that each call below is specialised on constant formats. The low
  * class is tested only when the class has one (lo.bits is a constant). M_ says whether the kind's pages take the
- * tensor-core path (bit 0 of mm for the high class, bit 1 for the low one; the plan's mma_k / mma_v). */
-#define KVQ_BY_KIND(kind, hi, lo, mm, CALL)                                                                    \
+ * tensor-core path (bit 0 of mm for the high class, bit 1 for the low one; the plan's mma_k / mma_v), S_ whether its
+ * rows are swizzled (sw, the same bits; fp16 rows always: kvq_stage_rows). */
+#define KVQ_BY_KIND(kind, hi, lo, mm, sw, CALL)                                                                \
     do {                                                                                                       \
         if ((kind) == KVQ_SRC_HI) {                                                                            \
             const kvq_fmt F_ = (hi);                                                                           \
-            const int M_ = (mm) & 1;                                                                           \
+            const int M_ = (mm) & 1, S_ = (sw) & 1;                                                            \
             CALL;                                                                                              \
         } else if ((lo).bits && (kind) == KVQ_SRC_LO) {                                                        \
             const kvq_fmt F_ = (lo);                                                                           \
-            const int M_ = ((mm) >> 1) & 1;                                                                    \
+            const int M_ = ((mm) >> 1) & 1, S_ = ((sw) >> 1) & 1;                                              \
             CALL;                                                                                              \
         } else {                                                                                               \
             const kvq_fmt F_ = kvq_fmt_f16();                                                                  \
-            const int M_ = 0;                                                                                  \
+            const int M_ = 0, S_ = 1;                                                                          \
             CALL;                                                                                              \
         }                                                                                                      \
     } while (0)
@@ -546,6 +586,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     /* element formats are staged as fp16 rows, and computed on as such (kvq_format.cuh) */
     const kvq_fmt skhi = khi, sklo = klo, svhi = vhi, svlo = vlo;
     khi = kvq_fmt_staged(khi), klo = kvq_fmt_staged(klo), vhi = kvq_fmt_staged(vhi), vlo = kvq_fmt_staged(vlo);
+    /* rows this kernel stages are swizzled (kvq_stage_rows); element formats' rows (kvq_format.cuh) are not */
+    const int ksw = !kvq_fmt_is(skhi) | !kvq_fmt_is(sklo) << 1, vsw = !kvq_fmt_is(svhi) | !kvq_fmt_is(svlo) << 1;
     const int G = KVQ_GQA, D = KVQ_D, NW = KVQ_THREADS / 32;
     const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
     const int tid = tx + KVQ_TX * (ty + KVQ_TY * tz);
@@ -635,7 +677,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         /* per-channel keys over several pages of a page run (layout/tiles.h): a fold and a bias per page */
         const int ks0 = kchan ? T.k_slot % T.k_cap : 0, kcap = kchan && g.kpages > 1 ? T.k_cap : 0;
         const int knp = kcap && n > 0 ? (ks0 + n + kcap - 1) / kcap : 1;
-        KVQ_BY_KIND(kk, khi, klo, g.mk, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, knp, tid));
+        KVQ_BY_KIND(kk, khi, klo, g.mk, ksw, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, knp, tid));
         __syncthreads();
         if (kchan) /* q . z per (page, head), the eight partial sums in order */
             for (int i = tid; i < knp * G; i += KVQ_THREADS) {
@@ -650,10 +692,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         float mloc[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) mloc[h] = KVQ_NEG_INF;
-        KVQ_BY_KIND(kk, khi, klo, g.mk,
+        KVQ_BY_KIND(kk, khi, klo, g.mk, ksw,
                     if (M_) kvq_scores_mma(F_.bits, kb.rows, kb.mask, F_.masked, (const unsigned *)qk,
-                                           qsum + (D / 8) * G, qinv, n, ks0, kcap, tid, g.split, ps, mloc);
-                    else kvq_scores(F_, &kb, qs, qk, qsum, n, ks0, kcap, tid, g.split, g.p1, ps, mloc));
+                                           qsum + (D / 8) * G, qinv, n, ks0, kcap, tid, g.split, ps, mloc, S_);
+                    else kvq_scores(F_, &kb, qs, qk, qsum, n, ks0, kcap, tid, g.split, g.p1, ps, mloc, S_));
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) {
             for (int off = 16; off >= g.split; off >>= 1)
@@ -681,7 +723,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #pragma unroll
                 for (int gi = 0; gi < 4; gi++) oz[h][gi] *= a[h];
         /* p = 2^(s - m) of this lane's own tokens (written by itself in phase 1) */
-        KVQ_BY_KIND(vk, vhi, vlo, g.mv,
+        KVQ_BY_KIND(vk, vhi, vlo, g.mv, vsw,
                     kvq_probs(F_, M_, &vb, ps, m, n, part == 0, lane1, g.p1, tid, nks, wb, dl, oz));
         __syncthreads();
 
@@ -701,10 +743,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #pragma unroll
                 for (int e = 0; e < 4; e++) macc[i][e] *= ai;
         }
-        KVQ_BY_KIND(vk, vhi, vlo, g.mv,
+        KVQ_BY_KIND(vk, vhi, vlo, g.mv, vsw,
                     if (M_) kvq_values_mma(F_.bits, F_.group, F_.hidden, vb.rows, (const unsigned *)wb, nks, n, tid,
-                                           macc);
-                    else if (act) kvq_values(F_, &vb, ps, n, c0, hl0, tz, o));
+                                           macc, S_);
+                    else if (act) kvq_values(F_, &vb, ps, n, c0, hl0, tz, o, S_));
     }
 
 #undef KVQ_TILE_KK
