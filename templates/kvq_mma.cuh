@@ -265,7 +265,8 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
             const int rr[4] = {0, cw, 8 * cw, 9 * cw};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const uint2 y = *(const uint2 *)(rp + rr[q] + KVQ_MMA_PW(2 * t + (q & 1), warp * KVQ_MMA_MPW));
+                const uint2 y = *(const uint2 *)(rp + rr[q] + KVQ_MMA_PW(cw <= 16 ? 2 * t : 2 * t + (q & 1),
+                                                                          warp * KVQ_MMA_MPW));
                 x[q][0] = y.x, x[q][KVQ_MMA_MPW - 1] = y.y;
             }
         }
@@ -273,11 +274,12 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
         for (int i = 0; i < KVQ_MMA_MPW; i++) {
             const int mb = warp * KVQ_MMA_MPW + i;
             const int wo = bits == 2 ? mb : 2 * mb + (g >> 2);
-            const int gi = hidden ? 0 : mb * 16 / group;
+            /* the value group of the block: the warp's MPW blocks share one where groups hold them all (one load) */
+            const int gi = hidden ? 0 : group % (16 * KVQ_MMA_MPW) == 0 ? warp * KVQ_MMA_MPW * 16 / group : mb * 16 / group;
             const uint2 bw = *(const uint2 *)(bp + gi * nks * 64);
             const unsigned b[2] = {bw.x, bw.y};
             unsigned a[4];
-            const int pe = KVQ_MMA_PW(2 * t, wo), po = KVQ_MMA_PW(2 * t + 1, wo);
+            const int pe = KVQ_MMA_PW(2 * t, wo), po = cw <= 16 ? pe : KVQ_MMA_PW(2 * t + 1, wo);
             if (!w2) x[0][i] = rp[pe], x[1][i] = rp[cw + po], x[2][i] = rp[8 * cw + pe], x[3][i] = rp[9 * cw + po];
             kvq_mma_vcodes(x[0][i], x[1][i], sel, m0, m1, &a[0], &a[1]);
             kvq_mma_vcodes(x[2][i], x[3][i], sel, m0, m1, &a[2], &a[3]);
