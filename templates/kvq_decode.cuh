@@ -121,6 +121,39 @@ KVQ_DEV void kvq_stage_rows(unsigned char *rows, int t0, int R, const unsigned c
     }
 }
 
+/* Per-channel scales and zeros of kv head h on np pages of a page run (page i at b + i stride), in one pass: item
+ * k is a 16-byte block of page k / P (P = the scale's nbs blocks and the zero's nbz of a page), landed where
+ * kvq_stage_par puts it (s at raw + al16(i D sbytes) + 64 i, z at rz + ...), and after the wait widened by the
+ * same thread into s / z + i D. A head's section starts 16-byte aligned when D sbytes and D zbytes are multiples
+ * of 16 (the caller's condition): every block is whole. One set-up and THREADS-wide passes for the whole run
+ * instead of two calls a page (a 128-token KIVI tile over 4 pages: 128 blocks, one pass). */
+KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b, long long stride, kvq_page_off o,
+                                 kvq_fmt f, int h, int np, int tid, int fin)
+{
+    const int nbs = KVQ_D * f.sbytes / 16, nbz = KVQ_D * f.zbytes / 16, P = nbs + nbz;
+    unsigned char *rz = sb->raw + sb->raws;
+#pragma unroll 1
+    for (int k = tid; k < np * P; k += KVQ_THREADS) {
+        const int i = k / P, r = k - i * P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes;
+        unsigned char *dst = (zs ? rz : sb->raw) + kvq_al16(i * KVQ_D * eb) + 64 * i + 16 * c;
+        if (!fin) {
+            kvq_cp_async16(dst, b + i * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c);
+            continue;
+        }
+        const uint4 u = *(const uint4 *)dst;
+        float *out = (zs ? sb->z : sb->s) + i * KVQ_D + c * (16 / eb);
+        if (eb == 4) {
+            ((float4 *)out)[0] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
+                                             __uint_as_float(u.w));
+        } else {
+            const float2 x0 = kvq_h22f2(kvq_bits_h2(u.x)), x1 = kvq_h22f2(kvq_bits_h2(u.y));
+            const float2 x2 = kvq_h22f2(kvq_bits_h2(u.z)), x3 = kvq_h22f2(kvq_bits_h2(u.w));
+            ((float4 *)out)[0] = make_float4(x0.x, x0.y, x1.x, x1.y);
+            ((float4 *)out)[1] = make_float4(x2.x, x2.y, x3.x, x3.y);
+        }
+    }
+}
+
 /* Stages tokens [slot, slot + n) of a page for kv head h: codes to rows, parameters to s/z/f, mask bits. A slot
  * past the page's capacity is in a later page of a page run (layout/tiles.h: pages of one flush back to back at
  * kvq_page_stride), and a tile may span several of them: page i of the tile's pages stages its codes after the
@@ -146,6 +179,10 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
     unsigned char *rz = sb->raw + sb->raws, *rf = sb->raw + 2 * sb->raws, *rm = rf + sb->rawf;
     b += pg0 * stride;
+    /* per-channel parameters of fp16 or fp32 scales and zeros: all pages in one pass */
+    const int chan1 = f.bits < 16 && f.gran == 0 && (f.sbytes == 2 || f.sbytes == 4) &&
+                      (f.zbytes == 2 || f.zbytes == 4) && KVQ_D % 8 == 0;
+    if (chan1) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, fin);
 #pragma unroll 1
     for (int i = 0; i < np; i++, b += stride) {
         const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
@@ -154,10 +191,12 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
         if (f.bits >= 16) continue;
         if (f.gran == 0) {
             const long long e = (long long)h * KVQ_D;
-            kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_al16(i * KVQ_D * f.sbytes) + 64 * i,
-                          b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid);
-            kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
-                          b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
+            if (!chan1) {
+                kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_al16(i * KVQ_D * f.sbytes) + 64 * i,
+                              b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid);
+                kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
+                              b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
+            }
         } else {
             const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
             const int e0 = t0 * o.n_groups;
