@@ -351,6 +351,9 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
     const float *qv = kvq_k_folds(f) ? qk : qs;
     const float *bias = qsum + (D / 8) * G;
     const int runs = kvq_k_runs(f), grp = f.hidden ? D : f.group;
+    /* a lane's runs within one 128-byte line of its row (fp16 at split 2, every code row): the swizzle's XOR,
+     * which depends on the row and the line only (kvq_row_swz), is the token's, computed once a token */
+    const int oneline = cp * f.bits <= 1024 && (cbeg * f.bits) % 1024 == 0;
     /* the same trip count on every lane: the shuffles need the whole warp */
 #pragma unroll 1
     for (int base = 0; base < n; base += p1) {
@@ -359,6 +362,7 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         /* the token's page of a page run (kcap > 0: per-channel keys over several pages): its fold and bias */
         const int pg = kcap > 0 ? (s0 + tt) / kcap : 0;
         const float *qvp = qv + pg * (D * G);
+        const int xt = sw ? kvq_row_swz(tt, cbpt, cbeg * f.bits / 128) : 0;
         float sc[KVQ_GQA], acc[KVQ_GQA], zacc[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) sc[h] = 0.0f, acc[h] = 0.0f, zacc[h] = 0.0f;
@@ -366,7 +370,7 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
 #pragma unroll 2
         for (int j = 0; j < cp / KVQ_VEC; j++) {
             const int c0 = cbeg + j * KVQ_VEC, ch = c0 * f.bits / 128; /* the 16-byte chunk of the run's codes */
-            const int x = sw ? kvq_row_swz(tt, cbpt, ch) : 0; /* the row's swizzle (kvq_layout.cuh) */
+            const int x = !sw ? 0 : oneline ? xt : kvq_row_swz(tt, cbpt, ch); /* the row's swizzle (kvq_layout.cuh) */
             const unsigned char *rj = row + 16 * ((ch ^ x) - ch);  /* where it put the chunk */
             float cv[KVQ_VEC];
             if (f.bits >= 16)
