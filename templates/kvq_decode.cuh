@@ -48,8 +48,25 @@ KVQ_DEV void kvq_stage_par(int fin, float *out, unsigned char *dst, const unsign
         for (int k = tid; k < nb; k += KVQ_THREADS) kvq_cp_async16(dst + 16 * k, src - r + 16 * k);
         return;
     }
+    /* the common case, an aligned range (every per-channel page section; per-token ranges from an even slot):
+     * block k is elements [16k / eb, 16k / eb + 16 / eb), one 16-byte load, two (one) 16-byte stores */
+    const int vec = r == 0 && (eb == 2 || eb == 4) && ((kvq_u64)out & 15) == 0;
 #pragma unroll 1
     for (int k = tid; k < nb; k += KVQ_THREADS) {
+        if (vec && (k + 1) * (16 / eb) <= n) {
+            const uint4 u = *(const uint4 *)(dst + 16 * k);
+            float4 *o4 = (float4 *)(out + k * (16 / eb));
+            if (eb == 4) {
+                o4[0] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
+                                    __uint_as_float(u.w));
+            } else {
+                const float2 a = kvq_h22f2(kvq_bits_h2(u.x)), c = kvq_h22f2(kvq_bits_h2(u.y));
+                const float2 d = kvq_h22f2(kvq_bits_h2(u.z)), e = kvq_h22f2(kvq_bits_h2(u.w));
+                o4[0] = make_float4(a.x, a.y, c.x, c.y);
+                o4[1] = make_float4(d.x, d.y, e.x, e.y);
+            }
+            continue;
+        }
         const int j0 = max(0, (16 * k - r + eb - 1) / eb), j1 = min(n, (16 * k + 16 - r + eb - 1) / eb);
         for (int j = j0; j < j1; j++) out[j] = kvq_ld_par(dst + r, j, eb);
     }
@@ -69,6 +86,71 @@ KVQ_DEV void kvq_stage_mask(int fin, unsigned char *out, unsigned char *dst, con
     for (int k = tid; k < nb; k += KVQ_THREADS) {
         const int t0 = max(0, 8 * (16 * k - r) - bit0), t1 = min(m, 8 * (16 * k + 16 - r) - bit0);
         for (int t = t0; t < t1; t++) out[t] = (dst[r + ((bit0 + t) >> 3)] >> ((bit0 + t) & 7)) & 1;
+    }
+}
+
+/* Rows of m tokens (R bytes each, R % 16 == 0 when sw) from src into rows t0 .. t0 + m - 1 of a tile's rows, each
+ * 16-byte chunk to its place under the XOR swizzle when sw (kvq_row_swz, kvq_layout.cuh), else back to back
+ * (kvq_stage_bytes). The swizzle repeats every 8 rows, so where a step of THREADS chunks is a multiple of 8 rows
+ * (C = R / 16 chunks a row, THREADS % 8 C == 0) a thread's destination advances by the same 16 THREADS bytes as
+ * its source and its place in a row is computed once. A source not 16-byte aligned (none in practice: pages,
+ * pools and their sections are 16-byte aligned) moves by 4-byte copies to the same places. */
+KVQ_DEV void kvq_stage_rows(unsigned char *rows, int t0, int R, const unsigned char *src, int m, int tid, int sw)
+{
+    if (!sw || !kvq_row_swz_ok(R)) {
+        kvq_stage_bytes(rows + t0 * R, src, m * R, tid, KVQ_THREADS);
+        return;
+    }
+    const int C = R >> 4, n16 = m * C;
+    if ((kvq_u64)src & 15) {
+#pragma unroll 1
+        for (int i = tid; i < m * (R >> 2); i += KVQ_THREADS) {
+            const int t = i / (R >> 2), b = 4 * (i - t * (R >> 2));
+            kvq_cp_async4(rows + kvq_row_byte(t0 + t, R, b, 1), src + 4 * i);
+        }
+    } else if (KVQ_THREADS % (8 * C) == 0) {
+        unsigned char *d = rows + kvq_row_byte(t0 + tid / C, R, 16 * (tid % C), 1);
+        const unsigned char *s = src + 16 * tid;
+#pragma unroll 1
+        for (int i = tid; i < n16; i += KVQ_THREADS, d += 16 * KVQ_THREADS, s += 16 * KVQ_THREADS)
+            kvq_cp_async16(d, s);
+    } else {
+#pragma unroll 1
+        for (int i = tid; i < n16; i += KVQ_THREADS)
+            kvq_cp_async16(rows + kvq_row_byte(t0 + i / C, R, 16 * (i % C), 1), src + 16 * i);
+    }
+}
+
+/* Per-channel scales and zeros of kv head h on np pages of a page run (page i at b + i stride), in one pass: item
+ * k is a 16-byte block of page k / P (P = the scale's nbs blocks and the zero's nbz of a page), landed where
+ * kvq_stage_par puts it (s at raw + al16(i D sbytes) + 64 i, z at rz + ...), and after the wait widened by the
+ * same thread into s / z + i D. A head's section starts 16-byte aligned when D sbytes and D zbytes are multiples
+ * of 16 (the caller's condition): every block is whole. One set-up and THREADS-wide passes for the whole run
+ * instead of two calls a page (a 128-token KIVI tile over 4 pages: 128 blocks, one pass). */
+KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b, long long stride, kvq_page_off o,
+                                 kvq_fmt f, int h, int np, int tid, int fin)
+{
+    const int nbs = KVQ_D * f.sbytes / 16, nbz = KVQ_D * f.zbytes / 16, P = nbs + nbz;
+    unsigned char *rz = sb->raw + sb->raws;
+#pragma unroll 1
+    for (int k = tid; k < np * P; k += KVQ_THREADS) {
+        const int i = k / P, r = k - i * P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes;
+        unsigned char *dst = (zs ? rz : sb->raw) + kvq_al16(i * KVQ_D * eb) + 64 * i + 16 * c;
+        if (!fin) {
+            kvq_cp_async16(dst, b + i * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c);
+            continue;
+        }
+        const uint4 u = *(const uint4 *)dst;
+        float *out = (zs ? sb->z : sb->s) + i * KVQ_D + c * (16 / eb);
+        if (eb == 4) {
+            ((float4 *)out)[0] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
+                                             __uint_as_float(u.w));
+        } else {
+            const float2 x0 = kvq_h22f2(kvq_bits_h2(u.x)), x1 = kvq_h22f2(kvq_bits_h2(u.y));
+            const float2 x2 = kvq_h22f2(kvq_bits_h2(u.z)), x3 = kvq_h22f2(kvq_bits_h2(u.w));
+            ((float4 *)out)[0] = make_float4(x0.x, x0.y, x1.x, x1.y);
+            ((float4 *)out)[1] = make_float4(x2.x, x2.y, x3.x, x3.y);
+        }
     }
 }
 
@@ -99,19 +181,24 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
     unsigned char *rz = sb->raw + sb->raws, *rf = sb->raw + 2 * sb->raws, *rm = rf + sb->rawf;
     b += pg0 * stride;
+    /* per-channel parameters of fp16 or fp32 scales and zeros: all pages in one pass */
+    const int chan1 = f.bits < 16 && f.gran == 0 && (f.sbytes == 2 || f.sbytes == 4) &&
+                      (f.zbytes == 2 || f.zbytes == 4) && KVQ_D % 8 == 0;
+    if (chan1) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, fin);
 #pragma unroll 1
     for (int i = 0; i < np; i++, b += stride) {
         const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
         if (!fin)
-            kvq_stage_bytes(sb->rows + t0 * o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m * o.cbpt, tid,
-                            KVQ_THREADS);
+            kvq_stage_rows(sb->rows, t0, o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m, tid, 1);
         if (f.bits >= 16) continue;
         if (f.gran == 0) {
             const long long e = (long long)h * KVQ_D;
-            kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_al16(i * KVQ_D * f.sbytes) + 64 * i,
-                          b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid);
-            kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
-                          b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
+            if (!chan1) {
+                kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_al16(i * KVQ_D * f.sbytes) + 64 * i,
+                              b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid);
+                kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
+                              b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
+            }
         } else {
             const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
             const int e0 = t0 * o.n_groups;
@@ -134,7 +221,7 @@ KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot
     const unsigned char *b = (const unsigned char *)base;
     if (kind == KVQ_SRC_F16) {
         if (!fin)
-            kvq_stage_bytes(sb->rows, b + ((long long)h * cap + slot) * (2 * KVQ_D), n * 2 * KVQ_D, tid, KVQ_THREADS);
+            kvq_stage_rows(sb->rows, 0, 2 * KVQ_D, b + ((long long)h * cap + slot) * (2 * KVQ_D), n, tid, 1);
     } else if (kind == KVQ_SRC_HI && hi.bits)
         kvq_stage_page(sb, b, hi, slot, cap, n, h, tid, fin);
     else if (kind == KVQ_SRC_LO && lo.bits)
@@ -258,7 +345,7 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
  * group `split` adjacent lanes per token, each a run of head_dim / split channels, reduced by shuffles; the
  * part-0 lane writes the token's scores (-inf for masked slots) to ps[t][GQA] and every lane keeps the maxima. */
 KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, const float *qk, const float *qsum,
-                        int n, int s0, int kcap, int tid, int split, int p1, float *ps, float mloc[KVQ_GQA])
+                        int n, int s0, int kcap, int tid, int split, int p1, float *ps, float mloc[KVQ_GQA], int sw)
 {
     const int G = KVQ_GQA, D = KVQ_D;
     const int part = tid % split, lane1 = tid / split, cp = D / split, cbeg = part * cp;
@@ -266,6 +353,9 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
     const float *qv = kvq_k_folds(f) ? qk : qs;
     const float *bias = qsum + (D / 8) * G;
     const int runs = kvq_k_runs(f), grp = f.hidden ? D : f.group;
+    /* a lane's runs within one 128-byte line of its row (fp16 at split 2, every code row): the swizzle's XOR,
+     * which depends on the row and the line only (kvq_row_swz), is the token's, computed once a token */
+    const int oneline = cp * f.bits <= 1024 && (cbeg * f.bits) % 1024 == 0;
     /* the same trip count on every lane: the shuffles need the whole warp */
 #pragma unroll 1
     for (int base = 0; base < n; base += p1) {
@@ -274,22 +364,25 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         /* the token's page of a page run (kcap > 0: per-channel keys over several pages): its fold and bias */
         const int pg = kcap > 0 ? (s0 + tt) / kcap : 0;
         const float *qvp = qv + pg * (D * G);
+        const int xt = sw ? kvq_row_swz(tt, cbpt, cbeg * f.bits / 128) : 0;
         float sc[KVQ_GQA], acc[KVQ_GQA], zacc[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) sc[h] = 0.0f, acc[h] = 0.0f, zacc[h] = 0.0f;
         /* runs of 8 channels, not unrolled: unrolled, the compiler hoists every run's query loads and spills */
 #pragma unroll 2
         for (int j = 0; j < cp / KVQ_VEC; j++) {
-            const int c0 = cbeg + j * KVQ_VEC;
+            const int c0 = cbeg + j * KVQ_VEC, ch = c0 * f.bits / 128; /* the 16-byte chunk of the run's codes */
+            const int x = !sw ? 0 : oneline ? xt : kvq_row_swz(tt, cbpt, ch); /* the row's swizzle (kvq_layout.cuh) */
+            const unsigned char *rj = row + 16 * ((ch ^ x) - ch);  /* where it put the chunk */
             float cv[KVQ_VEC];
-            if (f.bits == 32) /* element formats' fp32 rows (kvq_format.cuh) */
-                kvq_unpack8_f32(row + 4 * c0, cv);
+            if (f.bits == 32) /* element formats' fp32 rows (kvq_format.cuh; never swizzled: rj is row) */
+                kvq_unpack8_f32(rj + 4 * c0, cv);
             else if (f.bits >= 16)
-                kvq_unpack8_half(row + 2 * c0, cv);
+                kvq_unpack8_half(rj + 2 * c0, cv);
             else if (kvq_k_preshift(f))
-                kvq_unpack8_ps(row, c0, f.bits, cv);
+                kvq_unpack8_ps(rj, c0, f.bits, cv);
             else
-                kvq_unpack8(row, c0, f.bits, D, cv);
+                kvq_unpack8(rj, c0, f.bits, D, cv);
             if (f.bits < 16 && f.gran != 0 && !runs) {
                 /* groups narrower than 8 channels: dequantise each code */
                 const int ng = D / f.group;
@@ -338,7 +431,7 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
  * value scales and zeros stay in registers for the tile; per-token scales fold into the weight (w = p s_t) and
  * their zeros accumulate as one scalar per head (sum p z_t) added back at the end of the tile. */
 KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int n, int c0, int hl0, int tz,
-                        float o[KVQ_HPT][KVQ_VEC])
+                        float o[KVQ_HPT][KVQ_VEC], int sw)
 {
     const int G = KVQ_GQA, D = KVQ_D;
     const int cbpt = kvq_fmt_cbpt(f.bits, D);
@@ -369,6 +462,11 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
      * sixth of the loop) */
     const int ngv = runs ? (f.hidden ? 1 : D / f.group) : 0, gv = runs && !f.hidden ? c0 / f.group : 0;
     const unsigned char *rp = vb->rows + tz * cbpt;
+    /* the lane's channels lie in one 16-byte chunk of a row (8 codes or 8 halves at c0), moved by the row's
+     * swizzle: fixed for the loop's rows when a step of 2 TZ rows is a multiple of its period, 8 */
+    const int ch = c0 * f.bits / 128, x0 = sw ? kvq_row_swz(tz, cbpt, ch) : 0;
+    const int x1 = sw ? kvq_row_swz(tz + KVQ_TZ, cbpt, ch) : 0;
+    const int adj0 = 16 * ((ch ^ x0) - ch), adj1 = 16 * ((ch ^ x1) - ch);
     const float *pp = ps + tz * G + hl0, *sp = vb->s + tz * ngv + gv, *zp = vb->z + tz * ngv + gv;
 #pragma unroll 1
     for (int t2 = tz; t2 < n; t2 += 2 * KVQ_TZ) {
@@ -376,7 +474,8 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
         for (int u = 0; u < 2; u++) {
             const int live = u == 0 || t2 + KVQ_TZ < n, du = live ? u * KVQ_TZ : 0;
             const int t = t2 + du;
-            const unsigned char *row = rp + du * cbpt;
+            const int x = (2 * KVQ_TZ) % 8 == 0 ? 0 : sw ? kvq_row_swz(t, cbpt, ch) : 0;
+            const unsigned char *row = rp + du * cbpt + ((2 * KVQ_TZ) % 8 == 0 ? (du ? adj1 : adj0) : 16 * ((ch ^ x) - ch));
             float p[KVQ_HPT], cv[KVQ_VEC];
             if (KVQ_HPT == 4) {
                 float4 x = *(const float4 *)(pp + du * G);
@@ -503,20 +602,21 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 
 /* Dispatch on a tile's (uniform) kind so that each call below is specialised on constant formats. The low
  * class is tested only when the class has one (lo.bits is a constant). M_ says whether the kind's pages take the
- * tensor-core path (bit 0 of mm for the high class, bit 1 for the low one; the plan's mma_k / mma_v). */
-#define KVQ_BY_KIND(kind, hi, lo, mm, CALL)                                                                    \
+ * tensor-core path (bit 0 of mm for the high class, bit 1 for the low one; the plan's mma_k / mma_v), S_ whether its
+ * rows are swizzled (sw, the same bits; fp16 rows always: kvq_stage_rows). */
+#define KVQ_BY_KIND(kind, hi, lo, mm, sw, CALL)                                                                \
     do {                                                                                                       \
         if ((kind) == KVQ_SRC_HI) {                                                                            \
             const kvq_fmt F_ = (hi);                                                                           \
-            const int M_ = (mm) & 1;                                                                           \
+            const int M_ = (mm) & 1, S_ = (sw) & 1;                                                            \
             CALL;                                                                                              \
         } else if ((lo).bits && (kind) == KVQ_SRC_LO) {                                                        \
             const kvq_fmt F_ = (lo);                                                                           \
-            const int M_ = ((mm) >> 1) & 1;                                                                    \
+            const int M_ = ((mm) >> 1) & 1, S_ = ((sw) >> 1) & 1;                                              \
             CALL;                                                                                              \
         } else {                                                                                               \
             const kvq_fmt F_ = kvq_fmt_f16();                                                                  \
-            const int M_ = 0;                                                                                  \
+            const int M_ = 0, S_ = 1;                                                                          \
             CALL;                                                                                              \
         }                                                                                                      \
     } while (0)
@@ -535,6 +635,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     /* element formats are staged as integer codes or fp32 rows, and computed on as such (kvq_format.cuh) */
     const kvq_fmt skhi = khi, sklo = klo, svhi = vhi, svlo = vlo;
     khi = kvq_fmt_staged(khi), klo = kvq_fmt_staged(klo), vhi = kvq_fmt_staged(vhi), vlo = kvq_fmt_staged(vlo);
+    /* rows this kernel stages are swizzled (kvq_stage_rows); element formats' rows (kvq_format.cuh) are not */
+    const int ksw = !kvq_fmt_is(skhi) | !kvq_fmt_is(sklo) << 1, vsw = !kvq_fmt_is(svhi) | !kvq_fmt_is(svlo) << 1;
     const int G = KVQ_GQA, D = KVQ_D, NW = KVQ_THREADS / 32;
     const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
     const int tid = tx + KVQ_TX * (ty + KVQ_TY * tz);
@@ -552,12 +654,24 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     float *wmax = red, *bred = red + NW * G, *sa = red + (NW + 8 * g.kpages) * G, *sm = sa + G;
     kvq_stage_buf kb, vb;
 
-    /* the group's queries, [D][GQA], in the log2 domain */
+    /* the group's queries, [D][GQA], in the log2 domain: four channels of one head a 16-byte load where the rows
+     * allow (once a chunk, but at 4k tokens a chunk is 2 tiles: element by element it was ~6 instructions a token) */
     float qmax = 0.0f;
-    for (int i = tid; i < D * G; i += KVQ_THREADS) {
-        const int c = i / G, h = i % G;
-        qs[i] = ((const float *)p->q)[((long long)b * KVQ_HQ + hk * G + h) * D + c] * p->scale;
-        qmax = fmaxf(qmax, fabsf(qs[i]));
+    const float *qg = (const float *)p->q + ((long long)b * KVQ_HQ + hk * G) * D;
+    if (D % 4 == 0 && ((kvq_u64)qg & 15) == 0) {
+        for (int i = tid; i < D * G / 4; i += KVQ_THREADS) {
+            const int h = i / (D / 4), c = 4 * (i - h * (D / 4));
+            const float4 x = *(const float4 *)(qg + h * D + c);
+            const float y[4] = {x.x * p->scale, x.y * p->scale, x.z * p->scale, x.w * p->scale};
+#pragma unroll
+            for (int v = 0; v < 4; v++) qs[(c + v) * G + h] = y[v], qmax = fmaxf(qmax, fabsf(y[v]));
+        }
+    } else {
+        for (int i = tid; i < D * G; i += KVQ_THREADS) {
+            const int c = i / G, h = i % G;
+            qs[i] = qg[h * D + c] * p->scale;
+            qmax = fmaxf(qmax, fabsf(qs[i]));
+        }
     }
     /* q.K on tensor cores: the chunk's max |q| sets the power of two that keeps the folded query inside fp16
      * (kvq_mma_qscale) */
@@ -624,7 +738,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         /* per-channel keys over several pages of a page run (layout/tiles.h): a fold and a bias per page */
         const int ks0 = kchan ? T.k_slot % T.k_cap : 0, kcap = kchan && g.kpages > 1 ? T.k_cap : 0;
         const int knp = kcap && n > 0 ? (ks0 + n + kcap - 1) / kcap : 1;
-        KVQ_BY_KIND(kk, khi, klo, g.mk, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, knp, tid));
+        KVQ_BY_KIND(kk, khi, klo, g.mk, ksw, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, knp, tid));
         __syncthreads();
         if (kchan) /* q . z per (page, head), the eight partial sums in order */
             for (int i = tid; i < knp * G; i += KVQ_THREADS) {
@@ -639,10 +753,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         float mloc[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) mloc[h] = KVQ_NEG_INF;
-        KVQ_BY_KIND(kk, khi, klo, g.mk,
+        KVQ_BY_KIND(kk, khi, klo, g.mk, ksw,
                     if (M_) kvq_scores_mma(F_.bits, kb.rows, kb.mask, F_.masked, (const unsigned *)qk,
-                                           qsum + (D / 8) * G, qinv, n, ks0, kcap, tid, g.split, ps, mloc);
-                    else kvq_scores(F_, &kb, qs, qk, qsum, n, ks0, kcap, tid, g.split, g.p1, ps, mloc));
+                                           qsum + (D / 8) * G, qinv, n, ks0, kcap, tid, g.split, ps, mloc, S_);
+                    else kvq_scores(F_, &kb, qs, qk, qsum, n, ks0, kcap, tid, g.split, g.p1, ps, mloc, S_));
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) {
             for (int off = 16; off >= g.split; off >>= 1)
@@ -670,7 +784,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #pragma unroll
                 for (int gi = 0; gi < 4; gi++) oz[h][gi] *= a[h];
         /* p = 2^(s - m) of this lane's own tokens (written by itself in phase 1) */
-        KVQ_BY_KIND(vk, vhi, vlo, g.mv,
+        KVQ_BY_KIND(vk, vhi, vlo, g.mv, vsw,
                     kvq_probs(F_, M_, &vb, ps, m, n, part == 0, lane1, g.p1, tid, nks, wb, dl, oz));
         __syncthreads();
 
@@ -690,10 +804,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #pragma unroll
                 for (int e = 0; e < 4; e++) macc[i][e] *= ai;
         }
-        KVQ_BY_KIND(vk, vhi, vlo, g.mv,
+        KVQ_BY_KIND(vk, vhi, vlo, g.mv, vsw,
                     if (M_) kvq_values_mma(F_.bits, F_.group, F_.hidden, vb.rows, (const unsigned *)wb, nks, n, tid,
-                                           macc);
-                    else if (act) kvq_values(F_, &vb, ps, n, c0, hl0, tz, o));
+                                           macc, S_);
+                    else if (act) kvq_values(F_, &vb, ps, n, c0, hl0, tz, o, S_));
     }
 
 #undef KVQ_TILE_KK

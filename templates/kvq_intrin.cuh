@@ -120,12 +120,9 @@ static __device__ __forceinline__ kvq_bf162 kvq_bffma2(kvq_bf162 a, kvq_bf162 b,
     return kvq_bits_bf2(r);
 }
 
-static __device__ __forceinline__ unsigned kvq_smem_addr_(const void *p)
-{
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
+/* the builtin, not inline cvta: NVVM sees the extern __shared__ base through it and keeps 32-bit shared offsets
+ * (inline asm made every cp.async of a loop recompute the window base with two S2R and 64-bit adds) */
+static __device__ __forceinline__ unsigned kvq_smem_addr_(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 static __device__ __forceinline__ void kvq_cp_async4(void *dst, const void *src)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(kvq_smem_addr_(dst)), "l"(src) : "memory");

@@ -88,4 +88,36 @@ KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
  * total rounded up to 256 bytes, as kvq_page_run_stride. */
 KVQ_HD long long kvq_page_stride(long long total) { return (total + 255) & ~255LL; }
 
+/* Shared-memory token rows of a decode tile (docs/cuda.md "Bank conflicts"). Row t of R bytes sits at t R; its
+ * 16-byte chunk c sits at chunk c ^ kvq_row_swz(t, R, c) of the row: an XOR below 8 that keeps a chunk inside its
+ * row and its 128-byte line of the row, so rows keep their places and a reader of one row's consecutive chunks
+ * (p.V over a row's channels) still reads a permutation of them. Rows of C = R / 16 chunks:
+ *   C < 8 (8 / C rows a 128-byte line): the line's index, masked to C - 1. 2-bit p.V reads rows 2t, 2t + 1,
+ *     2t + 8, 2t + 9 of a 16-token block at one chunk, 4-bit p.V its rows 0, 2, 4, 6: lines apart;
+ *   C >= 8: the row (t mod 8), and for rows of several lines (nl = C / 8, fp16 rows at head_dim 128: 2) the
+ *     row's line L placed at the top bits (L << (3 - log2 nl)): the score loop's 8 lanes of a quarter-warp read
+ *     one chunk of 8 rows (split 1) or of 4 rows in both halves (split 2, the fp16 classes' 64-token tiles).
+ * Rows whose chunk count is neither a power of two nor a multiple of 8 (head_dim 96: 24-byte rows) and rows of
+ * one chunk are not swizzled. The XOR repeats every 8 rows (t mod 8), so it is the same for a row of every
+ * 16-token block: a tensor-core warp computes it once. */
+KVQ_HD int kvq_row_swz_ok(int R)
+{
+    const int C = R >> 4;
+    return R % 16 == 0 && C > 1 && ((C & (C - 1)) == 0 || C % 8 == 0);
+}
+KVQ_HD int kvq_row_swz(int t, int R, int c)
+{
+    const int C = R >> 4;
+    if (!kvq_row_swz_ok(R)) return 0;
+    if (C < 8) return (t / (8 / C)) & (C - 1);
+    int sh = 3;
+    for (int nl = C >> 3; nl > 1 && sh > 0; nl >>= 1) sh--;
+    return (t ^ ((c >> 3) << sh)) & 7;
+}
+/* The byte of a tile's rows (R bytes each, swizzled when sw) that holds logical byte b of row t. */
+KVQ_HD int kvq_row_byte(int t, int R, int b, int sw)
+{
+    return t * R + (sw ? (((b >> 4) ^ kvq_row_swz(t, R, b >> 4)) << 4) + (b & 15) : b);
+}
+
 #endif

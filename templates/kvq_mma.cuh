@@ -118,11 +118,13 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
  * bias: a block lies in one page (layout/tiles.h: such a tile begins at a page boundary, pages of 16k tokens). */
 KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned char *mask, int masked,
                             const unsigned *qb, const float *bias, float qinv, int n, int s0, int kcap, int tid,
-                            int split, float *ps, float mloc[KVQ_GQA])
+                            int split, float *ps, float mloc[KVQ_GQA], int sw)
 {
     const int G = KVQ_GQA, KB = KVQ_D / 16;
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int cbpt = kvq_fmt_cbpt(bits, KVQ_D);
+    /* rows g and g + 8 of every 16-token block have the same swizzle (kvq_row_swz: it repeats every 8 rows): chunk
+     * q4 of the lane's rows sits at chunk q4 ^ kvq_row_swz(g, cbpt, q4), a byte offset fixed for the loop */
     unsigned b[KVQ_D / 16][2];
     int cur = -1; /* the page whose fold b holds */
     const unsigned msk = bits == 2 ? (3u << 2 * t) | (3u << (2 * t + 16)) : (15u << 4 * (t & 1)) | (15u << (4 * (t & 1) + 16));
@@ -150,11 +152,12 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
             bh = bias[pg * G + (t & (G - 1))];
             cur = pg;
         }
-        const uint4 *r0 = (const uint4 *)(rows + (m0 + g) * cbpt), *r1 = (const uint4 *)(rows + (m0 + g + 8) * cbpt);
+        const unsigned char *r0 = rows + (m0 + g) * cbpt;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int q4 = 0; q4 < cbpt / 16; q4++) {
-            const uint4 x0 = r0[q4], x1 = r1[q4];
+            const int pq = 16 * (sw ? q4 ^ kvq_row_swz(g, cbpt, q4) : q4);
+            const uint4 x0 = *(const uint4 *)(r0 + pq), x1 = *(const uint4 *)(r0 + 8 * cbpt + pq);
             const unsigned w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
             if (bits == 2) {
 #pragma unroll
@@ -238,7 +241,7 @@ KVQ_DEV void kvq_mma_vcodes(unsigned x0, unsigned x1, unsigned sel, unsigned m0,
 /* o += p v over tokens [0, n16) (n16 = n rounded up to 16; the weights past n are 0) for warp w's channel blocks
  * w MPW .. w MPW + MPW - 1: acc[i] = the lane's (head t; channel 2g hi, lo; channel 2g + 1 hi, lo) of block i. */
 KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char *rows, const unsigned *wb, int nks,
-                            int n, int tid, float acc[KVQ_MMA_MPW][4])
+                            int n, int tid, float acc[KVQ_MMA_MPW][4], int sw)
 {
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int cbpt = kvq_fmt_cbpt(bits, KVQ_D), cw = cbpt / 4;
@@ -251,6 +254,10 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
     /* 2 bits: the warp's blocks are consecutive words of a token's row, one 8-byte load of each of the four rows
      * when MPW is 2 (head_dim 128; rows are 16-byte aligned, cw even) */
     const int w2 = bits == 2 && KVQ_MMA_MPW == 2 && (cw & 1) == 0;
+    /* the lane's rows 2t, 2t + 1, 2t + 8, 2t + 9 of a block: rows 2t + 8 and 2t + 9 have the swizzle of 2t and
+     * 2t + 1 (kvq_row_swz repeats every 8 rows), word wo of row r is word KVQ_MMA_PW(r, wo) of its place (fixed for
+     * the loop; for rows of at most 4 chunks, head_dim 128, the same for the even and the odd row) */
+#define KVQ_MMA_PW(r, wo) (sw ? ((((wo) >> 2) ^ kvq_row_swz((r), cbpt, (wo) >> 2)) << 2) | ((wo) & 3) : (wo))
 #pragma unroll 1
     for (int k0 = 0; k0 < n; k0 += 16) {
         unsigned x[4][KVQ_MMA_MPW];
@@ -258,7 +265,8 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
             const int rr[4] = {0, cw, 8 * cw, 9 * cw};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const uint2 y = *(const uint2 *)(rp + rr[q] + warp * KVQ_MMA_MPW);
+                const uint2 y = *(const uint2 *)(rp + rr[q] + KVQ_MMA_PW(cw <= 16 ? 2 * t : 2 * t + (q & 1),
+                                                                          warp * KVQ_MMA_MPW));
                 x[q][0] = y.x, x[q][KVQ_MMA_MPW - 1] = y.y;
             }
         }
@@ -266,17 +274,20 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
         for (int i = 0; i < KVQ_MMA_MPW; i++) {
             const int mb = warp * KVQ_MMA_MPW + i;
             const int wo = bits == 2 ? mb : 2 * mb + (g >> 2);
-            const int gi = hidden ? 0 : mb * 16 / group;
+            /* the value group of the block: the warp's MPW blocks share one where groups hold them all (one load) */
+            const int gi = hidden ? 0 : group % (16 * KVQ_MMA_MPW) == 0 ? warp * KVQ_MMA_MPW * 16 / group : mb * 16 / group;
             const uint2 bw = *(const uint2 *)(bp + gi * nks * 64);
             const unsigned b[2] = {bw.x, bw.y};
             unsigned a[4];
-            if (!w2) x[0][i] = rp[wo], x[1][i] = rp[cw + wo], x[2][i] = rp[8 * cw + wo], x[3][i] = rp[9 * cw + wo];
+            const int pe = KVQ_MMA_PW(2 * t, wo), po = cw <= 16 ? pe : KVQ_MMA_PW(2 * t + 1, wo);
+            if (!w2) x[0][i] = rp[pe], x[1][i] = rp[cw + po], x[2][i] = rp[8 * cw + pe], x[3][i] = rp[9 * cw + po];
             kvq_mma_vcodes(x[0][i], x[1][i], sel, m0, m1, &a[0], &a[1]);
             kvq_mma_vcodes(x[2][i], x[3][i], sel, m0, m1, &a[2], &a[3]);
             kvq_mma_m16n8k16(acc[i], a, b);
         }
         rp += 16 * cw, bp += 64;
     }
+#undef KVQ_MMA_PW
 }
 
 /* 2^-k of the value code of channel c (2g or 2g + 1 of a block) as kvq_values_mma unpacks it */

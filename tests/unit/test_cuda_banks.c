@@ -1,0 +1,278 @@
+/* Shared-memory bank conflicts of the decode kernel's hot loops, from the addresses (docs/cuda.md "Bank
+ * conflicts"). For each spec's plan, each loop that reads staged token rows and each of its row loads, the byte
+ * address every lane of a warp touches is derived from the kernel's own layout functions (kvq_row_byte and
+ * kvq_row_swz of templates/kvq_layout.cuh, compiled here as C; the stage offsets of the plan) and the lane
+ * mapping of the loop (templates/kvq_mma.cuh kvq_scores_mma / kvq_values_mma, templates/kvq_decode.cuh
+ * kvq_scores / kvq_values), then run through the bank model:
+ *
+ *   32 banks of 4 bytes; a warp's load of w bytes a lane is served in phases of 128 / w lanes (32 lanes for
+ *   4 bytes or less, 16 for 8, 8 for 16); a phase takes as many wavefronts as the most distinct 4-byte words any
+ *   one bank holds among its lanes' addresses (lanes reading the same word share it: broadcast).
+ *
+ * The degree of a load is its most wavefronts over phases: 1 is conflict-free. The loops whose lanes read 16, 8
+ * or 4 bytes of a row (tensor-core q.K and p.V of 2- and 4-bit pages; the fp32 score and value loops on fp16 rows
+ * and p.V on 8-bit rows) must be conflict-free with the swizzle, and each check also computes the unswizzled
+ * layout's degree, which must be worse where the swizzle is doing the work (else the check proves nothing).
+ * The fp32 score loop over 1/2/4/8-bit codes (the GQA-1 path) loads 4 or 8 bytes a lane from 32 different rows:
+ * no layout makes that conflict-free (32 words at one offset of 32-byte rows land in 8 bank groups); its degree
+ * is printed, before and after, and must not grow. */
+#include <stdio.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "harness.h"
+#include "kvq.h"
+#include "kvq_layout.cuh"
+#include "plan.h"
+
+/* The wavefronts of one warp-wide load: addr[l] the byte address of lane l (-1: inactive), w bytes a lane. */
+static int load_degree(const long long addr[32], int w)
+{
+    const int per = w >= 16 ? 8 : w == 8 ? 16 : 32, words = w < 4 ? 1 : w / 4;
+    int worst = 0;
+    for (int ph = 0; ph < 32; ph += per) {
+        long long seen[32 * 4];
+        int ns = 0, nb[32] = {0};
+        for (int l = ph; l < ph + per; l++) {
+            if (addr[l] < 0) continue;
+            for (int k = 0; k < words; k++) {
+                const long long word = (addr[l] & ~3LL) / 4 + k;
+                int dup = 0;
+                for (int i = 0; i < ns; i++) dup |= seen[i] == word;
+                if (dup) continue;
+                seen[ns++] = word;
+                nb[word % 32]++;
+            }
+        }
+        for (int b = 0; b < 32; b++) worst = nb[b] > worst ? nb[b] : worst;
+    }
+    return worst;
+}
+
+/* The most wavefronts over the loads a loop makes; sw 0: the unswizzled layout. */
+typedef struct {
+    int degree[2]; /* [sw] */
+    int loads;
+} loop_cost;
+
+static void note(loop_cost *c, int sw, const long long addr[32], int w)
+{
+    const int d = load_degree(addr, w);
+    if (d > c->degree[sw]) c->degree[sw] = d;
+    c->loads += sw;
+}
+
+/* kvq_scores_mma: lane (g = lane / 4, t = lane % 4) of warp w loads chunk q4 of rows m0 + g and m0 + g + 8 with
+ * one 16-byte load each, for every 16-token block m0 of the tile. */
+static loop_cost qk_mma(long long base, int R, int tile)
+{
+    loop_cost c = {{0, 0}, 0};
+    for (int sw = 0; sw < 2; sw++)
+        for (int m0 = 0; m0 < tile; m0 += 16)
+            for (int q4 = 0; q4 < R / 16; q4++)
+                for (int u = 0; u < 2; u++) {
+                    long long a[32];
+                    for (int l = 0; l < 32; l++) a[l] = base + kvq_row_byte(m0 + (l >> 2) + 8 * u, R, 16 * q4, sw);
+                    note(&c, sw, a, 16);
+                }
+    return c;
+}
+
+/* kvq_values_mma: lane (g, t) of warp w reads rows k0 + 2t, 2t + 1, 2t + 8, 2t + 9 of each 16-token block k0:
+ * 2-bit rows with MPW 2 (head_dim 128) one 8-byte load of words 2w, 2w + 1 a row; else for each of its MPW channel
+ * blocks mb = w MPW + i one word, mb (2-bit) or 2 mb + g / 4 (4-bit). */
+static loop_cost pv_mma(long long base, int R, int bits, int D, int tile)
+{
+    loop_cost c = {{0, 0}, 0};
+    const int nw = 4, mpw = (D / 16 + nw - 1) / nw, cw = R / 4, w2 = bits == 2 && mpw == 2 && cw % 2 == 0;
+    const int rr[4] = {0, 1, 8, 9};
+    for (int sw = 0; sw < 2; sw++)
+        for (int k0 = 0; k0 < tile; k0 += 16)
+            for (int warp = 0; warp < nw; warp++)
+                for (int q = 0; q < 4; q++)
+                    for (int i = 0; i < (w2 ? 1 : mpw); i++) {
+                        long long a[32];
+                        for (int l = 0; l < 32; l++) {
+                            const int g = l >> 2, t = l & 3, mb = warp * mpw + i;
+                            const int wo = w2 ? warp * mpw : bits == 2 ? mb : 2 * mb + (g >> 2);
+                            a[l] = base + kvq_row_byte(k0 + 2 * t + rr[q], R, 4 * wo, sw);
+                        }
+                        note(&c, sw, a, w2 ? 8 : 4);
+                    }
+    return c;
+}
+
+/* The bytes kvq_unpack8_half / kvq_unpack8_ps / kvq_unpack8 load for the run of 8 channels at c0 (one load; an
+ * 8-bit run is two words, one 8-byte load after ptxas merges them). */
+static void run_load(int bits, int c0, int *off, int *w)
+{
+    if (bits == 16) *off = 2 * c0, *w = 16;
+    else if (bits == 8) *off = c0, *w = 8;
+    else *off = (c0 * bits / 8) & ~3, *w = 4;
+}
+
+/* kvq_scores: lane l of warp w takes token base + (32 w + l) / split, channels part D / split + 8 j (part = l mod
+ * split) of all heads, run after run. */
+static loop_cost qk_f32(const kvq_plan *p, const plan_class *cl, long long base, int R, int bits, int tile)
+{
+    loop_cost c = {{0, 0}, 0};
+    const int D = p->head_dim, split = cl->split, cp = D / split;
+    for (int sw = 0; sw < 2; sw++)
+        for (int warp = 0; warp < p->threads / 32; warp++)
+            for (int j = 0; j < cp / 8; j++) {
+                long long a[32];
+                int w = 4;
+                for (int l = 0; l < 32; l++) {
+                    const int tid = 32 * warp + l, t = (tid / split) % tile, c0 = (tid % split) * cp + 8 * j;
+                    int off;
+                    run_load(bits, c0, &off, &w);
+                    a[l] = base + kvq_row_byte(t, R, off, sw);
+                }
+                note(&c, sw, a, w);
+            }
+    return c;
+}
+
+/* kvq_values: thread (tx, ty, tz) = tid as x + TX (y + TY z) reads channels 8 tx of tokens tz, tz + TZ, ... */
+static loop_cost pv_f32(const kvq_plan *p, long long base, int R, int bits, int tile)
+{
+    loop_cost c = {{0, 0}, 0};
+    for (int sw = 0; sw < 2; sw++)
+        for (int warp = 0; warp < p->threads / 32; warp++)
+            for (int t2 = 0; t2 < tile; t2 += p->tz) {
+                long long a[32];
+                int w = 4;
+                for (int l = 0; l < 32; l++) {
+                    const int tid = 32 * warp + l, tx = tid % p->tx, tz = tid / (p->tx * p->ty), c0 = 8 * tx;
+                    int off;
+                    run_load(bits, c0, &off, &w);
+                    a[l] = c0 < p->head_dim ? base + kvq_row_byte((t2 + tz) % tile, R, off, sw) : -1;
+                }
+                note(&c, sw, a, w);
+            }
+    return c;
+}
+
+static void check(const char *what, loop_cost c, int must_free, int *n_checked)
+{
+    printf("  %-58s degree %d -> %d%s\n", what, c.degree[0], c.degree[1], must_free ? "" : " (narrow loads)");
+    (*n_checked)++;
+    if (must_free) {
+        TH_CHECK(c.degree[1] == 1, "%s: %d-way bank conflicts with the swizzle", what, c.degree[1]);
+    } else {
+        TH_CHECK(c.degree[1] <= c.degree[0], "%s: the swizzle made it worse (%d -> %d)", what, c.degree[0],
+                 c.degree[1]);
+    }
+}
+
+/* Every row-reading loop of class 0 of spec `path` at (heads, kv_heads, head_dim); returns the loops checked
+ * whose unswizzled layout had conflicts. */
+static int check_spec(const char *path, int heads, int kv_heads, int D, int *n_checked)
+{
+    kvq_spec *sp = NULL;
+    kvq_plan *p = kvq_malloc(sizeof *p);
+    char msg[256], what[160];
+    int fixed = 0;
+    TH_CHECK(kvq_spec_parse_file(th_path(path), &sp) == KVQ_OK, "%s", path);
+    kvq_dims d = {4, heads, kv_heads, D};
+    if (!sp || !p || plan_build(kvq_spec_scheme(sp, NULL), &d, KVQ_F32, p, msg, sizeof msg) != KVQ_OK) {
+        TH_CHECK(0, "%s: plan: %s", path, msg);
+        kvq_free(p);
+        kvq_spec_free(sp);
+        return 0;
+    }
+    const plan_class *cl = &p->cls[0];
+    printf("  %s, GQA %d, head_dim %d (tile %d, split %d, TX %d TY %d TZ %d):\n", path, p->gqa, D, cl->tile, cl->split,
+           p->tx, p->ty, p->tz);
+    for (int st = 0; st < cl->stages; st++) {
+        const long long kb = (long long)st * cl->stage_bytes, vbase = kb + cl->rows_k;
+        /* the class's own pages (integer formats: rows this kernel stages; element formats are staged unswizzled
+         * by kvq_format.cuh and not read through the swizzle) */
+        const plan_store *ks = &cl->k_hi, *vs = &cl->v_hi;
+        const int kint = ks->bits && ks->format.kind == KVQ_FMT_INT, vint = vs->bits && vs->format.kind == KVQ_FMT_INT;
+        const int kbits = kint ? ks->bits : 16, vbits = vint ? vs->bits : 16;
+        loop_cost c;
+        if (kint && ks->bits < 16 && (cl->mma_k & 1)) {
+            c = qk_mma(kb, plan_row_bytes(D, kbits), cl->tile);
+            snprintf(what, sizeof what, "stage %d q.K tensor cores, %d-bit rows", st, kbits);
+            check(what, c, 1, n_checked);
+            fixed += c.degree[0] > 1;
+        } else if (kint && ks->bits < 16) {
+            c = qk_f32(p, cl, kb, plan_row_bytes(D, kbits), kbits, cl->tile);
+            snprintf(what, sizeof what, "stage %d q.K fp32, %d-bit rows", st, kbits);
+            check(what, c, kbits >= 16, n_checked);
+        }
+        if (vint && vs->bits < 16 && (cl->mma_v & 1)) {
+            c = pv_mma(vbase, plan_row_bytes(D, vbits), vbits, D, cl->tile);
+            snprintf(what, sizeof what, "stage %d p.V tensor cores, %d-bit rows", st, vbits);
+            check(what, c, 1, n_checked);
+            fixed += c.degree[0] > 1;
+        } else if (vint && vs->bits < 16) {
+            c = pv_f32(p, vbase, plan_row_bytes(D, vbits), vbits, cl->tile);
+            snprintf(what, sizeof what, "stage %d p.V fp32, %d-bit rows", st, vbits);
+            check(what, c, 1, n_checked);
+        }
+        /* fp16 rows: the fp16 pages of an fp16 class, or a quantized class's sinks, windows and pools */
+        const int t16k = plan_tile_tokens(cl, 1, 0), t16v = plan_tile_tokens(cl, 0, 1);
+        c = qk_f32(p, cl, kb, plan_row_bytes(D, 16), 16, t16k);
+        snprintf(what, sizeof what, "stage %d q.K fp32, fp16 rows (%d tokens)", st, t16k);
+        check(what, c, 1, n_checked);
+        fixed += c.degree[0] > 1;
+        c = pv_f32(p, vbase, plan_row_bytes(D, 16), 16, t16v);
+        snprintf(what, sizeof what, "stage %d p.V fp32, fp16 rows (%d tokens)", st, t16v);
+        check(what, c, 1, n_checked);
+    }
+    kvq_free(p);
+    kvq_spec_free(sp);
+    return fixed;
+}
+
+static void test_swizzle_is_a_permutation(void)
+{
+    th_begin("kvq_row_byte: a permutation of each row's 16-byte chunks within its 128-byte lines, every row size");
+    int bad = 0, n = 0;
+    for (int R = 16; R <= 1024; R += 16)
+        for (int t = 0; t < 40; t++) {
+            unsigned char hit[1024];
+            memset(hit, 0, sizeof hit);
+            for (int b = 0; b < R; b += 16) {
+                const int o = kvq_row_byte(t, R, b, 1) - t * R;
+                n++;
+                if (o < 0 || o >= R || (o & 15) || hit[o] || (o >> 7) != (b >> 7)) bad++;
+                else hit[o] = 1;
+            }
+        }
+    TH_CHECK(bad == 0, "%d of %d chunks misplaced", bad, n);
+    TH_CHECK(kvq_row_swz_ok(32) && kvq_row_swz_ok(256) && !kvq_row_swz_ok(192 + 16) && !kvq_row_swz_ok(16) &&
+                 !kvq_row_swz_ok(24) && kvq_row_swz_ok(384),
+             "which rows swizzle");
+    th_end();
+}
+
+static void test_hot_loops(void)
+{
+    th_begin("decode hot loops (q.K and p.V, tensor cores and fp32, every stage): no bank conflicts from the row "
+             "addresses each lane loads; the unswizzled layout had them");
+    static const struct {
+        const char *path;
+        int heads, kv_heads, D;
+    } cases[] = {
+        {"specs/kivi2.kvq", 32, 8, 128},  {"specs/kivi4.kvq", 32, 8, 128},  {"specs/fp16.kvq", 32, 8, 128},
+        {"specs/kivi2.kvq", 8, 8, 128},   {"specs/kivi4.kvq", 8, 8, 128},   {"specs/fp16.kvq", 8, 8, 128},
+        {"specs/kivi2.kvq", 32, 8, 256},  {"specs/kivi4.kvq", 32, 8, 64},   {"specs/ott.kvq", 32, 8, 128},
+        {"specs/zipcache.kvq", 32, 8, 128},
+    };
+    int checked = 0, fixed = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        fixed += check_spec(cases[i].path, cases[i].heads, cases[i].kv_heads, cases[i].D, &checked);
+    TH_CHECK(checked >= 40, "%d loops checked", checked);
+    TH_CHECK(fixed >= 10, "only %d loops had conflicts without the swizzle: the check would not notice its loss", fixed);
+    th_end();
+}
+
+int main(void)
+{
+    test_swizzle_is_a_permutation();
+    test_hot_loops();
+    return th_summary();
+}
