@@ -20,6 +20,7 @@
 #define KVQ_POL_ZIP 0
 #define KVQ_POL_TK 0
 #define KVQ_POL_DENSE 0
+#define KVQ_FMT_ANY 0
 /* ======== templates/kvq_intrin.cuh ======== */
 /* kvq_intrin.cuh: the one header through which kvq's CUDA templates reach inline PTX and 16-bit floats.
  *
@@ -143,12 +144,9 @@ static __device__ __forceinline__ kvq_bf162 kvq_bffma2(kvq_bf162 a, kvq_bf162 b,
     return kvq_bits_bf2(r);
 }
 
-static __device__ __forceinline__ unsigned kvq_smem_addr_(const void *p)
-{
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
+/* the builtin, not inline cvta: NVVM sees the extern __shared__ base through it and keeps 32-bit shared offsets
+ * (inline asm made every cp.async of a loop recompute the window base with two S2R and 64-bit adds) */
+static __device__ __forceinline__ unsigned kvq_smem_addr_(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 static __device__ __forceinline__ void kvq_cp_async4(void *dst, const void *src)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(kvq_smem_addr_(dst)), "l"(src) : "memory");
@@ -386,7 +384,20 @@ typedef struct {
     kvq_u64 masked;     /* 0, or const unsigned char [kv_heads][n]: 1 = the slot is masked (pooled outlier) */
     kvq_i32 cap, slot, n;
     kvq_i32 mean_fill;  /* OTT: masked tokens are replaced by the mean of the group's unmasked tokens first */
+    kvq_u64 tamax;      /* 0, or const float [kv_heads]: the absolute maxima a tensor scale from the prompt comes
+                         * from (element formats, tensor_scale prompt; kvq_tensor_amax) */
 } kvq_quant_params;
+
+/* kvq_tensor_amax (kvq_common.cuh): out[h] = max |x| over the n rows of kv head h of src (NaN ignored), from
+ * which the quantize kernels derive a tensor scale from the prompt (runtime/quant.c kvq_format_tensor_scale;
+ * ref_quant_layer.c set_tscale). A maximum does not depend on the order it is taken in: the reference's value,
+ * bit for bit. grid (kv_heads), block 128. */
+typedef struct {
+    kvq_rows src;
+    kvq_u64 out;
+    kvq_i32 n;
+    kvq_i32 reserved;
+} kvq_tamax_params;
 
 /* kvq_store_f16: copies n rows of every kv head into fp16 slots (slot + t) mod dst_ring (0: no wrap) of a
  * window of capacity dst_cap. grid (kv_heads, n); block min(D, 128) threads. */
@@ -570,8 +581,9 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_zip_norm_params, n_tiles), (long long)sizeof(kvq_convert_params),       \
         (long long)KVQ_RT_OFFSETOF(kvq_convert_params, mul), (long long)sizeof(kvq_list_params),                \
         (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk), (long long)sizeof(kvq_tile_patch),       \
-        (long long)KVQ_RT_OFFSETOF(kvq_tile_patch, n)
-#define KVQ_PARAMS_SIG_N 28
+        (long long)KVQ_RT_OFFSETOF(kvq_tile_patch, n), (long long)sizeof(kvq_tamax_params),                  \
+        (long long)KVQ_RT_OFFSETOF(kvq_quant_params, tamax)
+#define KVQ_PARAMS_SIG_N 30
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -579,7 +591,9 @@ KVQ_PARAMS_CHECK(kvq_tile, 48);
 KVQ_PARAMS_CHECK(kvq_seq_tiles, 16);
 KVQ_PARAMS_CHECK(kvq_decode_params, 64);
 KVQ_PARAMS_CHECK(kvq_rows, 32);
-KVQ_PARAMS_CHECK(kvq_quant_params, 64);
+KVQ_PARAMS_CHECK(kvq_quant_params, 72);
+KVQ_OFFSET_ASSERT(kvq_quant_params, tamax, 64);
+KVQ_PARAMS_CHECK(kvq_tamax_params, 48);
 KVQ_PARAMS_CHECK(kvq_store_params, 56);
 KVQ_OFFSET_ASSERT(kvq_tile, n, 40);
 KVQ_OFFSET_ASSERT(kvq_decode_params, scale, 48);
@@ -655,7 +669,8 @@ KVQ_HD int kvq_fmt_linear(int kind)
 /* Code width the integer path stages a linear format's codes at (5-bit codes widen to 8). */
 KVQ_HD int kvq_fmt_staged_bits(int kind, int bits) { return kvq_fmt_linear(kind) && bits == 5 ? 8 : bits; }
 
-KVQ_HD int kvq_fmt_cbpt(int bits, int D) { return bits >= 16 ? 2 * D : D * bits / 8; }
+/* bits 32: the fp32 rows a decode tile stages for an element format (kvq_format.cuh kvq_fmt_staged), never a page */
+KVQ_HD int kvq_fmt_cbpt(int bits, int D) { return bits >= 32 ? 4 * D : bits >= 16 ? 2 * D : D * bits / 8; }
 
 KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
 {
@@ -695,6 +710,38 @@ KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
 /* Pages of a page run (layout/tiles.h: the pages of one flush back to back) start this far apart: the page's
  * total rounded up to 256 bytes, as kvq_page_run_stride. */
 KVQ_HD long long kvq_page_stride(long long total) { return (total + 255) & ~255LL; }
+
+/* Shared-memory token rows of a decode tile (docs/cuda.md "Bank conflicts"). Row t of R bytes sits at t R; its
+ * 16-byte chunk c sits at chunk c ^ kvq_row_swz(t, R, c) of the row: an XOR below 8 that keeps a chunk inside its
+ * row and its 128-byte line of the row, so rows keep their places and a reader of one row's consecutive chunks
+ * (p.V over a row's channels) still reads a permutation of them. Rows of C = R / 16 chunks:
+ *   C < 8 (8 / C rows a 128-byte line): the line's index, masked to C - 1. 2-bit p.V reads rows 2t, 2t + 1,
+ *     2t + 8, 2t + 9 of a 16-token block at one chunk, 4-bit p.V its rows 0, 2, 4, 6: lines apart;
+ *   C >= 8: the row (t mod 8), and for rows of several lines (nl = C / 8, fp16 rows at head_dim 128: 2) the
+ *     row's line L placed at the top bits (L << (3 - log2 nl)): the score loop's 8 lanes of a quarter-warp read
+ *     one chunk of 8 rows (split 1) or of 4 rows in both halves (split 2, the fp16 classes' 64-token tiles).
+ * Rows whose chunk count is neither a power of two nor a multiple of 8 (head_dim 96: 24-byte rows) and rows of
+ * one chunk are not swizzled. The XOR repeats every 8 rows (t mod 8), so it is the same for a row of every
+ * 16-token block: a tensor-core warp computes it once. */
+KVQ_HD int kvq_row_swz_ok(int R)
+{
+    const int C = R >> 4;
+    return R % 16 == 0 && C > 1 && ((C & (C - 1)) == 0 || C % 8 == 0);
+}
+KVQ_HD int kvq_row_swz(int t, int R, int c)
+{
+    const int C = R >> 4;
+    if (!kvq_row_swz_ok(R)) return 0;
+    if (C < 8) return (t / (8 / C)) & (C - 1);
+    int sh = 3;
+    for (int nl = C >> 3; nl > 1 && sh > 0; nl >>= 1) sh--;
+    return (t ^ ((c >> 3) << sh)) & 7;
+}
+/* The byte of a tile's rows (R bytes each, swizzled when sw) that holds logical byte b of row t. */
+KVQ_HD int kvq_row_byte(int t, int R, int b, int sw)
+{
+    return t * R + (sw ? (((b >> 4) ^ kvq_row_swz(t, R, b >> 4)) << 4) + (b & 15) : b);
+}
 
 #endif
 /* ======== templates/kvq_types.cuh ======== */
@@ -1231,10 +1278,19 @@ KVQ_DEV void kvq_fq_group_inplace(const kvq_fq *q, float *x, int n, float *s, fl
 /* ---- the kernels' format paths (hooks: kvq_quantize.cuh's token and channel bodies, kvq_decode.cuh's
  * kvq_stage_page and kvq_decode_body) ---- */
 
-KVQ_DEV int kvq_fmt_is(kvq_fmt f) { return f.kind != KVQ_FK_INT && f.bits > 0 && f.bits < 16; }
+/* KVQ_FMT_ANY (compiler/emit_cuda.c): 0 in a unit whose plan has no element format, whose format branches below
+ * are then left out before the compiler sees them (they are dead there, but NVRTC and the emulator's C++ compiler
+ * still spent 10-25 % of a unit's compile on them; docs/testing.md, "Test time"). Absent: every format. */
+#ifndef KVQ_FMT_ANY
+#define KVQ_FMT_ANY 1
+#endif
+KVQ_DEV int kvq_fmt_is(kvq_fmt f) { return KVQ_FMT_ANY && f.kind != KVQ_FK_INT && f.bits > 0 && f.bits < 16; }
 
 /* What the decode kernel's compute sees of a page format: linear formats as asymmetric integers of the staged
- * width with float parameters; the others (fp8, e2m1, codebooks) as fp16 rows x = z + (s T) L[code]. */
+ * width with float parameters; the others (fp8, e2m1, codebooks) as fp32 rows x = z + (s T) L[code], the
+ * reference's values exactly (bits 32, kvq_fmt_cbpt). fp16 rows would round s T L once more: a codebook's levels,
+ * or a tensor scale from the prompt, are not fp16 numbers, and the structured keys' large scores amplify that
+ * rounding (2^-12) past 1e-3 of the attention (test_cuda_formats: 1.1e-3 to 2.8e-3, docs/cuda.md). */
 KVQ_DEV kvq_fmt kvq_fmt_staged(kvq_fmt f)
 {
     if (!kvq_fmt_is(f)) return f;
@@ -1242,7 +1298,7 @@ KVQ_DEV kvq_fmt kvq_fmt_staged(kvq_fmt f)
         kvq_fmt g = {kvq_fmt_staged_bits(f.kind, f.bits), f.gran, 0, f.group, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}};
         return g;
     }
-    kvq_fmt g = {16, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0.0f, 0, {0}};
+    kvq_fmt g = {32, 0, 0, 0, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}};
     return g;
 }
 
@@ -1252,6 +1308,54 @@ KVQ_DEV kvq_fq kvq_fmt_fq(const kvq_fmt *f, float T)
     q.kind = f->kind, q.bits = f->bits, q.s_f32 = f->sbytes == 4, q.z_f32 = f->zbytes == 4, q.T = T;
     q.normal = f->normal, q.n_levels = f->n_levels, q.levels = f->lv;
     return q;
+}
+
+/* runtime/quant.c kvq_format_tensor_scale: T = amax / top (top: the element's largest value, NVFP4's 6 * 448),
+ * 1 when amax is not positive and finite or the division underflows. */
+KVQ_DEV float kvq_fmt_tensor_scale(int kind, float amax)
+{
+    const float top = kind == KVQ_FK_E4M3    ? 448.0f
+                      : kind == KVQ_FK_E5M2  ? 57344.0f
+                      : kind == KVQ_FK_NVFP4 ? 2688.0f /* 6 * 448 */
+                                             : 0.0f;
+    if (top == 0.0f || !(amax > 0.0f) || !(amax < KVQ_POS_INF_)) return 1.0f;
+    const float t = __fdiv_rn(amax, top);
+    return t > 0.0f ? t : 1.0f;
+}
+
+/* The tensor scale a quantize kernel of kv head h uses: the spec's static value, or (tensor_scale prompt) the one
+ * of the prompt's absolute maxima (kvq_tensor_amax): the head's own (per head), or the largest over every kv head,
+ * taken as ref_quant_layer.c set_tscale takes it. */
+KVQ_DEV float kvq_fmt_quant_T(const kvq_quant_params *p, kvq_fmt f, int h)
+{
+    if (f.ts > 0.0f) return f.ts;
+    if (!p->tamax) return 1.0f;
+    const float *a = (const float *)p->tamax;
+    float m = 0.0f;
+    if (f.tsh)
+        m = a[h];
+    else
+        for (int i = 0; i < KVQ_HKV; i++) m = fmaxf(m, a[i]);
+    return kvq_fmt_tensor_scale(f.kind, m);
+}
+
+/* kvq_tensor_amax (kvq_params.cuh kvq_tamax_params): one block per kv head, fmaxf over |x| (fmaxf ignores a NaN as
+ * the reference's comparison does), then a tree of maxima. */
+KVQ_DEV void kvq_tensor_amax_body(const kvq_tamax_params *p, float *red)
+{
+    const int h = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    float a = 0.0f;
+    for (long long i = tid; i < (long long)p->n * KVQ_D; i += nt) {
+        const int t = (int)(i / KVQ_D), c = (int)(i % KVQ_D);
+        a = fmaxf(a, fabsf(kvq_src_ld(&p->src, kvq_row_at(&p->src, h, t, p->n), c)));
+    }
+    red[tid] = a;
+    __syncthreads();
+    for (int s = nt / 2; s > 0; s >>= 1) {
+        if (tid < s) red[tid] = fmaxf(red[tid], red[tid + s]);
+        __syncthreads();
+    }
+    if (tid == 0) ((float *)p->out)[h] = red[0];
 }
 
 /* Tensor scale T of kv head h of a page. */
@@ -1293,9 +1397,9 @@ KVQ_DEV void kvq_fmt_quant_token_run(const kvq_quant_params *p, kvq_fmt f, kvq_p
                                      int h, int tid, int nthreads)
 {
     unsigned char *page = (unsigned char *)p->page;
-    const float T = f.ts > 0.0f ? f.ts : 1.0f;
-    if (tid == 0 && o.tscale < o.total && (!f.tsh || h == 0))
-        for (int i = 0; i < (f.tsh ? KVQ_HKV : 1); i++) ((float *)(page + o.tscale))[i] = T;
+    const float T = kvq_fmt_quant_T(p, f, h);
+    /* each kv head's blocks write its own T (per head), or every block the one T (the same value) */
+    if (tid == 0 && o.tscale < o.total) ((float *)(page + o.tscale))[f.tsh ? h : 0] = T;
     const kvq_fq q = kvq_fmt_fq(&f, T);
     const int G = f.group, ng = KVQ_D / G;
     for (int i = tid; i < nt * ng; i += nthreads) {
@@ -1324,9 +1428,9 @@ KVQ_DEV void kvq_fmt_quant_channel(const kvq_quant_params *p, kvq_fmt f, int h, 
 {
     const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
     unsigned char *page = (unsigned char *)p->page;
-    const float T = f.ts > 0.0f ? f.ts : 1.0f;
-    if (tid == 0 && o.tscale < o.total && (!f.tsh || h == 0))
-        for (int i = 0; i < (f.tsh ? KVQ_HKV : 1); i++) ((float *)(page + o.tscale))[i] = T;
+    const float T = kvq_fmt_quant_T(p, f, h);
+    /* each kv head's blocks write its own T (per head), or every block the one T (the same value) */
+    if (tid == 0 && o.tscale < o.total) ((float *)(page + o.tscale))[f.tsh ? h : 0] = T;
     const kvq_fq q = kvq_fmt_fq(&f, T);
     const int W = o.cbpt / 4;
     unsigned *codes = (unsigned *)(page + o.codes);
@@ -1341,8 +1445,8 @@ KVQ_DEV void kvq_fmt_quant_channel(const kvq_quant_params *p, kvq_fmt f, int h, 
     }
 }
 
-/* Stages tokens [slot, slot + n) of an element-format page (and the pages of its run after it) for kv head h
- * as fp16 rows x = z + (s T) L[code] (the reference's value, rounded once to fp16). */
+/* Stages tokens [slot, slot + n) of a linear format's page for kv head h for the integer path: codes at the
+ * staged width (kvq_fmt_staged_bits) into rows, each group's s and z' = z - s off into ss / sz as floats. */
 KVQ_DEV void kvq_fmt_stage_linear(unsigned char *rows, float *ss, float *sz, const unsigned char *b, kvq_fmt f,
                                   int slot, int cap, int n, int h, int tid, int nthreads)
 {
@@ -1374,6 +1478,8 @@ KVQ_DEV void kvq_fmt_stage_linear(unsigned char *rows, float *ss, float *sz, con
     }
 }
 
+/* Stages tokens [slot, slot + n) of an element-format page (and the pages of its run after it) for kv head h
+ * as fp32 rows x = z + (s T) L[code]: the reference's value (runtime/quant.h kvq_format_dequant), bit for bit. */
 KVQ_DEV void kvq_fmt_stage_page(unsigned char *rows, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
                                 int h, int tid, int nthreads)
 {
@@ -1382,7 +1488,7 @@ KVQ_DEV void kvq_fmt_stage_page(unsigned char *rows, const unsigned char *b, kvq
     const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
     const int cb = f.bits;
     b += pg0 * stride;
-    kvq_half *out = (kvq_half *)rows;
+    float *out = (float *)rows;
 #pragma unroll 1
     for (int i = 0; i < np; i++, b += stride) {
         const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
@@ -1399,7 +1505,7 @@ KVQ_DEV void kvq_fmt_stage_page(unsigned char *rows, const unsigned char *b, kvq
             const float s = kvq_fmt_ld_scale(b + o.scale, pi, f.kind, f.sbytes);
             const float z = f.zbytes ? kvq_ld_par(b + o.zero, pi, f.zbytes) : 0.0f;
             const float x = kvq_fmt_dequant(kvq_fmt_level(f.kind, cb, code, f.lv, f.n_levels), s, z, T);
-            out[(long long)(t0 + t) * KVQ_D + c] = kvq_f2h(x);
+            out[(long long)(t0 + t) * KVQ_D + c] = x;
         }
     }
 }
@@ -1504,6 +1610,15 @@ KVQ_DEV void kvq_unpack8_half(const unsigned char *p, float *cv)
     float2 c = kvq_h22f2(kvq_bits_h2(u.z)), d = kvq_h22f2(kvq_bits_h2(u.w));
     cv[0] = a.x, cv[1] = a.y, cv[2] = b.x, cv[3] = b.y;
     cv[4] = c.x, cv[5] = c.y, cv[6] = d.x, cv[7] = d.y;
+}
+
+/* Eight fp32 values of a staged fp32 row (element formats other than the linear ones, kvq_format.cuh), 16-byte
+ * aligned */
+KVQ_DEV void kvq_unpack8_f32(const unsigned char *p, float *cv)
+{
+    const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 16);
+    cv[0] = a.x, cv[1] = a.y, cv[2] = a.z, cv[3] = a.w;
+    cv[4] = b.x, cv[5] = b.y, cv[6] = b.z, cv[7] = b.w;
 }
 
 #endif
@@ -1628,11 +1743,13 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
  * bias: a block lies in one page (layout/tiles.h: such a tile begins at a page boundary, pages of 16k tokens). */
 KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned char *mask, int masked,
                             const unsigned *qb, const float *bias, float qinv, int n, int s0, int kcap, int tid,
-                            int split, float *ps, float mloc[KVQ_GQA])
+                            int split, float *ps, float mloc[KVQ_GQA], int sw)
 {
     const int G = KVQ_GQA, KB = KVQ_D / 16;
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int cbpt = kvq_fmt_cbpt(bits, KVQ_D);
+    /* rows g and g + 8 of every 16-token block have the same swizzle (kvq_row_swz: it repeats every 8 rows): chunk
+     * q4 of the lane's rows sits at chunk q4 ^ kvq_row_swz(g, cbpt, q4), a byte offset fixed for the loop */
     unsigned b[KVQ_D / 16][2];
     int cur = -1; /* the page whose fold b holds */
     const unsigned msk = bits == 2 ? (3u << 2 * t) | (3u << (2 * t + 16)) : (15u << 4 * (t & 1)) | (15u << (4 * (t & 1) + 16));
@@ -1660,11 +1777,12 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
             bh = bias[pg * G + (t & (G - 1))];
             cur = pg;
         }
-        const uint4 *r0 = (const uint4 *)(rows + (m0 + g) * cbpt), *r1 = (const uint4 *)(rows + (m0 + g + 8) * cbpt);
+        const unsigned char *r0 = rows + (m0 + g) * cbpt;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int q4 = 0; q4 < cbpt / 16; q4++) {
-            const uint4 x0 = r0[q4], x1 = r1[q4];
+            const int pq = 16 * (sw ? q4 ^ kvq_row_swz(g, cbpt, q4) : q4);
+            const uint4 x0 = *(const uint4 *)(r0 + pq), x1 = *(const uint4 *)(r0 + 8 * cbpt + pq);
             const unsigned w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
             if (bits == 2) {
 #pragma unroll
@@ -1748,7 +1866,7 @@ KVQ_DEV void kvq_mma_vcodes(unsigned x0, unsigned x1, unsigned sel, unsigned m0,
 /* o += p v over tokens [0, n16) (n16 = n rounded up to 16; the weights past n are 0) for warp w's channel blocks
  * w MPW .. w MPW + MPW - 1: acc[i] = the lane's (head t; channel 2g hi, lo; channel 2g + 1 hi, lo) of block i. */
 KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char *rows, const unsigned *wb, int nks,
-                            int n, int tid, float acc[KVQ_MMA_MPW][4])
+                            int n, int tid, float acc[KVQ_MMA_MPW][4], int sw)
 {
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int cbpt = kvq_fmt_cbpt(bits, KVQ_D), cw = cbpt / 4;
@@ -1761,6 +1879,10 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
     /* 2 bits: the warp's blocks are consecutive words of a token's row, one 8-byte load of each of the four rows
      * when MPW is 2 (head_dim 128; rows are 16-byte aligned, cw even) */
     const int w2 = bits == 2 && KVQ_MMA_MPW == 2 && (cw & 1) == 0;
+    /* the lane's rows 2t, 2t + 1, 2t + 8, 2t + 9 of a block: rows 2t + 8 and 2t + 9 have the swizzle of 2t and
+     * 2t + 1 (kvq_row_swz repeats every 8 rows), word wo of row r is word KVQ_MMA_PW(r, wo) of its place (fixed for
+     * the loop; for rows of at most 4 chunks, head_dim 128, the same for the even and the odd row) */
+#define KVQ_MMA_PW(r, wo) (sw ? ((((wo) >> 2) ^ kvq_row_swz((r), cbpt, (wo) >> 2)) << 2) | ((wo) & 3) : (wo))
 #pragma unroll 1
     for (int k0 = 0; k0 < n; k0 += 16) {
         unsigned x[4][KVQ_MMA_MPW];
@@ -1768,7 +1890,8 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
             const int rr[4] = {0, cw, 8 * cw, 9 * cw};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const uint2 y = *(const uint2 *)(rp + rr[q] + warp * KVQ_MMA_MPW);
+                const uint2 y = *(const uint2 *)(rp + rr[q] + KVQ_MMA_PW(cw <= 16 ? 2 * t : 2 * t + (q & 1),
+                                                                          warp * KVQ_MMA_MPW));
                 x[q][0] = y.x, x[q][KVQ_MMA_MPW - 1] = y.y;
             }
         }
@@ -1776,17 +1899,20 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
         for (int i = 0; i < KVQ_MMA_MPW; i++) {
             const int mb = warp * KVQ_MMA_MPW + i;
             const int wo = bits == 2 ? mb : 2 * mb + (g >> 2);
-            const int gi = hidden ? 0 : mb * 16 / group;
+            /* the value group of the block: the warp's MPW blocks share one where groups hold them all (one load) */
+            const int gi = hidden ? 0 : group % (16 * KVQ_MMA_MPW) == 0 ? warp * KVQ_MMA_MPW * 16 / group : mb * 16 / group;
             const uint2 bw = *(const uint2 *)(bp + gi * nks * 64);
             const unsigned b[2] = {bw.x, bw.y};
             unsigned a[4];
-            if (!w2) x[0][i] = rp[wo], x[1][i] = rp[cw + wo], x[2][i] = rp[8 * cw + wo], x[3][i] = rp[9 * cw + wo];
+            const int pe = KVQ_MMA_PW(2 * t, wo), po = cw <= 16 ? pe : KVQ_MMA_PW(2 * t + 1, wo);
+            if (!w2) x[0][i] = rp[pe], x[1][i] = rp[cw + po], x[2][i] = rp[8 * cw + pe], x[3][i] = rp[9 * cw + po];
             kvq_mma_vcodes(x[0][i], x[1][i], sel, m0, m1, &a[0], &a[1]);
             kvq_mma_vcodes(x[2][i], x[3][i], sel, m0, m1, &a[2], &a[3]);
             kvq_mma_m16n8k16(acc[i], a, b);
         }
         rp += 16 * cw, bp += 64;
     }
+#undef KVQ_MMA_PW
 }
 
 /* 2^-k of the value code of channel c (2g or 2g + 1 of a block) as kvq_values_mma unpacks it */
@@ -1848,8 +1974,25 @@ KVQ_DEV void kvq_stage_par(int fin, float *out, unsigned char *dst, const unsign
         for (int k = tid; k < nb; k += KVQ_THREADS) kvq_cp_async16(dst + 16 * k, src - r + 16 * k);
         return;
     }
+    /* the common case, an aligned range (every per-channel page section; per-token ranges from an even slot):
+     * block k is elements [16k / eb, 16k / eb + 16 / eb), one 16-byte load, two (one) 16-byte stores */
+    const int vec = r == 0 && (eb == 2 || eb == 4) && ((kvq_u64)out & 15) == 0;
 #pragma unroll 1
     for (int k = tid; k < nb; k += KVQ_THREADS) {
+        if (vec && (k + 1) * (16 / eb) <= n) {
+            const uint4 u = *(const uint4 *)(dst + 16 * k);
+            float4 *o4 = (float4 *)(out + k * (16 / eb));
+            if (eb == 4) {
+                o4[0] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
+                                    __uint_as_float(u.w));
+            } else {
+                const float2 a = kvq_h22f2(kvq_bits_h2(u.x)), c = kvq_h22f2(kvq_bits_h2(u.y));
+                const float2 d = kvq_h22f2(kvq_bits_h2(u.z)), e = kvq_h22f2(kvq_bits_h2(u.w));
+                o4[0] = make_float4(a.x, a.y, c.x, c.y);
+                o4[1] = make_float4(d.x, d.y, e.x, e.y);
+            }
+            continue;
+        }
         const int j0 = max(0, (16 * k - r + eb - 1) / eb), j1 = min(n, (16 * k + 16 - r + eb - 1) / eb);
         for (int j = j0; j < j1; j++) out[j] = kvq_ld_par(dst + r, j, eb);
     }
@@ -1872,6 +2015,71 @@ KVQ_DEV void kvq_stage_mask(int fin, unsigned char *out, unsigned char *dst, con
     }
 }
 
+/* Rows of m tokens (R bytes each, R % 16 == 0 when sw) from src into rows t0 .. t0 + m - 1 of a tile's rows, each
+ * 16-byte chunk to its place under the XOR swizzle when sw (kvq_row_swz, kvq_layout.cuh), else back to back
+ * (kvq_stage_bytes). The swizzle repeats every 8 rows, so where a step of THREADS chunks is a multiple of 8 rows
+ * (C = R / 16 chunks a row, THREADS % 8 C == 0) a thread's destination advances by the same 16 THREADS bytes as
+ * its source and its place in a row is computed once. A source not 16-byte aligned (none in practice: pages,
+ * pools and their sections are 16-byte aligned) moves by 4-byte copies to the same places. */
+KVQ_DEV void kvq_stage_rows(unsigned char *rows, int t0, int R, const unsigned char *src, int m, int tid, int sw)
+{
+    if (!sw || !kvq_row_swz_ok(R)) {
+        kvq_stage_bytes(rows + t0 * R, src, m * R, tid, KVQ_THREADS);
+        return;
+    }
+    const int C = R >> 4, n16 = m * C;
+    if ((kvq_u64)src & 15) {
+#pragma unroll 1
+        for (int i = tid; i < m * (R >> 2); i += KVQ_THREADS) {
+            const int t = i / (R >> 2), b = 4 * (i - t * (R >> 2));
+            kvq_cp_async4(rows + kvq_row_byte(t0 + t, R, b, 1), src + 4 * i);
+        }
+    } else if (KVQ_THREADS % (8 * C) == 0) {
+        unsigned char *d = rows + kvq_row_byte(t0 + tid / C, R, 16 * (tid % C), 1);
+        const unsigned char *s = src + 16 * tid;
+#pragma unroll 1
+        for (int i = tid; i < n16; i += KVQ_THREADS, d += 16 * KVQ_THREADS, s += 16 * KVQ_THREADS)
+            kvq_cp_async16(d, s);
+    } else {
+#pragma unroll 1
+        for (int i = tid; i < n16; i += KVQ_THREADS)
+            kvq_cp_async16(rows + kvq_row_byte(t0 + i / C, R, 16 * (i % C), 1), src + 16 * i);
+    }
+}
+
+/* Per-channel scales and zeros of kv head h on np pages of a page run (page i at b + i stride), in one pass: item
+ * k is a 16-byte block of page k / P (P = the scale's nbs blocks and the zero's nbz of a page), landed where
+ * kvq_stage_par puts it (s at raw + al16(i D sbytes) + 64 i, z at rz + ...), and after the wait widened by the
+ * same thread into s / z + i D. A head's section starts 16-byte aligned when D sbytes and D zbytes are multiples
+ * of 16 (the caller's condition): every block is whole. One set-up and THREADS-wide passes for the whole run
+ * instead of two calls a page (a 128-token KIVI tile over 4 pages: 128 blocks, one pass). */
+KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b, long long stride, kvq_page_off o,
+                                 kvq_fmt f, int h, int np, int tid, int fin)
+{
+    const int nbs = KVQ_D * f.sbytes / 16, nbz = KVQ_D * f.zbytes / 16, P = nbs + nbz;
+    unsigned char *rz = sb->raw + sb->raws;
+#pragma unroll 1
+    for (int k = tid; k < np * P; k += KVQ_THREADS) {
+        const int i = k / P, r = k - i * P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes;
+        unsigned char *dst = (zs ? rz : sb->raw) + kvq_al16(i * KVQ_D * eb) + 64 * i + 16 * c;
+        if (!fin) {
+            kvq_cp_async16(dst, b + i * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c);
+            continue;
+        }
+        const uint4 u = *(const uint4 *)dst;
+        float *out = (zs ? sb->z : sb->s) + i * KVQ_D + c * (16 / eb);
+        if (eb == 4) {
+            ((float4 *)out)[0] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
+                                             __uint_as_float(u.w));
+        } else {
+            const float2 x0 = kvq_h22f2(kvq_bits_h2(u.x)), x1 = kvq_h22f2(kvq_bits_h2(u.y));
+            const float2 x2 = kvq_h22f2(kvq_bits_h2(u.z)), x3 = kvq_h22f2(kvq_bits_h2(u.w));
+            ((float4 *)out)[0] = make_float4(x0.x, x0.y, x1.x, x1.y);
+            ((float4 *)out)[1] = make_float4(x2.x, x2.y, x3.x, x3.y);
+        }
+    }
+}
+
 /* Stages tokens [slot, slot + n) of a page for kv head h: codes to rows, parameters to s/z/f, mask bits. A slot
  * past the page's capacity is in a later page of a page run (layout/tiles.h: pages of one flush back to back at
  * kvq_page_stride), and a tile may span several of them: page i of the tile's pages stages its codes after the
@@ -1882,6 +2090,7 @@ KVQ_DEV void kvq_stage_mask(int fin, unsigned char *out, unsigned char *dst, con
 KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
                             int h, int tid, int fin)
 {
+#if KVQ_FMT_ANY
     if (kvq_fmt_is(f)) { /* element formats (kvq_format.cuh): integer codes and parameters, or fp16 rows, staged by
                           * plain loads and stores when the copies are issued (fin 0; the barrier after the wait
                           * publishes them); nothing to widen afterwards */
@@ -1892,24 +2101,30 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
             kvq_fmt_stage_page(sb->rows, b, f, slot, cap, n, h, tid, KVQ_THREADS);
         return;
     }
+#endif
     kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
     const long long stride = kvq_page_stride(o.total);
     const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
     unsigned char *rz = sb->raw + sb->raws, *rf = sb->raw + 2 * sb->raws, *rm = rf + sb->rawf;
     b += pg0 * stride;
+    /* per-channel parameters of fp16 or fp32 scales and zeros: all pages in one pass */
+    const int chan1 = f.bits < 16 && f.gran == 0 && (f.sbytes == 2 || f.sbytes == 4) &&
+                      (f.zbytes == 2 || f.zbytes == 4) && KVQ_D % 8 == 0;
+    if (chan1) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, fin);
 #pragma unroll 1
     for (int i = 0; i < np; i++, b += stride) {
         const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
         if (!fin)
-            kvq_stage_bytes(sb->rows + t0 * o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m * o.cbpt, tid,
-                            KVQ_THREADS);
+            kvq_stage_rows(sb->rows, t0, o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m, tid, 1);
         if (f.bits >= 16) continue;
         if (f.gran == 0) {
             const long long e = (long long)h * KVQ_D;
-            kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_al16(i * KVQ_D * f.sbytes) + 64 * i,
-                          b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid);
-            kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
-                          b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
+            if (!chan1) {
+                kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_al16(i * KVQ_D * f.sbytes) + 64 * i,
+                              b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid);
+                kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
+                              b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
+            }
         } else {
             const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
             const int e0 = t0 * o.n_groups;
@@ -1932,7 +2147,7 @@ KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot
     const unsigned char *b = (const unsigned char *)base;
     if (kind == KVQ_SRC_F16) {
         if (!fin)
-            kvq_stage_bytes(sb->rows, b + ((long long)h * cap + slot) * (2 * KVQ_D), n * 2 * KVQ_D, tid, KVQ_THREADS);
+            kvq_stage_rows(sb->rows, 0, 2 * KVQ_D, b + ((long long)h * cap + slot) * (2 * KVQ_D), n, tid, 1);
     } else if (kind == KVQ_SRC_HI && hi.bits)
         kvq_stage_page(sb, b, hi, slot, cap, n, h, tid, fin);
     else if (kind == KVQ_SRC_LO && lo.bits)
@@ -2056,7 +2271,7 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
  * group `split` adjacent lanes per token, each a run of head_dim / split channels, reduced by shuffles; the
  * part-0 lane writes the token's scores (-inf for masked slots) to ps[t][GQA] and every lane keeps the maxima. */
 KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, const float *qk, const float *qsum,
-                        int n, int s0, int kcap, int tid, int split, int p1, float *ps, float mloc[KVQ_GQA])
+                        int n, int s0, int kcap, int tid, int split, int p1, float *ps, float mloc[KVQ_GQA], int sw)
 {
     const int G = KVQ_GQA, D = KVQ_D;
     const int part = tid % split, lane1 = tid / split, cp = D / split, cbeg = part * cp;
@@ -2064,6 +2279,9 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
     const float *qv = kvq_k_folds(f) ? qk : qs;
     const float *bias = qsum + (D / 8) * G;
     const int runs = kvq_k_runs(f), grp = f.hidden ? D : f.group;
+    /* a lane's runs within one 128-byte line of its row (fp16 at split 2, every code row): the swizzle's XOR,
+     * which depends on the row and the line only (kvq_row_swz), is the token's, computed once a token */
+    const int oneline = cp * f.bits <= 1024 && (cbeg * f.bits) % 1024 == 0;
     /* the same trip count on every lane: the shuffles need the whole warp */
 #pragma unroll 1
     for (int base = 0; base < n; base += p1) {
@@ -2072,20 +2290,25 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         /* the token's page of a page run (kcap > 0: per-channel keys over several pages): its fold and bias */
         const int pg = kcap > 0 ? (s0 + tt) / kcap : 0;
         const float *qvp = qv + pg * (D * G);
+        const int xt = sw ? kvq_row_swz(tt, cbpt, cbeg * f.bits / 128) : 0;
         float sc[KVQ_GQA], acc[KVQ_GQA], zacc[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) sc[h] = 0.0f, acc[h] = 0.0f, zacc[h] = 0.0f;
         /* runs of 8 channels, not unrolled: unrolled, the compiler hoists every run's query loads and spills */
 #pragma unroll 2
         for (int j = 0; j < cp / KVQ_VEC; j++) {
-            const int c0 = cbeg + j * KVQ_VEC;
+            const int c0 = cbeg + j * KVQ_VEC, ch = c0 * f.bits / 128; /* the 16-byte chunk of the run's codes */
+            const int x = !sw ? 0 : oneline ? xt : kvq_row_swz(tt, cbpt, ch); /* the row's swizzle (kvq_layout.cuh) */
+            const unsigned char *rj = row + 16 * ((ch ^ x) - ch);  /* where it put the chunk */
             float cv[KVQ_VEC];
-            if (f.bits >= 16)
-                kvq_unpack8_half(row + 2 * c0, cv);
+            if (f.bits == 32) /* element formats' fp32 rows (kvq_format.cuh; never swizzled: rj is row) */
+                kvq_unpack8_f32(rj + 4 * c0, cv);
+            else if (f.bits >= 16)
+                kvq_unpack8_half(rj + 2 * c0, cv);
             else if (kvq_k_preshift(f))
-                kvq_unpack8_ps(row, c0, f.bits, cv);
+                kvq_unpack8_ps(rj, c0, f.bits, cv);
             else
-                kvq_unpack8(row, c0, f.bits, D, cv);
+                kvq_unpack8(rj, c0, f.bits, D, cv);
             if (f.bits < 16 && f.gran != 0 && !runs) {
                 /* groups narrower than 8 channels: dequantise each code */
                 const int ng = D / f.group;
@@ -2134,7 +2357,7 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
  * value scales and zeros stay in registers for the tile; per-token scales fold into the weight (w = p s_t) and
  * their zeros accumulate as one scalar per head (sum p z_t) added back at the end of the tile. */
 KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int n, int c0, int hl0, int tz,
-                        float o[KVQ_HPT][KVQ_VEC])
+                        float o[KVQ_HPT][KVQ_VEC], int sw)
 {
     const int G = KVQ_GQA, D = KVQ_D;
     const int cbpt = kvq_fmt_cbpt(f.bits, D);
@@ -2165,6 +2388,11 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
      * sixth of the loop) */
     const int ngv = runs ? (f.hidden ? 1 : D / f.group) : 0, gv = runs && !f.hidden ? c0 / f.group : 0;
     const unsigned char *rp = vb->rows + tz * cbpt;
+    /* the lane's channels lie in one 16-byte chunk of a row (8 codes or 8 halves at c0), moved by the row's
+     * swizzle: fixed for the loop's rows when a step of 2 TZ rows is a multiple of its period, 8 */
+    const int ch = c0 * f.bits / 128, x0 = sw ? kvq_row_swz(tz, cbpt, ch) : 0;
+    const int x1 = sw ? kvq_row_swz(tz + KVQ_TZ, cbpt, ch) : 0;
+    const int adj0 = 16 * ((ch ^ x0) - ch), adj1 = 16 * ((ch ^ x1) - ch);
     const float *pp = ps + tz * G + hl0, *sp = vb->s + tz * ngv + gv, *zp = vb->z + tz * ngv + gv;
 #pragma unroll 1
     for (int t2 = tz; t2 < n; t2 += 2 * KVQ_TZ) {
@@ -2172,7 +2400,8 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
         for (int u = 0; u < 2; u++) {
             const int live = u == 0 || t2 + KVQ_TZ < n, du = live ? u * KVQ_TZ : 0;
             const int t = t2 + du;
-            const unsigned char *row = rp + du * cbpt;
+            const int x = (2 * KVQ_TZ) % 8 == 0 ? 0 : sw ? kvq_row_swz(t, cbpt, ch) : 0;
+            const unsigned char *row = rp + du * cbpt + ((2 * KVQ_TZ) % 8 == 0 ? (du ? adj1 : adj0) : 16 * ((ch ^ x) - ch));
             float p[KVQ_HPT], cv[KVQ_VEC];
             if (KVQ_HPT == 4) {
                 float4 x = *(const float4 *)(pp + du * G);
@@ -2184,7 +2413,9 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
             if (!live)
 #pragma unroll
                 for (int i = 0; i < KVQ_HPT; i++) p[i] = 0.0f;
-            if (f.bits >= 16)
+            if (f.bits == 32) /* element formats' fp32 rows (kvq_format.cuh) */
+                kvq_unpack8_f32(row + 4 * c0, cv);
+            else if (f.bits >= 16)
                 kvq_unpack8_half(row + 2 * c0, cv);
             else if (psh)
                 kvq_unpack8_ps(row, c0, f.bits, cv);
@@ -2297,20 +2528,21 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 
 /* Dispatch on a tile's (uniform) kind so that each call below is specialised on constant formats. The low
  * class is tested only when the class has one (lo.bits is a constant). M_ says whether the kind's pages take the
- * tensor-core path (bit 0 of mm for the high class, bit 1 for the low one; the plan's mma_k / mma_v). */
-#define KVQ_BY_KIND(kind, hi, lo, mm, CALL)                                                                    \
+ * tensor-core path (bit 0 of mm for the high class, bit 1 for the low one; the plan's mma_k / mma_v), S_ whether its
+ * rows are swizzled (sw, the same bits; fp16 rows always: kvq_stage_rows). */
+#define KVQ_BY_KIND(kind, hi, lo, mm, sw, CALL)                                                                \
     do {                                                                                                       \
         if ((kind) == KVQ_SRC_HI) {                                                                            \
             const kvq_fmt F_ = (hi);                                                                           \
-            const int M_ = (mm) & 1;                                                                           \
+            const int M_ = (mm) & 1, S_ = (sw) & 1;                                                            \
             CALL;                                                                                              \
         } else if ((lo).bits && (kind) == KVQ_SRC_LO) {                                                        \
             const kvq_fmt F_ = (lo);                                                                           \
-            const int M_ = ((mm) >> 1) & 1;                                                                    \
+            const int M_ = ((mm) >> 1) & 1, S_ = ((sw) >> 1) & 1;                                              \
             CALL;                                                                                              \
         } else {                                                                                               \
             const kvq_fmt F_ = kvq_fmt_f16();                                                                  \
-            const int M_ = 0;                                                                                  \
+            const int M_ = 0, S_ = 1;                                                                          \
             CALL;                                                                                              \
         }                                                                                                      \
     } while (0)
@@ -2326,9 +2558,11 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi,
                              kvq_fmt vlo, const kvq_dec_geo g)
 {
-    /* element formats are staged as fp16 rows, and computed on as such (kvq_format.cuh) */
+    /* element formats are staged as integer codes or fp32 rows, and computed on as such (kvq_format.cuh) */
     const kvq_fmt skhi = khi, sklo = klo, svhi = vhi, svlo = vlo;
     khi = kvq_fmt_staged(khi), klo = kvq_fmt_staged(klo), vhi = kvq_fmt_staged(vhi), vlo = kvq_fmt_staged(vlo);
+    /* rows this kernel stages are swizzled (kvq_stage_rows); element formats' rows (kvq_format.cuh) are not */
+    const int ksw = !kvq_fmt_is(skhi) | !kvq_fmt_is(sklo) << 1, vsw = !kvq_fmt_is(svhi) | !kvq_fmt_is(svlo) << 1;
     const int G = KVQ_GQA, D = KVQ_D, NW = KVQ_THREADS / 32;
     const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
     const int tid = tx + KVQ_TX * (ty + KVQ_TY * tz);
@@ -2346,12 +2580,24 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     float *wmax = red, *bred = red + NW * G, *sa = red + (NW + 8 * g.kpages) * G, *sm = sa + G;
     kvq_stage_buf kb, vb;
 
-    /* the group's queries, [D][GQA], in the log2 domain */
+    /* the group's queries, [D][GQA], in the log2 domain: four channels of one head a 16-byte load where the rows
+     * allow (once a chunk, but at 4k tokens a chunk is 2 tiles: element by element it was ~6 instructions a token) */
     float qmax = 0.0f;
-    for (int i = tid; i < D * G; i += KVQ_THREADS) {
-        const int c = i / G, h = i % G;
-        qs[i] = ((const float *)p->q)[((long long)b * KVQ_HQ + hk * G + h) * D + c] * p->scale;
-        qmax = fmaxf(qmax, fabsf(qs[i]));
+    const float *qg = (const float *)p->q + ((long long)b * KVQ_HQ + hk * G) * D;
+    if (D % 4 == 0 && ((kvq_u64)qg & 15) == 0) {
+        for (int i = tid; i < D * G / 4; i += KVQ_THREADS) {
+            const int h = i / (D / 4), c = 4 * (i - h * (D / 4));
+            const float4 x = *(const float4 *)(qg + h * D + c);
+            const float y[4] = {x.x * p->scale, x.y * p->scale, x.z * p->scale, x.w * p->scale};
+#pragma unroll
+            for (int v = 0; v < 4; v++) qs[(c + v) * G + h] = y[v], qmax = fmaxf(qmax, fabsf(y[v]));
+        }
+    } else {
+        for (int i = tid; i < D * G; i += KVQ_THREADS) {
+            const int c = i / G, h = i % G;
+            qs[i] = qg[h * D + c] * p->scale;
+            qmax = fmaxf(qmax, fabsf(qs[i]));
+        }
     }
     /* q.K on tensor cores: the chunk's max |q| sets the power of two that keeps the folded query inside fp16
      * (kvq_mma_qscale) */
@@ -2418,7 +2664,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         /* per-channel keys over several pages of a page run (layout/tiles.h): a fold and a bias per page */
         const int ks0 = kchan ? T.k_slot % T.k_cap : 0, kcap = kchan && g.kpages > 1 ? T.k_cap : 0;
         const int knp = kcap && n > 0 ? (ks0 + n + kcap - 1) / kcap : 1;
-        KVQ_BY_KIND(kk, khi, klo, g.mk, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, knp, tid));
+        KVQ_BY_KIND(kk, khi, klo, g.mk, ksw, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, knp, tid));
         __syncthreads();
         if (kchan) /* q . z per (page, head), the eight partial sums in order */
             for (int i = tid; i < knp * G; i += KVQ_THREADS) {
@@ -2433,10 +2679,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         float mloc[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) mloc[h] = KVQ_NEG_INF;
-        KVQ_BY_KIND(kk, khi, klo, g.mk,
+        KVQ_BY_KIND(kk, khi, klo, g.mk, ksw,
                     if (M_) kvq_scores_mma(F_.bits, kb.rows, kb.mask, F_.masked, (const unsigned *)qk,
-                                           qsum + (D / 8) * G, qinv, n, ks0, kcap, tid, g.split, ps, mloc);
-                    else kvq_scores(F_, &kb, qs, qk, qsum, n, ks0, kcap, tid, g.split, g.p1, ps, mloc));
+                                           qsum + (D / 8) * G, qinv, n, ks0, kcap, tid, g.split, ps, mloc, S_);
+                    else kvq_scores(F_, &kb, qs, qk, qsum, n, ks0, kcap, tid, g.split, g.p1, ps, mloc, S_));
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) {
             for (int off = 16; off >= g.split; off >>= 1)
@@ -2464,7 +2710,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #pragma unroll
                 for (int gi = 0; gi < 4; gi++) oz[h][gi] *= a[h];
         /* p = 2^(s - m) of this lane's own tokens (written by itself in phase 1) */
-        KVQ_BY_KIND(vk, vhi, vlo, g.mv,
+        KVQ_BY_KIND(vk, vhi, vlo, g.mv, vsw,
                     kvq_probs(F_, M_, &vb, ps, m, n, part == 0, lane1, g.p1, tid, nks, wb, dl, oz));
         __syncthreads();
 
@@ -2484,10 +2730,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #pragma unroll
                 for (int e = 0; e < 4; e++) macc[i][e] *= ai;
         }
-        KVQ_BY_KIND(vk, vhi, vlo, g.mv,
+        KVQ_BY_KIND(vk, vhi, vlo, g.mv, vsw,
                     if (M_) kvq_values_mma(F_.bits, F_.group, F_.hidden, vb.rows, (const unsigned *)wb, nks, n, tid,
-                                           macc);
-                    else if (act) kvq_values(F_, &vb, ps, n, c0, hl0, tz, o));
+                                           macc, S_);
+                    else if (act) kvq_values(F_, &vb, ps, n, c0, hl0, tz, o, S_));
     }
 
 #undef KVQ_TILE_KK
@@ -2670,11 +2916,13 @@ KVQ_DEV void kvq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, float *xs
         xs[i] = x;
     }
     __syncthreads();
+#if KVQ_FMT_ANY
     if (f.kind) { /* element formats (kvq_format.cuh) */
         kvq_fmt_quant_token_run(p, f, o, xs, tb, nt, h, tid, KVQ_QTHREADS);
         kvq_set_mask_bits(p, f, o, h, tb, tb + nt, tid, KVQ_QTHREADS);
         return;
     }
+#endif
     const int G = f.group, ng = KVQ_D / G;
     for (int i = tid; i < nt * ng; i += KVQ_QTHREADS) {
         int t = i / ng, g = i % ng;
@@ -2732,10 +2980,12 @@ KVQ_DEV float kvq_pc_val(const kvq_quant_params *p, int h, int t, int c, const f
 KVQ_DEV void kvq_quant_channel_body(const kvq_quant_params *p, kvq_fmt f, float *ps, float *pz, float *fill)
 {
     const int h = blockIdx.x, tid = threadIdx.x, n = p->n;
+#if KVQ_FMT_ANY
     if (f.kind) { /* element formats without group parameters (kvq_format.cuh) */
         kvq_fmt_quant_channel(p, f, h, tid, KVQ_QTHREADS);
         return;
     }
+#endif
     const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, p->cap);
     unsigned char *page = (unsigned char *)p->page;
     for (int c = tid; c < KVQ_D; c += KVQ_QTHREADS) {
@@ -2882,8 +3132,9 @@ KVQ_DEV void kvq_store_f16_body(const kvq_store_params *p)
 
 #endif
 /* ======== templates/kvq_common.cuh ======== */
-/* Entry points that depend only on the model dimensions: the split-KV merge, fp16 row stores, and the
- * parameter-layout signature the host checks before its first launch (kvq_params.cuh). */
+/* Entry points that depend only on the model dimensions: the split-KV merge, fp16 row stores, the prompt's
+ * absolute maxima of a tensor scale, and the parameter-layout signature the host checks before its first launch
+ * (kvq_params.cuh). */
 #ifndef KVQ_COMMON_CUH
 #define KVQ_COMMON_CUH
 
@@ -2947,6 +3198,15 @@ extern "C" __global__ void __launch_bounds__(128) kvq_convert_rows(const kvq_con
         }
 }
 KVQ_KERNEL_EXPORT(kvq_convert_rows);
+
+/* The prompt's absolute maxima of a tensor whose element format takes its tensor scale from the prompt
+ * (kvq_tamax_params, kvq_format.cuh). grid (kv_heads), block 128. */
+extern "C" __global__ void __launch_bounds__(128) kvq_tensor_amax(const kvq_tamax_params p)
+{
+    __shared__ float red[128];
+    kvq_tensor_amax_body(&p, red);
+}
+KVQ_KERNEL_EXPORT(kvq_tensor_amax);
 
 /* Sizes and offsets of the parameter structs as this compilation lays them out (KVQ_PARAMS_SIG_LIST). */
 extern "C" __global__ void kvq_params_sig(const kvq_sig_params p)
