@@ -97,6 +97,11 @@ for s in $steps; do
         run eval-formats "$build/kvq" eval $formats $kv --per-layer
         # shellcheck disable=SC2086
         run eval-rotate "$build/kvq" eval $rotate $kv --per-layer
+        # TurboQuant with and without the outlier channel split, on the cpu backend (which decodes TurboQuant
+        # pages): all layers, every decoded token (docs/eval.md, "The paper's channel split on this model")
+        # shellcheck disable=SC2086
+        run eval-turboquant-split "$build/kvq" eval specs/kivi2.kvq specs/kivi4.kvq specs/rotate/turboquant.kvq \
+            specs/rotate/turboquant-2.5bit.kvq specs/rotate/turboquant-3.5bit.kvq $kv --backend cpu --per-layer
         if [ ! -f "$out/kv-tq/K.npy" ]; then
             # shellcheck disable=SC2086 # the layer list is words
             "$venv/python" -c "import numpy as np, os, sys; os.makedirs(sys.argv[2], exist_ok=True); L = [int(x) for x in sys.argv[3:]]
@@ -139,5 +144,5 @@ for n in 'KVQ': np.save(os.path.join(sys.argv[2], n + '.npy'), np.ascontiguousar
     *) echo "real-model-study: unknown step $s (dump, eval, ppl, ppl2)" >&2; exit 2 ;;
     esac
 done
-echo "real-model-study: tables in $out (eval-formats.txt, eval-rotate.txt, eval-turboquant*.txt, ppl.txt,
+echo "real-model-study: tables in $out (eval-formats.txt, eval-rotate.txt, eval-turboquant*.txt (the split's: eval-turboquant-split.txt), ppl.txt,
  ppl-turboquant.txt, ppl-ch7.txt)" >&2
