@@ -132,7 +132,11 @@ for n in 'KVQ': np.save(os.path.join(sys.argv[2], n + '.npy'), np.ascontiguousar
               sed 's/^scheme turboquant-mse3 /scheme turboquant-mse3-r128 /; s/^}/  residual 128;\n}/'
         } >"$out/turboquant-ppl.kvq"
         run ppl-turboquant "$venv/kvq-ppl" specs/kivi2.kvq specs/kivi4.kvq "$out/turboquant-ppl.kvq" \
-            --model "$model" --text "$text" --tokens "$tokens" --prefill "$tq_ppl_prefill" ;;
+            --model "$model" --text "$text" --tokens "$tokens" --prefill "$tq_ppl_prefill"
+        # every TurboQuant spec, the channel split's included, over all decoded tokens (the cpu backend)
+        run ppl-turboquant-split "$venv/kvq-ppl" specs/kivi2.kvq specs/kivi4.kvq specs/rotate/turboquant.kvq \
+            specs/rotate/turboquant-2.5bit.kvq specs/rotate/turboquant-3.5bit.kvq --model "$model" --text "$text" \
+            --tokens "$tokens" --prefill "$prefill" ;;
     ppl2)
         # A second window (chapter VII onwards; the text has CRLF line ends): how much of a perplexity difference is the choice of 256 tokens.
         [ -f "$out/alice29-ch7.txt" ] || tail -c +"$(($(grep -b 'CHAPTER VII.$' "$text" | cut -d: -f1) + 1))" "$text" \
