@@ -13,21 +13,28 @@
 #   ncu.csv           Nsight Compute on the decode kernel (32k tokens, batch 32): DRAM throughput, achieved
 #                     occupancy, issue-slot use, shared-memory bank conflicts
 #   summary.md        all of it in one page, printed at the end (paste into docs/gpu-results.md)
-# Usage: ./gpu-check.sh [--dry-run] [--out DIR] [--budget SECONDS]
+#   with --deep, after those (each within what is left of the budget):
+#   bench-128k.md     the benchmark at 128k tokens, batch 1 (fp16, KIVI-2, KIVI-4)
+#   bench-policies.md OTT, TailorKV (dense and sparse retrieval) and ZipCache at 32k tokens, batch 8
+#   ncu-deep.txt      Nsight Compute's speed-of-light, memory, warp-state (stall reasons), scheduler and occupancy
+#                     sections on the same decode kernels
+# Usage: ./gpu-check.sh [--dry-run] [--deep] [--out DIR] [--budget SECONDS]
 # --dry-run does everything but the GPU steps: checks the bundle (files, that every binary loads without LLVM,
 # kvq and kvqc run, every spec checks) and writes the summary with the commands it would run. CI runs it
 # (tests/sh/test_gpu_bundle.sh). Exit status: 0 when every step that ran passed, 1 otherwise.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 dry=0
+deep=0
 out=""
 budget=480
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) dry=1 ;;
+        --deep) deep=1 ;;
         --out) out=$2; shift ;;
         --budget) budget=$2; shift ;;
-        *) echo "usage: $0 [--dry-run] [--out DIR] [--budget SECONDS]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--dry-run] [--deep] [--out DIR] [--budget SECONDS]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -35,6 +42,11 @@ done
 mkdir -p "$out/tests" || exit 2
 out=$(cd "$out" && pwd)
 bin="$here/bin"
+# the toolkit's profilers are often installed off the PATH (CUDA images put ncu under /opt/nvidia/nsight-compute)
+for d in /usr/local/cuda/bin /opt/nvidia/nsight-compute/*; do
+    [ -d "$d" ] && case ":$PATH:" in *":$d:"*) ;; *) PATH="$PATH:$d" ;; esac
+done
+export PATH
 share="$here/share/kvq"
 export KVQ_SRCDIR="$share"
 export KVQ_CACHE_DIR="$here/cache"
@@ -183,7 +195,8 @@ note "### Nsight Compute: the decode kernel (kvq_decode_c*), 32k tokens, batch 3
 if [ "$dry" = 0 ] && ! have ncu; then
     note "ncu not found"
 else
-    step ncu 50 "$out/ncu.log" ncu --csv --page raw --log-file "$out/ncu.csv" --kernel-name regex:kvq_decode_c \
+    # --clock-control none: measure the card at the clocks it runs at (ncu would lock them to base otherwise)
+    step ncu 50 "$out/ncu.log" ncu --clock-control none --csv --page raw --log-file "$out/ncu.csv" --kernel-name regex:kvq_decode_c \
         --launch-count 6 --metrics "$metrics" "$bin/bench_gpu_decode" --ctx 32k --batch 32 --steps 1 --warmup 0 --hbm-mib 0
     if [ "$dry" = 1 ]; then
         note "    $(cat "$out/ncu.log")"
@@ -218,6 +231,34 @@ EOF
     [ "$rc" -ne 0 ] && status=1
 fi
 note ""
+
+# ---- 5. with --deep: longer contexts, the policy schemes, ncu's stall reasons ----
+if [ "$deep" = 1 ]; then
+    note "### Deeper (--deep)"
+    step bench-128k 70 "$out/bench-128k.md" "$bin/bench_gpu_decode" --ctx 128k --batch 1 --steps 10 --hbm-mib 0
+    note ""
+    note "Batch 1 at 128k tokens (exit $rc):"
+    note ""
+    [ "$dry" = 1 ] || sed -n '/^kvq GPU decode/,$p' "$out/bench-128k.md" >>"$sum"
+    [ "$rc" -ne 0 ] && status=1
+    step bench-policies 90 "$out/bench-policies.md" "$bin/bench_gpu_decode" --ctx 32k --batch 8 --steps 10 --hbm-mib 0 \
+        specs/ott.kvq specs/tailorkv2.kvq tailorkv2-sparse specs/zipcache.kvq
+    note ""
+    note "The policy schemes at 32k tokens, batch 8 (exit $rc):"
+    note ""
+    [ "$dry" = 1 ] || sed -n '/^kvq GPU decode/,$p' "$out/bench-policies.md" >>"$sum"
+    [ "$rc" -ne 0 ] && status=1
+    if [ "$dry" = 1 ] || have ncu; then
+        step ncu-deep 80 "$out/ncu-deep.txt" ncu --clock-control none --kernel-name regex:kvq_decode_c --launch-count 6 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+            --section Occupancy --section LaunchStats \
+            "$bin/bench_gpu_decode" --ctx 32k --batch 32 --steps 1 --warmup 0 --hbm-mib 0
+        note ""
+        note "ncu sections on the decode kernels: ncu-deep.txt (exit $rc)"
+        [ "$rc" -ne 0 ] && status=1
+    fi
+    note ""
+fi
 note "Results: $out (steps.txt has each step's exit and time); total $(($(date +%s) - start)) s of a $budget s budget."
 cat "$sum"
 exit $status
