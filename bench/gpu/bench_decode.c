@@ -406,14 +406,24 @@ int main(int argc, char **argv)
         cu_dev_close(g.dev);
         return rc;
     }
+    /* The benchmark's own driver calls (events, the bandwidth copy) need the device's context current on this
+     * thread; the library makes it current only inside its own entry points and puts the thread's back after. */
+    cu_ctx_scope scope;
+    cu_dev_enter(g.dev, &scope);
+    why[0] = 0;
     if (load_driver_calls(why, sizeof why) != 0 || drv.event_create(&g.ev[0], 0) || drv.event_create(&g.ev[1], 0)) {
         printf("skipped: %s\n", why[0] ? why : "cuEventCreate failed");
+        if (g.ev[0]) drv.event_destroy(g.ev[0]);
+        cu_dev_leave(g.dev, &scope);
         cu_dev_close(g.dev);
         return 0;
     }
     g.scratch_bytes = (size_t)256 << 20; /* larger than any L2 so far (H100: 50 MiB, B200: 126 MiB) */
     if (cu_dev_alloc(g.dev, g.scratch_bytes, &g.scratch, why, sizeof why) != KVQ_OK) {
         printf("skipped: %s\n", why);
+        drv.event_destroy(g.ev[0]);
+        drv.event_destroy(g.ev[1]);
+        cu_dev_leave(g.dev, &scope);
         cu_dev_close(g.dev);
         return 0;
     }
@@ -466,6 +476,7 @@ done:
     drv.event_destroy(g.ev[0]);
     drv.event_destroy(g.ev[1]);
     cu_dev_free(g.dev, g.scratch);
+    cu_dev_leave(g.dev, &scope);
     cu_dev_close(g.dev);
     return 0;
 }

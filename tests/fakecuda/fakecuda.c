@@ -1026,6 +1026,94 @@ API CUresult cuStreamEndCapture(void *hs, void **graph)
     return r;
 }
 
+/* An instantiated graph: made in the current context, launched only there. It replays nothing (the fake runs no
+ * kernels); what it checks is that the caller instantiates and launches with that context current. */
+typedef struct {
+    fc_ctx *ctx;
+    int gen, live;
+} fc_graph_exec;
+
+API CUresult cuGraphInstantiateWithFlags(void **out, void *g, unsigned long long flags)
+{
+    pthread_mutex_lock(&mu);
+    CUresult r = need_ctx("cuGraphInstantiate");
+    if (!r && !g) r = E_INVALID_VALUE;
+    fc_graph_exec *x = r ? NULL : keep(calloc(1, sizeof *x));
+    if (!r && !x) r = E_OUT_OF_MEMORY;
+    if (!r) x->ctx = cur, x->gen = cur->gen, x->live = 1, *out = x;
+    r = logged(r, "cuGraphInstantiateWithFlags", "flags=%llu", flags);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+API CUresult cuGraphLaunch(void *hx, void *hs)
+{
+    pthread_mutex_lock(&mu);
+    fc_graph_exec *x = hx;
+    fc_stream *s = NULL;
+    uint32_t seq = 0;
+    CUresult r = need_ctx("cuGraphLaunch");
+    if (!r && !x) r = E_INVALID_HANDLE;
+    if (!r) r = same_ctx("cuGraphLaunch", "the graph", x->ctx, x->gen, x->live);
+    if (!r) r = stream_op("cuGraphLaunch", hs, &s, &seq);
+    r = logged(r, "cuGraphLaunch", "stream=%d", s ? s->id : -1);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+API CUresult cuGraphExecDestroy(void *hx)
+{
+    pthread_mutex_lock(&mu);
+    fc_graph_exec *x = hx;
+    CUresult r = need_ctx("cuGraphExecDestroy");
+    if (!r && !x) r = E_INVALID_HANDLE;
+    if (!r) r = same_ctx("cuGraphExecDestroy", "the graph", x->ctx, x->gen, x->live);
+    if (!r) x->live = 0;
+    r = logged(r, "cuGraphExecDestroy", NULL);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* The fake keeps no clock: two completed events of one context are 1 microsecond apart (a benchmark's figures
+ * on the fake mean nothing; its calls are what is checked). */
+API CUresult cuEventElapsedTime(float *ms, void *h0, void *h1)
+{
+    pthread_mutex_lock(&mu);
+    fc_event *e[2] = {h0, h1};
+    CUresult r = need_ctx("cuEventElapsedTime");
+    for (int i = 0; i < 2 && !r; i++) {
+        if (!e[i]) r = E_INVALID_HANDLE;
+        if (!r) r = same_ctx("cuEventElapsedTime", "the event", e[i]->ctx, e[i]->gen, e[i]->live);
+        if (!r && (!e[i]->recorded || e[i]->capture)) {
+            violation("cuEventElapsedTime of an event %s", e[i]->capture ? "recorded in a capture" : "never recorded");
+            r = E_INVALID_HANDLE;
+        }
+    }
+    if (!r) *ms = 0.001f;
+    r = logged(r, "cuEventElapsedTime", NULL);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *hs)
+{
+    pthread_mutex_lock(&mu);
+    fc_stream *s = NULL;
+    uint32_t seq = 0;
+    fc_alloc *ad = NULL, *as = NULL;
+    CUresult r = stream_op("cuMemcpyDtoDAsync", hs, &s, &seq);
+    if (!r) r = dev_range("cuMemcpyDtoDAsync", dst, n, &ad);
+    if (!r) r = dev_range("cuMemcpyDtoDAsync", src, n, &as);
+    if (!r) {
+        touch(as, src, src + n, s, seq, "cuMemcpyDtoDAsync");
+        touch(ad, dst, dst + n, s, seq, "cuMemcpyDtoDAsync");
+        if (!s->capture) memmove(ad->mem + (dst - ad->addr), as->mem + (src - as->addr), n);
+    }
+    r = logged(r, "cuMemcpyDtoDAsync_v2", "0x%llx 0x%llx %zu stream=%d", dst, src, n, s ? s->id : -1);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
 API CUresult cuGraphDestroy(void *g)
 {
     free(g);

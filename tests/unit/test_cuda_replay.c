@@ -117,7 +117,12 @@ static int graph_begin(kvq_engine *e)
     *(void **)&gr.exec_destroy = dlsym(h, "cuGraphExecDestroy");
     *(void **)&gr.destroy = dlsym(h, "cuGraphDestroy");
     if (!gr.begin || !gr.end || !gr.inst || !gr.launch || !gr.exec_destroy || !gr.destroy) return 0;
-    return gr.begin(cu_dev_stream(e->ctx->dev), 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */) == 0;
+    /* the test's own driver calls need the engine's context current (the library's are inside its entry points) */
+    cu_ctx_scope s;
+    cu_dev_enter(e->ctx->dev, &s);
+    int ok = gr.begin(cu_dev_stream(e->ctx->dev), 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */) == 0;
+    cu_dev_leave(e->ctx->dev, &s);
+    return ok;
 }
 
 static int graph_end(kvq_engine *e)
@@ -127,7 +132,11 @@ static int graph_end(kvq_engine *e)
         return cu_dev_graph_nodes() > 0;
     }
     gr.graph = gr.exec = NULL;
-    return gr.end(cu_dev_stream(e->ctx->dev), &gr.graph) == 0 && gr.inst(&gr.exec, gr.graph, 0) == 0;
+    cu_ctx_scope s;
+    cu_dev_enter(e->ctx->dev, &s);
+    int ok = gr.end(cu_dev_stream(e->ctx->dev), &gr.graph) == 0 && gr.inst(&gr.exec, gr.graph, 0) == 0;
+    cu_dev_leave(e->ctx->dev, &s);
+    return ok;
 }
 
 static int graph_launch(kvq_engine *e, char *msg, size_t n)
@@ -142,14 +151,19 @@ static int graph_launch(kvq_engine *e, char *msg, size_t n)
     return ok;
 }
 
-static void graph_free(void)
+static void graph_free(kvq_engine *e)
 {
     if (!ON_GPU) {
         cu_dev_graph_reset();
         return;
     }
-    if (gr.exec) gr.exec_destroy(gr.exec);
-    if (gr.graph) gr.destroy(gr.graph);
+    if (e && (gr.exec || gr.graph)) {
+        cu_ctx_scope s;
+        cu_dev_enter(e->ctx->dev, &s);
+        if (gr.exec) gr.exec_destroy(gr.exec);
+        if (gr.graph) gr.destroy(gr.graph);
+        cu_dev_leave(e->ctx->dev, &s);
+    }
     gr.exec = gr.graph = NULL;
 }
 
@@ -545,7 +559,7 @@ static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn
                  "statistics differ");
         n_replayed++;
     }
-    graph_free();
+    graph_free(eb);
     for (int l = 0; l < LAYERS && eb; l++) dev_free(eb, din[l]), dev_free(eb, dout[l]);
     kvq_free(hout), kvq_free(bout), kvq_free(hin), kvq_free(di);
     kvq_free(sa), kvq_free(sb), kvq_free(len);
@@ -770,7 +784,7 @@ static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
         dout[l] = dev_alloc(eb, (size_t)B * HQ * D * 4);
         TH_CHECK(din[l] && dout[l], "device buffers");
     }
-    long mismatches = 0, lists_bad = 0, bytes[PHASES][NS], fresh[PHASES] = {0}, worst = 0, lists = 0, built = 0;
+    long mismatches = 0, lists_bad = 0, bytes[PHASES][NS] = {{0}}, fresh[PHASES] = {0}, worst = 0, lists = 0, built = 0;
     for (int phase = 0; phase < PHASES && !th_failed(); phase++) {
         if (phase == 1) {
             /* sequence 1 leaves, sequence 3 joins in its place and gets the lists' bytes sequence 1 had */
@@ -779,7 +793,7 @@ static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
             sa[1] = sa[B], sb[1] = sb[B], sa[B] = sb[B] = NULL;
             TH_CHECK(prefill(ea, &sa[1], &len[B], 1, syn) && prefill(eb, &sb[1], &len[B], 1, syn), "prefill");
             len[1] = len[B];
-            graph_free();
+            graph_free(eb);
             for (int i = 0; i < B; i++) tok[i] = len[i]++ + i % 7;
             long unused;
             mismatches += both_step(ea, eb, sa, sb, B, tok, 3, syn, din, dout, &unused);
@@ -793,7 +807,7 @@ static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
         if (phase == 2) {
             TH_CHECK(th_failed() || kvq_engine_reserve_step(eb, B, 4096) == KVQ_OK, "reserve_step: %s",
                      kvq_engine_errmsg(eb));
-            graph_free();
+            graph_free(eb);
             for (int i = 0; i < B; i++) tok[i] = len[i]++ + i % 7;
             long unused;
             mismatches += both_step(ea, eb, sa, sb, B, tok, 3, syn, din, dout, &unused);
@@ -846,7 +860,7 @@ static void test_join_leave(const kvq_scheme *s, const kvq_synth *syn)
     printf("  uploads: %ld, %ld and %ld bytes at the phases' first plans (%ld, %ld, %ld tiles of fresh lists), then "
            "%ld of tables + at most %ld of tiles (%ld tiles computed); the lists hold %ld bytes\n",
            bytes[0][0], bytes[1][0], bytes[2][0], fresh[0], fresh[1], fresh[2], fixed, worst, built, lists);
-    graph_free();
+    graph_free(eb);
     for (int l = 0; l < LAYERS && eb; l++) dev_free(eb, din[l]), dev_free(eb, dout[l]);
     for (int i = 0; i < B + 1; i++) {
         if (sa[i]) kvq_seq_free(ea, sa[i]);
