@@ -234,6 +234,12 @@ static int layer_needs_q(const kvq_engine *e, int layer)
     return kvq_scheme_layer(e->scheme, layer)->quant.saliency.metric != KVQ_SAL_NONE; /* ZipCache probes */
 }
 
+int kvq_prefill_needs_queries(const kvq_engine *e, int layer)
+{
+    if (!e || layer < 0 || layer >= e->cfg.dims.layers) return -1;
+    return layer_needs_q(e, layer);
+}
+
 static kvq_status check_layer(kvq_engine *e, const char *fn, int layer)
 {
     if (layer < 0 || layer >= e->cfg.dims.layers)

@@ -11,6 +11,10 @@
  * for the host inside the step, and a CUDA graph (kvq_decode_run) is the remedy. Warm-up steps (the pool's first
  * growth, the module's first launches) are not timed.
  *
+ * Each scheme is timed twice: eager steps (kvq_decode_device: the host queues every kernel of the step) and planned
+ * steps replayed as a CUDA graph (kvq_decode_plan, then one launch of the captured kvq_decode_run: what a serving
+ * loop does; "graph us"), the second where the driver has the graph API and the scheme can be planned.
+ *
  * Reported per (scheme, batch, context): median and minimum step time, the layer's cache bytes on the device (what
  * the decode kernel reads), the bytes read per second against the HBM bandwidth measured in the same run (a
  * device-to-device copy of --hbm-mib MiB, 1 GiB by default, read + write bytes over its event time) and against the card's nominal peak
@@ -49,6 +53,13 @@ static struct {
     CUres (*event_elapsed)(float *, void *, void *);
     CUres (*event_destroy)(void *);
     CUres (*copy_d2d)(unsigned long long, unsigned long long, size_t, void *);
+    /* the planned step's graph (optional: without them the graph column stays empty) */
+    CUres (*capture_begin)(void *, int);
+    CUres (*capture_end)(void *, void **);
+    CUres (*graph_inst)(void **, void *, unsigned long long);
+    CUres (*graph_launch)(void *, void *);
+    CUres (*graph_exec_destroy)(void *);
+    CUres (*graph_destroy)(void *);
 } drv;
 
 static int load_driver_calls(char *why, size_t n)
@@ -75,6 +86,12 @@ static int load_driver_calls(char *why, size_t n)
         }
         memcpy(syms[i].slot, &f, sizeof f);
     }
+    *(void **)&drv.capture_begin = dlsym(h, "cuStreamBeginCapture_v2");
+    *(void **)&drv.capture_end = dlsym(h, "cuStreamEndCapture");
+    *(void **)&drv.graph_inst = dlsym(h, "cuGraphInstantiateWithFlags");
+    *(void **)&drv.graph_launch = dlsym(h, "cuGraphLaunch");
+    *(void **)&drv.graph_exec_destroy = dlsym(h, "cuGraphExecDestroy");
+    *(void **)&drv.graph_destroy = dlsym(h, "cuGraphDestroy");
     return 0;
 }
 
@@ -85,6 +102,9 @@ static float frand(void)
     return (float)((double)(rng >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
 }
 
+/* fp16 uniform in [-1, 1): the prompt rows, drawn once per context length and shared by every scheme */
+static uint16_t hrand(void) { return kvq_f16_from_f32(frand()); }
+
 static int cmp_float(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
@@ -94,6 +114,38 @@ static int cmp_float(const void *a, const void *b)
 typedef struct {
     int heads, kv_heads, head_dim, batch, steps, warmup;
 } bench_cfg;
+
+/* One scheme at one context: eager steps (kvq_decode_device; device and host ms) and planned steps replayed as a
+ * CUDA graph (kvq_decode_plan + the captured kvq_decode_run; 0 when not measured), the layer's device bytes. */
+typedef struct {
+    float t_med, t_min, h_med, g_med, g_min;
+    double bytes;
+} bench_row;
+
+/* The prompt of one context length in the engines' dtype (fp16): k, v [kv_heads][ctx][D]; q [heads][ctx][D],
+ * drawn only when a scheme needs the prompt's queries (kvq_prefill_needs_queries). */
+typedef struct {
+    int ctx;
+    uint16_t *k, *v, *q;
+} bench_input;
+
+static int input_for(bench_input *in, const bench_cfg *b, int ctx, int need_q)
+{
+    size_t kvn = (size_t)b->kv_heads * ctx * b->head_dim, qn = (size_t)b->heads * ctx * b->head_dim;
+    if (in->ctx != ctx) {
+        kvq_free(in->k), kvq_free(in->v), kvq_free(in->q);
+        memset(in, 0, sizeof *in);
+        in->k = kvq_malloc(kvn * 2), in->v = kvq_malloc(kvn * 2);
+        if (!in->k || !in->v) return -1;
+        for (size_t i = 0; i < kvn; i++) in->k[i] = hrand(), in->v[i] = hrand();
+        in->ctx = ctx;
+    }
+    if (need_q && !in->q) {
+        if (!(in->q = kvq_malloc(qn * 2))) return -1;
+        for (size_t i = 0; i < qn; i++) in->q[i] = hrand();
+    }
+    return 0;
+}
 
 typedef struct {
     cu_dev *dev;
@@ -153,15 +205,67 @@ static int one_step(void *a)
     return 0;
 }
 
-/* Median and minimum step time (ms) and the layer's device bytes for one scheme at one context length. */
-static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, bench_gpu *g, float *t_med, float *t_min,
-                   float *h_med, double *bytes)
+typedef struct {
+    kvq_engine *e;
+    kvq_dev_decode *dd;
+    void *exec; /* the captured graph of one planned step */
+} plan_arg;
+static int one_planned(void *a)
 {
+    plan_arg *pa = a;
+    if (kvq_decode_plan(pa->e, pa->dd->seqs, pa->dd->n_seqs, pa->dd->stream) != KVQ_OK) {
+        fprintf(stderr, "plan: %s\n", kvq_engine_errmsg(pa->e));
+        return -1;
+    }
+    return drv.graph_launch(pa->exec, pa->dd->stream) ? -1 : 0;
+}
+
+/* Planned steps replayed as a CUDA graph (kvq.h "Planned decode steps"): the step tables reserved, one step run
+ * eagerly (warm-up), one captured and launched, then `steps` timed steps of plan + graph launch. The graph holds
+ * this one layer's run. 0 with *g_med = 0 when the driver has no graph API or the scheme refuses planning. */
+static int time_graph(kvq_engine *e, kvq_dev_decode *dd, const bench_cfg *b, int ctx, bench_gpu *g, float *ts,
+                      bench_row *r)
+{
+    if (!drv.capture_begin || !drv.capture_end || !drv.graph_inst || !drv.graph_launch || !drv.graph_exec_destroy ||
+        !drv.graph_destroy)
+        return 0;
+    if (kvq_engine_reserve_step(e, b->batch, ctx + b->warmup + 2 * b->steps + 8) != KVQ_OK) {
+        fprintf(stderr, "planned steps: %s\n", kvq_engine_errmsg(e)); /* e.g. ZipCache without a window */
+        return 0;
+    }
+    char err[512];
+    void *graph = NULL, *exec = NULL;
+    int rc = kvq_decode_plan(e, dd->seqs, dd->n_seqs, dd->stream) != KVQ_OK || kvq_decode_run(e, 0, dd) != KVQ_OK;
+    if (!rc) rc = kvq_decode_plan(e, dd->seqs, dd->n_seqs, dd->stream) != KVQ_OK;
+    if (!rc) rc = drv.capture_begin(dd->stream, 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */) != 0;
+    if (!rc) {
+        int run = kvq_decode_run(e, 0, dd) != KVQ_OK;
+        rc = drv.capture_end(dd->stream, &graph) != 0 || run;
+    }
+    if (!rc) rc = drv.graph_inst(&exec, graph, 0) != 0 || drv.graph_launch(exec, dd->stream) != 0;
+    if (!rc) rc = cu_dev_sync(g->dev, err, sizeof err) != KVQ_OK;
+    if (rc) fprintf(stderr, "planned steps: capture failed: %s\n", kvq_engine_errmsg(e));
+    plan_arg pa = {e, dd, exec};
+    for (int st = 0; !rc && st < b->steps; st++) rc = timed(g, 1, one_planned, &pa, &ts[st]);
+    if (!rc) {
+        qsort(ts, (size_t)b->steps, sizeof *ts, cmp_float);
+        r->g_med = ts[b->steps / 2];
+        r->g_min = ts[0];
+    }
+    if (exec) drv.graph_exec_destroy(exec);
+    if (graph) drv.graph_destroy(graph);
+    return rc ? -1 : 0;
+}
+
+/* One scheme at one context length: eager steps, then planned steps as a graph, and the layer's device bytes. */
+static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, bench_gpu *g, bench_input *in, bench_row *r)
+{
+    memset(r, 0, sizeof *r);
     kvq_engine_config cfg;
     kvq_engine_config_init(&cfg);
     cfg.dims = (kvq_dims){1, b->heads, b->kv_heads, b->head_dim};
     cfg.backend = KVQ_BACKEND_CUDA;
-    cfg.dtype = KVQ_F32;
+    cfg.dtype = KVQ_F16; /* the prompt as a serving host holds it: no conversion on the host */
     kvq_engine *e = NULL;
     char err[1024];
     if (kvq_engine_create(s, &cfg, &e, err, sizeof err) != KVQ_OK) {
@@ -169,8 +273,6 @@ static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, bench_gpu *
         return -1;
     }
     int H = b->kv_heads, Hq = b->heads, D = b->head_dim, B = b->batch;
-    size_t kvn = (size_t)H * ctx * D, qn = (size_t)Hq * ctx * D;
-    float *k = kvq_malloc(kvn * 4), *v = kvq_malloc(kvn * 4), *q = kvq_malloc(qn * 4);
     kvq_seq **seq = kvq_calloc((size_t)B, sizeof *seq);
     float *ts = kvq_malloc((size_t)b->steps * sizeof *ts), *hs = kvq_malloc((size_t)b->steps * sizeof *hs);
     /* the step's device tensors: q [B][Hq][D], k and v [B][H][D] fp16, out [B][Hq][D] fp32 */
@@ -178,18 +280,16 @@ static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, bench_gpu *
     uint16_t *hin = kvq_malloc(in_elems * 2);
     uint64_t din = 0, dout = 0;
     int rc = 0;
-    if (!k || !v || !q || !seq || !ts || !hs || !hin) rc = -1;
+    if (!seq || !ts || !hs || !hin || input_for(in, b, ctx, kvq_prefill_needs_queries(e, 0) == 1) != 0) rc = -1;
     if (!rc && (cu_dev_alloc(g->dev, in_elems * 2, &din, err, sizeof err) != KVQ_OK ||
                 cu_dev_alloc(g->dev, out_bytes, &dout, err, sizeof err) != KVQ_OK)) {
         fprintf(stderr, "device tensors: %s\n", err);
         rc = -1;
     }
-    for (size_t i = 0; !rc && i < kvn; i++) k[i] = frand(), v[i] = frand();
-    for (size_t i = 0; !rc && i < qn; i++) q[i] = frand();
-    for (size_t i = 0; !rc && i < in_elems; i++) hin[i] = kvq_f16_from_f32(frand());
+    for (size_t i = 0; !rc && i < in_elems; i++) hin[i] = hrand();
     if (!rc && cu_dev_h2d(g->dev, din, hin, in_elems * 2, err, sizeof err) != KVQ_OK) rc = -1;
     for (int i = 0; !rc && i < B; i++) {
-        kvq_prefill_item it = {NULL, ctx, k, v, q};
+        kvq_prefill_item it = {NULL, ctx, in->k, in->v, kvq_prefill_needs_queries(e, 0) == 1 ? in->q : NULL};
         if (kvq_seq_create(e, &seq[i]) != KVQ_OK) rc = -1;
         it.seq = seq[i];
         if (!rc && kvq_prefill(e, 0, &it, 1) != KVQ_OK) {
@@ -216,19 +316,20 @@ static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, bench_gpu *
     if (!rc) {
         qsort(ts, (size_t)b->steps, sizeof *ts, cmp_float);
         qsort(hs, (size_t)b->steps, sizeof *hs, cmp_float);
-        *h_med = hs[b->steps / 2];
-        *t_med = ts[b->steps / 2];
-        *t_min = ts[0];
+        r->h_med = hs[b->steps / 2];
+        r->t_med = ts[b->steps / 2];
+        r->t_min = ts[0];
         kvq_mem_stats ms;
         kvq_engine_stats(e, &ms);
-        *bytes = (double)ms.device_bytes;
+        r->bytes = (double)ms.device_bytes;
+        if (time_graph(e, &dd, b, ctx, g, ts, r) != 0) r->g_med = r->g_min = 0; /* the eager row stands */
     }
     for (int i = 0; i < B && seq; i++)
         if (seq[i]) kvq_seq_free(e, seq[i]);
     kvq_engine_free(e);
     if (din) cu_dev_free(g->dev, din);
     if (dout) cu_dev_free(g->dev, dout);
-    kvq_free(k), kvq_free(v), kvq_free(q), kvq_free(seq), kvq_free(ts), kvq_free(hs), kvq_free(hin);
+    kvq_free(seq), kvq_free(ts), kvq_free(hs), kvq_free(hin);
     return rc;
 }
 
@@ -337,16 +438,19 @@ static int parse_ctx(const char *s, int *out, int max)
     return n;
 }
 
-static void print_row(const char *name, const bench_cfg *b, int ctx, float tmed, float tmin, float hmed, double by,
-                      double hbm, double peak, double t16)
+static void print_row(const char *name, const bench_cfg *b, int ctx, const bench_row *r, double hbm, double peak,
+                      const bench_row *f16)
 {
-    double gbps = by / (tmed * 1e-3) / 1e9;
-    char vs[16];
-    if (t16 > 0) snprintf(vs, sizeof vs, "%.2fx", t16 / tmed);
-    else snprintf(vs, sizeof vs, "-");
-    printf("| %-16s | %5d | %6dk | %9.1f | %9.1f | %8.1f | %10.1f | %8.1f | %8.1f | %8.1f | %7s |\n", name, b->batch,
-           ctx / 1024, 1e3 * tmed, 1e3 * tmin, 1e3 * hmed, by / 1048576.0, gbps, hbm > 0 ? 100.0 * gbps / hbm : 0.0,
-           peak > 0 ? 100.0 * gbps / peak : 0.0, vs);
+    double gbps = r->bytes / (r->t_med * 1e-3) / 1e9, ggbps = r->g_med > 0 ? r->bytes / (r->g_med * 1e-3) / 1e9 : 0;
+    char vs[16], gvs[16], gus[16], ghbm[16];
+    snprintf(vs, sizeof vs, f16 ? "%.2fx" : "-", f16 ? f16->t_med / r->t_med : 0.0);
+    snprintf(gus, sizeof gus, r->g_med > 0 ? "%.1f" : "-", 1e3 * r->g_med);
+    snprintf(ghbm, sizeof ghbm, r->g_med > 0 && hbm > 0 ? "%.1f" : "-", hbm > 0 ? 100.0 * ggbps / hbm : 0.0);
+    snprintf(gvs, sizeof gvs, f16 && f16->g_med > 0 && r->g_med > 0 ? "%.2fx" : "-",
+             f16 && r->g_med > 0 ? f16->g_med / r->g_med : 0.0);
+    printf("| %-16s | %5d | %6dk | %9.1f | %9.1f | %8.1f | %8s | %10.1f | %8.1f | %8.1f | %8.1f | %7s | %8s | %8s |\n",
+           name, b->batch, ctx / 1024, 1e3 * r->t_med, 1e3 * r->t_min, 1e3 * r->h_med, gus, r->bytes / 1048576.0,
+           gbps, hbm > 0 ? 100.0 * gbps / hbm : 0.0, peak > 0 ? 100.0 * gbps / peak : 0.0, vs, ghbm, gvs);
     fflush(stdout);
 }
 
@@ -438,24 +542,23 @@ int main(int argc, char **argv)
     printf("%d heads / %d kv heads, head_dim %d, batch %d, one layer; step time by CUDA events, median and minimum of "
            "%d steps after %d warm-up, L2 cold (256 MiB written on the stream before each step)\n\n",
            b.heads, b.kv_heads, b.head_dim, b.batch, b.steps, b.warmup);
-    printf("| scheme           | batch | context | median us | min us    | host us  | cache MiB  | GB/s     | %% HBM    "
-           "| %% peak   | vs fp16 |\n");
-    printf("|------------------|-------|---------|-----------|-----------|----------|------------|----------|----------"
-           "|----------|---------|\n");
+    printf("| scheme           | batch | context | median us | min us    | host us  | graph us | cache MiB  | GB/s     "
+           "| %% HBM    | %% peak   | vs fp16 | graph %% HBM | graph vs fp16 |\n");
+    printf("|------------------|-------|---------|-----------|-----------|----------|----------|------------|----------"
+           "|----------|----------|---------|----------|----------|\n");
     kvq_spec *f16spec = NULL;
     if (kvq_spec_parse_file("specs/fp16.kvq", &f16spec) != KVQ_OK) {
         printf("skipped: specs/fp16.kvq not found (run from the repository root or the bundle's share/kvq)\n");
         kvq_spec_free(f16spec);
         goto done;
     }
+    bench_input in;
+    memset(&in, 0, sizeof in);
     for (int ci = 0; ci < n_ctx; ci++) {
         int ctx = ctxs[ci];
-        float t16 = 0, m16 = 0, h16 = 0;
-        double by16 = 0;
-        if (run_one(kvq_spec_scheme(f16spec, NULL), &b, ctx, &g, &t16, &m16, &h16, &by16) == 0)
-            print_row("fp16", &b, ctx, t16, m16, h16, by16, hbm, peak, 0);
-        else
-            t16 = 0;
+        bench_row r16;
+        int have16 = run_one(kvq_spec_scheme(f16spec, NULL), &b, ctx, &g, &in, &r16) == 0;
+        if (have16) print_row("fp16", &b, ctx, &r16, hbm, peak, NULL);
         for (int i = 0; i < n_specs; i++) {
             kvq_spec *sp = NULL;
             char path[512], *want;
@@ -463,14 +566,14 @@ int main(int argc, char **argv)
             for (int j = 0; j < kvq_spec_scheme_count(sp); j++) {
                 const kvq_scheme *s = kvq_spec_scheme_at(sp, j);
                 if (want && strcmp(want, kvq_scheme_name(s))) continue;
-                float tt = 0, tm = 0, th = 0;
-                double by = 0;
-                if (run_one(s, &b, ctx, &g, &tt, &tm, &th, &by) != 0) continue;
-                print_row(kvq_scheme_name(s), &b, ctx, tt, tm, th, by, hbm, peak, t16);
+                bench_row r;
+                if (run_one(s, &b, ctx, &g, &in, &r) != 0) continue;
+                print_row(kvq_scheme_name(s), &b, ctx, &r, hbm, peak, have16 ? &r16 : NULL);
             }
             kvq_spec_free(sp);
         }
     }
+    kvq_free(in.k), kvq_free(in.v), kvq_free(in.q);
     kvq_spec_free(f16spec);
 done:
     drv.event_destroy(g.ev[0]);

@@ -185,6 +185,10 @@ typedef struct {
     const void *k, *v, *q;
 } kvq_prefill_item;
 kvq_status kvq_prefill(kvq_engine *engine, int layer, const kvq_prefill_item *items, int n_items);
+/* Whether kvq_prefill of `layer` needs the prompt's queries now: 1 (a saliency policy's probes, or the layer's
+ * calibration is still to come), 0 (q may be NULL: a host can skip gathering them), -1 (NULL engine or a layer
+ * out of range). */
+int kvq_prefill_needs_queries(const kvq_engine *engine, int layer);
 
 /* One decode step of one layer for a batch: append each sequence's new token, then attend with its query over
  * the whole cache (the new token included). k, v: [kv_heads][head_dim]; q: [heads][head_dim];

@@ -195,6 +195,17 @@ static void test_call_errors(void)
     EXPECT(kvq_calibrate_layer(e, 0, 4, k, q, NULL), KVQ_ERR_INVALID, "fixed");
     TH_CHECK(kvq_engine_layer_state(e, 0) == KVQ_LAYER_QUANTIZED && kvq_engine_layer_state(e, 7) == KVQ_LAYER_UNDECIDED,
              "layer states");
+    /* KIVI's layers are decided and have no saliency: q may be NULL; TailorKV's layers calibrate from their first
+     * prefill's queries */
+    kvq_spec *ts = tu_spec_file("specs/tailorkv2.kvq");
+    kvq_engine *fresh = ts ? tu_engine(kvq_spec_scheme(ts, NULL), 2, 4, 2, D, KVQ_F32) : NULL;
+    TH_CHECK(kvq_prefill_needs_queries(e, 0) == 0 && kvq_prefill_needs_queries(fresh, 1) == 1 &&
+                 kvq_prefill_needs_queries(e, 2) == -1 && kvq_prefill_needs_queries(e, -1) == -1 &&
+                 kvq_prefill_needs_queries(NULL, 0) == -1,
+             "kvq_prefill_needs_queries: %d %d %d", kvq_prefill_needs_queries(e, 0),
+             kvq_prefill_needs_queries(fresh, 1), kvq_prefill_needs_queries(e, 2));
+    kvq_engine_free(fresh);
+    kvq_spec_free(ts);
     kvq_seq_free(e, s2);
     kvq_seq_free(e, NULL);
     kvq_seq_free(other, s); /* not its sequence: ignored */
@@ -207,6 +218,7 @@ static void test_call_errors(void)
         kvq_prefill_item zi = {zq, 10, k, v, NULL};
         TH_CHECK(kvq_prefill(z, 0, &zi, 1) == KVQ_ERR_INVALID && strstr(kvq_engine_errmsg(z), "probes"),
                  "zipcache without q: %s", kvq_engine_errmsg(z));
+        TH_CHECK(kvq_prefill_needs_queries(z, 0) == 1, "zipcache's probes need q");
     }
     kvq_engine_free(z);
 out:
