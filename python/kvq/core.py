@@ -405,6 +405,13 @@ class Engine:
         if not 0 <= layer < self.layers:
             raise KvqError("kvq: layer %d is not in 0..%d" % (layer, self.layers - 1))
 
+    def prefill_needs_queries(self, layer):
+        """Whether prefill of `layer` needs the prompt's queries now (saliency probes, or a calibration still to
+        come); when False, q may be None and the host need not gather them."""
+        self._handle()
+        self._layer(layer)
+        return _lib.prefill_needs_queries(self._h, layer) == 1
+
     def prefill(self, layer, seq, k, v, q=None):
         """Prefill of one layer of one sequence: k, v [kv_heads, n, head_dim], q [heads, n, head_dim] or None."""
         self.prefill_batch(layer, [(seq, k, v, q)])

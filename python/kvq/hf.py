@@ -164,7 +164,9 @@ def kvq_attention_forward(module, query, key, value, attention_mask, dropout=0.0
                                         **kwargs)
         while len(cache.seqs) < B:
             cache.seqs.append(eng.sequence())
-        eng.prefill_batch(li, [(cache.seqs[b], key[b], value[b], query[b]) for b in range(B)])
+        # the queries only where the layer needs them (ZipCache's probes, a calibration): no copy otherwise
+        need_q = eng.prefill_needs_queries(li)
+        eng.prefill_batch(li, [(cache.seqs[b], key[b], value[b], query[b] if need_q else None) for b in range(B)])
         layer.length = q_len
         return out, None
     if len(cache.seqs) != B:

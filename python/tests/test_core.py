@@ -50,6 +50,19 @@ def test_wrong_shape_raises_clear_error():
         eng.decode(0, seq, rand(HKV, D), rand(HKV, D), rand(H, 32))
 
 
+def test_prefill_needs_queries():
+    eng = kvq.Engine(spec("kivi4"), L, H, HKV, D, backend="reference")
+    assert not eng.prefill_needs_queries(0)  # KIVI: no saliency, nothing to calibrate
+    seq = eng.sequence()
+    eng.prefill(0, seq, rand(HKV, 10, D), rand(HKV, 10, D))  # and q may be None
+    zc = kvq.Engine(spec("zipcache"), L, H, HKV, D, backend="reference")
+    assert zc.prefill_needs_queries(L - 1)  # ZipCache's probes
+    with pytest.raises(kvq.KvqInvalidError, match="probes"):
+        zc.prefill(0, zc.sequence(), rand(HKV, 10, D), rand(HKV, 10, D))
+    with pytest.raises(kvq.KvqError, match="layer"):
+        eng.prefill_needs_queries(L)
+
+
 def test_status_codes_are_exception_types():
     eng = kvq.Engine(spec("kivi4"), L, H, HKV, D, backend="reference")
     seq = eng.sequence()
