@@ -1,7 +1,7 @@
 #!/bin/sh
 # kvq's device check (docs/gpu.md): runs from the GPU bundle (`make gpu-bundle`) on a machine with an NVIDIA GPU,
 # the driver, libnvrtc, compute-sanitizer and ncu; no compiler, LLVM or network needed. Each step runs under a
-# timeout (tests 100 s each, sanitizers 50 s each, benchmark 60 s each, ncu 50 s: 470 s in all), all within
+# timeout (tests 100 s each, sanitizers 50 s each, benchmark 60 s each, ncu 45 s each: 510 s in all), all within
 # --budget seconds (default 480: 8 minutes), and writes into a results folder:
 #   env.txt           the card, driver, CUDA, the bundle's MANIFEST
 #   tests/*.log       the GPU tests: every spec against the reference backend on the GPU (test_gpu_backend),
@@ -10,8 +10,9 @@
 #                     ZipCache, TailorKV's sparse retrieval, fp16; 2 timed steps each)
 #   bench-b1.md, bench-b32.md     the decode benchmark by CUDA events, cold L2: fp16, KIVI-2, KIVI-4 at 4k and 32k
 #                     tokens, batch 1 and 32, with the HBM bandwidth measured in the same run
-#   ncu.csv           Nsight Compute on the decode kernel (32k tokens, batch 32): DRAM throughput, achieved
-#                     occupancy, issue-slot use, shared-memory bank conflicts
+#   ncu-b1.csv, ncu-b32.csv  Nsight Compute on the decode kernel (32k tokens, batch 1 and 32): DRAM throughput,
+#                     achieved occupancy, issue-slot use, executed warp-instructions per token per kv head (the
+#                     cost model's unit), shared-memory bank conflicts
 #   summary.md        all of it in one page, printed at the end (paste into docs/gpu-results.md)
 #   with --deep, after those (each within what is left of the budget):
 #   bench-128k.md     the benchmark at 128k tokens, batch 1 (fp16, KIVI-2, KIVI-4)
@@ -186,49 +187,61 @@ done
 note ""
 
 # ---- 4. Nsight Compute on the decode kernel ----
+# Executed warp-instructions (smsp__inst_executed) per token per kv head are what the cost model counts (docs/cuda.md
+# "Cost model", kvqc build --cost): the rows check it against the machine. --no-graph: one decode launch a scheme.
 metrics="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second,\
 sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_issued.avg.pct_of_peak_sustained_active,\
-smsp__issue_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,\
+smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,launch__registers_per_thread,\
+l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,\
 l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,\
 l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum"
-note "### Nsight Compute: the decode kernel (kvq_decode_c*), 32k tokens, batch 32 (launch order: fp16, KIVI-2, KIVI-4)"
+note "### Nsight Compute: the decode kernel (kvq_decode_c*), 32k tokens, 32 heads / 8 kv heads (launch order: fp16, KIVI-2, KIVI-4)"
 if [ "$dry" = 0 ] && ! have ncu; then
     note "ncu not found"
 else
-    # --clock-control none: measure the card at the clocks it runs at (ncu would lock them to base otherwise)
-    step ncu 50 "$out/ncu.log" ncu --clock-control none --csv --page raw --log-file "$out/ncu.csv" --kernel-name regex:kvq_decode_c \
-        --launch-count 6 --metrics "$metrics" "$bin/bench_gpu_decode" --ctx 32k --batch 32 --steps 1 --warmup 0 --hbm-mib 0
-    if [ "$dry" = 1 ]; then
-        note "    $(cat "$out/ncu.log")"
-    elif [ -s "$out/ncu.csv" ] && have python3; then
-        python3 - "$out/ncu.csv" >>"$sum" <<'EOF'
+    for b in 1 32; do
+        # --clock-control none: measure the card at the clocks it runs at (ncu would lock them to base otherwise)
+        step "ncu-b$b" 45 "$out/ncu-b$b.log" ncu --clock-control none --csv --page raw --log-file "$out/ncu-b$b.csv" \
+            --kernel-name regex:kvq_decode_c --launch-count 3 --metrics "$metrics" \
+            "$bin/bench_gpu_decode" --ctx 32k --batch "$b" --steps 1 --warmup 0 --hbm-mib 0 --no-graph
+        note ""
+        note "Batch $b:"
+        note ""
+        if [ "$dry" = 1 ]; then
+            note "    $(cat "$out/ncu-b$b.log")"
+        elif [ -s "$out/ncu-b$b.csv" ] && have python3; then
+            python3 - "$out/ncu-b$b.csv" $((32768 * 8 * b)) >>"$sum" <<'EOF'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if r]
+tokheads = float(sys.argv[2])  # tokens x kv heads x batch the kernel attends over
 head = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
 if head is None:
-    print("no kernel rows in ncu.csv (see ncu.log)"); sys.exit(0)
+    print("no kernel rows (see the ncu log)"); sys.exit(0)
 h = rows[head]
 col = lambda r, name: r[h.index(name)] if name in h and h.index(name) < len(r) else "?"
-print("| # | kernel | grid | us | DRAM % peak | DRAM GB/s | achieved occupancy % | issue slots busy % | issue active % | smem ld conflicts / wavefronts | smem st conflicts / wavefronts |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("| # | kernel | grid | regs | us | DRAM % peak | DRAM GB/s | achieved occupancy % | issue slots busy % | warp-instr executed | per token per kv head | smem ld conflicts / wavefronts | smem st conflicts / wavefronts |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for i, r in enumerate(rows[head + 2:]):
     if len(r) < len(h) // 2: continue
     num = lambda n: col(r, n).replace(",", "")
     try: us = "%.1f" % (float(num("gpu__time_duration.sum")) / 1e3)
     except ValueError: us = num("gpu__time_duration.sum")
-    print("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s |" % (
-        i, col(r, "Kernel Name")[:40], col(r, "Grid Size"), us,
+    try: per = "%.1f" % (float(num("smsp__inst_executed.sum")) / tokheads)
+    except ValueError: per = "?"
+    print("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s |" % (
+        i, col(r, "Kernel Name")[:40], col(r, "Grid Size"), num("launch__registers_per_thread"), us,
         num("dram__throughput.avg.pct_of_peak_sustained_elapsed"), num("dram__bytes_read.sum.per_second"),
         num("sm__warps_active.avg.pct_of_peak_sustained_active"), num("sm__inst_issued.avg.pct_of_peak_sustained_active"),
-        num("smsp__issue_active.avg.pct_of_peak_sustained_active"),
+        num("smsp__inst_executed.sum"), per,
         num("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"), num("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"),
         num("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"), num("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum")))
-print("\n(units as ncu reports them: DRAM GB/s in its unit row of ncu.csv; time from gpu__time_duration)")
+print("\n(units as ncu reports them: DRAM GB/s in its unit row; time from gpu__time_duration)")
 EOF
-    else
-        note "ncu wrote no table (exit $rc): $(grep -m 3 -i 'error\|permission' "$out/ncu.log" | tr '\n' ' ')"
-    fi
-    [ "$rc" -ne 0 ] && status=1
+        else
+            note "ncu wrote no table (exit $rc): $(grep -m 3 -i 'error\|permission' "$out/ncu-b$b.log" | tr '\n' ' ')"
+        fi
+        [ "$rc" -ne 0 ] && status=1
+    done
 fi
 note ""
 

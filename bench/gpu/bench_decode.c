@@ -29,6 +29,7 @@
  *   bench_gpu_decode [--heads 32] [--kv-heads 8] [--head-dim 128] [--batch 1] [--steps 20] [--warmup 3]
  *                    [--ctx 4k,32k | --max-k 32] [--hbm-mib 1024 (0: not measured)] [--bandwidth-only]
  *                    [--compile-only (engines created and freed: their kernels compiled into the cache)]
+ *                    [--no-graph (eager steps only: a profiler then sees one decode launch a scheme and step)]
  *                    [SPEC[:SCHEME]... | tailorkv2-sparse]
  *   default schemes: fp16 (always, the baseline), specs/kivi2.kvq, specs/kivi4.kvq; contexts 4k to --max-k k,
  *   doubling. Paths are relative to the working directory (the repository or the bundle's share/kvq). */
@@ -112,7 +113,7 @@ static int cmp_float(const void *a, const void *b)
 }
 
 typedef struct {
-    int heads, kv_heads, head_dim, batch, steps, warmup;
+    int heads, kv_heads, head_dim, batch, steps, warmup, no_graph;
 } bench_cfg;
 
 /* One scheme at one context: eager steps (kvq_decode_device; device and host ms) and planned steps replayed as a
@@ -322,7 +323,7 @@ static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, bench_gpu *
         kvq_mem_stats ms;
         kvq_engine_stats(e, &ms);
         r->bytes = (double)ms.device_bytes;
-        if (time_graph(e, &dd, b, ctx, g, ts, r) != 0) r->g_med = r->g_min = 0; /* the eager row stands */
+        if (!b->no_graph && time_graph(e, &dd, b, ctx, g, ts, r) != 0) r->g_med = r->g_min = 0; /* eager stands */
     }
     for (int i = 0; i < B && seq; i++)
         if (seq[i]) kvq_seq_free(e, seq[i]);
@@ -456,7 +457,7 @@ static void print_row(const char *name, const bench_cfg *b, int ctx, const bench
 
 int main(int argc, char **argv)
 {
-    bench_cfg b = {32, 8, 128, 1, 20, 3};
+    bench_cfg b = {32, 8, 128, 1, 20, 3, 0};
     int max_k = 32, ctxs[32], n_ctx = 0, bw_only = 0, hbm_mib = 1024, compile_only = 0;
     const char *specs[32];
     int n_specs = 0;
@@ -480,6 +481,8 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--bandwidth-only")) {
             bw_only = 1;
+        } else if (!strcmp(argv[i], "--no-graph")) {
+            b.no_graph = 1;
         } else if (!strcmp(argv[i], "--compile-only")) {
             compile_only = 1;
         } else if (argv[i][0] == '-') {
