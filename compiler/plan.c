@@ -389,15 +389,16 @@ static int class_codes(const plan_class *c) { return c->quant && (c->k_hi.bits <
 int plan_decode_min_blocks(const kvq_plan *p, const plan_class *c)
 {
     /* what sm_90's shared memory per SM allows (the occupancy the load pipeline is sized for), at most 4 blocks of
-     * 128 threads where q.K and p.V take the tensor cores (ptxas then has 128 registers: KIVI-4, OTT, TailorKV-2
-     * fit without spilling, KIVI-2 spills 8 bytes outside its loops; 16 warps an SM instead of 12), else 3 (170
+     * 128 threads where q.K and p.V take the tensor cores at head_dim up to 128 (ptxas then has 128 registers:
+     * KIVI-4, OTT, TailorKV-2 fit without spilling, KIVI-2 spills 8 bytes outside its loops; 16 warps an SM
+     * instead of 12; at head_dim 256 a sweep case spilled 20 bytes), else 3 (170
      * registers, what the fp32 paths need without spilling). $KVQ_DECODE_MINB (p->decode_minb) overrides it for
      * the quantized classes, whatever the shared memory: a knob for timing the choice on a GPU (docs/cuda.md). */
     if (p->decode_minb > 0 && class_codes(c)) {
         const int most = p->threads >= 2048 ? 1 : 2048 / p->threads;
         return p->decode_minb < most ? p->decode_minb : most;
     }
-    const int mma = c->quant && c->mma_k && c->mma_v;
+    const int mma = c->quant && c->mma_k && c->mma_v && p->head_dim <= 128; /* at 256: 4 accumulator blocks a warp */
     int pminb = (mma ? 512 : 384) / p->threads;
     if (pminb < 1) pminb = 1;
     int minb = plan_smem_per_sm(90) / (c->smem + 1024);

@@ -133,8 +133,9 @@ kvq_status plan_cuda_ok(const kvq_plan *p, char *msg, size_t msg_size);
  * that __launch_bounds__ leaves. KVQ_ERR_UNSUPPORTED with the reason in msg. */
 kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t msg_size);
 /* Blocks per SM the decode kernel of class c declares in __launch_bounds__ (KVQ_C_MINB): what sm_90's shared
- * memory allows, at most 512 threads for quantized classes whose q.K and p.V take the tensor cores (4 x 128: ptxas's
- * register cap 128), else 384 (3 x 128: 170); p->decode_minb, when set, for every quantized class. */
+ * memory allows, at most 512 threads for quantized classes whose q.K and p.V take the tensor cores at head_dim up
+ * to 128 (4 x 128: ptxas's register cap 128), else 384 (3 x 128: 170); p->decode_minb, when set, for every
+ * class that reads codes. */
 int plan_decode_min_blocks(const kvq_plan *p, const plan_class *c);
 /* The opt-in shared memory per block of sm (bytes). */
 int plan_smem_optin(int sm);

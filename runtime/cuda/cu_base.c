@@ -184,10 +184,11 @@ void cu_tiles_windows(kvq_backend_ctx *c, int *nt, const cu_win *k, const cu_win
  * cost more than the parallelism gains. One chunk when the batch alone fills the device.
  * The split (c->decode_waves, $KVQ_DECODE_WAVES; docs/cuda.md "Tuning knobs"): 0, the default, takes the chunk
  * count c from 1 to ceil(slots / blocks) whose launch finishes first if every CTA of a chunk of ceil(tiles / c)
- * tiles takes as long: ceil(blocks c / slots) waves of ceil(tiles / c) tiles (fewest chunks on a tie; a last
- * wave that is mostly empty costs a whole one: batch 32 at 4 CTAs an SM on 132 SMs, 265 tiles a kv head, takes 2
- * chunks, one wave of 512 CTAs, where ceil(528 / 256) = 3 chunks made 768 CTAs, 1.45 waves); N >= 1 aims at N
- * waves, c = ceil(N slots / blocks) (1: the rule before the knob). */
+ * tiles takes as long: ceil(blocks c / slots) waves of ceil(tiles / c) tiles (within 1 % of the shortest, the
+ * split with the most CTAs: more warps where the estimate cannot tell; a last wave that is mostly empty costs a
+ * whole one: batch 32 at 4 CTAs an SM on 132 SMs, 265 tiles a kv head, takes 2 chunks, one wave of 512 CTAs,
+ * where ceil(528 / 256) = 3 chunks made 768 CTAs, 1.45 waves); N >= 1 aims at N waves, c = ceil(N slots /
+ * blocks) (1: the rule before the knob). */
 #define KVQ_CHUNK_MIN_TOKENS 256
 static long split_slots(const kvq_backend_ctx *c, int cls)
 {
@@ -209,15 +210,17 @@ int cu_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_t
     long chunks = cu_chunks_max(c, cls, n_items);
     if (chunks > max_tiles) chunks = max_tiles;
     if (chunks < 1) chunks = 1;
-    if (c->decode_waves <= 0) { /* the shortest launch in waves x tiles a CTA, fewest chunks on a tie */
-        long best = -1, best_ch = 1;
-        for (long ch = 1; ch <= chunks; ch++) {
-            long tpc = (max_tiles + ch - 1) / ch;
-            if (tpc < floor_tiles) tpc = floor_tiles;
-            long used = (max_tiles + tpc - 1) / tpc; /* the chunks tpc really makes */
-            long cost = ((blocks * used + slots - 1) / slots) * tpc;
-            if (best < 0 || cost < best) best = cost, best_ch = ch;
-        }
+    if (c->decode_waves <= 0) { /* the shortest launch in waves x tiles a CTA; within 1 % of it, the most CTAs */
+        long best = -1, best_ch = 1, best_used = 0;
+        for (int pass = 0; pass < 2; pass++)
+            for (long ch = 1; ch <= chunks; ch++) {
+                long tpc = (max_tiles + ch - 1) / ch;
+                if (tpc < floor_tiles) tpc = floor_tiles;
+                long used = (max_tiles + tpc - 1) / tpc; /* the chunks tpc really makes */
+                long cost = ((blocks * used + slots - 1) / slots) * tpc;
+                if (pass == 0 && (best < 0 || cost < best)) best = cost;
+                if (pass == 1 && 100 * cost <= 101 * best && used > best_used) best_used = used, best_ch = ch;
+            }
         chunks = best_ch;
     }
     int tpc = (int)((max_tiles + chunks - 1) / chunks);
