@@ -324,7 +324,7 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
     c->tile_v16 = fit16((c->rows_bytes - c->rows_k) / (2 * D), T);
     /* raw parameter bytes as cp.async lands them (kvq_stage_page): each page's range of a tile covered by whole
      * 16-byte blocks, page i at al16(its first element's bytes) + 64 i (room for the blocks' slack at both ends) */
-    int sep = 0, efmt = 0;
+    int sep = 0, efmt = 0, masked = 0, kchan = 1;
     c->kraws = c->vraws = 0;
     if (c->quant) {
         const plan_store *all[4] = {&c->k_hi, &c->k_lo, &c->v_hi, &c->v_lo};
@@ -333,6 +333,9 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
         for (int i = 0; i < 4; i++) {
             sep |= all[i]->bits && all[i]->sep;
             efmt |= all[i]->bits && all[i]->bits < 16 && all[i]->format.kind != KVQ_FMT_INT;
+            masked |= all[i]->bits && all[i]->masked;
+            /* keys whose parameters phase 1 does not read: per channel (folded before it), or fp16 */
+            if (i < 2 && all[i]->bits && all[i]->bits < 16 && all[i]->gran != KVQ_GRAN_CHANNEL) kchan = 0;
         }
     }
     c->rawf = sep ? align16(D * 4) + 64 : 0; /* channel-separable pages never form runs: one page */
@@ -340,12 +343,18 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
      * after the stages (tile i's are written after the barrier that ends tile i - 1's math; only cp.async fills a
      * stage ahead), except for element formats, which kvq_format.cuh stages while the copies are issued: a copy
      * per stage then (par_step = stage_bytes). One copy saves KIVI-2 10 KB at head_dim 128 (docs/cuda.md). */
-    const int fd = sep ? D : 0;
-    const int kparb = align16((2 * c->kpar + fd) * 4), vparb = align16((2 * c->vpar + fd) * 4), maskb = align16(T);
+    /* The scores and probabilities [T][GQA] (so_p) share the key parameters' part where phase 1 does not read the
+     * key parameters (kchan): the fold and the bias read them before the barriers that precede phase 1's writes,
+     * and the next tile's are widened after the barrier at the top of the tile loop (2 KB for KIVI-2). The mask
+     * bytes (16 at least: the parts stay in order) and their raw blocks are sized only for masked pages. */
+    const int fd = sep ? D : 0, psh = !efmt && kchan;
+    int kparb = align16((2 * c->kpar + fd) * 4);
+    const int vparb = align16((2 * c->vpar + fd) * 4), maskb = masked ? align16(T) : 16;
+    if (psh) kparb = max_i(kparb, align16(T * G * 4));
     int o = 0;
     c->so_rows = o, o += c->rows_bytes;
     if (efmt) c->so_kpar = o, o += kparb, c->so_vpar = o, o += vparb, c->so_kmask = o, o += maskb;
-    c->so_kraw = o, o += 2 * c->kraws + c->rawf + align16(T / 8 + 1) + 64 * KP; /* mask bytes last */
+    c->so_kraw = o, o += 2 * c->kraws + c->rawf + (masked ? align16(T / 8 + 1) + 64 * KP : 0); /* mask bytes last */
     c->so_vraw = o, o += 2 * c->vraws + c->rawf;
     c->stage_bytes = o;
     o = c->stages * c->stage_bytes;
@@ -378,7 +387,10 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
     c->so_qk = o, o += qkb;
     c->so_w = c->mma_v ? c->so_qk : 0;
     c->so_qsum = o, o += align16((D / 8 + KP) * G * 4); /* per 8 channels, then the per-channel bias per page */
-    c->so_p = o, o += align16(T * G * 4);
+    if (psh)
+        c->so_p = c->so_kpar;
+    else
+        c->so_p = o, o += align16(T * G * 4);
     c->so_red = o, o += align16((p->threads / 32 + 8 * KP + 2) * G * 4); /* warp maxima, bias partials, a and m */
     c->smem = o;
 }
