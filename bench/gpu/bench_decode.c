@@ -25,6 +25,8 @@
  *   bench_gpu_decode [--heads 32] [--kv-heads 8] [--head-dim 128] [--batch 1] [--steps 20] [--warmup 3]
  *                    [--ctx 4k,32k | --max-k 32] [--hbm-mib 1024 (0: not measured)] [--bandwidth-only]
  *                    [--compile-only (engines created and freed: their kernels compiled into the cache)]
+ *                    [--tune M/W,M/W,... (each scheme but fp16 once per pair, its engine made with
+ *                     KVQ_DECODE_MINB=M KVQ_DECODE_WAVES=W: docs/cuda.md "Tuning knobs"; 0/0 the defaults)]
  *                    [SPEC[:SCHEME]... | tailorkv2-sparse]
  *   default schemes: fp16 (always, the baseline), specs/kivi2.kvq, specs/kivi4.kvq; contexts 4k to --max-k k,
  *   doubling. Paths are relative to the working directory (the repository or the bundle's share/kvq). */
@@ -355,7 +357,7 @@ int main(int argc, char **argv)
     bench_cfg b = {32, 8, 128, 1, 20, 3};
     int max_k = 32, ctxs[32], n_ctx = 0, bw_only = 0, hbm_mib = 1024, compile_only = 0;
     const char *specs[32];
-    int n_specs = 0;
+    int n_specs = 0, n_tune = 0, tune_m[16], tune_w[16];
     for (int i = 1; i < argc; i++) {
         int *dst = !strcmp(argv[i], "--heads")      ? &b.heads
                    : !strcmp(argv[i], "--kv-heads") ? &b.kv_heads
@@ -378,6 +380,21 @@ int main(int argc, char **argv)
             bw_only = 1;
         } else if (!strcmp(argv[i], "--compile-only")) {
             compile_only = 1;
+        } else if (!strcmp(argv[i], "--tune") && i + 1 < argc) {
+            for (const char *q = argv[++i]; *q && n_tune < 16;) {
+                char *e;
+                tune_m[n_tune] = (int)strtol(q, &e, 10);
+                if (*e != '/') {
+                    fprintf(stderr, "--tune: pairs MINB/WAVES such as 4/0,5/0,4/2\n");
+                    return 2;
+                }
+                tune_w[n_tune++] = (int)strtol(e + 1, &e, 10);
+                q = *e == ',' ? e + 1 : e;
+                if (*e && *e != ',') {
+                    fprintf(stderr, "--tune: pairs MINB/WAVES such as 4/0,5/0,4/2\n");
+                    return 2;
+                }
+            }
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "unknown option %s (see the comment at the top of bench/gpu/bench_decode.c)\n", argv[i]);
             return 2;
@@ -452,6 +469,7 @@ int main(int argc, char **argv)
         int ctx = ctxs[ci];
         float t16 = 0, m16 = 0, h16 = 0;
         double by16 = 0;
+        unsetenv("KVQ_DECODE_MINB"), unsetenv("KVQ_DECODE_WAVES");
         if (run_one(kvq_spec_scheme(f16spec, NULL), &b, ctx, &g, &t16, &m16, &h16, &by16) == 0)
             print_row("fp16", &b, ctx, t16, m16, h16, by16, hbm, peak, 0);
         else
@@ -463,10 +481,20 @@ int main(int argc, char **argv)
             for (int j = 0; j < kvq_spec_scheme_count(sp); j++) {
                 const kvq_scheme *s = kvq_spec_scheme_at(sp, j);
                 if (want && strcmp(want, kvq_scheme_name(s))) continue;
-                float tt = 0, tm = 0, th = 0;
-                double by = 0;
-                if (run_one(s, &b, ctx, &g, &tt, &tm, &th, &by) != 0) continue;
-                print_row(kvq_scheme_name(s), &b, ctx, tt, tm, th, by, hbm, peak, t16);
+                for (int k = 0; k < (n_tune ? n_tune : 1); k++) {
+                    char name[64], v[16];
+                    snprintf(name, sizeof name, "%s", kvq_scheme_name(s));
+                    if (n_tune) { /* read when the engine is made (plan_build, the cuda backend's creation) */
+                        snprintf(v, sizeof v, "%d", tune_m[k]), setenv("KVQ_DECODE_MINB", v, 1);
+                        snprintf(v, sizeof v, "%d", tune_w[k]), setenv("KVQ_DECODE_WAVES", v, 1);
+                        snprintf(name, sizeof name, "%.9s m%d w%d", kvq_scheme_name(s), tune_m[k], tune_w[k]);
+                    }
+                    float tt = 0, tm = 0, th = 0;
+                    double by = 0;
+                    if (run_one(s, &b, ctx, &g, &tt, &tm, &th, &by) != 0) continue;
+                    print_row(name, &b, ctx, tt, tm, th, by, hbm, peak, t16);
+                }
+                unsetenv("KVQ_DECODE_MINB"), unsetenv("KVQ_DECODE_WAVES");
             }
             kvq_spec_free(sp);
         }
