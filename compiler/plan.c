@@ -342,8 +342,8 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
     /* The widened parameter floats (scales, zeros, the factors when separable) and the key mask bytes: one copy
      * after the stages (tile i's are written after the barrier that ends tile i - 1's math; only cp.async fills a
      * stage ahead), except for element formats, which kvq_format.cuh stages while the copies are issued: a copy
-     * per stage then (par_step = stage_bytes). One copy saves KIVI-2 10 KB at head_dim 128 (docs/cuda.md). */
-    /* The scores and probabilities [T][GQA] (so_p) share the key parameters' part where phase 1 does not read the
+     * per stage then (par_step = stage_bytes). One copy saves KIVI-2 10 KB at head_dim 128 (docs/cuda.md).
+     * The scores and probabilities [T][GQA] (so_p) share the key parameters' part where phase 1 does not read the
      * key parameters (kchan): the fold and the bias read them before the barriers that precede phase 1's writes,
      * and the next tile's are widened after the barrier at the top of the tile loop (2 KB for KIVI-2). The mask
      * bytes (16 at least: the parts stay in order) and their raw blocks are sized only for masked pages. */
