@@ -318,8 +318,9 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
     /* the load pipeline: stages of the staged part, raw parameter bytes (plan.h) */
     emit_buf_printf(b,
                     "#define KVQ_C_STAGES %d\n#define KVQ_C_STAGE_BYTES %d\n#define KVQ_C_SO_KRAW %d\n"
-                    "#define KVQ_C_SO_VRAW %d\n#define KVQ_C_KRAWS %d\n#define KVQ_C_VRAWS %d\n#define KVQ_C_RAWF %d\n",
-                    c->stages, c->stage_bytes, c->so_kraw, c->so_vraw, c->kraws, c->vraws, c->rawf);
+                    "#define KVQ_C_SO_VRAW %d\n#define KVQ_C_KRAWS %d\n#define KVQ_C_VRAWS %d\n#define KVQ_C_RAWF %d\n"
+                    "#define KVQ_C_PAR_STEP %d\n",
+                    c->stages, c->stage_bytes, c->so_kraw, c->so_vraw, c->kraws, c->vraws, c->rawf, c->par_step);
     /* the tensor-core paths (kvq_mma.cuh): bit 0 the high class's pages, bit 1 the low class's */
     emit_buf_printf(b, "#define KVQ_C_MMA_K %d\n#define KVQ_C_MMA_V %d\n", c->mma_k, c->mma_v);
     const plan_store *st[4] = {&c->k_hi, &c->k_lo, &c->v_hi, &c->v_lo};
@@ -342,7 +343,7 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
                        "#undef KVQ_C_SO_Q\n#undef KVQ_C_SO_QK\n#undef KVQ_C_SO_QSUM\n#undef KVQ_C_SO_P\n"
                        "#undef KVQ_C_SO_RED\n#undef KVQ_C_SO_W\n#undef KVQ_C_MMA_K\n#undef KVQ_C_MMA_V\n"
                        "#undef KVQ_C_STAGES\n#undef KVQ_C_STAGE_BYTES\n#undef KVQ_C_SO_KRAW\n#undef KVQ_C_SO_VRAW\n"
-                       "#undef KVQ_C_KRAWS\n#undef KVQ_C_VRAWS\n#undef KVQ_C_RAWF\n");
+                       "#undef KVQ_C_KRAWS\n#undef KVQ_C_VRAWS\n#undef KVQ_C_RAWF\n#undef KVQ_C_PAR_STEP\n");
     for (int i = 0; i < 4; i++) emit_buf_printf(b, "#undef %s\n#undef %s_Q\n#undef %s_SEP\n", mn[i], mn[i], mn[i]);
 }
 

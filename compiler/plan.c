@@ -5,6 +5,7 @@
 #include "quant.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int tensor_eq(const kvq_tensor_cfg *a, const kvq_tensor_cfg *b)
@@ -321,31 +322,45 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
     c->rows_bytes = c->rows_k + align16(c->stages > 1 ? max_i(T * qv, 16 * 2 * D) : max_i(T * qv, merge - c->rows_k));
     c->tile_k16 = fit16(c->rows_k / (2 * D), T);
     c->tile_v16 = fit16((c->rows_bytes - c->rows_k) / (2 * D), T);
-    int o = 0;
-    c->so_rows = o, o += c->rows_bytes;
-    c->so_kpar = o, o += align16((2 * c->kpar + D) * 4);
-    c->so_vpar = o, o += align16((2 * c->vpar + D) * 4);
-    c->so_kmask = o, o += align16(T);
     /* raw parameter bytes as cp.async lands them (kvq_stage_page): each page's range of a tile covered by whole
      * 16-byte blocks, page i at al16(its first element's bytes) + 64 i (room for the blocks' slack at both ends) */
-    int sep = 0;
+    int sep = 0, efmt = 0, masked = 0, kchan = 1;
     c->kraws = c->vraws = 0;
     if (c->quant) {
+        const plan_store *all[4] = {&c->k_hi, &c->k_lo, &c->v_hi, &c->v_lo};
         c->kraws = max_i(store_raw(p, &c->k_hi, T), store_raw(p, &c->k_lo, T));
         c->vraws = max_i(store_raw(p, &c->v_hi, T), store_raw(p, &c->v_lo, T));
-        sep = (c->k_hi.bits && c->k_hi.sep) || (c->k_lo.bits && c->k_lo.sep) || (c->v_hi.bits && c->v_hi.sep) ||
-              (c->v_lo.bits && c->v_lo.sep);
+        for (int i = 0; i < 4; i++) {
+            sep |= all[i]->bits && all[i]->sep;
+            efmt |= all[i]->bits && all[i]->bits < 16 && all[i]->format.kind != KVQ_FMT_INT;
+            masked |= all[i]->bits && all[i]->masked;
+            /* keys whose parameters phase 1 does not read: per channel (folded before it), or fp16 */
+            if (i < 2 && all[i]->bits && all[i]->bits < 16 && all[i]->gran != KVQ_GRAN_CHANNEL) kchan = 0;
+        }
     }
     c->rawf = sep ? align16(D * 4) + 64 : 0; /* channel-separable pages never form runs: one page */
-    c->so_kraw = o, o += 2 * c->kraws + c->rawf + align16(T / 8 + 1) + 64 * KP; /* mask bytes last */
+    /* The widened parameter floats (scales, zeros, the factors when separable) and the key mask bytes: one copy
+     * after the stages (tile i's are written after the barrier that ends tile i - 1's math; only cp.async fills a
+     * stage ahead), except for element formats, which kvq_format.cuh stages while the copies are issued: a copy
+     * per stage then (par_step = stage_bytes). One copy saves KIVI-2 10 KB at head_dim 128 (docs/cuda.md).
+     * The scores and probabilities [T][GQA] (so_p) share the key parameters' part where phase 1 does not read the
+     * key parameters (kchan): the fold and the bias read them before the barriers that precede phase 1's writes,
+     * and the next tile's are widened after the barrier at the top of the tile loop (2 KB for KIVI-2). The mask
+     * bytes (16 at least: the parts stay in order) and their raw blocks are sized only for masked pages. */
+    const int fd = sep ? D : 0, psh = !efmt && kchan;
+    int kparb = align16((2 * c->kpar + fd) * 4);
+    const int vparb = align16((2 * c->vpar + fd) * 4), maskb = masked ? align16(T) : 16;
+    if (psh) kparb = max_i(kparb, align16(T * G * 4));
+    int o = 0;
+    c->so_rows = o, o += c->rows_bytes;
+    if (efmt) c->so_kpar = o, o += kparb, c->so_vpar = o, o += vparb, c->so_kmask = o, o += maskb;
+    c->so_kraw = o, o += 2 * c->kraws + c->rawf + (masked ? align16(T / 8 + 1) + 64 * KP : 0); /* mask bytes last */
     c->so_vraw = o, o += 2 * c->vraws + c->rawf;
     c->stage_bytes = o;
-    o = max_i(c->stages * c->stage_bytes, align16(merge)); /* the end-of-chunk merge scratch from 0 */
-    c->so_q = o, o += align16(D * G * 4);
-    c->so_qk = o, o += align16(D * G * 4 * KP); /* a fold per key page */
-    c->so_qsum = o, o += align16((D / 8 + KP) * G * 4); /* per 8 channels, then the per-channel bias per page */
-    c->so_p = o, o += align16(T * G * 4);
-    c->so_red = o, o += align16((p->threads / 32 + 8 * KP + 2) * G * 4); /* warp maxima, bias partials, a and m */
+    o = c->stages * c->stage_bytes;
+    c->par_step = efmt ? c->stage_bytes : 0;
+    if (!efmt) c->so_kpar = o, o += kparb, c->so_vpar = o, o += vparb, c->so_kmask = o, o += maskb;
+    o = max_i(o, align16(merge)); /* the end-of-chunk merge scratch from 0 */
     c->mma_k = c->mma_v = 0;
     int wgroups = 0;
     if (c->quant) {
@@ -361,31 +376,43 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
             }
         }
     }
-    /* p.V's B fragments: per value group, 8 fp16 columns of each token (the first 256 bytes double as the
-     * end-of-chunk sum of the zero terms over the warps). They are needed only while a tile's values are a
-     * quantized page, whose codes fill T x (2 or 4-bit row) bytes of the T x v_row_bytes staged for the widest
-     * kind (fp16 windows): the rest of the value rows holds them, past the end-of-chunk merge scratch, so
-     * that the shared memory (and the blocks per SM) stay as they were; otherwise they get their own part. */
-    c->so_w = 0;
-    if (c->mma_v) {
-        int need = max_i(T * wgroups * 16, (p->threads / 32) * G * 4 * 4), vq = 0;
-        if (c->mma_v & 1) vq = max_i(vq, plan_row_bytes(D, c->v_hi.bits));
-        if (c->mma_v & 2) vq = max_i(vq, plan_row_bytes(D, c->v_lo.bits));
-        int start = align16(c->rows_k + T * vq);
-        /* with several stages the next tile's rows may be fp16 rows that fill the room: own part then */
-        if (c->stages == 1 && start >= merge && start + need <= c->rows_bytes)
-            c->so_w = c->so_rows + start;
-        else
-            c->so_w = o, o += align16(need);
-    }
+    /* The folded query (a fold per key page) is read by phase 1 only, p.V's B fragments (so_w: per value group, 8
+     * fp16 columns of each token; the first 256 bytes double as the end-of-chunk sum of the zero terms over the
+     * warps) are written by phase 2 and read by phase 3: a barrier separates phase 1 from phase 2 (the tile's
+     * maximum) and phase 3 from the next tile's fold (the top of the tile loop), so they share one part, as large
+     * as the larger (KIVI-2 at head_dim 128: 8 KB saved). */
+    int qkb = align16(D * G * 4 * KP);
+    if (c->mma_v) qkb = max_i(qkb, align16(max_i(T * wgroups * 16, (p->threads / 32) * G * 4 * 4)));
+    c->so_q = o, o += align16(D * G * 4);
+    c->so_qk = o, o += qkb;
+    c->so_w = c->mma_v ? c->so_qk : 0;
+    c->so_qsum = o, o += align16((D / 8 + KP) * G * 4); /* per 8 channels, then the per-channel bias per page */
+    if (psh)
+        c->so_p = c->so_kpar;
+    else
+        c->so_p = o, o += align16(T * G * 4);
+    c->so_red = o, o += align16((p->threads / 32 + 8 * KP + 2) * G * 4); /* warp maxima, bias partials, a and m */
     c->smem = o;
 }
 
+/* a class whose decode reads codes (not only fp16 rows) */
+static int class_codes(const plan_class *c) { return c->quant && (c->k_hi.bits < 16 || c->v_hi.bits < 16); }
+
 int plan_decode_min_blocks(const kvq_plan *p, const plan_class *c)
 {
-    /* at most 3 blocks of 128 threads: ptxas then has 170 registers, what the kernel needs without spilling;
-     * otherwise what sm_90's shared memory per SM allows (the occupancy the load pipeline is sized for) */
-    int pminb = p->threads >= 384 ? 1 : 384 / p->threads;
+    /* what sm_90's shared memory per SM allows (the occupancy the load pipeline is sized for), at most 4 blocks of
+     * 128 threads where q.K and p.V take the tensor cores at head_dim up to 128 (ptxas then has 128 registers:
+     * KIVI-4, OTT, TailorKV-2 fit without spilling, KIVI-2 spills 8 bytes outside its loops; 16 warps an SM
+     * instead of 12; at head_dim 256 a sweep case spilled 20 bytes), else 3 (170
+     * registers, what the fp32 paths need without spilling). $KVQ_DECODE_MINB (p->decode_minb) overrides it for
+     * the quantized classes, whatever the shared memory: a knob for timing the choice on a GPU (docs/cuda.md). */
+    if (p->decode_minb > 0 && class_codes(c)) {
+        const int most = p->threads >= 2048 ? 1 : 2048 / p->threads;
+        return p->decode_minb < most ? p->decode_minb : most;
+    }
+    const int mma = c->quant && c->mma_k && c->mma_v && p->head_dim <= 128; /* at 256: 4 accumulator blocks a warp */
+    int pminb = (mma ? 512 : 384) / p->threads;
+    if (pminb < 1) pminb = 1;
     int minb = plan_smem_per_sm(90) / (c->smem + 1024);
     if (minb > pminb) minb = pminb;
     return minb < 1 ? 1 : minb;
@@ -454,7 +481,8 @@ kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t n)
      * codes; __launch_bounds__ caps ptxas at 64K registers over THREADS x the class's blocks per SM (emit_cuda:
      * KVQ_C_MINB), at most 255. A larger group would spill, and is refused. */
     for (int k = 0; k < p->n_classes; k++) {
-        int minb = plan_decode_min_blocks(p, &p->cls[k]);
+        /* a forced $KVQ_DECODE_MINB is the user's (ptxas may spill to meet it): not checked against the estimate */
+        int minb = p->decode_minb > 0 && class_codes(&p->cls[k]) ? 1 : plan_decode_min_blocks(p, &p->cls[k]);
         int regs = 65536 / (p->threads * minb);
         if (regs > 255) regs = 255;
         int need = 48 + p->hpt * p->vec + 6 * p->gqa;
@@ -501,6 +529,17 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
     p->head_dim = dims->head_dim;
     p->gqa = dims->heads / dims->kv_heads;
     p->in_dtype = (int)in_dtype;
+    /* tuning knob (plan.h, docs/cuda.md "Tuning knobs"): the quantized decode kernels' blocks per SM */
+    const char *minb = getenv("KVQ_DECODE_MINB");
+    if (minb && *minb) {
+        char *end = NULL;
+        long v = strtol(minb, &end, 10);
+        if (*end || v < 0 || v > 32) {
+            snprintf(msg, n, "plan: KVQ_DECODE_MINB='%s' is not a number of blocks per SM from 0 to 32", minb);
+            return KVQ_ERR_INVALID;
+        }
+        p->decode_minb = (int)v;
+    }
     choose_mapping(p);
 
     const kvq_layer_cfg *seen[PLAN_MAX_CLASSES];

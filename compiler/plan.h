@@ -79,8 +79,11 @@ typedef struct {
     /* The load pipeline (docs/cuda.md "Load path"): `stages` copies of the staged part [0, stage_bytes) (rows,
      * parameter floats, key mask, then the raw parameter bytes the cp.async copies land in: per tensor scales and
      * zeros `kraws` / `vraws` bytes each, then `rawf` bytes of factors and, keys only, the mask bytes), stage s at
-     * s * stage_bytes; the rest of the layout follows them. */
-    int stages, stage_bytes, so_kraw, so_vraw, kraws, vraws, rawf;
+     * s * stage_bytes; the rest of the layout follows them. The widened parameter floats and mask bytes (so_kpar,
+     * so_vpar, so_kmask) of stage s sit at s * par_step: one copy after the stages (par_step 0), or, for classes
+     * with element formats (staged by plain stores while the copies are issued), one per stage inside it
+     * (par_step = stage_bytes). */
+    int stages, stage_bytes, so_kraw, so_vraw, kraws, vraws, rawf, par_step;
 } plan_class;
 
 typedef struct kvq_plan {
@@ -94,6 +97,10 @@ typedef struct kvq_plan {
     int layer_class[PLAN_MAX_LAYERS];
     int any_sparse, any_saliency, any_pool;
     int any_auto; /* a class of mode auto: calibration (TailorKV Eq. 6-9) runs on the device */
+    /* Tuning knob: the decode kernels' blocks per SM for __launch_bounds__ (KVQ_C_MINB) of every quantized class,
+     * 0 = the plan's choice (plan_decode_min_blocks); plan_build takes it from $KVQ_DECODE_MINB (docs/cuda.md,
+     * "Tuning knobs"). */
+    int decode_minb;
 } kvq_plan;
 
 /* Builds the plan of `scheme` for `dims` (layers, heads, kv_heads, head_dim all > 0) with inputs of
@@ -125,8 +132,10 @@ kvq_status plan_cuda_ok(const kvq_plan *p, char *msg, size_t msg_size);
  * maximum of `sm` (80: 163 KiB, 86/89: 99 KiB, 90: 227 KiB), threads per block, and the registers per thread
  * that __launch_bounds__ leaves. KVQ_ERR_UNSUPPORTED with the reason in msg. */
 kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t msg_size);
-/* Blocks per SM the decode kernel of class c declares in __launch_bounds__ (KVQ_C_MINB): what sm_80's shared
- * memory allows, at most 3 x 128 threads (ptxas's register cap then leaves 170). */
+/* Blocks per SM the decode kernel of class c declares in __launch_bounds__ (KVQ_C_MINB): what sm_90's shared
+ * memory allows, at most 512 threads for quantized classes whose q.K and p.V take the tensor cores at head_dim up
+ * to 128 (4 x 128: ptxas's register cap 128), else 384 (3 x 128: 170); p->decode_minb, when set, for every
+ * class that reads codes. */
 int plan_decode_min_blocks(const kvq_plan *p, const plan_class *c);
 /* The opt-in shared memory per block of sm (bytes). */
 int plan_smem_optin(int sm);

@@ -10,7 +10,8 @@
  *   KVQ_C_KPAGES           most key pages a tile spans (page runs, layout/tiles.h): staged parameters and folds
  *   KVQ_C_MINB             decode blocks per SM for __launch_bounds__: what sm_80's shared memory allows
  *   KVQ_C_SMEM, KVQ_C_SO_* the decode kernel's dynamic shared memory and the offsets of its parts (plan.c)
- *   KVQ_C_STAGES, KVQ_C_STAGE_BYTES, KVQ_C_SO_KRAW, KVQ_C_SO_VRAW, KVQ_C_KRAWS, KVQ_C_VRAWS, KVQ_C_RAWF
+ *   KVQ_C_STAGES, KVQ_C_STAGE_BYTES, KVQ_C_SO_KRAW, KVQ_C_SO_VRAW, KVQ_C_KRAWS, KVQ_C_VRAWS, KVQ_C_RAWF,
+ *   KVQ_C_PAR_STEP
  *                          the load pipeline: stages of the staged part and its raw parameter bytes (plan.h)
  *   KVQ_C_MMA_K, KVQ_C_MMA_V  page classes (bit 0 high, bit 1 low) whose q.K / p.V run on tensor cores
  *   KVQ_C_KHI, KVQ_C_KLO, KVQ_C_VHI, KVQ_C_VLO   kvq_fmt initialisers of the page formats (bits 0: absent)
@@ -28,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_
                            KVQ_C_SO_QK,   KVQ_C_SO_QSUM,  KVQ_C_SO_P,     KVQ_C_SO_RED,
                            KVQ_C_SO_W,    KVQ_C_MMA_K,    KVQ_C_MMA_V,    KVQ_C_KPAGES,
                            KVQ_C_STAGES,  KVQ_C_STAGE_BYTES, KVQ_C_SO_KRAW, KVQ_C_SO_VRAW, KVQ_C_KRAWS,
-                           KVQ_C_VRAWS,   KVQ_C_RAWF};
+                           KVQ_C_VRAWS,   KVQ_C_RAWF,     KVQ_C_PAR_STEP};
     kvq_decode_body(&p, smem, khi, klo, vhi, vlo, g);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));

@@ -237,14 +237,18 @@ typedef struct {
     int kpages;       /* most key pages a tile spans (page runs): qk, the bias and kpar hold that many folds */
     /* the load pipeline (plan.h): stages (2) of [0, stage_bytes), the raw parameter bytes of K and V in each */
     int stages, stage_bytes, so_kraw, so_vraw, kraws, vraws, rawf;
+    /* the widened parameter floats and mask bytes (so_kpar, so_vpar, so_kmask) of stage st at st * par_step:
+     * stage_bytes (a copy per stage, inside it), or 0 (one copy after the stages: only cp.async fills a stage, and
+     * tile i's floats are written after the barrier that ends tile i - 1's math) */
+    int par_step;
 } kvq_dec_geo;
 
 /* The staged buffers of K and V of pipeline stage st (plan.c: stage st at st * stage_bytes). */
 KVQ_DEV void kvq_stage_bufs(unsigned char *smem, const kvq_dec_geo *g, int st, kvq_stage_buf *kb, kvq_stage_buf *vb)
 {
-    unsigned char *s0 = smem + st * g->stage_bytes;
-    float *kpar = (float *)(s0 + g->so_kpar), *vpar = (float *)(s0 + g->so_vpar);
-    kb->rows = s0, kb->s = kpar, kb->z = kpar + g->kparn, kb->f = kpar + 2 * g->kparn, kb->mask = s0 + g->so_kmask;
+    unsigned char *s0 = smem + st * g->stage_bytes, *p0 = smem + st * g->par_step;
+    float *kpar = (float *)(p0 + g->so_kpar), *vpar = (float *)(p0 + g->so_vpar);
+    kb->rows = s0, kb->s = kpar, kb->z = kpar + g->kparn, kb->f = kpar + 2 * g->kparn, kb->mask = p0 + g->so_kmask;
     vb->rows = s0 + g->voff, vb->s = vpar, vb->z = vpar + g->vparn, vb->f = vpar + 2 * g->vparn, vb->mask = 0;
     kb->raw = s0 + g->so_kraw, vb->raw = s0 + g->so_vraw;
     kb->raws = g->kraws, vb->raws = g->vraws, kb->rawf = vb->rawf = g->rawf;

@@ -30,6 +30,8 @@
  *                    [--ctx 4k,32k | --max-k 32] [--hbm-mib 1024 (0: not measured)] [--bandwidth-only]
  *                    [--compile-only (engines created and freed: their kernels compiled into the cache)]
  *                    [--no-graph (eager steps only: a profiler then sees one decode launch a scheme and step)]
+ *                    [--tune M/W,M/W,... (each scheme but fp16 once per pair, its engine made with
+ *                     KVQ_DECODE_MINB=M KVQ_DECODE_WAVES=W: docs/cuda.md "Tuning knobs"; 0/0 the defaults)]
  *                    [SPEC[:SCHEME]... | tailorkv2-sparse]
  *   default schemes: fp16 (always, the baseline), specs/kivi2.kvq, specs/kivi4.kvq; contexts 4k to --max-k k,
  *   doubling. Paths are relative to the working directory (the repository or the bundle's share/kvq). */
@@ -460,7 +462,7 @@ int main(int argc, char **argv)
     bench_cfg b = {32, 8, 128, 1, 20, 3, 0};
     int max_k = 32, ctxs[32], n_ctx = 0, bw_only = 0, hbm_mib = 1024, compile_only = 0;
     const char *specs[32];
-    int n_specs = 0;
+    int n_specs = 0, n_tune = 0, tune_m[16], tune_w[16];
     for (int i = 1; i < argc; i++) {
         int *dst = !strcmp(argv[i], "--heads")      ? &b.heads
                    : !strcmp(argv[i], "--kv-heads") ? &b.kv_heads
@@ -481,6 +483,21 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--bandwidth-only")) {
             bw_only = 1;
+        } else if (!strcmp(argv[i], "--tune") && i + 1 < argc) {
+            for (const char *q = argv[++i]; *q && n_tune < 16;) {
+                char *e;
+                tune_m[n_tune] = (int)strtol(q, &e, 10);
+                if (*e != '/') {
+                    fprintf(stderr, "--tune: pairs MINB/WAVES such as 4/0,5/0,4/2\n");
+                    return 2;
+                }
+                tune_w[n_tune++] = (int)strtol(e + 1, &e, 10);
+                q = *e == ',' ? e + 1 : e;
+                if (*e && *e != ',') {
+                    fprintf(stderr, "--tune: pairs MINB/WAVES such as 4/0,5/0,4/2\n");
+                    return 2;
+                }
+            }
         } else if (!strcmp(argv[i], "--no-graph")) {
             b.no_graph = 1;
         } else if (!strcmp(argv[i], "--compile-only")) {
@@ -560,6 +577,7 @@ int main(int argc, char **argv)
     for (int ci = 0; ci < n_ctx; ci++) {
         int ctx = ctxs[ci];
         bench_row r16;
+        unsetenv("KVQ_DECODE_MINB"), unsetenv("KVQ_DECODE_WAVES");
         int have16 = run_one(kvq_spec_scheme(f16spec, NULL), &b, ctx, &g, &in, &r16) == 0;
         if (have16) print_row("fp16", &b, ctx, &r16, hbm, peak, NULL);
         for (int i = 0; i < n_specs; i++) {
@@ -569,9 +587,19 @@ int main(int argc, char **argv)
             for (int j = 0; j < kvq_spec_scheme_count(sp); j++) {
                 const kvq_scheme *s = kvq_spec_scheme_at(sp, j);
                 if (want && strcmp(want, kvq_scheme_name(s))) continue;
-                bench_row r;
-                if (run_one(s, &b, ctx, &g, &in, &r) != 0) continue;
-                print_row(kvq_scheme_name(s), &b, ctx, &r, hbm, peak, have16 ? &r16 : NULL);
+                for (int k = 0; k < (n_tune ? n_tune : 1); k++) {
+                    char name[64], v[16];
+                    snprintf(name, sizeof name, "%s", kvq_scheme_name(s));
+                    if (n_tune) { /* read when the engine is made (plan_build, the cuda backend's creation) */
+                        snprintf(v, sizeof v, "%d", tune_m[k]), setenv("KVQ_DECODE_MINB", v, 1);
+                        snprintf(v, sizeof v, "%d", tune_w[k]), setenv("KVQ_DECODE_WAVES", v, 1);
+                        snprintf(name, sizeof name, "%.9s m%d w%d", kvq_scheme_name(s), tune_m[k], tune_w[k]);
+                    }
+                    bench_row r;
+                    if (run_one(s, &b, ctx, &g, &in, &r) != 0) continue;
+                    print_row(name, &b, ctx, &r, hbm, peak, have16 ? &r16 : NULL);
+                }
+                unsetenv("KVQ_DECODE_MINB"), unsetenv("KVQ_DECODE_WAVES");
             }
             kvq_spec_free(sp);
         }

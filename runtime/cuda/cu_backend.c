@@ -182,6 +182,10 @@ static kvq_status prepare_kind(cu_dev_kind kind, const kvq_be_engine *e, kvq_bac
                 cu_dev_occupancy(c->dev, c->mod, kname, c->plan->threads, (size_t)c->plan->cls[k].smem);
     }
     c->sm_count = cu_dev_sm_count(c->dev) > 0 ? cu_dev_sm_count(c->dev) : 1;
+    /* tuning knob (docs/cuda.md "Tuning knobs"): the split-KV rule; not a number from 0 to 64: the default */
+    const char *waves = getenv("KVQ_DECODE_WAVES");
+    c->decode_waves = waves && *waves >= '0' && *waves <= '9' ? atoi(waves) : 0;
+    if (c->decode_waves > 64) c->decode_waves = 0;
     if (c->dev) cu_dev_leave(c->dev, &cs);
     if (st != KVQ_OK) {
         if (st == KVQ_ERR_NOMEM) snprintf(msg, n, "out of memory");

@@ -273,6 +273,7 @@ struct kvq_backend_ctx {
      * every step's split-KV without a driver call. */
     int decode_blocks_per_sm[PLAN_MAX_CLASSES];
     int sm_count;
+    int decode_waves; /* the split-KV rule, $KVQ_DECODE_WAVES (cu_tiles_per_chunk): 0 the shortest launch, N N waves */
     cu_step step;
     cu_rec *rec; /* set while kvq_decode_plan records a layer's work */
     /* where cu_launch sends a launch while rec is set: cu_step_record (a hook, so cu_base.c calls nothing above it) */

@@ -179,30 +179,53 @@ void cu_tiles_windows(kvq_backend_ctx *c, int *nt, const cu_win *k, const cu_win
 }
 
 /* Split-KV: chunks of a sequence's tiles so that the grid fills every SM to its occupancy (the occupancy API with
- * the kernel's block and shared memory, times the SM count), counted in tokens (a tile holds up to `tile`) with a
- * floor of KVQ_CHUNK_MIN_TOKENS: below it the merge and the per-chunk setup cost more than the parallelism
- * gains. One chunk when the batch alone fills the device. */
+ * the kernel's block, registers and shared memory, times the SM count: `slots` CTAs at once), counted in tokens
+ * (a tile holds up to `tile`) with a floor of KVQ_CHUNK_MIN_TOKENS: below it the merge and the per-chunk setup
+ * cost more than the parallelism gains. One chunk when the batch alone fills the device.
+ * The split (c->decode_waves, $KVQ_DECODE_WAVES; docs/cuda.md "Tuning knobs"): 0, the default, takes the chunk
+ * count c from 1 to ceil(slots / blocks) whose launch finishes first if every CTA of a chunk of ceil(tiles / c)
+ * tiles takes as long: ceil(blocks c / slots) waves of ceil(tiles / c) tiles (within 1 % of the shortest, the
+ * split with the most CTAs: more warps where the estimate cannot tell; a last wave that is mostly empty costs a
+ * whole one: batch 32 at 4 CTAs an SM on 132 SMs, 265 tiles a kv head, takes 2 chunks, one wave of 512 CTAs,
+ * where ceil(528 / 256) = 3 chunks made 768 CTAs, 1.45 waves); N >= 1 aims at N waves, c = ceil(N slots /
+ * blocks) (1: the rule before the knob). */
 #define KVQ_CHUNK_MIN_TOKENS 256
-int cu_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_tiles)
+static long split_slots(const kvq_backend_ctx *c, int cls)
 {
     int occ = c->decode_blocks_per_sm[cls];
-    long want = (long)(occ > 0 ? occ : 1) * c->sm_count, blocks = (long)c->H * n_items;
+    return (long)(occ > 0 ? occ : 1) * c->sm_count * (c->decode_waves > 0 ? c->decode_waves : 1);
+}
+
+int cu_chunks_max(const kvq_backend_ctx *c, int cls, int n_items)
+{
+    long want = split_slots(c, cls), blocks = (long)c->H * n_items;
     long chunks = blocks >= want ? 1 : (want + blocks - 1) / blocks;
+    return chunks < 1 ? 1 : (int)chunks;
+}
+
+int cu_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_tiles)
+{
+    const long slots = split_slots(c, cls), blocks = (long)c->H * n_items;
     int tile = c->plan->cls[cls].tile, floor_tiles = (KVQ_CHUNK_MIN_TOKENS + tile - 1) / tile;
+    long chunks = cu_chunks_max(c, cls, n_items);
     if (chunks > max_tiles) chunks = max_tiles;
     if (chunks < 1) chunks = 1;
+    if (c->decode_waves <= 0) { /* the shortest launch in waves x tiles a CTA; within 1 % of it, the most CTAs */
+        long best = -1, best_ch = 1, best_used = 0;
+        for (int pass = 0; pass < 2; pass++)
+            for (long ch = 1; ch <= chunks; ch++) {
+                long tpc = (max_tiles + ch - 1) / ch;
+                if (tpc < floor_tiles) tpc = floor_tiles;
+                long used = (max_tiles + tpc - 1) / tpc; /* the chunks tpc really makes */
+                long cost = ((blocks * used + slots - 1) / slots) * tpc;
+                if (pass == 0 && (best < 0 || cost < best)) best = cost;
+                if (pass == 1 && 100 * cost <= 101 * best && used > best_used) best_used = used, best_ch = ch;
+            }
+        chunks = best_ch;
+    }
     int tpc = (int)((max_tiles + chunks - 1) / chunks);
     if (tpc < floor_tiles) tpc = floor_tiles;
     return tpc < 1 ? 1 : tpc;
-}
-
-/* The most chunks cu_tiles_per_chunk can give at n_items: it splits into at most this many, whatever the tiles. */
-int cu_chunks_max(const kvq_backend_ctx *c, int cls, int n_items)
-{
-    int occ = c->decode_blocks_per_sm[cls];
-    long want = (long)(occ > 0 ? occ : 1) * c->sm_count, blocks = (long)c->H * n_items;
-    long chunks = blocks >= want ? 1 : (want + blocks - 1) / blocks;
-    return chunks < 1 ? 1 : (int)chunks;
 }
 
 static uint64_t dev_addr(const void *p) { return (uint64_t)(uintptr_t)p; }

@@ -145,10 +145,14 @@ static void report_jobs(void)
                 if (!strcmp(k->name, pol[q])) seen[q][strcmp(j->arch, "sm_80") != 0] = 1;
             if (!is_decode && !is_policy(k->name)) continue;
             decode += is_decode;
-            TH_CHECK(k->spill_stores == 0 && k->spill_loads == 0, "%s spills %d/%d bytes", k->name, k->spill_stores,
-                     k->spill_loads);
-            TH_CHECK(k->stack == 0 && k->lmem == 0, "%s uses local memory: %d bytes stack, %d lmem", k->name, k->stack,
-                     k->lmem);
+            /* decode kernels with 4 blocks an SM (128 registers, plan_decode_min_blocks) may keep a value or two
+             * outside their loops in local memory (KIVI-2 on sm_90: 8 bytes stored, 16 loaded; docs/cuda.md "Tuning
+             * knobs"); anything more is a regression */
+            const int sp = is_decode ? 16 : 0;
+            TH_CHECK(k->spill_stores <= sp && k->spill_loads <= 2 * sp, "%s spills %d/%d bytes", k->name,
+                     k->spill_stores, k->spill_loads);
+            TH_CHECK(k->stack <= sp && k->lmem <= sp, "%s uses local memory: %d bytes stack, %d lmem", k->name,
+                     k->stack, k->lmem);
             TH_CHECK(k->regs > 0 && k->regs <= 255, "%s: %d registers", k->name, k->regs);
         }
         TH_CHECK(j->st != KVQ_OK || decode > 0, "no decode kernel in the resource report");

@@ -2,6 +2,7 @@
  * against layout/layout.c for every format and many capacities; the plan's decode mapping and layer classes;
  * its errors; emit_cuda's determinism and kernel list; SHA-256 test vectors. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "alloc.h"
@@ -127,9 +128,17 @@ static void test_mapping(void)
                          d.head_dim % (8 * c->split) == 0 && c->p1 * c->split == p->threads,
                      "split %d p1 %d", c->split, c->p1);
             /* dynamic shared memory: 16-aligned parts in order, within sm_80's opt-in */
-            int so[] = {c->so_rows, c->so_kpar, c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_qsum, c->so_p,
-                        c->so_red, c->smem};
-            for (int k = 0; k + 1 < 10; k++) TH_CHECK(so[k] % 16 == 0 && so[k] < so[k + 1], "offset %d", k);
+            int so[] = {c->so_rows, c->so_kpar, c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_qsum, c->so_red,
+                        c->smem};
+            for (int k = 0; k + 1 < 9; k++) TH_CHECK(so[k] % 16 == 0 && so[k] < so[k + 1], "offset %d", k);
+            /* the scores [T][GQA]: their own part before the reductions, or the key parameters' (per-channel keys:
+             * read before phase 1 writes the scores) */
+            const int pown = c->so_p > c->so_qsum;
+            TH_CHECK(c->so_p % 16 == 0 &&
+                         (pown ? c->so_red - c->so_p >= c->tile * g * 4
+                               : c->so_p == c->so_kpar && c->so_vpar - c->so_kpar >= c->tile * g * 4),
+                     "scores at %d (kpar %d, vpar %d, qsum %d, red %d)", c->so_p, c->so_kpar, c->so_vpar, c->so_qsum,
+                     c->so_red);
             /* rows sized for the pages (2-bit here), fp16 rows cut to what fits (plan_tile_tokens) */
             TH_CHECK(c->so_kpar - c->so_rows >= c->rows_bytes && c->rows_k >= c->tile * d.head_dim / 4 &&
                          c->rows_bytes - c->rows_k >= c->tile * d.head_dim / 4 &&
@@ -142,7 +151,8 @@ static void test_mapping(void)
             int KP = kvq_tile_max_pages(c->tile, 32);
             TH_CHECK(c->kpages == KP && c->kpar >= KP * d.head_dim, "tile %d: kpages %d kpar %d", c->tile, c->kpages,
                      c->kpar);
-            TH_CHECK(c->so_qsum - c->so_qk >= d.head_dim * g * 4 * KP && c->so_p - c->so_qsum >= (d.head_dim / 8 + KP) * g * 4 &&
+            TH_CHECK(c->so_qsum - c->so_qk >= d.head_dim * g * 4 * KP &&
+                         (pown ? c->so_p : c->so_red) - c->so_qsum >= (d.head_dim / 8 + KP) * g * 4 &&
                          c->smem - c->so_red >= (p->threads / 32 + 8 * KP + 2) * g * 4,
                      "fold regions for %d pages", KP);
             /* up to GQA 16 every shape fits sm_80; larger groups may be refused, with the reason */
@@ -244,11 +254,27 @@ static void test_in_flight(void)
         TH_CHECK(c->stages == 2 && c->tile == 128 && p->threads == 128, "stages %d tile %d threads %d", c->stages,
                  c->tile, p->threads);
         /* the staged parts and the raw parameter bytes lie inside a stage, the stages before the query */
-        TH_CHECK(c->so_kraw >= c->so_kmask + 128 && c->so_vraw >= c->so_kraw + 2 * c->kraws &&
+        TH_CHECK(c->so_kraw >= c->rows_bytes && c->so_vraw >= c->so_kraw + 2 * c->kraws &&
                      c->stage_bytes >= c->so_vraw + 2 * c->vraws && c->so_q >= c->stages * c->stage_bytes &&
                      c->kraws >= 4 * 128 * 2 && c->vraws >= 128 * 4 * 2,
                  "kraw %d (%d) vraw %d (%d) stage %d q %d", c->so_kraw, c->kraws, c->so_vraw, c->vraws, c->stage_bytes,
                  c->so_q);
+        /* integer pages: one copy of the widened parameters and mask bytes after the stages (par_step 0), sized
+         * for 4 pages' per-channel scales and zeros and 128 tokens' 4 value groups, no factors; the scores share
+         * the key parameters' part, p.V's weight fragments the folded query's; unmasked: 16 bytes of mask, no raw
+         * mask blocks (docs/cuda.md "Where KIVI-2's shared memory goes"): 45,232 bytes, 5 CTAs an SM on sm_90 by
+         * shared memory (4 at the default 128 registers) and 3 on sm_80 */
+        TH_CHECK(c->par_step == 0 && c->so_kpar == c->stages * c->stage_bytes && c->so_p == c->so_kpar &&
+                     c->stage_bytes == 8192 + 2 * c->kraws + 2 * c->vraws &&
+                     c->so_vpar - c->so_kpar == 2 * 512 * 4 && c->so_kmask - c->so_vpar == 2 * 512 * 4 &&
+                     c->so_q == c->so_kmask + 16 && c->so_w == c->so_qk && c->so_qsum - c->so_qk == 128 * 4 * 4 * 4 &&
+                     c->smem == 45232 && plan_decode_min_blocks(p, c) == 4,
+                 "par_step %d kpar %d vpar %d kmask %d q %d qk %d w %d smem %d minb %d", c->par_step, c->so_kpar,
+                 c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_w, c->smem, plan_decode_min_blocks(p, c));
+        TH_CHECK(plan_decode_ctas_per_sm(p, c, 90, 128) == 4 && plan_decode_ctas_per_sm(p, c, 90, 96) == 5 &&
+                     plan_decode_ctas_per_sm(p, c, 80, 128) == 3,
+                 "ctas %d %d %d", plan_decode_ctas_per_sm(p, c, 90, 128), plan_decode_ctas_per_sm(p, c, 90, 96),
+                 plan_decode_ctas_per_sm(p, c, 80, 128));
         /* registers in units of 256 a warp: 168 -> 5376 a warp, 21504 a CTA, 3 in 64K; 169 -> 5632, 2 */
         const int sm90 = (228 * 1024) / (c->smem + 1024), sm80 = (164 * 1024) / (c->smem + 1024);
         TH_CHECK(plan_decode_ctas_per_sm(p, c, 90, 168) == (sm90 < 3 ? sm90 : 3) &&
@@ -274,11 +300,50 @@ static void test_in_flight(void)
     th_end();
 }
 
+/* $KVQ_DECODE_MINB (docs/cuda.md "Tuning knobs"): the quantized classes' __launch_bounds__ blocks, in the unit;
+ * the fp16 classes keep the plan's; not a number from 0 to 32: refused with the variable named. */
+static void test_minb_knob(void)
+{
+    th_begin("plan: KVQ_DECODE_MINB sets the quantized decode kernels' blocks per SM, and is checked");
+    kvq_spec *sp = spec_text("scheme k { key { bits 2; per channel; group 32; } value { bits 2; per token; group 32; } "
+                             "residual 128; flush kivi; layers 1 { bits 16; } }");
+    kvq_plan *p = kvq_malloc(sizeof *p);
+    kvq_dims d = {4, 32, 8, 128};
+    char msg[256] = "";
+    const kvq_scheme *s = sp ? kvq_spec_scheme(sp, NULL) : NULL;
+    TH_CHECK(s && p, "spec");
+    if (s && p && setenv("KVQ_DECODE_MINB", "5", 1) == 0) {
+        kvq_status st = plan_build(s, &d, KVQ_F32, p, msg, sizeof msg);
+        TH_CHECK(st == KVQ_OK && p->decode_minb == 5 && p->n_classes == 2, "%s", msg);
+        if (st == KVQ_OK && p->n_classes == 2) {
+            const int q = p->cls[0].quant && p->cls[0].k_hi.bits == 2 ? 0 : 1;
+            TH_CHECK(plan_decode_min_blocks(p, &p->cls[q]) == 5 && plan_decode_min_blocks(p, &p->cls[1 - q]) <= 3,
+                     "minb %d / %d", plan_decode_min_blocks(p, &p->cls[q]), plan_decode_min_blocks(p, &p->cls[1 - q]));
+            char *src = NULL;
+            TH_CHECK(emit_cuda_source(p, &src, NULL) == KVQ_OK && src && strstr(src, "#define KVQ_C_MINB 5\n"),
+                     "the unit has no KVQ_C_MINB 5");
+            kvq_free(src);
+            TH_CHECK(plan_check_target(p, 90, msg, sizeof msg) == KVQ_OK, "%s", msg);
+        }
+        setenv("KVQ_DECODE_MINB", "4x", 1);
+        st = plan_build(s, &d, KVQ_F32, p, msg, sizeof msg);
+        TH_CHECK(st == KVQ_ERR_INVALID && strstr(msg, "KVQ_DECODE_MINB"), "accepted 4x: %s", msg);
+        unsetenv("KVQ_DECODE_MINB");
+        st = plan_build(s, &d, KVQ_F32, p, msg, sizeof msg);
+        TH_CHECK(st == KVQ_OK && p->decode_minb == 0, "%s", msg);
+    }
+    kvq_free(p);
+    kvq_spec_free(sp);
+    th_end();
+}
+
 int main(void)
 {
+    unsetenv("KVQ_DECODE_MINB");
     test_layout();
     test_mapping();
     test_in_flight();
+    test_minb_knob();
     test_classes_and_emit();
     test_sha256();
     return th_summary();

@@ -111,7 +111,8 @@ int main(void)
                     if (strncmp(r->name, "kvq_decode_c", 12) != 0) continue;
                     seen++;
                     TH_CHECK(r->smem == 0, "%s: %d bytes of static shared memory", r->name, r->smem);
-                    TH_CHECK(r->spill_stores == 0 && r->lmem == 0, "%s spills (%d stores, %d lmem)", r->name,
+                    /* at most a value or two outside the loops at 128 registers (test_cuda_nvrtc, docs/cuda.md) */
+                    TH_CHECK(r->spill_stores <= 16 && r->lmem <= 16, "%s spills (%d stores, %d lmem)", r->name,
                              r->spill_stores, r->lmem);
                 }
                 TH_CHECK(seen == p->n_classes, "%d decode kernels for %d classes", seen, p->n_classes);
