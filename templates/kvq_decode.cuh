@@ -22,6 +22,7 @@
 
 #include "kvq_format.cuh"
 #include "kvq_mma.cuh"
+#include "kvq_turboquant.cuh"
 
 /* Staged tile of one tensor in shared memory (one stage of the load pipeline). */
 typedef struct {
@@ -164,6 +165,12 @@ KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b
 KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
                             int h, int tid, int fin)
 {
+#if KVQ_TQ_ANY
+    if (kvq_tq_is(f)) { /* TurboQuant pages (kvq_turboquant.cuh): fp32 rows by plain loads and stores, as below */
+        if (!fin) kvq_tq_stage_page(sb->rows, b, f, slot, cap, n, h, tid, KVQ_THREADS);
+        return;
+    }
+#endif
 #if KVQ_FMT_ANY
     if (kvq_fmt_is(f)) { /* element formats (kvq_format.cuh): integer codes and parameters, or fp16 rows, staged by
                           * plain loads and stores when the copies are issued (fin 0; the barrier after the wait
@@ -632,11 +639,13 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi,
                              kvq_fmt vlo, const kvq_dec_geo g)
 {
-    /* element formats are staged as integer codes or fp32 rows, and computed on as such (kvq_format.cuh) */
+    /* element formats are staged as integer codes or fp32 rows, and computed on as such (kvq_format.cuh);
+     * TurboQuant pages as fp32 rows (kvq_turboquant.cuh) */
     const kvq_fmt skhi = khi, sklo = klo, svhi = vhi, svlo = vlo;
-    khi = kvq_fmt_staged(khi), klo = kvq_fmt_staged(klo), vhi = kvq_fmt_staged(vhi), vlo = kvq_fmt_staged(vlo);
-    /* rows this kernel stages are swizzled (kvq_stage_rows); element formats' rows (kvq_format.cuh) are not */
-    const int ksw = !kvq_fmt_is(skhi) | !kvq_fmt_is(sklo) << 1, vsw = !kvq_fmt_is(svhi) | !kvq_fmt_is(svlo) << 1;
+    khi = kvq_dec_staged(khi), klo = kvq_dec_staged(klo), vhi = kvq_dec_staged(vhi), vlo = kvq_dec_staged(vlo);
+    /* rows this kernel stages are swizzled (kvq_stage_rows); element formats' and TurboQuant's rows are not */
+    const int ksw = !kvq_dec_rows_own(skhi) | !kvq_dec_rows_own(sklo) << 1;
+    const int vsw = !kvq_dec_rows_own(svhi) | !kvq_dec_rows_own(svlo) << 1;
     const int G = KVQ_GQA, D = KVQ_D, NW = KVQ_THREADS / 32;
     const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
     const int tid = tx + KVQ_TX * (ty + KVQ_TY * tz);

@@ -102,9 +102,16 @@ static kvq_status cu_supports(const kvq_be_engine *e, char *msg, size_t n)
         const kvq_quant_cfg *q = &c->quant;
         kvq_status st = cu_formats_supported(l, q, msg, n);
         if (st != KVQ_OK) return st;
-        if (kvq_layer_turboquant(c)) {
-            snprintf(msg, n, "layer %d: TurboQuant codes (turboquant) are not decoded by the cuda kernels yet (the "
-                             "reference backend decodes them)", l);
+        /* TurboQuant (templates/kvq_turboquant.cuh): the MSE variant; its prod keys' QJL term is not decoded */
+        if (kvq_layer_turboquant(c) && (q->key.turboquant == KVQ_TQ_PROD || q->value.turboquant == KVQ_TQ_PROD)) {
+            snprintf(msg, n, "layer %d: TurboQuant prod codes (turboquant prod: the QJL residual term) are not "
+                             "decoded by the cuda kernels yet (turboquant mse is; the reference and cpu backends "
+                             "decode both)", l);
+            return KVQ_ERR_UNSUPPORTED;
+        }
+        if (kvq_layer_turboquant(c) && q->outliers.keep > 0) {
+            snprintf(msg, n, "layer %d: TurboQuant codes with an outlier pool are not supported by the cuda kernels "
+                             "(the reference backend runs them)", l);
             return KVQ_ERR_UNSUPPORTED;
         }
         if (q->saliency.metric != KVQ_SAL_NONE && q->outliers.keep > 0) {

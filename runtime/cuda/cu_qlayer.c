@@ -13,6 +13,7 @@
 #include "half.h"
 #include "policy.h"
 #include "quant.h"
+#include "turboquant.h"
 
 static const kvq_tensor_cfg *tcfg(const cu_qlayer *L, int w) { return w ? &L->cfg->value : &L->cfg->key; }
 
@@ -584,8 +585,9 @@ static float get_param(const uint8_t *sec, size_t i, int bytes)
     return f;
 }
 
-/* Dequantized slot of head h of a page copied to the host (ref_page_read's arithmetic). */
-static void page_read(const cu_page *p, const uint8_t *mem, int h, int slot, float *out)
+/* Dequantized slot of head h of a page copied to the host (ref_page_read's arithmetic). tq: the page's TurboQuant
+ * quantizer (MSE: the CUDA kernels store no other), else NULL. */
+static void page_read(const cu_page *p, const uint8_t *mem, int h, int slot, const kvq_tqv *tq, float *out)
 {
     const kvq_page_format *f = &p->fmt;
     int D = f->head_dim;
@@ -595,6 +597,18 @@ static void page_read(const cu_page *p, const uint8_t *mem, int h, int slot, flo
         return;
     }
     uint8_t codes[256];
+    if (tq) { /* TurboQuant: norm_j * L_j[code] per part (ref_store.c ref_page_read) */
+        size_t idx = ((size_t)h * f->capacity + slot) * (size_t)p->lay.n_groups, cb = 0;
+        for (int j = 0; j < tq->n_parts; j++) {
+            const kvq_tq *t = &tq->part[j];
+            float norm;
+            memcpy(&norm, mem + p->lay.scale + (idx + (size_t)j) * 4, 4);
+            kvq_unpack_codes(src + cb, t->D, t->mse_bits, codes);
+            cb += kvq_code_bytes(t->D, t->mse_bits);
+            kvq_tq_dequant_mse(t, codes, norm, out + tq->off[j]);
+        }
+        return;
+    }
     kvq_unpack_codes(src, D, f->bits, codes);
     if (f->format.kind != KVQ_FMT_INT) { /* element formats: x = z + (s T) L[code] (ref_store.c) */
         float lv[256], T = 1.0f;
@@ -677,11 +691,17 @@ kvq_status cu_qlayer_read(kvq_backend_ctx *c, const cu_qlayer *L, float *k, floa
                 st = KVQ_ERR_NOMEM;
                 break;
             }
-            st = page_positions(c, p, msg, mn);
+            kvq_tqv tq;
+            const kvq_page_format *f = &p->fmt;
+            int has_tq = !kvq_bits_is_fp16(f->bits) && f->tq == KVQ_TQ_MSE;
+            st = has_tq ? kvq_tqv_init(&tq, f->head_dim, f->bits, 0, 0, f->tq_out, f->tq_out_bits) : KVQ_OK;
+            if (st == KVQ_OK) st = page_positions(c, p, msg, mn);
             if (st == KVQ_OK) st = cu_dev_d2h(c->dev, mem, p->addr, p->lay.total, msg, mn);
             for (int h = 0; h < c->H && st == KVQ_OK; h++)
                 for (int s = 0; s < p->count; s++)
-                    page_read(p, mem, h, s, dst + ((size_t)h * capacity + p->pos[h * p->fmt.capacity + s]) * c->D);
+                    page_read(p, mem, h, s, has_tq ? &tq : NULL,
+                              dst + ((size_t)h * capacity + p->pos[h * p->fmt.capacity + s]) * c->D);
+            if (has_tq) kvq_tqv_free(&tq);
             kvq_free(mem);
         }
     }
