@@ -67,14 +67,19 @@ KVQ_DEV double kvq_tq_level(const kvq_fmt *f, int j, unsigned code)
     return v;
 }
 
-/* runtime/turboquant.c nearest(): the number of cell bounds at or below u (ties to the upper cell). */
+/* runtime/turboquant.c nearest(): the number of cell bounds at or below u (ties to the upper cell; the bounds
+ * ascend, so this is where the reference's scan stops; NaN: 0 as there). Constant indices only: a level table
+ * indexed at run time would put the format in local memory. */
 KVQ_DEV unsigned kvq_tq_nearest(const kvq_fmt *f, int j, int bits, double u)
 {
-    const double *l = j ? f->tl[1] : f->tl[0];
     const int n = 1 << bits;
-    int i = 0;
-    while (i + 1 < n && u >= (l[i] + l[i + 1]) / 2) i++;
-    return (unsigned)i;
+    unsigned code = 0;
+#pragma unroll
+    for (int i = 0; i + 1 < 16; i++) {
+        const double lo = j ? f->tl[1][i] : f->tl[0][i], hi = j ? f->tl[1][i + 1] : f->tl[0][i + 1];
+        if (i + 1 < n && u >= (lo + hi) / 2) code = (unsigned)i + 1;
+    }
+    return code;
 }
 
 /* ||y|| of part p of a staged row, in the reference's order and rounding. */
