@@ -229,6 +229,7 @@ static int align16(int n) { return (n + 15) & ~15; }
 static int store_par(const kvq_plan *p, const plan_store *st, int tile)
 {
     if (st->bits == 0 || st->bits >= 16) return 1;
+    if (st->tq == KVQ_TQ_PROD) return tile * p->gqa; /* TurboQuant prod keys: each token's QJL term per head */
     if ((st->format.kind != KVQ_FMT_INT && !kvq_fmt_linear((int)st->format.kind)) || st->tq) return 1; /* fp32 rows */
     if (st->gran == KVQ_GRAN_CHANNEL) return p->head_dim * kvq_tile_max_pages(tile, st->group);
     if (st->hidden) return tile;
@@ -433,11 +434,11 @@ kvq_status plan_cuda_ok(const kvq_plan *p, char *msg, size_t n)
 {
     for (int l = 0; l < p->layers; l++) {
         const plan_class *c = &p->cls[p->layer_class[l]];
-        /* the MSE variant is decoded (templates/kvq_turboquant.cuh); the inner-product variant's QJL term is not */
-        if (c->quant && (c->k_hi.tq == KVQ_TQ_PROD || c->v_hi.tq == KVQ_TQ_PROD)) {
-            snprintf(msg, n, "plan: layer %d stores TurboQuant prod codes (turboquant prod: the QJL residual term), "
-                             "which the CUDA kernels do not decode yet (turboquant mse they do; the reference and cpu "
-                             "backends decode both)", l);
+        /* templates/kvq_turboquant.cuh decodes mse keys and values and prod keys (QJL's score term), not prod values */
+        if (c->quant && c->v_hi.tq == KVQ_TQ_PROD) {
+            snprintf(msg, n, "plan: layer %d stores TurboQuant prod values (turboquant prod of the values), which the "
+                             "CUDA kernels do not decode (mse values and prod keys they do; the reference and cpu "
+                             "backends decode them)", l);
             return KVQ_ERR_UNSUPPORTED;
         }
     }

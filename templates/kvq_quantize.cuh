@@ -80,7 +80,7 @@ KVQ_DEV void kvq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, float *xs
     __syncthreads();
 #if KVQ_TQ_ANY
     if (kvq_tq_is(f)) { /* TurboQuant (kvq_turboquant.cuh): a norm per part, Lloyd-Max codes */
-        kvq_tq_quant_token_run(p, f, o, xs, tb, nt, h, tid, KVQ_QTHREADS);
+        kvq_tq_quant_token_run(p, f, o, xs, ps, (unsigned *)pz, tb, nt, h, tid, KVQ_QTHREADS);
         return;
     }
 #endif

@@ -13,8 +13,11 @@
  * The arithmetic the reference does in double is done in double here (kvq_dmul: never fused into an fma):
  *   ||y|| = sqrt(sum_c y_c y_c) in channel order; u_c = y_c / ||y|| (0 when the norm is 0); the code is the number
  *   of cell bounds (L_i + L_{i+1}) / 2 at or below u_c; x_c = (float)(norm * L[code]).
- * The inner-product variant (prod: QJL signs of the residual, Algorithm 2) is not decoded here: the plan refuses
- * it on CUDA (compiler/plan.c plan_cuda_ok). KVQ_TQ_ANY (compiler/emit_cuda.c) is 0 in a unit whose plan has no
+ * The inner-product variant of the keys (prod, Algorithm 2) adds the QJL signs of the residual, sign(S r), and
+ * ||r|| (the zero entry); at decode, sq = sqrt(pi/2)/m S q is computed once per block (kvq_tq_sketch_q, O(D^2 GQA))
+ * and each key's term gamma <sq, sign> once per token and head while its tile is staged, so a score is the
+ * reference's estimator; nothing of S is applied per token (the cpu backend's scheme, docs/cpu.md). Prod values
+ * (Algorithm 2's reconstruction in p.V) are refused on CUDA (compiler/plan.c plan_cuda_ok). KVQ_TQ_ANY (compiler/emit_cuda.c) is 0 in a unit whose plan has no
  * TurboQuant page, and the hooks in kvq_quantize.cuh and kvq_decode.cuh are then left out before compiling. */
 #ifndef KVQ_TURBOQUANT_CUH
 #define KVQ_TURBOQUANT_CUH
@@ -33,6 +36,7 @@ KVQ_DEV kvq_fmt kvq_dec_staged(kvq_fmt f)
 {
     if (!kvq_tq_is(f)) return kvq_fmt_staged(f);
     kvq_fmt g = {32, 0, 0, 0, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}};
+    g.tq = f.tq; /* prod keys: kvq_scores adds the staged QJL term (bits 32: not a page, kvq_tq_is is 0) */
     return g;
 }
 KVQ_DEV int kvq_dec_rows_own(kvq_fmt f) { return kvq_fmt_is(f) || kvq_tq_is(f); }
@@ -93,26 +97,42 @@ KVQ_DEV double kvq_tq_norm(const float *x, kvq_tq_part p)
     return sqrt(nn);
 }
 
-/* Quantize-and-append of tokens [tb, tb + nt) staged in xs ([KVQ_QTOK][D], the caller synchronised after them):
- * one item per (token, part) stores the norm, one per (token, code word) packs the word (recomputing its part's
- * norm: a part's words need it, and a double per word costs less than a second barrier and a staging array). */
-KVQ_DEV void kvq_tq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, kvq_page_off o, const float *xs, int tb,
-                                    int nt, int h, int tid, int nthreads)
+/* nn (a double) of item i kept in shared memory as two 32-bit halves (the kernel's float scratch). */
+KVQ_DEV void kvq_tq_put_nn(unsigned *nnb, int i, double nn)
+{
+    const long long b = __double_as_longlong(nn);
+    nnb[2 * i] = (unsigned)b, nnb[2 * i + 1] = (unsigned)((unsigned long long)b >> 32);
+}
+KVQ_DEV double kvq_tq_get_nn(const unsigned *nnb, int i)
+{
+    return __longlong_as_double((long long)((unsigned long long)nnb[2 * i + 1] << 32 | nnb[2 * i]));
+}
+
+/* Quantize-and-append of tokens [tb, tb + nt) staged in xs ([KVQ_QTOK][D], the caller synchronised after them),
+ * runtime/turboquant.c kvq_tq_quantize step for step: one item per (token, part) takes the norm (kept in nnb, two
+ * words an item), one per (token, code word) packs the word. Prod (Algorithm 2) then takes ym = the MSE
+ * reconstruction per element (into ym, [KVQ_QTOK][D] floats), the residual r = y - ym in double, ||r|| per
+ * (token, part) as the zero entry, and per (token, 32 QJL rows) the signs of S r (S: p->tq_s, double, part by part)
+ * as one word of the token's D-bit sign row. */
+KVQ_DEV void kvq_tq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, kvq_page_off o, const float *xs,
+                                    float *ym, unsigned *nnb, int tb, int nt, int h, int tid, int nthreads)
 {
     unsigned char *page = (unsigned char *)p->page;
     const int np = f.tq_out ? 2 : 1, ng = o.n_groups;
     for (int i = tid; i < nt * np; i += nthreads) {
         const int t = i / np, j = i % np;
-        const float norm = (float)kvq_tq_norm(xs + t * KVQ_D, kvq_tq_part_of(f, j));
-        kvq_st_par(page + o.scale, ((long long)h * p->cap + p->slot + tb + t) * ng + j, 4, norm);
+        const double nn = kvq_tq_norm(xs + t * KVQ_D, kvq_tq_part_of(f, j));
+        kvq_tq_put_nn(nnb, i, nn);
+        kvq_st_par(page + o.scale, ((long long)h * p->cap + p->slot + tb + t) * ng + j, 4, (float)nn);
     }
+    __syncthreads();
     const int W = o.cbpt / 4, w0 = f.tq_out ? kvq_tq_part_of(f, 1).byte / 4 : W;
     unsigned *codes = (unsigned *)(page + o.codes);
     for (int i = tid; i < nt * W; i += nthreads) {
         const int t = i / W, w = i % W, j = w >= w0;
         const kvq_tq_part pt = kvq_tq_part_of(f, j);
         const float *x = xs + t * KVQ_D + pt.off;
-        const double nn = kvq_tq_norm(xs + t * KVQ_D, pt);
+        const double nn = kvq_tq_get_nn(nnb, t * np + j);
         const int lw = w - (j ? w0 : 0); /* the word within the part */
 #define KVQ_TQC_(c) kvq_tq_nearest(&f, j, pt.bits, nn > 0.0 ? (double)x[c] / nn : 0.0)
         unsigned word = 0;
@@ -128,12 +148,66 @@ KVQ_DEV void kvq_tq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, kvq_pa
 #undef KVQ_TQC_
         codes[((long long)h * p->cap + p->slot + tb + t) * W + w] = word;
     }
+    if (f.tq != 2) return;
+    /* Algorithm 2: ym = DeQuant_mse(idx) with the stored (fp32) norm */
+    for (int e = tid; e < nt * KVQ_D; e += nthreads) {
+        const int t = e / KVQ_D, c = e % KVQ_D, j = f.tq_out && c >= f.tq_out;
+        const kvq_tq_part pt = kvq_tq_part_of(f, j);
+        const double nn = kvq_tq_get_nn(nnb, t * np + j);
+        const unsigned code = kvq_tq_nearest(&f, j, pt.bits, nn > 0.0 ? (double)xs[e] / nn : 0.0);
+        ym[e] = (float)kvq_dmul((double)(float)nn, kvq_tq_level(&f, j, code));
+    }
+    __syncthreads();
+    /* gamma = ||r||, r = y - ym in double, channel order */
+    for (int i = tid; i < nt * np; i += nthreads) {
+        const int t = i / np, j = i % np;
+        const kvq_tq_part pt = kvq_tq_part_of(f, j);
+        double rr = 0.0;
+        for (int c = pt.off; c < pt.off + pt.m; c++) {
+            const double r = (double)xs[t * KVQ_D + c] - (double)ym[t * KVQ_D + c];
+            rr = rr + kvq_dmul(r, r);
+        }
+        kvq_st_par(page + o.zero, ((long long)h * p->cap + p->slot + tb + t) * ng + j, 4, (float)sqrt(rr));
+    }
+    /* qjl = sign(S r): bit i of part j's rows is (sum_c S_j[i][c] r_c >= 0), the sum in channel order */
+    const double *S = (const double *)p->tq_s;
+    unsigned *signs = (unsigned *)(page + o.qjl);
+    for (int i = tid; i < nt * (KVQ_D / 32); i += nthreads) {
+        const int t = i / (KVQ_D / 32), w = i % (KVQ_D / 32), j = f.tq_out && 32 * w >= f.tq_out;
+        const kvq_tq_part pt = kvq_tq_part_of(f, j);
+        const double *Sj = S + (j ? (long long)f.tq_out * f.tq_out : 0);
+        const float *x = xs + t * KVQ_D + pt.off, *y = ym + t * KVQ_D + pt.off;
+        unsigned word = 0;
+        for (int k = 0; k < 32; k++) {
+            const double *row = Sj + (long long)(32 * w + k - pt.off) * pt.m;
+            double acc = 0.0;
+            for (int c = 0; c < pt.m; c++) acc = acc + kvq_dmul(row[c], (double)x[c] - (double)y[c]);
+            word |= (unsigned)(acc >= 0.0) << k;
+        }
+        signs[((long long)h * p->cap + p->slot + tb + t) * (KVQ_D / 32) + w] = word;
+    }
+}
+
+/* The QJL estimator's query side, once per decode block (Algorithm 2, Lemma 3): sq[i][h] = sqrt(pi/2) / m_j *
+ * (S_j q_j)_i for QJL row i of part j, [D][GQA] like qs (the log2-domain query), so that a prod key's term is
+ * sum_j gamma_j sum_{i in j} (sign_i ? sq_i : -sq_i). */
+KVQ_DEV void kvq_tq_sketch_q(kvq_u64 s, kvq_fmt f, const float *qs, float *sq, int tid, int nthreads)
+{
+    const double *S = (const double *)s;
+    for (int e = tid; e < KVQ_D * KVQ_GQA; e += nthreads) {
+        const int i = e / KVQ_GQA, hh = e % KVQ_GQA, j = f.tq_out && i >= f.tq_out;
+        const kvq_tq_part pt = kvq_tq_part_of(f, j);
+        const double *row = S + (j ? (long long)f.tq_out * f.tq_out : 0) + (long long)(i - pt.off) * pt.m;
+        float acc = 0.0f;
+        for (int c = 0; c < pt.m; c++) acc = fmaf((float)row[c], qs[(pt.off + c) * KVQ_GQA + hh], acc);
+        sq[e] = acc * (1.2533141373155003f / (float)pt.m); /* sqrt(pi / 2) / m_j */
+    }
 }
 
 /* Stages tokens [slot, slot + n) of a TurboQuant page for kv head h as fp32 rows norm_j * L_j[code]
  * (runtime/turboquant.c kvq_tq_dequant_mse). Per-token pages never form page runs: one page. */
-KVQ_DEV void kvq_tq_stage_page(unsigned char *rows, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
-                               int h, int tid, int nthreads)
+KVQ_DEV void kvq_tq_stage_page(unsigned char *rows, float *qjl, const float *sq, const unsigned char *b, kvq_fmt f,
+                               int slot, int cap, int n, int h, int tid, int nthreads)
 {
     const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
     const kvq_tq_part p0 = kvq_tq_part_of(f, 0), p1 = kvq_tq_part_of(f, 1);
@@ -146,6 +220,25 @@ KVQ_DEV void kvq_tq_stage_page(unsigned char *rows, const unsigned char *b, kvq_
         const unsigned code = kvq_fmt_code_at(b + o.codes + tok * o.cbpt + pt.byte, pt.bits, pt.m, c - pt.off);
         const float norm = kvq_ld_par(b + o.scale, tok * o.n_groups + j, 4);
         out[(long long)t * KVQ_D + c] = (float)kvq_dmul((double)norm, kvq_tq_level(&f, j, code));
+    }
+    if (f.tq != 2) return;
+    /* prod keys: each token's QJL term per head into qjl[t][GQA] (kvq_scores adds it to the score) */
+#pragma unroll 1
+    for (int e = tid; e < n * KVQ_GQA; e += nthreads) {
+        const int t = e / KVQ_GQA, hh = e % KVQ_GQA;
+        const long long tok = (long long)h * cap + slot + t;
+        const unsigned char *sg = b + o.qjl + tok * (KVQ_D / 8);
+        float acc = 0.0f;
+        for (int j = 0; j < (f.tq_out ? 2 : 1); j++) {
+            const kvq_tq_part pt = kvq_tq_part_of(f, j);
+            float part = 0.0f;
+            for (int c = pt.off; c < pt.off + pt.m; c++) {
+                const float v = sq[c * KVQ_GQA + hh];
+                part += (sg[c >> 3] >> (c & 7)) & 1u ? v : -v;
+            }
+            acc = fmaf(kvq_ld_par(b + o.zero, tok * o.n_groups + j, 4), part, acc);
+        }
+        qjl[e] = acc;
     }
 }
 

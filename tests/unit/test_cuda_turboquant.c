@@ -1,13 +1,13 @@
 /* TurboQuant on the emu backend (the cuda backend's kernels, templates/kvq_turboquant.cuh, on the emulator device)
- * against the reference backend through the public API: the MSE schemes of specs/rotate/ (turboquant-mse3 without
- * a split; turboquant-2p5-mse and turboquant-3p5-mse with the outlier channel split at 4 + 2 and 4 + 3 bits), on
+ * against the reference backend through the public API: every scheme of specs/rotate/turboquant*.kvq (mse keys and
+ * values, prod keys with their QJL term, without and with the outlier channel split), on
  * fresh random inputs in lockstep (each sequence its own outlier channels, so its own split): every decode step's
  * attention within 1e-3 (relative to the head's magnitude), the cache read back bit-identical (the device's codes
  * and norms are the reference's bits), the same statistics. Shapes: GQA 1, 4 and 8, head_dim 64, 96, 128 and 256,
  * batches of 1-3 sequences, decodes across the appendable pages' 128-token boundary; one case again under
  * KVQ_EMU_SHUFFLE with three seeds (the emulator's threads in other orders). The data's seed is printed
- * (KVQ_TEST_SEED=N reruns it). The inner-product variant (turboquant prod, whose QJL term the kernels do not
- * decode) is refused with KVQ_ERR_UNSUPPORTED, naming it. Without the emulator: "skipped: <reason>", exit 0. */
+ * (KVQ_TEST_SEED=N reruns it). Prod values (Algorithm 2's reconstruction, which the kernels do not apply in p.V)
+ * are refused with KVQ_ERR_UNSUPPORTED, naming them. Without the emulator: "skipped: <reason>", exit 0. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,9 +30,10 @@ static const shape shapes[] = {
 static const struct {
     const char *file, *name;
 } schemes[] = {
-    {"specs/rotate/turboquant.kvq", "turboquant-mse3"},
-    {"specs/rotate/turboquant-2.5bit.kvq", "turboquant-2p5-mse"},
-    {"specs/rotate/turboquant-3.5bit.kvq", "turboquant-3p5-mse"},
+    {"specs/rotate/turboquant.kvq", "turboquant-mse3"},          {"specs/rotate/turboquant.kvq", "turboquant-k3v2"},
+    {"specs/rotate/turboquant.kvq", "turboquant-k4v3"},          {"specs/rotate/turboquant-2.5bit.kvq", "turboquant-2p5"},
+    {"specs/rotate/turboquant-2.5bit.kvq", "turboquant-32x3-96x2"}, {"specs/rotate/turboquant-2.5bit.kvq", "turboquant-2p5-mse"},
+    {"specs/rotate/turboquant-3.5bit.kvq", "turboquant-3p5"},    {"specs/rotate/turboquant-3.5bit.kvq", "turboquant-3p5-mse"},
 };
 #define N_SCHEMES ((int)(sizeof schemes / sizeof schemes[0]))
 
@@ -157,17 +158,17 @@ static void test_scheme(int si, int first, int n, const char *shuffle, unsigned 
     th_end();
 }
 
-/* The inner-product variant (prod keys: the QJL term) is refused by the cuda kernels, naming it. */
+/* Prod values (Algorithm 2's reconstruction in p.V) are refused by the cuda kernels, naming them. */
 static void test_prod_refused(void)
 {
-    th_begin("emu: turboquant-2p5 (prod keys) is refused with KVQ_ERR_UNSUPPORTED naming turboquant prod");
-    kvq_spec *f = tu_spec_file("specs/rotate/turboquant-2.5bit.kvq");
-    const kvq_scheme *s = f ? kvq_spec_scheme(f, "turboquant-2p5") : NULL;
+    th_begin("emu: turboquant prod values are refused with KVQ_ERR_UNSUPPORTED, naming them");
+    kvq_spec *f = tu_spec_text("scheme pv { value { bits 3; turboquant prod seed 2; } }\n");
+    const kvq_scheme *s = f ? kvq_spec_scheme(f, "pv") : NULL;
     TH_CHECK(s, "scheme");
     kvq_engine *e = NULL;
     char err[512] = "";
     kvq_status st = s ? make_engine(s, KVQ_BACKEND_EMU, &shapes[1], &e, err, sizeof err) : KVQ_ERR_INVALID;
-    TH_CHECK(st == KVQ_ERR_UNSUPPORTED && strstr(err, "turboquant prod"), "%s: %s", kvq_status_str(st), err);
+    TH_CHECK(st == KVQ_ERR_UNSUPPORTED && strstr(err, "TurboQuant prod values"), "%s: %s", kvq_status_str(st), err);
     kvq_engine_free(e);
     kvq_spec_free(f);
     th_end();
@@ -187,9 +188,13 @@ int main(void)
     }
     const char *env = getenv("KVQ_TEST_SEED");
     unsigned long long seed = env && *env ? strtoull(env, NULL, 10) : (unsigned long long)time(NULL);
-    for (int i = 0; i < N_SCHEMES; i++) test_scheme(i, i, 3, NULL, seed + (unsigned long long)i);
+    const char *only = getenv("KVQ_TEST_ONLY"); /* a scheme name, to rerun one case */
+    for (int i = 0; i < N_SCHEMES; i++)
+        if (!only || !strcmp(only, schemes[i].name)) test_scheme(i, i, 2, NULL, seed + (unsigned long long)i);
+    if (only) return th_summary();
+    /* the outlier split with prod keys at head_dim 64, the threads in three other orders */
     static const char *const shuffles[] = {"1", "2", "3"};
-    for (int i = 0; i < 3; i++) test_scheme(1, 3, 1, shuffles[i], seed + 10 + (unsigned long long)i);
+    for (int i = 0; i < 3; i++) test_scheme(3, 3, 1, shuffles[i], seed + 10 + (unsigned long long)i);
     test_prod_refused();
     return th_summary();
 }
