@@ -17,6 +17,11 @@
 #include "test_engine_util.h"
 
 #define KVH 2
+/* tests/gpu/test_gpu_turboquant.c builds this file for the cuda backend (a real GPU) */
+#ifndef CU_TEST_BACKEND
+#define CU_TEST_BACKEND KVQ_BACKEND_EMU
+#endif
+#define BE (CU_TEST_BACKEND == KVQ_BACKEND_EMU ? "emu" : "cuda")
 
 typedef struct {
     int len, batch, gqa, D, steps;
@@ -56,14 +61,14 @@ static double compare_run(const kvq_scheme *sch, const shape *s)
     char err[512] = "";
     kvq_engine *eng[2] = {NULL, NULL};
     kvq_status sr = make_engine(sch, KVQ_BACKEND_REFERENCE, s, &eng[0], err, sizeof err);
-    kvq_status se = make_engine(sch, KVQ_BACKEND_EMU, s, &eng[1], err, sizeof err);
+    kvq_status se = make_engine(sch, CU_TEST_BACKEND, s, &eng[1], err, sizeof err);
     if (sr == KVQ_ERR_SHAPE) {
-        TH_CHECK(se == sr, "reference %s, emu %s (%s)", kvq_status_str(sr), kvq_status_str(se), err);
+        TH_CHECK(se == sr, "reference %s, %s %s (%s)", kvq_status_str(sr), BE, kvq_status_str(se), err);
         kvq_engine_free(eng[1]);
         return th_failed() ? -1 : -3;
     }
     TH_CHECK(sr == KVQ_OK, "reference: %s: %s", kvq_status_str(sr), err);
-    TH_CHECK(se == KVQ_OK, "emu: %s: %s", kvq_status_str(se), err);
+    TH_CHECK(se == KVQ_OK, "%s: %s: %s", BE, kvq_status_str(se), err);
     size_t kvn = (size_t)KVH * s->len * D, qn = (size_t)H * s->len * D, one = (size_t)B * KVH * D;
     size_t oneq = (size_t)B * H * D, cn = (size_t)KVH * maxlen * D;
     float *k = malloc(kvn * 4), *v = malloc(kvn * 4), *q = malloc(qn * 4), *dk = malloc(one * 4), *dv = malloc(one * 4);
@@ -83,7 +88,7 @@ static double compare_run(const kvq_scheme *sch, const shape *s)
             if ((int)(i % (size_t)D) % 5 == b) k[i] *= 4.0f, v[i] *= 3.0f;
         for (int w = 0; w < 2 && !th_failed(); w++) {
             kvq_prefill_item it = {seq[w][b], s->len, k, v, q};
-            TH_CHECK(kvq_prefill(eng[w], 0, &it, 1) == KVQ_OK, "%s prefill: %s", w ? "emu" : "ref",
+            TH_CHECK(kvq_prefill(eng[w], 0, &it, 1) == KVQ_OK, "%s prefill: %s", w ? BE : "ref",
                      kvq_engine_errmsg(eng[w]));
         }
     }
@@ -95,7 +100,7 @@ static double compare_run(const kvq_scheme *sch, const shape *s)
             for (int b = 0; b < B; b++)
                 items[b] = (kvq_decode_item){seq[w][b], dk + (size_t)b * KVH * D, dv + (size_t)b * KVH * D,
                                              dq + (size_t)b * H * D, out[w] + (size_t)b * H * D};
-            TH_CHECK(kvq_decode(eng[w], 0, items, B) == KVQ_OK, "%s decode step %d: %s", w ? "emu" : "ref", step,
+            TH_CHECK(kvq_decode(eng[w], 0, items, B) == KVQ_OK, "%s decode step %d: %s", w ? BE : "ref", step,
                      kvq_engine_errmsg(eng[w]));
         }
         for (int r = 0; r < B * H && !th_failed(); r++) {
@@ -135,9 +140,9 @@ static double compare_run(const kvq_scheme *sch, const shape *s)
  * scheme and shape is an emulator unit of its own, the program's time); shuffle: a KVQ_EMU_SHUFFLE seed (NULL: the emulator's own order). */
 static void test_scheme(int si, int first, int n, const char *shuffle, unsigned long long seed)
 {
-    th_begin("emu vs reference: %s (%s)%s%s, data seed %llu: every decode step within 1e-3, same cache and "
+    th_begin("%s vs reference: %s (%s)%s%s, data seed %llu: every decode step within 1e-3, same cache and "
              "statistics",
-             schemes[si].name, schemes[si].file, shuffle ? ", KVQ_EMU_SHUFFLE=" : "", shuffle ? shuffle : "", seed);
+             BE, schemes[si].name, schemes[si].file, shuffle ? ", KVQ_EMU_SHUFFLE=" : "", shuffle ? shuffle : "", seed);
     if (shuffle) setenv("KVQ_EMU_SHUFFLE", shuffle, 1);
     tu_rng = seed * 0x9e3779b97f4a7c15ull + 1;
     kvq_spec *f = tu_spec_file(schemes[si].file);
@@ -162,13 +167,13 @@ static void test_scheme(int si, int first, int n, const char *shuffle, unsigned 
 /* Prod values (Algorithm 2's reconstruction in p.V) are refused by the cuda kernels, naming them. */
 static void test_prod_refused(void)
 {
-    th_begin("emu: turboquant prod values are refused with KVQ_ERR_UNSUPPORTED, naming them");
+    th_begin("%s: turboquant prod values are refused with KVQ_ERR_UNSUPPORTED, naming them", BE);
     kvq_spec *f = tu_spec_text("scheme pv { value { bits 3; turboquant prod seed 2; } }\n");
     const kvq_scheme *s = f ? kvq_spec_scheme(f, "pv") : NULL;
     TH_CHECK(s, "scheme");
     kvq_engine *e = NULL;
     char err[512] = "";
-    kvq_status st = s ? make_engine(s, KVQ_BACKEND_EMU, &shapes[1], &e, err, sizeof err) : KVQ_ERR_INVALID;
+    kvq_status st = s ? make_engine(s, CU_TEST_BACKEND, &shapes[1], &e, err, sizeof err) : KVQ_ERR_INVALID;
     TH_CHECK(st == KVQ_ERR_UNSUPPORTED && strstr(err, "TurboQuant prod values"), "%s: %s", kvq_status_str(st), err);
     kvq_engine_free(e);
     kvq_spec_free(f);
@@ -180,7 +185,7 @@ int main(void)
     kvq_spec *fp = tu_spec_text("scheme f { }");
     char err[512] = "";
     kvq_engine *probe = NULL;
-    if (fp) make_engine(kvq_spec_scheme(fp, NULL), KVQ_BACKEND_EMU, &shapes[3], &probe, err, sizeof err);
+    if (fp) make_engine(kvq_spec_scheme(fp, NULL), CU_TEST_BACKEND, &shapes[3], &probe, err, sizeof err);
     kvq_engine_free(probe);
     kvq_spec_free(fp);
     if (!probe) {
@@ -194,9 +199,10 @@ int main(void)
         if (!only || !strcmp(only, schemes[i].name))
             test_scheme(i, i, only ? N_SHAPES : 1, NULL, seed + (unsigned long long)i);
     if (only) return th_summary();
-    /* the outlier split with prod keys at head_dim 64, the threads in three other orders */
+    /* the outlier split with prod keys at head_dim 64, the emulator's threads in three other orders */
     static const char *const shuffles[] = {"1", "2", "3"};
-    for (int i = 0; i < 3; i++) test_scheme(3, 3, 1, shuffles[i], seed + 10 + (unsigned long long)i);
+    for (int i = 0; CU_TEST_BACKEND == KVQ_BACKEND_EMU && i < 3; i++)
+        test_scheme(3, 3, 1, shuffles[i], seed + 10 + (unsigned long long)i);
     test_prod_refused();
     return th_summary();
 }
