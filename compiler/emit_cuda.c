@@ -8,6 +8,7 @@
 
 #include "alloc.h"
 #include "kvq_params.cuh"
+#include "lloyd_max.h"
 #include "quant.h"
 
 /* build/gen/kvq_templates.c (compiler/embed_templates.sh) */
@@ -222,6 +223,25 @@ int emit_cuda_kernels(const kvq_plan *p, emit_cuda_kernel *out, int max)
 
 /* ---- the translation unit ---- */
 
+/* A TurboQuant store's fields of kvq_fmt (templates/kvq_layout.cuh, kvq_turboquant.cuh): the variant, the outlier
+ * split and each part's Lloyd-Max levels of N(0, 1/m) at its MSE bits, the table runtime/turboquant.c quantizes
+ * with, printed with 17 significant digits (every double round-trips). */
+static void put_tq(emit_buf *b, const plan_store *st)
+{
+    int qjl = st->tq == KVQ_TQ_PROD, D = st->group; /* a TurboQuant store's group is the head */
+    int m[2] = {st->tq_out ? st->tq_out : D, D - st->tq_out};
+    int mb[2] = {(st->tq_out ? st->tq_out_bits : st->bits) - qjl, st->bits - qjl};
+    emit_buf_printf(b, ", %d, %d, %d, {", st->tq, st->tq_out, st->tq_out ? st->tq_out_bits : 0);
+    for (int j = 0; j < 2; j++) {
+        double lv[16] = {0};
+        if (j == 0 || st->tq_out) kvq_lloyd_max_normal_dim(mb[j], m[j], lv, NULL);
+        emit_buf_printf(b, "%s{", j ? ", " : "");
+        for (int i = 0; i < 16; i++) emit_buf_printf(b, "%s%.17g", i ? ", " : "", lv[i]);
+        emit_buf_printf(b, "}");
+    }
+    emit_buf_printf(b, "}");
+}
+
 static void put_fmt(emit_buf *b, const char *macro, const plan_store *st)
 {
     /* kvq_fmt (templates/kvq_layout.cuh); element formats: their scale/zero bytes (1: e4m3/e8m0, 0: none), the
@@ -229,14 +249,17 @@ static void put_fmt(emit_buf *b, const char *macro, const plan_store *st)
     const kvq_format_cfg *f = &st->format;
     int fmt = st->bits < 16 && f->kind != KVQ_FMT_INT;
     kvq_param_dtype sdt = st->scale_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16, zdt = st->zero_f32 ? KVQ_DT_FP32 : KVQ_DT_FP16;
+    if (st->bits < 16 && st->tq) sdt = zdt = KVQ_DT_FP32; /* TurboQuant's norms (layout.c) */
     emit_buf_printf(b, "#define %s {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %.9g, %d, {", macro, st->bits, st->gran,
-                    st->sep, st->group, st->hidden, fmt ? kvq_format_scale_bytes(f->kind, sdt) : st->scale_f32 ? 4 : 2,
-                    fmt ? kvq_format_zero_bytes(f->kind, zdt) : st->zero_f32 ? 4 : 2, st->masked, fmt ? (int)f->kind : 0,
+                    st->sep, st->group, st->hidden, fmt ? kvq_format_scale_bytes(f->kind, sdt) : sdt == KVQ_DT_FP32 ? 4 : 2,
+                    fmt ? kvq_format_zero_bytes(f->kind, zdt) : zdt == KVQ_DT_FP32 ? 4 : 2, st->masked, fmt ? (int)f->kind : 0,
                     fmt ? f->tensor_scale_per_head : 0, fmt ? f->codebook_normal : 0, fmt && f->tensor_scale > 0 ? (double)f->tensor_scale : 0.0,
                     fmt ? f->n_levels : 0);
     for (int i = 0; i < 16; i++)
         emit_buf_printf(b, "%s%#.9gf", i ? ", " : "", fmt && i < f->n_levels ? (double)f->levels[i] : 0.0);
-    emit_buf_printf(b, "}}\n");
+    emit_buf_printf(b, "}");
+    if (st->bits < 16 && st->tq) put_tq(b, st);
+    emit_buf_printf(b, "}\n");
 }
 
 static void describe_store(emit_buf *b, const char *what, const plan_store *st)
@@ -249,6 +272,8 @@ static void describe_store(emit_buf *b, const char *what, const plan_store *st)
     emit_buf_printf(b, " *   %s: %d-bit%s%s, per %s", what, st->bits, st->format.kind != KVQ_FMT_INT ? " " : "",
                     st->format.kind != KVQ_FMT_INT ? kvq_format_name(st->format.kind) : "",
                     st->gran == KVQ_GRAN_CHANNEL ? "channel" : "token");
+    if (st->tq) emit_buf_printf(b, ", turboquant %s", st->tq == KVQ_TQ_PROD ? "prod" : "mse");
+    if (st->tq && st->tq_out) emit_buf_printf(b, ", outlier_channels %d bits %d", st->tq_out, st->tq_out_bits);
     if (st->hidden)
         emit_buf_printf(b, ", group hidden");
     else if (st->group)
@@ -359,6 +384,18 @@ static int any_format(const kvq_plan *p)
     return 0;
 }
 
+/* 1 when a layer class stores TurboQuant codes. */
+static int any_tq(const kvq_plan *p)
+{
+    for (int c = 0; c < p->n_classes; c++) {
+        const plan_class *k = &p->cls[c];
+        const plan_store *st[4] = {&k->k_hi, &k->k_lo, &k->v_hi, &k->v_lo};
+        for (int i = 0; k->quant && i < 4; i++)
+            if (st[i]->bits < 16 && st[i]->tq) return 1;
+    }
+    return 0;
+}
+
 static const char *dtype_name(int dt) { return dt == KVQ_F16 ? "fp16" : dt == KVQ_BF16 ? "bf16" : "fp32"; }
 
 kvq_status emit_cuda_source(const kvq_plan *p, char **out, size_t *len)
@@ -388,8 +425,10 @@ kvq_status emit_cuda_source(const kvq_plan *p, char **out, size_t *len)
     emit_buf_printf(&b, "#define KVQ_POL_TK %d\n#define KVQ_POL_DENSE %d\n", p->any_sparse, p->any_auto);
     /* element formats (kvq_format.cuh): their device code only in a unit that has one */
     emit_buf_printf(&b, "#define KVQ_FMT_ANY %d\n", any_format(p));
+    /* TurboQuant pages (kvq_turboquant.cuh): likewise */
+    emit_buf_printf(&b, "#define KVQ_TQ_ANY %d\n", any_tq(p));
     static const char *const common[] = {"kvq_intrin.cuh", "kvq_params.cuh", "kvq_layout.cuh",   "kvq_types.cuh",
-                                         "kvq_format.cuh", "kvq_unpack.cuh", "kvq_mma.cuh", "kvq_decode.cuh", "kvq_quantize.cuh", "kvq_common.cuh"};
+                                         "kvq_format.cuh", "kvq_turboquant.cuh", "kvq_unpack.cuh", "kvq_mma.cuh", "kvq_decode.cuh", "kvq_quantize.cuh", "kvq_common.cuh"};
     for (size_t i = 0; i < sizeof common / sizeof common[0]; i++) put_template(&b, common[i]);
     if (p->any_pool || p->any_saliency || p->any_sparse || p->any_auto) {
         put_template(&b, "kvq_select.cuh");

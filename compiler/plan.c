@@ -53,6 +53,7 @@ int plan_row_bytes(int head_dim, int bits) { return (int)kvq_code_bytes(head_dim
  * reference's values exactly: fp16 rows would round a codebook's levels and a prompt's tensor scale). */
 static int staged_row_bytes(int head_dim, const plan_store *st)
 {
+    if (st->bits < 16 && st->tq) return 4 * head_dim; /* TurboQuant: fp32 rows (templates/kvq_turboquant.cuh) */
     if (st->bits >= 16 || st->format.kind == KVQ_FMT_INT) return plan_row_bytes(head_dim, st->bits);
     if (!kvq_fmt_linear((int)st->format.kind)) return 4 * head_dim;
     return plan_row_bytes(head_dim, kvq_fmt_staged_bits((int)st->format.kind, st->bits));
@@ -77,6 +78,7 @@ static void store_init(plan_store *st, const kvq_tensor_cfg *t, int bits, int ma
         st->tq = (int)t->turboquant;
         st->tq_out = t->tq_outliers;
         st->tq_out_bits = t->tq_outliers ? t->tq_outlier_bits : 0;
+        st->scale_f32 = st->zero_f32 = 1; /* fp32 norms (layout.c) */
     }
 }
 
@@ -228,7 +230,8 @@ static int align16(int n) { return (n + 15) & ~15; }
 static int store_par(const kvq_plan *p, const plan_store *st, int tile)
 {
     if (st->bits == 0 || st->bits >= 16) return 1;
-    if (st->format.kind != KVQ_FMT_INT && !kvq_fmt_linear((int)st->format.kind)) return 1; /* fp32 rows staged */
+    if (st->tq == KVQ_TQ_PROD) return tile * p->gqa; /* TurboQuant prod keys: each token's QJL term per head */
+    if ((st->format.kind != KVQ_FMT_INT && !kvq_fmt_linear((int)st->format.kind)) || st->tq) return 1; /* fp32 rows */
     if (st->gran == KVQ_GRAN_CHANNEL) return p->head_dim * kvq_tile_max_pages(tile, st->group);
     if (st->hidden) return tile;
     return tile * (p->head_dim / st->group);
@@ -260,13 +263,13 @@ static int store_raw(const kvq_plan *p, const plan_store *st, int tile)
 static int mma_shape_ok(const kvq_plan *p) { return p->gqa == 4 && p->threads == 128 && p->head_dim % 64 == 0; }
 static int mma_k_ok(const kvq_plan *p, const plan_store *st)
 {
-    return mma_shape_ok(p) && (st->bits == 2 || st->bits == 4) && st->format.kind == KVQ_FMT_INT &&
+    return mma_shape_ok(p) && (st->bits == 2 || st->bits == 4) && st->format.kind == KVQ_FMT_INT && !st->tq &&
            st->gran == KVQ_GRAN_CHANNEL && !st->scale_f32;
 }
 static int mma_v_groups(const kvq_plan *p, const plan_store *st) { return st->hidden ? 1 : p->head_dim / st->group; }
 static int mma_v_ok(const kvq_plan *p, const plan_store *st)
 {
-    return mma_shape_ok(p) && (st->bits == 2 || st->bits == 4) && st->format.kind == KVQ_FMT_INT &&
+    return mma_shape_ok(p) && (st->bits == 2 || st->bits == 4) && st->format.kind == KVQ_FMT_INT && !st->tq &&
            st->gran == KVQ_GRAN_TOKEN && !st->sep &&
            !st->scale_f32 && (st->hidden || st->group % 16 == 0) && mma_v_groups(p, st) <= 4;
 }
@@ -458,9 +461,11 @@ kvq_status plan_cuda_ok(const kvq_plan *p, char *msg, size_t n)
 {
     for (int l = 0; l < p->layers; l++) {
         const plan_class *c = &p->cls[p->layer_class[l]];
-        if (c->quant && (c->k_hi.tq || c->v_hi.tq)) {
-            snprintf(msg, n, "plan: layer %d stores TurboQuant codes (turboquant), which the CUDA kernels do not "
-                             "decode yet (the reference and cpu backends do)", l);
+        /* templates/kvq_turboquant.cuh decodes mse keys and values and prod keys (QJL's score term), not prod values */
+        if (c->quant && c->v_hi.tq == KVQ_TQ_PROD) {
+            snprintf(msg, n, "plan: layer %d stores TurboQuant prod values (turboquant prod of the values), which the "
+                             "CUDA kernels do not decode (mse values and prod keys they do; the reference and cpu "
+                             "backends decode them)", l);
             return KVQ_ERR_UNSUPPORTED;
         }
     }

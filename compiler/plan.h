@@ -38,7 +38,8 @@ typedef struct {
      * decode kernel stages its tiles as fp16 (templates/kvq_format.cuh) */
     kvq_format_cfg format;
     /* TurboQuant codes (kvq_turboquant; 0 = none) and its outlier channel split (layout.h tq_out, tq_out_bits):
-     * the cpu kernels decode them (compiler/emit_llvm_turboquant.c); the CUDA templates do not (plan_cuda_ok) */
+     * the cpu kernels decode them (compiler/emit_llvm_turboquant.c), the CUDA templates too
+     * (templates/kvq_turboquant.cuh) except prod values (plan_cuda_ok) */
     int tq, tq_out, tq_out_bits;
 } plan_store;
 
@@ -124,8 +125,8 @@ double plan_body_bytes_per_token(const kvq_plan *p, const plan_class *c);
 /* Bytes of one token of one kv head as the decode kernel stages it (codes, or fp16 values). */
 int plan_row_bytes(int head_dim, int bits);
 
-/* KVQ_OK if the CUDA templates decode every class of p; else KVQ_ERR_UNSUPPORTED with the reason (TurboQuant codes:
- * only the reference and cpu backends decode them). plan_check_target checks it too. */
+/* KVQ_OK if the CUDA templates decode every class of p; else KVQ_ERR_UNSUPPORTED with the reason (TurboQuant prod
+ * values: only the reference and cpu backends decode them). plan_check_target checks it too. */
 kvq_status plan_cuda_ok(const kvq_plan *p, char *msg, size_t msg_size);
 
 /* Checks the plan against a target's limits: the decode kernel's dynamic shared memory against the opt-in

@@ -138,7 +138,7 @@ const kvq_layer_cfg *kvq_scheme_layer(const kvq_scheme *s, int layer);
 /* 1 if bits means "kept fp16" (not quantized). */
 static inline int kvq_bits_is_fp16(int bits) { return bits >= 16; }
 
-/* 1 if a quantize-mode layer stores TurboQuant codes (only the reference backend decodes them so far). */
+/* 1 if a quantize-mode layer stores TurboQuant codes (runtime/turboquant.h). */
 static inline int kvq_layer_turboquant(const kvq_layer_cfg *c)
 {
     const kvq_quant_cfg *q = &c->quant;

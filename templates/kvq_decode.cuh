@@ -22,6 +22,7 @@
 
 #include "kvq_format.cuh"
 #include "kvq_mma.cuh"
+#include "kvq_turboquant.cuh"
 
 /* Staged tile of one tensor in shared memory (one stage of the load pipeline). */
 typedef struct {
@@ -32,6 +33,7 @@ typedef struct {
     unsigned char *raw;  /* parameter bytes as cp.async lands them: scales, zeros (raws bytes each), factors (rawf),
                           * mask bits */
     int raws, rawf;
+    const float *sq;     /* TurboQuant prod keys: the block's sqrt(pi/2)/m S q, [D][GQA] (kvq_turboquant.cuh) */
 } kvq_stage_buf;
 
 /* The parameters of a tile move as whole 16-byte blocks: [src, src + n eb) is covered by the aligned blocks from
@@ -164,6 +166,12 @@ KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b
 KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
                             int h, int tid, int fin)
 {
+#if KVQ_TQ_ANY
+    if (kvq_tq_is(f)) { /* TurboQuant pages (kvq_turboquant.cuh): fp32 rows by plain loads and stores, as below */
+        if (!fin) kvq_tq_stage_page(sb->rows, sb->s, sb->sq, b, f, slot, cap, n, h, tid, KVQ_THREADS);
+        return;
+    }
+#endif
 #if KVQ_FMT_ANY
     if (kvq_fmt_is(f)) { /* element formats (kvq_format.cuh): integer codes and parameters, or fp16 rows, staged by
                           * plain loads and stores when the copies are issued (fin 0; the barrier after the wait
@@ -252,6 +260,7 @@ KVQ_DEV void kvq_stage_bufs(unsigned char *smem, const kvq_dec_geo *g, int st, k
     vb->rows = s0 + g->voff, vb->s = vpar, vb->z = vpar + g->vparn, vb->f = vpar + 2 * g->vparn, vb->mask = 0;
     kb->raw = s0 + g->so_kraw, vb->raw = s0 + g->so_vraw;
     kb->raws = g->kraws, vb->raws = g->vraws, kb->rawf = vb->rawf = g->rawf;
+    kb->sq = vb->sq = (const float *)(smem + g->so_qk); /* TurboQuant prod keys: their tiles never fold q */
 }
 
 /* Tokens of tile T this kv head reads (a pool's tile: kvq_tile.count) and its K and V kinds. */
@@ -424,6 +433,9 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
             float x = runs ? sc[h] : acc[h];
             for (int off = split / 2; off > 0; off >>= 1) x += __shfl_xor_sync(KVQ_FULL_MASK, x, off);
             if (f.bits < 16 && f.gran == 0) x += bias[pg * G + h];
+#if KVQ_TQ_ANY
+            if (f.tq == 2) x += kb->s[tt * G + h]; /* TurboQuant prod keys: the QJL term (kvq_turboquant.cuh) */
+#endif
             if (dead) x = KVQ_NEG_INF;
             mloc[h] = fmaxf(mloc[h], x);
             if (part == 0 && live) ps[t * G + h] = x;
@@ -636,11 +648,13 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi,
                              kvq_fmt vlo, const kvq_dec_geo g)
 {
-    /* element formats are staged as integer codes or fp32 rows, and computed on as such (kvq_format.cuh) */
+    /* element formats are staged as integer codes or fp32 rows, and computed on as such (kvq_format.cuh);
+     * TurboQuant pages as fp32 rows (kvq_turboquant.cuh) */
     const kvq_fmt skhi = khi, sklo = klo, svhi = vhi, svlo = vlo;
-    khi = kvq_fmt_staged(khi), klo = kvq_fmt_staged(klo), vhi = kvq_fmt_staged(vhi), vlo = kvq_fmt_staged(vlo);
-    /* rows this kernel stages are swizzled (kvq_stage_rows); element formats' rows (kvq_format.cuh) are not */
-    const int ksw = !kvq_fmt_is(skhi) | !kvq_fmt_is(sklo) << 1, vsw = !kvq_fmt_is(svhi) | !kvq_fmt_is(svlo) << 1;
+    khi = kvq_dec_staged(khi), klo = kvq_dec_staged(klo), vhi = kvq_dec_staged(vhi), vlo = kvq_dec_staged(vlo);
+    /* rows this kernel stages are swizzled (kvq_stage_rows); element formats' and TurboQuant's rows are not */
+    const int ksw = !kvq_dec_rows_own(skhi) | !kvq_dec_rows_own(sklo) << 1;
+    const int vsw = !kvq_dec_rows_own(svhi) | !kvq_dec_rows_own(svlo) << 1;
     const int G = KVQ_GQA, D = KVQ_D, NW = KVQ_THREADS / 32;
     const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
     const int tid = tx + KVQ_TX * (ty + KVQ_TY * tz);
@@ -688,6 +702,13 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         for (int w = 0; w < NW; w++) qmax = fmaxf(qmax, wmax[w]);
         qscale = kvq_mma_qscale(qmax), qinv = 1.0f / qscale; /* powers of two */
     }
+#if KVQ_TQ_ANY
+    if (kvq_tq_is(skhi) && skhi.tq == 2) { /* TurboQuant prod keys: S q once per block, where qk would fold */
+        __syncthreads();
+        kvq_tq_sketch_q(p->tq_s, skhi, qs, (float *)(smem + g.so_qk), tid, KVQ_THREADS);
+        __syncthreads();
+    }
+#endif
     unsigned short *wb = (unsigned short *)(smem + g.so_w);
     const int nks = g.tile / 16;
     float macc[KVQ_MMA_MPW][4], oz[KVQ_GQA][4];

@@ -24,10 +24,16 @@ typedef struct {
     float ts;
     int n_levels;
     float lv[16];
+    /* TurboQuant pages (templates/kvq_turboquant.cuh; 0 = none, 1 mse, 2 prod: layout/layout.h): bits above is
+     * the quantizer's (prod: one of them the QJL sign), tq_out the outlier split's channels (0 = no split) at
+     * tq_ob bits, tl[j] part j's Lloyd-Max levels of N(0, 1/m_j) (part 0 the outliers when split, else the whole
+     * vector), as kvq_tq_init computes them in double. Absent from every other format's initialiser (zeros). */
+    int tq, tq_out, tq_ob;
+    double tl[2][16];
 } kvq_fmt;
 
 typedef struct {
-    long long codes, scale, zero, factor, mask, total;
+    long long codes, scale, zero, factor, qjl, mask, total;
     int cbpt;     /* code bytes per token of one kv head */
     int n_groups; /* per token: scale entries per token and kv head (1 when hidden) */
     int mask_stride; /* bytes of mask per kv head */
@@ -55,6 +61,10 @@ KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
     long long off = 0, n_par = 0;
     int quantized = f.bits < 16;
     o.cbpt = kvq_fmt_cbpt(f.bits, D);
+    if (quantized && f.tq) { /* TurboQuant: each part's codes at its MSE bits (prod spends one on QJL) */
+        const int qjl = f.tq == 2;
+        o.cbpt = kvq_fmt_cbpt(f.bits - qjl, D - f.tq_out) + (f.tq_out ? kvq_fmt_cbpt(f.tq_ob - qjl, f.tq_out) : 0);
+    }
     o.n_groups = 0;
     o.codes = 0;
     off += kvq_al16((long long)H * cap * o.cbpt);
@@ -65,16 +75,18 @@ KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
             o.n_groups = 1;
             n_par = cap;
         } else {
-            o.n_groups = D / f.group;
+            o.n_groups = f.tq && f.tq_out ? 2 : D / f.group; /* TurboQuant's split: a norm per part */
             n_par = (long long)H * cap * o.n_groups;
         }
     }
     o.scale = off;
     off += kvq_al16(n_par * f.sbytes);
     o.zero = off;
-    off += kvq_al16(n_par * f.zbytes);
+    off += f.tq == 1 ? 0 : kvq_al16(n_par * f.zbytes); /* TurboQuant mse: the norm only */
     o.factor = off;
     off += quantized && f.sep ? kvq_al16((long long)H * D * f.sbytes) : 0;
+    o.qjl = off; /* TurboQuant prod's sign bits, [kv_head][cap][D / 8] */
+    off += quantized && f.tq == 2 ? kvq_al16((long long)H * cap * D / 8) : 0;
     o.mask_stride = (cap + 7) / 8;
     o.mask = off;
     off += f.masked ? kvq_al16((long long)H * o.mask_stride) : 0;

@@ -77,6 +77,8 @@ typedef struct {
     kvq_i32 batch;
     kvq_i32 n_chunks;   /* gridDim.y; 1: the decode kernel writes out directly */
     kvq_i32 tiles_per_chunk;
+    kvq_u64 tq_s;       /* 0, or TurboQuant prod keys: the layer's QJL matrices, const double, part 0's m0 x m0 then
+                         * part 1's (runtime/turboquant.h kvq_tqv; templates/kvq_turboquant.cuh) */
 } kvq_decode_params;
 
 /* Rows a kernel reads: row (h, t) of a source sits at base + (h * head_stride + r * D) elements, where
@@ -102,6 +104,7 @@ typedef struct {
     kvq_i32 mean_fill;  /* OTT: masked tokens are replaced by the mean of the group's unmasked tokens first */
     kvq_u64 tamax;      /* 0, or const float [kv_heads]: the absolute maxima a tensor scale from the prompt comes
                          * from (element formats, tensor_scale prompt; kvq_tensor_amax) */
+    kvq_u64 tq_s;       /* 0, or TurboQuant prod: the QJL matrices, as kvq_decode_params.tq_s */
 } kvq_quant_params;
 
 /* kvq_tensor_amax (kvq_common.cuh): out[h] = max |x| over the n rows of kv head h of src (NaN ignored), from
@@ -305,9 +308,9 @@ typedef struct {
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
 KVQ_PARAMS_CHECK(kvq_tile, 48);
 KVQ_PARAMS_CHECK(kvq_seq_tiles, 16);
-KVQ_PARAMS_CHECK(kvq_decode_params, 64);
+KVQ_PARAMS_CHECK(kvq_decode_params, 72);
 KVQ_PARAMS_CHECK(kvq_rows, 32);
-KVQ_PARAMS_CHECK(kvq_quant_params, 72);
+KVQ_PARAMS_CHECK(kvq_quant_params, 80);
 KVQ_OFFSET_ASSERT(kvq_quant_params, tamax, 64);
 KVQ_PARAMS_CHECK(kvq_tamax_params, 48);
 KVQ_PARAMS_CHECK(kvq_store_params, 56);

@@ -15,6 +15,7 @@
 #define KVQ_QUANTIZE_CUH
 
 #include "kvq_format.cuh"
+#include "kvq_turboquant.cuh"
 #include "kvq_types.cuh"
 
 #define KVQ_QTHREADS 128
@@ -77,6 +78,12 @@ KVQ_DEV void kvq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, float *xs
         xs[i] = x;
     }
     __syncthreads();
+#if KVQ_TQ_ANY
+    if (kvq_tq_is(f)) { /* TurboQuant (kvq_turboquant.cuh): a norm per part, Lloyd-Max codes */
+        kvq_tq_quant_token_run(p, f, o, xs, ps, (unsigned *)pz, tb, nt, h, tid, KVQ_QTHREADS);
+        return;
+    }
+#endif
 #if KVQ_FMT_ANY
     if (f.kind) { /* element formats (kvq_format.cuh) */
         kvq_fmt_quant_token_run(p, f, o, xs, tb, nt, h, tid, KVQ_QTHREADS);

@@ -8,6 +8,7 @@
 
 #include "alloc.h"
 #include "cu_backend.h"
+#include "turboquant.h"
 #include "emit_cuda.h"
 #include "quant.h"
 
@@ -102,9 +103,17 @@ static kvq_status cu_supports(const kvq_be_engine *e, char *msg, size_t n)
         const kvq_quant_cfg *q = &c->quant;
         kvq_status st = cu_formats_supported(l, q, msg, n);
         if (st != KVQ_OK) return st;
-        if (kvq_layer_turboquant(c)) {
-            snprintf(msg, n, "layer %d: TurboQuant codes (turboquant) are not decoded by the cuda kernels yet (the "
-                             "reference backend decodes them)", l);
+        /* TurboQuant (templates/kvq_turboquant.cuh): mse keys and values, prod keys (QJL's score term); prod values
+         * would need Algorithm 2's S^T sign(S r) per token in p.V */
+        if (kvq_layer_turboquant(c) && q->value.turboquant == KVQ_TQ_PROD && !kvq_bits_is_fp16(q->value.bits)) {
+            snprintf(msg, n, "layer %d: TurboQuant prod values (turboquant prod of the values: Algorithm 2's QJL "
+                             "reconstruction) are not decoded by the cuda kernels (mse values and prod keys are; the "
+                             "reference and cpu backends decode them)", l);
+            return KVQ_ERR_UNSUPPORTED;
+        }
+        if (kvq_layer_turboquant(c) && q->outliers.keep > 0) {
+            snprintf(msg, n, "layer %d: TurboQuant codes with an outlier pool are not supported by the cuda kernels "
+                             "(the reference backend runs them)", l);
             return KVQ_ERR_UNSUPPORTED;
         }
         if (q->saliency.metric != KVQ_SAL_NONE && q->outliers.keep > 0) {
@@ -133,6 +142,8 @@ static void ctx_free(kvq_backend_ctx *c)
     cu_dev_free(c->dev, c->aux);
     cu_dev_free(c->dev, c->pol);
     cu_dev_free(c->dev, c->kvin);
+    for (int l = 0; c->tq_s && l < c->e.dims.layers; l++) cu_dev_free(c->dev, c->tq_s[l]);
+    kvq_free(c->tq_s);
     cu_scratch_release(c);
     kvq_free(c->retired);
     cu_step_free(c);
@@ -144,6 +155,32 @@ static void ctx_free(kvq_backend_ctx *c)
     kvq_free(c->plan);
     kvq_free(c->htiles);
     kvq_free(c);
+}
+
+/* TurboQuant prod keys (templates/kvq_turboquant.cuh): each such layer's QJL matrices, built as the reference
+ * builds them (runtime/turboquant.c kvq_tqv_init: the keys' rotate seed, one matrix per part of the outlier split),
+ * uploaded once as doubles, part 0's then part 1's. The quantize kernels compute the signs of S r with them (bit
+ * for bit the reference's), the decode kernel S q once per block. */
+static kvq_status tq_upload(kvq_backend_ctx *c, char *msg, size_t n)
+{
+    kvq_status st = KVQ_OK;
+    for (int l = 0; l < c->e.dims.layers && st == KVQ_OK; l++) {
+        const kvq_layer_cfg *lc = kvq_scheme_layer(c->e.scheme, l);
+        const kvq_tensor_cfg *t = &lc->quant.key;
+        if (lc->mode == KVQ_MODE_SPARSE || kvq_bits_is_fp16(t->bits) || t->turboquant != KVQ_TQ_PROD) continue;
+        if (!c->tq_s && !(c->tq_s = kvq_calloc((size_t)c->e.dims.layers, sizeof *c->tq_s))) return KVQ_ERR_NOMEM;
+        kvq_tqv v;
+        st = kvq_tqv_init(&v, c->D, t->bits, 1, t->rotate_seed, t->tq_outliers, t->tq_outlier_bits);
+        if (st != KVQ_OK) break;
+        size_t bytes = 0;
+        for (int j = 0; j < v.n_parts; j++) bytes += (size_t)v.part[j].D * v.part[j].D * sizeof(double);
+        st = cu_dev_alloc(c->dev, bytes, &c->tq_s[l], msg, n);
+        for (int j = 0, off = 0; j < v.n_parts && st == KVQ_OK; off += v.part[j].D * v.part[j].D, j++)
+            st = cu_dev_h2d(c->dev, c->tq_s[l] + (uint64_t)off * sizeof(double), v.part[j].S,
+                            (size_t)v.part[j].D * v.part[j].D * sizeof(double), msg, n);
+        kvq_tqv_free(&v);
+    }
+    return st;
 }
 
 static kvq_status prepare_kind(cu_dev_kind kind, const kvq_be_engine *e, kvq_backend_ctx **out, char *msg, size_t n)
@@ -170,6 +207,7 @@ static kvq_status prepare_kind(cu_dev_kind kind, const kvq_be_engine *e, kvq_bac
     if (st == KVQ_OK) st = cu_dev_load(c->dev, src, kvq_scheme_name(e->scheme), &c->mod, msg, n);
     kvq_free(src);
     if (st == KVQ_OK) st = cu_dev_check_params(c->dev, c->mod, msg, n);
+    if (st == KVQ_OK) st = tq_upload(c, msg, n);
     /* Once, at load, per decode class: the opt-in past the default 48 KiB of dynamic shared memory (not per
      * launch), and the occupancy that sizes split-KV (not per step). */
     for (int k = 0; st == KVQ_OK && k < c->plan->n_classes; k++) {
@@ -379,7 +417,9 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
     if (st == KVQ_OK) st = cu_upload(c, c->tiles, c->htiles, (size_t)nt * sizeof(kvq_tile), msg, ms);
     if (st == KVQ_OK) st = cu_upload(c, c->seqs, sq, (size_t)n * sizeof *sq, msg, ms);
     /* 4. the fused decode kernel for the whole batch, then the merge of the chunks */
-    if (st == KVQ_OK) st = cu_decode_launch(c, cls, n, nch, tpc, c->qbuf, c->seqs, outd, lsed, c->part, msg, ms);
+    if (st == KVQ_OK)
+        st = cu_decode_launch(c, cls, n, nch, tpc, c->qbuf, c->seqs, outd, lsed, c->part, c->tq_s ? c->tq_s[layer] : 0,
+                              msg, ms);
     /* 5. ZipCache: probe rows over this step's tiles (its query on the device, docs/cuda.md "Determinism"),
      *    compression every W */
     for (int i = 0; i < n && st == KVQ_OK; i++) {

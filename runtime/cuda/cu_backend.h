@@ -81,6 +81,7 @@ typedef struct {
     /* element formats whose tensor scale comes from the prompt (tensor_scale prompt), K and V: the prompt's absolute
      * maxima, device float [H] (kvq_tensor_amax), or 0 */
     uint64_t tamax[2];
+    uint64_t tq_s; /* TurboQuant prod keys: the layer's QJL matrices on the device (kvq_backend_ctx.tq_s), or 0 */
 } cu_qlayer;
 
 typedef struct {
@@ -274,6 +275,9 @@ struct kvq_backend_ctx {
     int decode_blocks_per_sm[PLAN_MAX_CLASSES];
     int sm_count;
     int decode_waves; /* the split-KV rule, $KVQ_DECODE_WAVES (cu_tiles_per_chunk): 0 the shortest launch, N N waves */
+    /* TurboQuant prod keys: per layer, the device copy of its QJL matrices (kvq_tqv's S, double, part by part), or
+     * 0 (templates/kvq_turboquant.cuh); NULL when no layer has them */
+    uint64_t *tq_s;
     cu_step step;
     cu_rec *rec; /* set while kvq_decode_plan records a layer's work */
     /* where cu_launch sends a launch while rec is set: cu_step_record (a hook, so cu_base.c calls nothing above it) */
@@ -315,9 +319,10 @@ kvq_status cu_convert_out(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, u
                           size_t ms);
 /* The fused decode kernel of class cls over n sequences (their kvq_seq_tiles at seqs), split into nch chunks of
  * tpc tiles (tpc 1 with each sequence's split in its kvq_seq_tiles: planned steps), then the merge of the chunks
- * when nch > 1. q: [n][Hq][D] fp32; out, lse: [n][Hq][D] and [n][Hq] fp32; part: the chunks' partials. */
+ * when nch > 1. q: [n][Hq][D] fp32; out, lse: [n][Hq][D] and [n][Hq] fp32; part: the chunks' partials; tq_s: the
+ * layer's TurboQuant QJL matrices (kvq_backend_ctx.tq_s) or 0. */
 kvq_status cu_decode_launch(kvq_backend_ctx *c, int cls, int n, int nch, int tpc, uint64_t q, uint64_t seqs,
-                            uint64_t out, uint64_t lse, uint64_t part, char *msg, size_t ms);
+                            uint64_t out, uint64_t lse, uint64_t part, uint64_t tq_s, char *msg, size_t ms);
 /* kvq_convert_rows of n tokens x heads rows of dim elements (kvq_params.cuh). */
 kvq_status cu_convert_rows(kvq_backend_ctx *c, uint64_t src, int sdt, long long sts, long long shs, uint64_t dst,
                            int ddt, long long dts, long long dhs, int n, int heads, int dim, float mul, char *msg,

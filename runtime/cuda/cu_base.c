@@ -258,12 +258,12 @@ kvq_status cu_convert_out(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, u
 }
 
 kvq_status cu_decode_launch(kvq_backend_ctx *c, int cls, int n, int nch, int tpc, uint64_t q, uint64_t seqs,
-                            uint64_t out, uint64_t lse, uint64_t part, char *msg, size_t ms)
+                            uint64_t out, uint64_t lse, uint64_t part, uint64_t tq_s, char *msg, size_t ms)
 {
     int H = c->H, Hq = c->Hq, D = c->D;
     kvq_decode_params dp;
     memset(&dp, 0, sizeof dp);
-    dp.q = q, dp.out = out, dp.seqs = seqs, dp.lse = lse;
+    dp.q = q, dp.out = out, dp.seqs = seqs, dp.lse = lse, dp.tq_s = tq_s;
     dp.part_o = part, dp.part_lse = part + (uint64_t)n * Hq * nch * D * sizeof(float);
     dp.scale = c->e.softmax_scale * 1.4426950408889634f; /* log2(e): the kernel works in base 2 */
     dp.batch = n, dp.n_chunks = nch, dp.tiles_per_chunk = tpc;

@@ -13,6 +13,7 @@
 #include "half.h"
 #include "policy.h"
 #include "quant.h"
+#include "turboquant.h"
 
 static const kvq_tensor_cfg *tcfg(const cu_qlayer *L, int w) { return w ? &L->cfg->value : &L->cfg->key; }
 
@@ -159,6 +160,7 @@ static kvq_status page_write(kvq_backend_ctx *c, const cu_qlayer *L, cu_page *p,
     memset(&qp, 0, sizeof qp);
     qp.src = *src, qp.page = p->addr, qp.masked = masked, qp.cap = p->fmt.capacity, qp.slot = slot, qp.n = n;
     qp.tamax = prompt_scale(L, p->store / 2) ? L->tamax[p->store / 2] : 0;
+    qp.tq_s = p->store / 2 == 0 ? L->tq_s : 0; /* TurboQuant prod keys' QJL matrices */
     char name[48];
     const char *sn = store_name(p->store);
     kvq_status s = KVQ_OK;
@@ -324,6 +326,7 @@ kvq_status cu_qlayer_prefill(kvq_backend_ctx *c, cu_layer *RL, int layer, const 
     RL->sparse = 0;
     L->cls = c->plan->layer_class[layer];
     L->cfg = &kvq_scheme_layer(c->e.scheme, layer)->quant;
+    L->tq_s = c->tq_s ? c->tq_s[layer] : 0;
     const kvq_quant_cfg *cfg = L->cfg;
     int H = c->H, D = c->D, T = it->n_tokens, S = T < cfg->sinks ? T : cfg->sinks, n = T - S, quantized[2];
     L->has_pool = cfg->outliers.keep > 0;
@@ -584,8 +587,9 @@ static float get_param(const uint8_t *sec, size_t i, int bytes)
     return f;
 }
 
-/* Dequantized slot of head h of a page copied to the host (ref_page_read's arithmetic). */
-static void page_read(const cu_page *p, const uint8_t *mem, int h, int slot, float *out)
+/* Dequantized slot of head h of a page copied to the host (ref_page_read's arithmetic). tq: the page's TurboQuant
+ * quantizer, else NULL. */
+static void page_read(const cu_page *p, const uint8_t *mem, int h, int slot, const kvq_tqv *tq, float *out)
 {
     const kvq_page_format *f = &p->fmt;
     int D = f->head_dim;
@@ -595,6 +599,23 @@ static void page_read(const cu_page *p, const uint8_t *mem, int h, int slot, flo
         return;
     }
     uint8_t codes[256];
+    if (tq) { /* TurboQuant: Algorithm 1's (mse) or 2's (prod) DeQuant per part (ref_store.c ref_page_read) */
+        size_t tok = (size_t)h * f->capacity + slot, idx = tok * (size_t)p->lay.n_groups, cb = 0;
+        uint8_t signs[256];
+        for (int j = 0; j < tq->n_parts; j++) {
+            const kvq_tq *t = &tq->part[j];
+            float norm, rnorm = 0;
+            memcpy(&norm, mem + p->lay.scale + (idx + (size_t)j) * 4, 4);
+            kvq_unpack_codes(src + cb, t->D, t->mse_bits, codes);
+            cb += kvq_code_bytes(t->D, t->mse_bits);
+            if (t->prod) {
+                memcpy(&rnorm, mem + p->lay.zero + (idx + (size_t)j) * 4, 4);
+                kvq_unpack_codes(mem + p->lay.qjl + tok * (size_t)(D / 8) + tq->off[j] / 8, t->D, 1, signs);
+            }
+            kvq_tq_dequant(t, codes, norm, signs, rnorm, out + tq->off[j]);
+        }
+        return;
+    }
     kvq_unpack_codes(src, D, f->bits, codes);
     if (f->format.kind != KVQ_FMT_INT) { /* element formats: x = z + (s T) L[code] (ref_store.c) */
         float lv[256], T = 1.0f;
@@ -677,11 +698,20 @@ kvq_status cu_qlayer_read(kvq_backend_ctx *c, const cu_qlayer *L, float *k, floa
                 st = KVQ_ERR_NOMEM;
                 break;
             }
-            st = page_positions(c, p, msg, mn);
+            kvq_tqv tq;
+            const kvq_page_format *f = &p->fmt;
+            int has_tq = !kvq_bits_is_fp16(f->bits) && f->tq != KVQ_TQ_NONE;
+            const kvq_tensor_cfg *tc = w ? &L->cfg->value : &L->cfg->key; /* its seed: the QJL matrix of prod */
+            st = has_tq ? kvq_tqv_init(&tq, f->head_dim, f->bits, f->tq == KVQ_TQ_PROD, tc->rotate_seed, f->tq_out,
+                                       f->tq_out_bits)
+                        : KVQ_OK;
+            if (st == KVQ_OK) st = page_positions(c, p, msg, mn);
             if (st == KVQ_OK) st = cu_dev_d2h(c->dev, mem, p->addr, p->lay.total, msg, mn);
             for (int h = 0; h < c->H && st == KVQ_OK; h++)
                 for (int s = 0; s < p->count; s++)
-                    page_read(p, mem, h, s, dst + ((size_t)h * capacity + p->pos[h * p->fmt.capacity + s]) * c->D);
+                    page_read(p, mem, h, s, has_tq ? &tq : NULL,
+                              dst + ((size_t)h * capacity + p->pos[h * p->fmt.capacity + s]) * c->D);
+            if (has_tq) kvq_tqv_free(&tq);
             kvq_free(mem);
         }
     }

@@ -456,7 +456,7 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
     /* the decode kernel over the planned tiles, its chunks fixed by the capacity, and the merge */
     int nch = step_chunks(c, cls, n);
     /* tpc 1: each sequence's split is in the tables */
-    if (st == KVQ_OK) st = cu_decode_launch(c, cls, n, nch, 1, S->q, base + o.seqs, S->out, S->lse, S->part, msg, ms);
+    if (st == KVQ_OK) st = cu_decode_launch(c, cls, n, nch, 1, S->q, base + o.seqs, S->out, S->lse, S->part, 0, msg, ms);
     /* ZipCache: probe rows and compressions after the attention, as decode_run orders them */
     uint64_t qp[CU_STEP_STORES];
     for (int s = 0; s < CU_STEP_STORES; s++) qp[s] = base + o.qp[s];

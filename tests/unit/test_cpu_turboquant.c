@@ -5,8 +5,8 @@
  * reference's), the same statistics. Shapes cover GQA 1, 4 and 8, head_dim 64, 96, 128 and 256, batches whose
  * sequences choose their own outlier channels, decodes that cross the appendable pages' 128-token boundary, and
  * one and two threads; each scheme runs three of them at the host's vector width, and two schemes (prod keys,
- * without and with the split) two of them at 4 lanes. The cuda (emulator) backend still refuses TurboQuant, with
- * the reason. */
+ * without and with the split) two of them at 4 lanes. The cuda (emulator) backend's TurboQuant is checked by
+ * test_cuda_turboquant. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,27 +149,6 @@ static void test_scheme(int si, const char *width, int first, int n)
     th_end();
 }
 
-/* The emulated cuda backend refuses TurboQuant with the reason (its templates do not decode the codes). */
-static void test_cuda_refuses(void)
-{
-    th_begin("emu: a TurboQuant scheme is refused with KVQ_ERR_UNSUPPORTED and the reason");
-    kvq_spec *f = tu_spec_file("specs/rotate/turboquant-2.5bit.kvq");
-    const kvq_scheme *s = f ? kvq_spec_scheme(f, "turboquant-2p5") : NULL;
-    TH_CHECK(s, "scheme");
-    kvq_engine_config cfg;
-    kvq_engine_config_init(&cfg);
-    cfg.dims = (kvq_dims){1, 4, 2, 128};
-    cfg.backend = KVQ_BACKEND_EMU;
-    kvq_engine *e = NULL;
-    char err[256] = "";
-    kvq_status st = s ? kvq_engine_create(s, &cfg, &e, err, sizeof err) : KVQ_ERR_INVALID;
-    TH_CHECK(st == KVQ_ERR_UNAVAILABLE || (st == KVQ_ERR_UNSUPPORTED && strstr(err, "TurboQuant")), "%s: %s",
-             kvq_status_str(st), err);
-    kvq_engine_free(e);
-    kvq_spec_free(f);
-    th_end();
-}
-
 /* Whether this build has the cpu backend (LLVM); else every case is a SKIP with the reason. */
 static int cpu_available(char *why, size_t n)
 {
@@ -190,7 +169,6 @@ int main(void)
     char why[256] = "";
     if (!cpu_available(why, sizeof why)) {
         for (int i = 0; i < N_SCHEMES; i++) printf("SKIP cpu vs reference: %s: %s\n", schemes[i].name, why);
-        test_cuda_refuses();
         return th_summary();
     }
     for (int i = 0; i < N_SCHEMES; i++) test_scheme(i, NULL, i, 3);
@@ -201,6 +179,5 @@ int main(void)
         test_scheme(5, "4", 2, 2); /* head_dim 96, and 64: no regular channels, refused by both */
     }
     unsetenv("KVQ_CPU_VECTOR_WIDTH");
-    test_cuda_refuses();
     return th_summary();
 }

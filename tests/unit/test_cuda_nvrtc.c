@@ -1,4 +1,4 @@
-/* Every spec in specs/ (and specs/paper/) compiles with NVRTC for sm_80 and sm_90 at head_dim 128, and ptxas
+/* Every spec in specs/ (and specs/paper/, and specs/rotate/turboquant*) compiles with NVRTC for sm_80 and sm_90 at head_dim 128, and ptxas
  * reports no spills, no stack frame and no local memory for its decode-attention kernels and its policy kernels
  * (OTT's competition, ZipCache's, TailorKV's; every policy kernel appears in some spec; the resource report is
  * printed). Also: a failed compile returns the options, the NVRTC log and the numbered source; the JIT cache
@@ -58,7 +58,8 @@ static void warm_cache_in_children(void)
             cu_nvrtc_compile(jobs[i].src, jobs[i].arch, 1, &jobs[i].out, NULL, jobs[i].msg, sizeof jobs[i].msg);
 }
 
-static void add_spec_jobs(const char *dir)
+/* The schemes of every .kvq file in dir whose name starts with prefix (NULL: every file). */
+static void add_spec_jobs(const char *dir, const char *prefix)
 {
     DIR *d = opendir(dir);
     struct dirent *e;
@@ -66,7 +67,8 @@ static void add_spec_jobs(const char *dir)
     int nn = 0;
     while (d && (e = readdir(d)) && nn < 64) {
         size_t len = strlen(e->d_name);
-        if (len > 4 && strcmp(e->d_name + len - 4, ".kvq") == 0) names[nn++] = kvq_strdup(e->d_name);
+        int want = !prefix || !strncmp(e->d_name, prefix, strlen(prefix));
+        if (len > 4 && strcmp(e->d_name + len - 4, ".kvq") == 0 && want) names[nn++] = kvq_strdup(e->d_name);
     }
     if (d) closedir(d);
     for (int a = 0; a < nn; a++) /* sorted, so the report reads the same every run */
@@ -276,8 +278,10 @@ int main(void)
         return th_summary();
     }
     printf("NVRTC %s, cache %s\n", cu_nvrtc_version(), kvq_cache_dir());
-    add_spec_jobs(th_path("specs"));
-    add_spec_jobs(th_path("specs/paper"));
+    add_spec_jobs(th_path("specs"), NULL);
+    add_spec_jobs(th_path("specs/paper"), NULL);
+    /* TurboQuant's kernels (templates/kvq_turboquant.cuh); the other rotated specs run the unrotated kernels */
+    add_spec_jobs(th_path("specs/rotate"), "turboquant");
     warm_cache_in_children();
     report_jobs();
     test_failure_text();

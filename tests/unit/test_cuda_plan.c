@@ -48,7 +48,8 @@ static void test_layout(void)
                                                      f.hidden, f.scale_bytes, f.zero_bytes,        f.masked,
                                                      0,        0,             0,                   0.0f,
                                                      0,
-                                                     {0}};
+                                                     {0},
+                                                     0,        0,             0,                   {{0}}};
                                         kvq_page_off o = kvq_page_offsets(k, Hs[hi], D, caps[ci]);
                                         int same = (size_t)o.codes == l.codes && (size_t)o.scale == l.scale &&
                                                    (size_t)o.zero == l.zero && (size_t)o.factor == l.factor &&
@@ -81,7 +82,8 @@ done:
                 kvq_page_layout l;
                 kvq_page_format_init(&f, &t, t.bits, 0, H, 128, 77);
                 kvq_page_layout_compute(&f, &l);
-                kvq_fmt k = {f.bits, 1, 0, f.group, 0, f.scale_bytes, f.zero_bytes, 0, kind, tsh, 0, 1.0f, 0, {0}};
+                kvq_fmt k = {f.bits, 1, 0, f.group, 0, f.scale_bytes, f.zero_bytes, 0, kind, tsh, 0, 1.0f, 0, {0},
+                             0,      0, 0, {{0}}};
                 kvq_page_off o = kvq_page_offsets(k, H, 128, 77);
                 TH_CHECK((size_t)o.codes == l.codes && (size_t)o.scale == l.scale && (size_t)o.zero == l.zero &&
                              (size_t)o.total == l.total && (size_t)o.cbpt == l.code_bytes_per_token &&
@@ -89,6 +91,33 @@ done:
                          "format %s, tensor scale per head %d, H %d: kernel offsets differ from layout.c",
                          kvq_format_name((kvq_format_kind)kind), tsh, H);
             }
+    /* TurboQuant (templates/kvq_turboquant.cuh): mse and prod, without and with the outlier split, every code width:
+     * the parts' codes, fp32 norms, no zero section for mse, prod's QJL sign rows */
+    for (int tq = 1; tq <= 2 && !th_failed(); tq++)
+        for (int bits = tq; bits <= 4; bits++)
+            for (int split = 0; split < 3; split++)
+                for (int H = 1; H <= 3; H++) {
+                    const int D = 128, nout = split ? 32 * split : 0, ob = bits == 4 ? tq : 4;
+                    kvq_tensor_cfg t;
+                    memset(&t, 0, sizeof t);
+                    t.bits = bits;
+                    t.gran = KVQ_GRAN_TOKEN;
+                    t.turboquant = (kvq_turboquant)tq;
+                    t.tq_outliers = nout;
+                    t.tq_outlier_bits = nout ? ob : 0;
+                    kvq_page_format f;
+                    kvq_page_layout l;
+                    kvq_page_format_init(&f, &t, bits, 0, H, D, 77);
+                    kvq_page_layout_compute(&f, &l);
+                    kvq_fmt k = {f.bits, 1, 0,  f.group, 0, f.scale_bytes, f.zero_bytes, 0, 0, 0, 0, 0.0f, 0, {0},
+                                 tq,     nout, t.tq_outlier_bits, {{0}}};
+                    kvq_page_off o = kvq_page_offsets(k, H, D, 77);
+                    TH_CHECK((size_t)o.codes == l.codes && (size_t)o.scale == l.scale && (size_t)o.zero == l.zero &&
+                                 (size_t)o.qjl == l.qjl && (size_t)o.mask == l.mask && (size_t)o.total == l.total &&
+                                 (size_t)o.cbpt == l.code_bytes_per_token && o.n_groups == l.n_groups,
+                             "turboquant %s %d bits, outliers %d at %d bits, H %d: kernel offsets differ from layout.c",
+                             tq == 2 ? "prod" : "mse", bits, nout, t.tq_outlier_bits, H);
+                }
     th_end();
 }
 
