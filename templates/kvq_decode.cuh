@@ -612,7 +612,7 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
 
 KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 {
-    kvq_fmt f = {16, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0.0f, 0, {0}};
+    kvq_fmt f = {16, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0.0f, 0, {0}, 0, 0, 0, {{0}}};
     return f;
 }
 

@@ -35,7 +35,7 @@ KVQ_DEV int kvq_tq_is(kvq_fmt f) { return KVQ_TQ_ANY && f.tq != 0 && f.bits > 0 
 KVQ_DEV kvq_fmt kvq_dec_staged(kvq_fmt f)
 {
     if (!kvq_tq_is(f)) return kvq_fmt_staged(f);
-    kvq_fmt g = {32, 0, 0, 0, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}};
+    kvq_fmt g = {32, 0, 0, 0, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}, 0, 0, 0, {{0}}};
     g.tq = f.tq; /* prod keys: kvq_scores adds the staged QJL term (bits 32: not a page, kvq_tq_is is 0) */
     return g;
 }
