@@ -399,7 +399,8 @@ KVQ_DEV kvq_fmt kvq_fmt_staged(kvq_fmt f)
 {
     if (!kvq_fmt_is(f)) return f;
     if (kvq_fmt_linear(f.kind)) {
-        kvq_fmt g = {kvq_fmt_staged_bits(f.kind, f.bits), f.gran, 0, f.group, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}, 0, 0, 0, {{0}}};
+        kvq_fmt g = {kvq_fmt_staged_bits(f.kind, f.bits), f.gran, 0, f.group, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0},
+                     0, 0, 0, {{0}}};
         return g;
     }
     kvq_fmt g = {32, 0, 0, 0, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}, 0, 0, 0, {{0}}};
