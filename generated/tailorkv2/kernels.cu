@@ -21,6 +21,7 @@
 #define KVQ_POL_TK 1
 #define KVQ_POL_DENSE 1
 #define KVQ_FMT_ANY 0
+#define KVQ_TQ_ANY 0
 /* ======== templates/kvq_intrin.cuh ======== */
 /* kvq_intrin.cuh: the one header through which kvq's CUDA templates reach inline PTX and 16-bit floats.
  *
@@ -361,6 +362,8 @@ typedef struct {
     kvq_i32 batch;
     kvq_i32 n_chunks;   /* gridDim.y; 1: the decode kernel writes out directly */
     kvq_i32 tiles_per_chunk;
+    kvq_u64 tq_s;       /* 0, or TurboQuant prod keys: the layer's QJL matrices, const double, part 0's m0 x m0 then
+                         * part 1's (runtime/turboquant.h kvq_tqv; templates/kvq_turboquant.cuh) */
 } kvq_decode_params;
 
 /* Rows a kernel reads: row (h, t) of a source sits at base + (h * head_stride + r * D) elements, where
@@ -386,6 +389,7 @@ typedef struct {
     kvq_i32 mean_fill;  /* OTT: masked tokens are replaced by the mean of the group's unmasked tokens first */
     kvq_u64 tamax;      /* 0, or const float [kv_heads]: the absolute maxima a tensor scale from the prompt comes
                          * from (element formats, tensor_scale prompt; kvq_tensor_amax) */
+    kvq_u64 tq_s;       /* 0, or TurboQuant prod: the QJL matrices, as kvq_decode_params.tq_s */
 } kvq_quant_params;
 
 /* kvq_tensor_amax (kvq_common.cuh): out[h] = max |x| over the n rows of kv head h of src (NaN ignored), from
@@ -589,9 +593,9 @@ typedef struct {
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
 KVQ_PARAMS_CHECK(kvq_tile, 48);
 KVQ_PARAMS_CHECK(kvq_seq_tiles, 16);
-KVQ_PARAMS_CHECK(kvq_decode_params, 64);
+KVQ_PARAMS_CHECK(kvq_decode_params, 72);
 KVQ_PARAMS_CHECK(kvq_rows, 32);
-KVQ_PARAMS_CHECK(kvq_quant_params, 72);
+KVQ_PARAMS_CHECK(kvq_quant_params, 80);
 KVQ_OFFSET_ASSERT(kvq_quant_params, tamax, 64);
 KVQ_PARAMS_CHECK(kvq_tamax_params, 48);
 KVQ_PARAMS_CHECK(kvq_store_params, 56);
@@ -647,10 +651,16 @@ typedef struct {
     float ts;
     int n_levels;
     float lv[16];
+    /* TurboQuant pages (templates/kvq_turboquant.cuh; 0 = none, 1 mse, 2 prod: layout/layout.h): bits above is
+     * the quantizer's (prod: one of them the QJL sign), tq_out the outlier split's channels (0 = no split) at
+     * tq_ob bits, tl[j] part j's Lloyd-Max levels of N(0, 1/m_j) (part 0 the outliers when split, else the whole
+     * vector), as kvq_tq_init computes them in double. Absent from every other format's initialiser (zeros). */
+    int tq, tq_out, tq_ob;
+    double tl[2][16];
 } kvq_fmt;
 
 typedef struct {
-    long long codes, scale, zero, factor, mask, total;
+    long long codes, scale, zero, factor, qjl, mask, total;
     int cbpt;     /* code bytes per token of one kv head */
     int n_groups; /* per token: scale entries per token and kv head (1 when hidden) */
     int mask_stride; /* bytes of mask per kv head */
@@ -678,6 +688,10 @@ KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
     long long off = 0, n_par = 0;
     int quantized = f.bits < 16;
     o.cbpt = kvq_fmt_cbpt(f.bits, D);
+    if (quantized && f.tq) { /* TurboQuant: each part's codes at its MSE bits (prod spends one on QJL) */
+        const int qjl = f.tq == 2;
+        o.cbpt = kvq_fmt_cbpt(f.bits - qjl, D - f.tq_out) + (f.tq_out ? kvq_fmt_cbpt(f.tq_ob - qjl, f.tq_out) : 0);
+    }
     o.n_groups = 0;
     o.codes = 0;
     off += kvq_al16((long long)H * cap * o.cbpt);
@@ -688,16 +702,18 @@ KVQ_HD kvq_page_off kvq_page_offsets(kvq_fmt f, int H, int D, int cap)
             o.n_groups = 1;
             n_par = cap;
         } else {
-            o.n_groups = D / f.group;
+            o.n_groups = f.tq && f.tq_out ? 2 : D / f.group; /* TurboQuant's split: a norm per part */
             n_par = (long long)H * cap * o.n_groups;
         }
     }
     o.scale = off;
     off += kvq_al16(n_par * f.sbytes);
     o.zero = off;
-    off += kvq_al16(n_par * f.zbytes);
+    off += f.tq == 1 ? 0 : kvq_al16(n_par * f.zbytes); /* TurboQuant mse: the norm only */
     o.factor = off;
     off += quantized && f.sep ? kvq_al16((long long)H * D * f.sbytes) : 0;
+    o.qjl = off; /* TurboQuant prod's sign bits, [kv_head][cap][D / 8] */
+    off += quantized && f.tq == 2 ? kvq_al16((long long)H * cap * D / 8) : 0;
     o.mask_stride = (cap + 7) / 8;
     o.mask = off;
     off += f.masked ? kvq_al16((long long)H * o.mask_stride) : 0;
@@ -1295,10 +1311,11 @@ KVQ_DEV kvq_fmt kvq_fmt_staged(kvq_fmt f)
 {
     if (!kvq_fmt_is(f)) return f;
     if (kvq_fmt_linear(f.kind)) {
-        kvq_fmt g = {kvq_fmt_staged_bits(f.kind, f.bits), f.gran, 0, f.group, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}};
+        kvq_fmt g = {kvq_fmt_staged_bits(f.kind, f.bits), f.gran, 0, f.group, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0},
+                     0, 0, 0, {{0}}};
         return g;
     }
-    kvq_fmt g = {32, 0, 0, 0, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}};
+    kvq_fmt g = {32, 0, 0, 0, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}, 0, 0, 0, {{0}}};
     return g;
 }
 
@@ -1507,6 +1524,252 @@ KVQ_DEV void kvq_fmt_stage_page(unsigned char *rows, const unsigned char *b, kvq
             const float x = kvq_fmt_dequant(kvq_fmt_level(f.kind, cb, code, f.lv, f.n_levels), s, z, T);
             out[(long long)(t0 + t) * KVQ_D + c] = x;
         }
+    }
+}
+
+#endif
+/* ======== templates/kvq_turboquant.cuh ======== */
+/* TurboQuant pages on the device (arXiv 2504.19874; runtime/turboquant.h, layout/layout.h): the MSE quantizer of
+ * rotated head vectors (Algorithm 1), reproduced operation by operation from runtime/turboquant.c so that codes and
+ * norms are bit-exact with the reference backend, and the decode's staging of a page as fp32 rows
+ * x_c = norm_j * L_j[code_c] (Algorithm 1's DeQuant: the reference's value, bit for bit), on which the decode
+ * kernel runs its element formats' fp32 path (kvq_format.cuh kvq_fmt_staged). The engine rotates K/V and q
+ * (runtime/rt_rotate.c), so nothing here knows the rotation.
+ *
+ * A stored vector has one part, or two with the outlier channel split (`outlier_channels N bits B`): part 0 the N
+ * outlier coordinates at B bits, part 1 the other D - N at `bits`; each part's codes packed as kvq_pack_codes packs
+ * m_j channels (3 bits: a 2-bit plane then a 1-bit plane), the parts back to back, its fp32 norm scale entry j of
+ * the token. Parts are multiples of 32 channels, so a 32-bit code word never straddles them.
+ *
+ * The arithmetic the reference does in double is done in double here (kvq_dmul: never fused into an fma):
+ *   ||y|| = sqrt(sum_c y_c y_c) in channel order; u_c = y_c / ||y|| (0 when the norm is 0); the code is the number
+ *   of cell bounds (L_i + L_{i+1}) / 2 at or below u_c; x_c = (float)(norm * L[code]).
+ * The inner-product variant of the keys (prod, Algorithm 2) adds the QJL signs of the residual, sign(S r), and
+ * ||r|| (the zero entry); at decode, sq = sqrt(pi/2)/m S q is computed once per block (kvq_tq_sketch_q, O(D^2 GQA))
+ * and each key's term gamma <sq, sign> once per token and head while its tile is staged, so a score is the
+ * reference's estimator; nothing of S is applied per token (the cpu backend's scheme, docs/cpu.md). Prod values
+ * (Algorithm 2's reconstruction in p.V) are refused on CUDA (compiler/plan.c plan_cuda_ok). KVQ_TQ_ANY (compiler/emit_cuda.c) is 0 in a unit whose plan has no
+ * TurboQuant page, and the hooks in kvq_quantize.cuh and kvq_decode.cuh are then left out before compiling. */
+#ifndef KVQ_TURBOQUANT_CUH
+#define KVQ_TURBOQUANT_CUH
+
+/* #include "kvq_format.cuh": inlined */
+
+#ifndef KVQ_TQ_ANY
+#define KVQ_TQ_ANY 1
+#endif
+
+KVQ_DEV int kvq_tq_is(kvq_fmt f) { return KVQ_TQ_ANY && f.tq != 0 && f.bits > 0 && f.bits < 16; }
+
+/* The decode kernel's view of a store (kvq_fmt_staged): TurboQuant pages as fp32 rows, like the element
+ * formats that are not linear; and whether the kernel stages a store's rows itself, unswizzled (kvq_decode.cuh). */
+KVQ_DEV kvq_fmt kvq_dec_staged(kvq_fmt f)
+{
+    if (!kvq_tq_is(f)) return kvq_fmt_staged(f);
+    kvq_fmt g = {32, 0, 0, 0, 0, 4, 4, 0, 0, 0, 0, 0.0f, 0, {0}, 0, 0, 0, {{0}}};
+    g.tq = f.tq; /* prod keys: kvq_scores adds the staged QJL term (bits 32: not a page, kvq_tq_is is 0) */
+    return g;
+}
+KVQ_DEV int kvq_dec_rows_own(kvq_fmt f) { return kvq_fmt_is(f) || kvq_tq_is(f); }
+
+/* Part j of a TurboQuant format: first channel, channels, code bits, first byte of its codes in a token row. */
+typedef struct {
+    int off, m, bits, byte;
+} kvq_tq_part;
+
+KVQ_DEV kvq_tq_part kvq_tq_part_of(kvq_fmt f, int j)
+{
+    const int qjl = f.tq == 2;
+    kvq_tq_part p;
+    if (!f.tq_out) {
+        p.off = 0, p.m = KVQ_D, p.bits = f.bits - qjl, p.byte = 0;
+    } else if (j == 0) {
+        p.off = 0, p.m = f.tq_out, p.bits = f.tq_ob - qjl, p.byte = 0;
+    } else {
+        p.off = f.tq_out, p.m = KVQ_D - f.tq_out, p.bits = f.bits - qjl;
+        p.byte = kvq_fmt_cbpt(f.tq_ob - qjl, f.tq_out);
+    }
+    return p;
+}
+
+/* L_j[code] by selects over constant indices (a table indexed by a code would live in local memory). */
+KVQ_DEV double kvq_tq_level(const kvq_fmt *f, int j, unsigned code)
+{
+    double v = 0.0;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        if ((int)code == i) v = j ? f->tl[1][i] : f->tl[0][i];
+    return v;
+}
+
+/* runtime/turboquant.c nearest(): the number of cell bounds at or below u (ties to the upper cell; the bounds
+ * ascend, so this is where the reference's scan stops; NaN: 0 as there). Constant indices only: a level table
+ * indexed at run time would put the format in local memory. */
+KVQ_DEV unsigned kvq_tq_nearest(const kvq_fmt *f, int j, int bits, double u)
+{
+    const int n = 1 << bits;
+    unsigned code = 0;
+#pragma unroll
+    for (int i = 0; i + 1 < 16; i++) {
+        const double lo = j ? f->tl[1][i] : f->tl[0][i], hi = j ? f->tl[1][i + 1] : f->tl[0][i + 1];
+        if (i + 1 < n && u >= (lo + hi) / 2) code = (unsigned)i + 1;
+    }
+    return code;
+}
+
+/* ||y|| of part p of a staged row, in the reference's order and rounding. */
+KVQ_DEV double kvq_tq_norm(const float *x, kvq_tq_part p)
+{
+    double nn = 0.0;
+    for (int c = 0; c < p.m; c++) {
+        const double y = (double)x[p.off + c];
+        nn = nn + kvq_dmul(y, y);
+    }
+    return sqrt(nn);
+}
+
+/* nn (a double) of item i kept in shared memory as two 32-bit halves (the kernel's float scratch). */
+KVQ_DEV void kvq_tq_put_nn(unsigned *nnb, int i, double nn)
+{
+    const long long b = __double_as_longlong(nn);
+    nnb[2 * i] = (unsigned)b, nnb[2 * i + 1] = (unsigned)((unsigned long long)b >> 32);
+}
+KVQ_DEV double kvq_tq_get_nn(const unsigned *nnb, int i)
+{
+    return __longlong_as_double((long long)((unsigned long long)nnb[2 * i + 1] << 32 | nnb[2 * i]));
+}
+
+/* Quantize-and-append of tokens [tb, tb + nt) staged in xs ([KVQ_QTOK][D], the caller synchronised after them),
+ * runtime/turboquant.c kvq_tq_quantize step for step: one item per (token, part) takes the norm (kept in nnb, two
+ * words an item), one per (token, code word) packs the word. Prod (Algorithm 2) then takes ym = the MSE
+ * reconstruction per element (into ym, [KVQ_QTOK][D] floats), the residual r = y - ym in double, ||r|| per
+ * (token, part) as the zero entry, and per (token, 32 QJL rows) the signs of S r (S: p->tq_s, double, part by part)
+ * as one word of the token's D-bit sign row. */
+KVQ_DEV void kvq_tq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, kvq_page_off o, const float *xs,
+                                    float *ym, unsigned *nnb, int tb, int nt, int h, int tid, int nthreads)
+{
+    unsigned char *page = (unsigned char *)p->page;
+    const int np = f.tq_out ? 2 : 1, ng = o.n_groups;
+    for (int i = tid; i < nt * np; i += nthreads) {
+        const int t = i / np, j = i % np;
+        const double nn = kvq_tq_norm(xs + t * KVQ_D, kvq_tq_part_of(f, j));
+        kvq_tq_put_nn(nnb, i, nn);
+        kvq_st_par(page + o.scale, ((long long)h * p->cap + p->slot + tb + t) * ng + j, 4, (float)nn);
+    }
+    __syncthreads();
+    const int W = o.cbpt / 4, w0 = f.tq_out ? kvq_tq_part_of(f, 1).byte / 4 : W;
+    unsigned *codes = (unsigned *)(page + o.codes);
+    for (int i = tid; i < nt * W; i += nthreads) {
+        const int t = i / W, w = i % W, j = w >= w0;
+        const kvq_tq_part pt = kvq_tq_part_of(f, j);
+        const float *x = xs + t * KVQ_D + pt.off;
+        const double nn = kvq_tq_get_nn(nnb, t * np + j);
+        const int lw = w - (j ? w0 : 0); /* the word within the part */
+#define KVQ_TQC_(c) kvq_tq_nearest(&f, j, pt.bits, nn > 0.0 ? (double)x[c] / nn : 0.0)
+        unsigned word = 0;
+        if (pt.bits == 3) { /* a 2-bit plane of m / 16 words, then the high bits' 1-bit plane */
+            if (lw < pt.m / 16)
+                for (int k = 0; k < 16; k++) word |= (KVQ_TQC_(lw * 16 + k) & 3u) << (2 * k);
+            else
+                for (int k = 0; k < 32; k++) word |= ((KVQ_TQC_((lw - pt.m / 16) * 32 + k) >> 2) & 1u) << k;
+        } else {
+            const int per = 32 / pt.bits;
+            for (int k = 0; k < per; k++) word |= KVQ_TQC_(lw * per + k) << (pt.bits * k);
+        }
+#undef KVQ_TQC_
+        codes[((long long)h * p->cap + p->slot + tb + t) * W + w] = word;
+    }
+    if (f.tq != 2) return;
+    /* Algorithm 2: ym = DeQuant_mse(idx) with the stored (fp32) norm */
+    for (int e = tid; e < nt * KVQ_D; e += nthreads) {
+        const int t = e / KVQ_D, c = e % KVQ_D, j = f.tq_out && c >= f.tq_out;
+        const kvq_tq_part pt = kvq_tq_part_of(f, j);
+        const double nn = kvq_tq_get_nn(nnb, t * np + j);
+        const unsigned code = kvq_tq_nearest(&f, j, pt.bits, nn > 0.0 ? (double)xs[e] / nn : 0.0);
+        ym[e] = (float)kvq_dmul((double)(float)nn, kvq_tq_level(&f, j, code));
+    }
+    __syncthreads();
+    /* gamma = ||r||, r = y - ym in double, channel order */
+    for (int i = tid; i < nt * np; i += nthreads) {
+        const int t = i / np, j = i % np;
+        const kvq_tq_part pt = kvq_tq_part_of(f, j);
+        double rr = 0.0;
+        for (int c = pt.off; c < pt.off + pt.m; c++) {
+            const double r = (double)xs[t * KVQ_D + c] - (double)ym[t * KVQ_D + c];
+            rr = rr + kvq_dmul(r, r);
+        }
+        kvq_st_par(page + o.zero, ((long long)h * p->cap + p->slot + tb + t) * ng + j, 4, (float)sqrt(rr));
+    }
+    /* qjl = sign(S r): bit i of part j's rows is (sum_c S_j[i][c] r_c >= 0), the sum in channel order */
+    const double *S = (const double *)p->tq_s;
+    unsigned *signs = (unsigned *)(page + o.qjl);
+    for (int i = tid; i < nt * (KVQ_D / 32); i += nthreads) {
+        const int t = i / (KVQ_D / 32), w = i % (KVQ_D / 32), j = f.tq_out && 32 * w >= f.tq_out;
+        const kvq_tq_part pt = kvq_tq_part_of(f, j);
+        const double *Sj = S + (j ? (long long)f.tq_out * f.tq_out : 0);
+        const float *x = xs + t * KVQ_D + pt.off, *y = ym + t * KVQ_D + pt.off;
+        unsigned word = 0;
+        for (int k = 0; k < 32; k++) {
+            const double *row = Sj + (long long)(32 * w + k - pt.off) * pt.m;
+            double acc = 0.0;
+            for (int c = 0; c < pt.m; c++) acc = acc + kvq_dmul(row[c], (double)x[c] - (double)y[c]);
+            word |= (unsigned)(acc >= 0.0) << k;
+        }
+        signs[((long long)h * p->cap + p->slot + tb + t) * (KVQ_D / 32) + w] = word;
+    }
+}
+
+/* The QJL estimator's query side, once per decode block (Algorithm 2, Lemma 3): sq[i][h] = sqrt(pi/2) / m_j *
+ * (S_j q_j)_i for QJL row i of part j, [D][GQA] like qs (the log2-domain query), so that a prod key's term is
+ * sum_j gamma_j sum_{i in j} (sign_i ? sq_i : -sq_i). */
+KVQ_DEV void kvq_tq_sketch_q(kvq_u64 s, kvq_fmt f, const float *qs, float *sq, int tid, int nthreads)
+{
+    const double *S = (const double *)s;
+    for (int e = tid; e < KVQ_D * KVQ_GQA; e += nthreads) {
+        const int i = e / KVQ_GQA, hh = e % KVQ_GQA, j = f.tq_out && i >= f.tq_out;
+        const kvq_tq_part pt = kvq_tq_part_of(f, j);
+        const double *row = S + (j ? (long long)f.tq_out * f.tq_out : 0) + (long long)(i - pt.off) * pt.m;
+        float acc = 0.0f;
+        for (int c = 0; c < pt.m; c++) acc = fmaf((float)row[c], qs[(pt.off + c) * KVQ_GQA + hh], acc);
+        sq[e] = acc * (1.2533141373155003f / (float)pt.m); /* sqrt(pi / 2) / m_j */
+    }
+}
+
+/* Stages tokens [slot, slot + n) of a TurboQuant page for kv head h as fp32 rows norm_j * L_j[code]
+ * (runtime/turboquant.c kvq_tq_dequant_mse). Per-token pages never form page runs: one page. */
+KVQ_DEV void kvq_tq_stage_page(unsigned char *rows, float *qjl, const float *sq, const unsigned char *b, kvq_fmt f,
+                               int slot, int cap, int n, int h, int tid, int nthreads)
+{
+    const kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
+    const kvq_tq_part p0 = kvq_tq_part_of(f, 0), p1 = kvq_tq_part_of(f, 1);
+    float *out = (float *)rows;
+#pragma unroll 1
+    for (int e = tid; e < n * KVQ_D; e += nthreads) {
+        const int t = e / KVQ_D, c = e % KVQ_D, j = f.tq_out && c >= f.tq_out;
+        const kvq_tq_part pt = j ? p1 : p0;
+        const long long tok = (long long)h * cap + slot + t;
+        const unsigned code = kvq_fmt_code_at(b + o.codes + tok * o.cbpt + pt.byte, pt.bits, pt.m, c - pt.off);
+        const float norm = kvq_ld_par(b + o.scale, tok * o.n_groups + j, 4);
+        out[(long long)t * KVQ_D + c] = (float)kvq_dmul((double)norm, kvq_tq_level(&f, j, code));
+    }
+    if (f.tq != 2) return;
+    /* prod keys: each token's QJL term per head into qjl[t][GQA] (kvq_scores adds it to the score) */
+#pragma unroll 1
+    for (int e = tid; e < n * KVQ_GQA; e += nthreads) {
+        const int t = e / KVQ_GQA, hh = e % KVQ_GQA;
+        const long long tok = (long long)h * cap + slot + t;
+        const unsigned char *sg = b + o.qjl + tok * (KVQ_D / 8);
+        float acc = 0.0f;
+        for (int j = 0; j < (f.tq_out ? 2 : 1); j++) {
+            const kvq_tq_part pt = kvq_tq_part_of(f, j);
+            float part = 0.0f;
+            for (int c = pt.off; c < pt.off + pt.m; c++) {
+                const float v = sq[c * KVQ_GQA + hh];
+                part += (sg[c >> 3] >> (c & 7)) & 1u ? v : -v;
+            }
+            acc = fmaf(kvq_ld_par(b + o.zero, tok * o.n_groups + j, 4), part, acc);
+        }
+        qjl[e] = acc;
     }
 }
 
@@ -1948,6 +2211,7 @@ KVQ_DEV float kvq_mma_vinv(int bits, int c)
 
 /* #include "kvq_format.cuh": inlined */
 /* #include "kvq_mma.cuh": inlined */
+/* #include "kvq_turboquant.cuh": inlined */
 
 /* Staged tile of one tensor in shared memory (one stage of the load pipeline). */
 typedef struct {
@@ -1958,6 +2222,7 @@ typedef struct {
     unsigned char *raw;  /* parameter bytes as cp.async lands them: scales, zeros (raws bytes each), factors (rawf),
                           * mask bits */
     int raws, rawf;
+    const float *sq;     /* TurboQuant prod keys: the block's sqrt(pi/2)/m S q, [D][GQA] (kvq_turboquant.cuh) */
 } kvq_stage_buf;
 
 /* The parameters of a tile move as whole 16-byte blocks: [src, src + n eb) is covered by the aligned blocks from
@@ -2090,6 +2355,12 @@ KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b
 KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
                             int h, int tid, int fin)
 {
+#if KVQ_TQ_ANY
+    if (kvq_tq_is(f)) { /* TurboQuant pages (kvq_turboquant.cuh): fp32 rows by plain loads and stores, as below */
+        if (!fin) kvq_tq_stage_page(sb->rows, sb->s, sb->sq, b, f, slot, cap, n, h, tid, KVQ_THREADS);
+        return;
+    }
+#endif
 #if KVQ_FMT_ANY
     if (kvq_fmt_is(f)) { /* element formats (kvq_format.cuh): integer codes and parameters, or fp16 rows, staged by
                           * plain loads and stores when the copies are issued (fin 0; the barrier after the wait
@@ -2163,17 +2434,22 @@ typedef struct {
     int kpages;       /* most key pages a tile spans (page runs): qk, the bias and kpar hold that many folds */
     /* the load pipeline (plan.h): stages (2) of [0, stage_bytes), the raw parameter bytes of K and V in each */
     int stages, stage_bytes, so_kraw, so_vraw, kraws, vraws, rawf;
+    /* the widened parameter floats and mask bytes (so_kpar, so_vpar, so_kmask) of stage st at st * par_step:
+     * stage_bytes (a copy per stage, inside it), or 0 (one copy after the stages: only cp.async fills a stage, and
+     * tile i's floats are written after the barrier that ends tile i - 1's math) */
+    int par_step;
 } kvq_dec_geo;
 
 /* The staged buffers of K and V of pipeline stage st (plan.c: stage st at st * stage_bytes). */
 KVQ_DEV void kvq_stage_bufs(unsigned char *smem, const kvq_dec_geo *g, int st, kvq_stage_buf *kb, kvq_stage_buf *vb)
 {
-    unsigned char *s0 = smem + st * g->stage_bytes;
-    float *kpar = (float *)(s0 + g->so_kpar), *vpar = (float *)(s0 + g->so_vpar);
-    kb->rows = s0, kb->s = kpar, kb->z = kpar + g->kparn, kb->f = kpar + 2 * g->kparn, kb->mask = s0 + g->so_kmask;
+    unsigned char *s0 = smem + st * g->stage_bytes, *p0 = smem + st * g->par_step;
+    float *kpar = (float *)(p0 + g->so_kpar), *vpar = (float *)(p0 + g->so_vpar);
+    kb->rows = s0, kb->s = kpar, kb->z = kpar + g->kparn, kb->f = kpar + 2 * g->kparn, kb->mask = p0 + g->so_kmask;
     vb->rows = s0 + g->voff, vb->s = vpar, vb->z = vpar + g->vparn, vb->f = vpar + 2 * g->vparn, vb->mask = 0;
     kb->raw = s0 + g->so_kraw, vb->raw = s0 + g->so_vraw;
     kb->raws = g->kraws, vb->raws = g->vraws, kb->rawf = vb->rawf = g->rawf;
+    kb->sq = vb->sq = (const float *)(smem + g->so_qk); /* TurboQuant prod keys: their tiles never fold q */
 }
 
 /* Tokens of tile T this kv head reads (a pool's tile: kvq_tile.count) and its K and V kinds. */
@@ -2346,6 +2622,9 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
             float x = runs ? sc[h] : acc[h];
             for (int off = split / 2; off > 0; off >>= 1) x += __shfl_xor_sync(KVQ_FULL_MASK, x, off);
             if (f.bits < 16 && f.gran == 0) x += bias[pg * G + h];
+#if KVQ_TQ_ANY
+            if (f.tq == 2) x += kb->s[tt * G + h]; /* TurboQuant prod keys: the QJL term (kvq_turboquant.cuh) */
+#endif
             if (dead) x = KVQ_NEG_INF;
             mloc[h] = fmaxf(mloc[h], x);
             if (part == 0 && live) ps[t * G + h] = x;
@@ -2522,7 +2801,7 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
 
 KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 {
-    kvq_fmt f = {16, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0.0f, 0, {0}};
+    kvq_fmt f = {16, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0.0f, 0, {0}, 0, 0, 0, {{0}}};
     return f;
 }
 
@@ -2558,11 +2837,13 @@ KVQ_DEV kvq_fmt kvq_fmt_f16(void)
 KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi,
                              kvq_fmt vlo, const kvq_dec_geo g)
 {
-    /* element formats are staged as integer codes or fp32 rows, and computed on as such (kvq_format.cuh) */
+    /* element formats are staged as integer codes or fp32 rows, and computed on as such (kvq_format.cuh);
+     * TurboQuant pages as fp32 rows (kvq_turboquant.cuh) */
     const kvq_fmt skhi = khi, sklo = klo, svhi = vhi, svlo = vlo;
-    khi = kvq_fmt_staged(khi), klo = kvq_fmt_staged(klo), vhi = kvq_fmt_staged(vhi), vlo = kvq_fmt_staged(vlo);
-    /* rows this kernel stages are swizzled (kvq_stage_rows); element formats' rows (kvq_format.cuh) are not */
-    const int ksw = !kvq_fmt_is(skhi) | !kvq_fmt_is(sklo) << 1, vsw = !kvq_fmt_is(svhi) | !kvq_fmt_is(svlo) << 1;
+    khi = kvq_dec_staged(khi), klo = kvq_dec_staged(klo), vhi = kvq_dec_staged(vhi), vlo = kvq_dec_staged(vlo);
+    /* rows this kernel stages are swizzled (kvq_stage_rows); element formats' and TurboQuant's rows are not */
+    const int ksw = !kvq_dec_rows_own(skhi) | !kvq_dec_rows_own(sklo) << 1;
+    const int vsw = !kvq_dec_rows_own(svhi) | !kvq_dec_rows_own(svlo) << 1;
     const int G = KVQ_GQA, D = KVQ_D, NW = KVQ_THREADS / 32;
     const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
     const int tid = tx + KVQ_TX * (ty + KVQ_TY * tz);
@@ -2610,6 +2891,13 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         for (int w = 0; w < NW; w++) qmax = fmaxf(qmax, wmax[w]);
         qscale = kvq_mma_qscale(qmax), qinv = 1.0f / qscale; /* powers of two */
     }
+#if KVQ_TQ_ANY
+    if (kvq_tq_is(skhi) && skhi.tq == 2) { /* TurboQuant prod keys: S q once per block, where qk would fold */
+        __syncthreads();
+        kvq_tq_sketch_q(p->tq_s, skhi, qs, (float *)(smem + g.so_qk), tid, KVQ_THREADS);
+        __syncthreads();
+    }
+#endif
     unsigned short *wb = (unsigned short *)(smem + g.so_w);
     const int nks = g.tile / 16;
     float macc[KVQ_MMA_MPW][4], oz[KVQ_GQA][4];
@@ -2854,6 +3142,7 @@ KVQ_DEV void kvq_merge_body(const kvq_decode_params *p)
 #define KVQ_QUANTIZE_CUH
 
 /* #include "kvq_format.cuh": inlined */
+/* #include "kvq_turboquant.cuh": inlined */
 /* #include "kvq_types.cuh": inlined */
 
 #define KVQ_QTHREADS 128
@@ -2916,6 +3205,12 @@ KVQ_DEV void kvq_quant_token_run(const kvq_quant_params *p, kvq_fmt f, float *xs
         xs[i] = x;
     }
     __syncthreads();
+#if KVQ_TQ_ANY
+    if (kvq_tq_is(f)) { /* TurboQuant (kvq_turboquant.cuh): a norm per part, Lloyd-Max codes */
+        kvq_tq_quant_token_run(p, f, o, xs, ps, (unsigned *)pz, tb, nt, h, tid, KVQ_QTHREADS);
+        return;
+    }
+#endif
 #if KVQ_FMT_ANY
     if (f.kind) { /* element formats (kvq_format.cuh) */
         kvq_fmt_quant_token_run(p, f, o, xs, tb, nt, h, tid, KVQ_QTHREADS);
@@ -4272,24 +4567,25 @@ KVQ_KERNEL_EXPORT(kvq_tk_dense);
 #define KVQ_C_P1 64
 #define KVQ_C_KPAGES 1
 #define KVQ_C_VOFF 16384
-#define KVQ_C_MINB 2
-#define KVQ_C_SMEM 82192 /* dynamic shared memory: rows 0, kpar 32768, vpar 34304, kmask 35840, q 74528, qk 76576, qsum 78624, p 78896, red 79920 */
-#define KVQ_C_SO_KPAR 32768
-#define KVQ_C_SO_VPAR 34304
-#define KVQ_C_SO_KMASK 35840
-#define KVQ_C_SO_Q 74528
-#define KVQ_C_SO_QK 76576
-#define KVQ_C_SO_QSUM 78624
-#define KVQ_C_SO_P 78896
-#define KVQ_C_SO_RED 79920
-#define KVQ_C_SO_W 80144
+#define KVQ_C_MINB 3
+#define KVQ_C_SMEM 74752 /* dynamic shared memory: rows 0, kpar 68096, vpar 69120, kmask 70144, q 70160, qk 72208, qsum 74256, p 68096, red 74528 */
+#define KVQ_C_SO_KPAR 68096
+#define KVQ_C_SO_VPAR 69120
+#define KVQ_C_SO_KMASK 70144
+#define KVQ_C_SO_Q 70160
+#define KVQ_C_SO_QK 72208
+#define KVQ_C_SO_QSUM 74256
+#define KVQ_C_SO_P 68096
+#define KVQ_C_SO_RED 74528
+#define KVQ_C_SO_W 72208
 #define KVQ_C_STAGES 2
-#define KVQ_C_STAGE_BYTES 37264
-#define KVQ_C_SO_KRAW 35904
-#define KVQ_C_SO_VRAW 36624
+#define KVQ_C_STAGE_BYTES 34048
+#define KVQ_C_SO_KRAW 32768
+#define KVQ_C_SO_VRAW 33408
 #define KVQ_C_KRAWS 320
 #define KVQ_C_VRAWS 320
 #define KVQ_C_RAWF 0
+#define KVQ_C_PAR_STEP 0
 #define KVQ_C_MMA_K 1
 #define KVQ_C_MMA_V 1
 #define KVQ_C_KHI {2, 0, 0, 64, 0, 2, 2, 0, 0, 0, 0, 0, 0, {0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f}}
@@ -4317,7 +4613,8 @@ KVQ_KERNEL_EXPORT(kvq_tk_dense);
  *   KVQ_C_KPAGES           most key pages a tile spans (page runs, layout/tiles.h): staged parameters and folds
  *   KVQ_C_MINB             decode blocks per SM for __launch_bounds__: what sm_80's shared memory allows
  *   KVQ_C_SMEM, KVQ_C_SO_* the decode kernel's dynamic shared memory and the offsets of its parts (plan.c)
- *   KVQ_C_STAGES, KVQ_C_STAGE_BYTES, KVQ_C_SO_KRAW, KVQ_C_SO_VRAW, KVQ_C_KRAWS, KVQ_C_VRAWS, KVQ_C_RAWF
+ *   KVQ_C_STAGES, KVQ_C_STAGE_BYTES, KVQ_C_SO_KRAW, KVQ_C_SO_VRAW, KVQ_C_KRAWS, KVQ_C_VRAWS, KVQ_C_RAWF,
+ *   KVQ_C_PAR_STEP
  *                          the load pipeline: stages of the staged part and its raw parameter bytes (plan.h)
  *   KVQ_C_MMA_K, KVQ_C_MMA_V  page classes (bit 0 high, bit 1 low) whose q.K / p.V run on tensor cores
  *   KVQ_C_KHI, KVQ_C_KLO, KVQ_C_VHI, KVQ_C_VLO   kvq_fmt initialisers of the page formats (bits 0: absent)
@@ -4335,7 +4632,7 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_
                            KVQ_C_SO_QK,   KVQ_C_SO_QSUM,  KVQ_C_SO_P,     KVQ_C_SO_RED,
                            KVQ_C_SO_W,    KVQ_C_MMA_K,    KVQ_C_MMA_V,    KVQ_C_KPAGES,
                            KVQ_C_STAGES,  KVQ_C_STAGE_BYTES, KVQ_C_SO_KRAW, KVQ_C_SO_VRAW, KVQ_C_KRAWS,
-                           KVQ_C_VRAWS,   KVQ_C_RAWF};
+                           KVQ_C_VRAWS,   KVQ_C_RAWF,     KVQ_C_PAR_STEP};
     kvq_decode_body(&p, smem, khi, klo, vhi, vlo, g);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
@@ -4493,6 +4790,7 @@ KVQ_FACTOR_KERNEL(kvq_factor_v_lo, kvq_factor_list_v_lo, KVQ_C_VLO);
 #undef KVQ_C_KRAWS
 #undef KVQ_C_VRAWS
 #undef KVQ_C_RAWF
+#undef KVQ_C_PAR_STEP
 #undef KVQ_C_KHI
 #undef KVQ_C_KHI_Q
 #undef KVQ_C_KHI_SEP
