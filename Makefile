@@ -97,6 +97,11 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(BUILD)/obj/tests/harne
 $(BUILD)/tests/nvrtc-helper: $(BUILD)/obj/tests/nvrtc_helper.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
+# ...and its LLVM helper (tests/llvm_helper.c): the cpu backend's default<O3> and code generation of a module
+# (compiler/emit_llvm_jit.c).
+$(BUILD)/tests/llvm-helper: $(BUILD)/obj/tests/llvm_helper.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
 # Module fragments add their own targets and append to TEST_BIN / EXTRA_ALL.
 EXTRA_ALL :=
@@ -123,7 +128,7 @@ test:
 	@mkdir -p build; sh tools/python-venv.sh build >build/venv.out 2>&1 & venv=$$!; \
 	$(MAKE) --no-print-directory -j$(TEST_BUILD_JOBS) BUILD=build/san SAN=1 all tests && \
 	sh tools/ensure-sass-tools.sh build && \
-	$(MAKE) --no-print-directory -j$(TEST_BUILD_JOBS) BUILD=build SAN=0 all build/tests/nvrtc-helper; st=$$?; \
+	$(MAKE) --no-print-directory -j$(TEST_BUILD_JOBS) BUILD=build SAN=0 all build/tests/nvrtc-helper build/tests/llvm-helper; st=$$?; \
 	wait $$venv; cat build/venv.out; [ $$st -eq 0 ] && sh tests/run.sh build/san build
 
 # ---- install: make install PREFIX=/usr/local [DESTDIR=...] (docs/install.md) ----

@@ -157,6 +157,11 @@ kvq_status emit_llvm_compile(const emit_llvm_kernel *kernels, int n, int width, 
                              void *prebuilt_arg, emit_llvm_jit **out, emit_llvm_tile_fn *fns, int *origin,
                              char *msg, size_t msg_size);
 void emit_llvm_free(emit_llvm_jit *j);
+/* The compile helper's half ($KVQ_LLVM_HELPER, tests/llvm_helper.c): optimises and compiles the module in bc
+ * (unoptimised bitcode, as emit_llvm_compile hashes it) for cpu and features and stores the object in the JIT
+ * cache under the key emit_llvm_module_build gives that module; KVQ_OK at once when the entry exists. */
+kvq_status emit_llvm_cache_bitcode(const void *bc, size_t size, const char *cpu, const char *features, char *msg,
+                                   size_t msg_size);
 
 /* The textual IR of one kernel before optimisation (malloc'd; NULL when unavailable): for tests and docs. */
 char *emit_llvm_ir_text(const emit_llvm_kernel *k, int width);

@@ -9,6 +9,7 @@
 
 #ifdef KVQ_HAVE_LLVM
 #include <llvm-c/Analysis.h>
+#include <llvm-c/BitReader.h>
 #include <llvm-c/BitWriter.h>
 #include <llvm-c/Core.h>
 #include <llvm-c/Error.h>
@@ -18,6 +19,7 @@
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "emit_cuda.h" /* emit_cuda_sha256_hex: the one SHA-256 of the project */
@@ -97,6 +99,7 @@ struct emit_llvm_module {
     LLVMModuleRef m;
     char *cpu, *features; /* kvq_malloc'd */
     int width, vnni, n, optimised;
+    LLVMMemoryBufferRef bc; /* the unoptimised IR as bitcode: what the key hashes and $KVQ_LLVM_HELPER compiles */
     char key[65];
 };
 
@@ -131,26 +134,30 @@ static LLVMTargetMachineRef target_machine(const emit_llvm_module *mod, char *ms
 
 static const char PIPELINE[] = "default<O3>";
 
-/* The key: everything the object depends on (DESIGN §7). */
+/* The key of the bitcode bc for cpu and features: everything the object depends on (DESIGN §7). */
+static void key_of(const char *bc, size_t nbc, const char *cpu, const char *features, char key[65])
+{
+    char ver[32];
+    emit_llvm_version(ver, sizeof ver);
+    size_t n = nbc + strlen(cpu) + strlen(features) + 128;
+    char *all = malloc(n);
+    if (all) {
+        int len = snprintf(all, n, "%s\nLLVM %s\n%s\n%s\n%s\n", EMIT_LLVM_KVQ_VERSION, ver, cpu, features, PIPELINE);
+        memcpy(all + len, bc, nbc);
+        emit_cuda_sha256_hex(all, (size_t)len + nbc, key);
+    } else {
+        key[0] = 0; /* no key: no caching */
+    }
+    free(all);
+}
+
 static void module_key(emit_llvm_module *mod)
 {
     /* The IR as bitcode: the same module gives the same bytes, and writing it is ~10x faster than printing text
      * (which formats every float constant). */
-    LLVMMemoryBufferRef bc = LLVMWriteBitcodeToMemoryBuffer(mod->m);
-    char ver[32];
-    emit_llvm_version(ver, sizeof ver);
-    size_t nbc = bc ? LLVMGetBufferSize(bc) : 0, n = nbc + strlen(mod->cpu) + strlen(mod->features) + 128;
-    char *all = bc ? malloc(n) : NULL;
-    if (all) {
-        int len = snprintf(all, n, "%s\nLLVM %s\n%s\n%s\n%s\n", EMIT_LLVM_KVQ_VERSION, ver, mod->cpu, mod->features,
-                           PIPELINE);
-        memcpy(all + len, LLVMGetBufferStart(bc), nbc);
-        emit_cuda_sha256_hex(all, (size_t)len + nbc, mod->key);
-    } else {
-        mod->key[0] = 0; /* no key: no caching */
-    }
-    free(all);
-    if (bc) LLVMDisposeMemoryBuffer(bc);
+    mod->bc = LLVMWriteBitcodeToMemoryBuffer(mod->m);
+    if (mod->bc) key_of(LLVMGetBufferStart(mod->bc), LLVMGetBufferSize(mod->bc), mod->cpu, mod->features, mod->key);
+    else mod->key[0] = 0;
 }
 
 static char *dup_str(const char *s)
@@ -164,6 +171,7 @@ static char *dup_str(const char *s)
 void emit_llvm_module_free(emit_llvm_module *m)
 {
     if (!m) return;
+    if (m->bc) LLVMDisposeMemoryBuffer(m->bc);
     if (m->m) LLVMDisposeModule(m->m);
     if (m->ctx) LLVMContextDispose(m->ctx);
     kvq_free(m->cpu);
@@ -307,6 +315,31 @@ kvq_status emit_llvm_load(const void *obj, size_t size, int n, emit_llvm_jit **o
     return KVQ_OK;
 }
 
+/* $KVQ_LLVM_HELPER (tests/run.sh sets it to the plain build's tests/llvm-helper): a program built without the
+ * sanitizers that optimises and compiles a module's bitcode into the cache (emit_llvm_cache_bitcode). In a process
+ * under AddressSanitizer every one of LLVM's allocations goes through ASan's allocator, which makes default<O3> and
+ * code generation several times as long (docs/testing.md, "Test time"). The same bitcode, CPU and features give the
+ * same key and the same object bytes; a helper that fails, or keys differently (another build's), leaves no entry,
+ * and the module is compiled here as without one. Returns 1 when the helper says it compiled. */
+static int helper_compile(const char *helper, const emit_llvm_module *mod)
+{
+    char path[4300], base[4200];
+    kvq_cache_path(mod->key, "bc", base, sizeof base);
+    snprintf(path, sizeof path, "%s.tmp.%ld", base, (long)getpid());
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    size_t n = LLVMGetBufferSize(mod->bc);
+    int ok = fwrite(LLVMGetBufferStart(mod->bc), 1, n, f) == n;
+    if (fclose(f) != 0 || !ok) {
+        unlink(path);
+        return 0;
+    }
+    char *argv[] = {(char *)helper, mod->cpu, mod->features, path, NULL};
+    ok = kvq_cache_run_helper(argv, NULL);
+    unlink(path);
+    return ok;
+}
+
 kvq_status emit_llvm_compile(const emit_llvm_kernel *ks, int n, int width, emit_llvm_prebuilt_fn prebuilt,
                              void *prebuilt_arg, emit_llvm_jit **out, emit_llvm_tile_fn *fns, int *origin,
                              char *msg, size_t msg_size)
@@ -333,6 +366,24 @@ kvq_status emit_llvm_compile(const emit_llvm_kernel *ks, int n, int width, emit_
         kvq_free(obj);
         obj = NULL;
     }
+    /* One compile of a key at a time across processes (make test's programs share a cold cache): a second process
+     * waits for the first's entry. */
+    char lock[80];
+    snprintf(lock, sizeof lock, "llvm-%s", key);
+    const int lk = *out || !key[0] ? -1 : kvq_cache_lock(lock);
+    if (lk >= 0 && kvq_cache_get(key, "o", &obj, &size, 1)) {
+        if (emit_llvm_load(obj, size, n, out, fns, ignored, sizeof ignored) == KVQ_OK && origin)
+            *origin = EMIT_LLVM_FROM_CACHE;
+        kvq_free(obj);
+        obj = NULL;
+    }
+    const char *helper = getenv("KVQ_LLVM_HELPER");
+    if (!*out && key[0] && helper && *helper && helper_compile(helper, mod) &&
+        kvq_cache_get(key, "o", &obj, &size, 1)) {
+        emit_llvm_load(obj, size, n, out, fns, ignored, sizeof ignored); /* compiled for this call: origin JIT */
+        kvq_free(obj);
+        obj = NULL;
+    }
     if (!*out) {
         st = emit_llvm_module_object(mod, &obj, &size, msg, msg_size);
         if (st == KVQ_OK && key[0]) {
@@ -342,6 +393,51 @@ kvq_status emit_llvm_compile(const emit_llvm_kernel *ks, int n, int width, emit_
         if (st == KVQ_OK) st = emit_llvm_load(obj, size, n, out, fns, msg, msg_size);
         kvq_free(obj);
     }
+    kvq_cache_unlock(lock, lk);
+    emit_llvm_module_free(mod);
+    return st;
+}
+
+kvq_status emit_llvm_cache_bitcode(const void *bc, size_t size, const char *cpu, const char *features, char *msg,
+                                   size_t msg_size)
+{
+    kvq_status st = emit_llvm_probe(msg, msg_size);
+    if (st != KVQ_OK) return st;
+    char key[65];
+    key_of(bc, size, cpu, features, key);
+    void *obj = NULL;
+    size_t osize = 0;
+    if (!key[0] || !kvq_cache_dir()[0]) {
+        snprintf(msg, msg_size, "cpu kernels: no JIT cache to write to");
+        return KVQ_ERR_UNAVAILABLE;
+    }
+    if (kvq_cache_get(key, "o", &obj, &osize, 1)) { /* another process compiled it meanwhile */
+        kvq_free(obj);
+        return KVQ_OK;
+    }
+    emit_llvm_module *mod = kvq_calloc(1, sizeof *mod);
+    if (!mod || !(mod->cpu = dup_str(cpu)) || !(mod->features = dup_str(features))) {
+        emit_llvm_module_free(mod);
+        snprintf(msg, msg_size, "out of memory");
+        return KVQ_ERR_NOMEM;
+    }
+    mod->ctx = LLVMContextCreate();
+    LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRange(bc, size, "kvq_cpu.bc", 0);
+    if (LLVMParseBitcodeInContext2(mod->ctx, buf, &mod->m)) {
+        mod->m = NULL;
+        snprintf(msg, msg_size, "cpu kernels: the bitcode does not parse");
+        st = KVQ_ERR_INVALID;
+    }
+    LLVMDisposeMemoryBuffer(buf);
+    if (st == KVQ_OK) st = emit_llvm_module_object(mod, &obj, &osize, msg, msg_size);
+    if (st == KVQ_OK) {
+        kvq_cache_section sec = {obj, osize};
+        if (kvq_cache_put(key, "o", &sec, 1) != 0) {
+            snprintf(msg, msg_size, "cpu kernels: could not write the cache entry");
+            st = KVQ_ERR_IO;
+        }
+    }
+    kvq_free(obj);
     emit_llvm_module_free(mod);
     return st;
 }
@@ -414,6 +510,12 @@ kvq_status emit_llvm_compile(const emit_llvm_kernel *kernels, int n, int width, 
     (void)kernels, (void)n, (void)width, (void)prebuilt, (void)prebuilt_arg, (void)fns;
     if (origin) *origin = EMIT_LLVM_FROM_JIT;
     *out = NULL;
+    return emit_llvm_probe(msg, msg_size);
+}
+kvq_status emit_llvm_cache_bitcode(const void *bc, size_t size, const char *cpu, const char *features, char *msg,
+                                   size_t msg_size)
+{
+    (void)bc, (void)size, (void)cpu, (void)features;
     return emit_llvm_probe(msg, msg_size);
 }
 void emit_llvm_free(emit_llvm_jit *j) { (void)j; }

@@ -2,16 +2,20 @@
  * objects): see jit_cache.h. */
 #include <errno.h>
 #include <fcntl.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "alloc.h"
 #include "jit_cache.h"
 #include "emit_cuda.h"
+
+extern char **environ;
 
 #define CACHE_MAGIC "KVQCACH1"
 
@@ -187,4 +191,31 @@ void kvq_cache_unlock(const char *name, int handle)
     kvq_cache_path(name, "lock", path, sizeof path);
     unlink(path);
     close(handle); /* releases the flock */
+}
+
+int kvq_cache_run_helper(char *const argv[], const char *child_var)
+{
+    size_t ne = 0;
+    while (environ[ne]) ne++;
+    char **env = kvq_malloc((ne + 2) * sizeof *env);
+    if (!env) return 0;
+    memcpy(env, environ, ne * sizeof *env);
+    env[ne] = (char *)child_var; /* may be NULL */
+    env[ne + 1] = NULL;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid;
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, env);
+    posix_spawn_file_actions_destroy(&fa);
+    kvq_free(env);
+    int status = 0;
+    if (rc == 0)
+        while (waitpid(pid, &status, 0) < 0)
+            if (errno != EINTR) {
+                status = -1;
+                break;
+            }
+    return rc == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }

@@ -28,5 +28,11 @@ void kvq_cache_path(const char *key, const char *ext, char *out, size_t size);
  * removed when released; the lock dies with the process. */
 int kvq_cache_lock(const char *name);
 void kvq_cache_unlock(const char *name, int handle);
+/* Runs a compile helper (argv[0], a path) outside this process, which is under the sanitizers in the tests: with
+ * this process's environment plus `child_var` when not NULL ("NAME=1": e.g. the NVRTC helper neither locks nor calls a helper itself), its
+ * stdout and stderr to /dev/null. Returns 1 when it exited with status 0 (the caller still reads the entry from
+ * the cache and compiles in-process when it is not there), 0 otherwise (not started, failed, killed). Used by
+ * $KVQ_NVRTC_HELPER (runtime/cuda/cu_nvrtc.c) and $KVQ_LLVM_HELPER (compiler/emit_llvm_jit.c). */
+int kvq_cache_run_helper(char *const argv[], const char *child_var);
 
 #endif

@@ -13,7 +13,8 @@
 # printed (scripts first, then programs in name order) once all have run. Only when PLAIN_BUILD/venv is missing
 # does the Python script run first, alone: it makes the virtualenv whose python3 with numpy serves the unit tests
 # that cross-check with NumPy. $KVQ_NVRTC_HELPER (unless set already): PLAIN_BUILD/tests/nvrtc-helper, which
-# compiles the programs' CUDA units outside the sanitizers (runtime/cuda/cu_nvrtc.c).
+# compiles the programs' CUDA units outside the sanitizers (runtime/cuda/cu_nvrtc.c); $KVQ_LLVM_HELPER likewise
+# PLAIN_BUILD/tests/llvm-helper, their cpu modules (compiler/emit_llvm_jit.c).
 # Which is longest: tests/test-times, one line per program, `NAME SECONDS [shards=N] [emu=HOW]` (measured under
 # the sanitizers, cold cache). A program not listed counts 60 s if it is an emulator program (test_cuda_*), else 0.
 # shards=N (N > 1) runs the program N times at once with KVQ_TEST_SHARD=K/N (K = 0..N-1): the program runs its
@@ -148,6 +149,11 @@ done
 if [ -z "${KVQ_NVRTC_HELPER+set}" ] && [ -x "$plain/tests/nvrtc-helper" ]; then
     KVQ_NVRTC_HELPER=$(cd "$plain/tests" && pwd)/nvrtc-helper
     export KVQ_NVRTC_HELPER
+fi
+# LLVM likewise: the helper optimises and compiles each cpu module into the cache (compiler/emit_llvm_jit.c).
+if [ -z "${KVQ_LLVM_HELPER+set}" ] && [ -x "$plain/tests/llvm-helper" ]; then
+    KVQ_LLVM_HELPER=$(cd "$plain/tests" && pwd)/llvm-helper
+    export KVQ_LLVM_HELPER
 fi
 
 # The programs, the ones known to take minutes under the sanitizers first (a shard counts its share) so that

@@ -1,20 +1,14 @@
 /* NVRTC through dlopen: compile a generated translation unit to a cubin (and PTX) for one architecture, with
  * ptxas's resource report, through the on-disk cache. See cu.h. */
 #include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "alloc.h"
 #include "cu.h"
 #include "emit_cuda.h"
-
-extern char **environ;
 
 typedef int nvrtc_res;
 typedef struct nvrtc_prog_ *nvrtc_prog;
@@ -221,36 +215,11 @@ static int helper_compile(const char *helper, const char *src, const char *arch,
         unlink(path);
         return 0;
     }
-    /* the environment, plus KVQ_NVRTC_CHILD=1: the helper neither locks (this process holds the key's lock) nor
-     * calls a helper itself */
-    size_t ne = 0;
-    while (environ[ne]) ne++;
-    char **env = kvq_malloc((ne + 2) * sizeof *env);
-    if (!env) {
-        unlink(path);
-        return 0;
-    }
-    memcpy(env, environ, ne * sizeof *env);
-    env[ne] = "KVQ_NVRTC_CHILD=1";
-    env[ne + 1] = NULL;
+    /* KVQ_NVRTC_CHILD=1: the helper neither locks (this process holds the key's lock) nor calls a helper itself */
     char *argv[] = {(char *)helper, (char *)arch, lineinfo ? "1" : "0", path, NULL};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid;
-    int rc = posix_spawn(&pid, helper, &fa, NULL, argv, env);
-    posix_spawn_file_actions_destroy(&fa);
-    kvq_free(env);
-    int status = 0;
-    if (rc == 0)
-        while (waitpid(pid, &status, 0) < 0)
-            if (errno != EINTR) {
-                status = -1;
-                break;
-            }
+    ok = kvq_cache_run_helper(argv, "KVQ_NVRTC_CHILD=1");
     unlink(path);
-    return rc == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    return ok;
 }
 
 /* Compiles in this process; stores the result in the cache when use_cache. */
