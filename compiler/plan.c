@@ -335,7 +335,8 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
         c->vraws = max_i(store_raw(p, &c->v_hi, T), store_raw(p, &c->v_lo, T));
         for (int i = 0; i < 4; i++) {
             sep |= all[i]->bits && all[i]->sep;
-            efmt |= all[i]->bits && all[i]->bits < 16 && all[i]->format.kind != KVQ_FMT_INT;
+            /* element formats and TurboQuant pages write their floats while the copies are issued */
+            efmt |= all[i]->bits && all[i]->bits < 16 && (all[i]->format.kind != KVQ_FMT_INT || all[i]->tq);
             masked |= all[i]->bits && all[i]->masked;
             /* keys whose parameters phase 1 does not read: per channel (folded before it), or fp16 */
             if (i < 2 && all[i]->bits && all[i]->bits < 16 && all[i]->gran != KVQ_GRAN_CHANNEL) kchan = 0;
@@ -344,8 +345,8 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
     c->rawf = sep ? align16(D * 4) + 64 : 0; /* channel-separable pages never form runs: one page */
     /* The widened parameter floats (scales, zeros, the factors when separable) and the key mask bytes: one copy
      * after the stages (tile i's are written after the barrier that ends tile i - 1's math; only cp.async fills a
-     * stage ahead), except for element formats, which kvq_format.cuh stages while the copies are issued: a copy
-     * per stage then (par_step = stage_bytes). One copy saves KIVI-2 10 KB at head_dim 128 (docs/cuda.md).
+     * stage ahead), except for element formats and TurboQuant pages, which kvq_format.cuh and kvq_turboquant.cuh
+     * stage while the copies are issued (prod keys' QJL terms): a copy per stage then (par_step = stage_bytes). One copy saves KIVI-2 10 KB at head_dim 128 (docs/cuda.md).
      * The scores and probabilities [T][GQA] (so_p) share the key parameters' part where phase 1 does not read the
      * key parameters (kchan): the fold and the bias read them before the barriers that precede phase 1's writes,
      * and the next tile's are widened after the barrier at the top of the tile loop (2 KB for KIVI-2). The mask
