@@ -116,12 +116,12 @@ static void test_inner_product(void)
 
 /* specs/rotate/turboquant.kvq through the engine on the reference backend: attention over what the cache holds
  * (read_cache) equals the decode output, TurboQuant at 4 + 3 bits stays close to exact attention on structured
- * K/V, the memory equals kvq_scheme_account's; the emulated cuda backend refuses TurboQuant clearly (the cpu backend
- * decodes it: test_cpu_turboquant). */
+ * K/V, the memory equals kvq_scheme_account's; the emulated cuda backend takes these schemes (its numbers:
+ * test_cuda_turboquant; the cpu backend's: test_cpu_turboquant). */
 static void test_engine(const char *name)
 {
     th_begin("engine: %s (specs/rotate/turboquant.kvq) on the reference: decode = attention over read_cache, "
-             "stats = kvq_scheme_account; emu refuses it",
+             "stats = kvq_scheme_account; the emu backend takes it",
              name);
     enum { H = 2, Hq = 4, T = 150, L = 1 };
     kvq_spec *sp = tu_spec_file("specs/rotate/turboquant.kvq");
@@ -201,15 +201,15 @@ static void test_engine(const char *name)
                  w ? "values" : "keys", rel[w], dmse[t->bits], t->bits);
     }
     {
-        /* the emulated cuda backend refuses it (the cpu backend runs it: test_cpu_turboquant) */
+        /* the emulated cuda backend takes it too (its numbers against this backend's: test_cuda_turboquant; the
+         * cpu backend's: test_cpu_turboquant); only prod values are refused there */
         kvq_engine_config cfg;
         kvq_engine_config_init(&cfg);
         cfg.dims = (kvq_dims){L, Hq, H, D};
         cfg.backend = KVQ_BACKEND_EMU;
         kvq_engine *x = NULL;
         kvq_status st = s ? kvq_engine_create(s, &cfg, &x, err, sizeof err) : KVQ_ERR_INVALID;
-        TH_CHECK(st == KVQ_ERR_UNSUPPORTED || st == KVQ_ERR_UNAVAILABLE, "emu backend: %s", kvq_status_str(st));
-        TH_CHECK(st == KVQ_ERR_UNAVAILABLE || strstr(err, "TurboQuant"), "emu backend's message: %s", err);
+        TH_CHECK(st == KVQ_OK || st == KVQ_ERR_UNAVAILABLE, "emu backend: %s: %s", kvq_status_str(st), err);
         kvq_engine_free(x);
     }
     free(k), free(v), free(q), free(pk), free(pv), free(rk), free(rv);
