@@ -129,4 +129,76 @@ static inline void tu_to_f16(const float *x, size_t n, uint16_t *out)
     for (size_t i = 0; i < n; i++) out[i] = kvq_f16_from_f32(x[i]);
 }
 
+/* One synth layer through an engine: a prompt of T tokens, then one decode step with token T (test_turboquant,
+ * test_turboquant_split). The engine's memory must equal kvq_scheme_account's; afterwards k, v, q hold the layer
+ * ([H][T+1][D], [Hq][T+1][D]), rk, rv what read_cache returns, and worst_self / worst_exact how far the step's
+ * output is from attention over rk, rv / over k, v (tu_rel_err). */
+typedef struct {
+    int kv_heads, heads, tokens, dim; /* the prompt is `tokens` long; the step decodes token `tokens` */
+    float *k, *v, *q, *rk, *rv;
+    double worst_self, worst_exact;
+} tu_prompt_step;
+
+static inline void tu_prompt_step_run(kvq_engine *e, const kvq_scheme *s, const kvq_synth *syn, int layer,
+                                      tu_prompt_step *r)
+{
+    const int H = r->kv_heads, Hq = r->heads, T = r->tokens, D = r->dim;
+    size_t nkv = (size_t)H * (T + 1) * D;
+    r->k = malloc(nkv * 4), r->v = malloc(nkv * 4), r->q = malloc((size_t)Hq * (T + 1) * D * 4);
+    r->rk = malloc(nkv * 4), r->rv = malloc(nkv * 4);
+    r->worst_self = r->worst_exact = INFINITY;
+    float *pk = malloc((size_t)H * T * D * 4), *pv = malloc((size_t)H * T * D * 4);
+    float *dk = malloc((size_t)H * D * 4), *dv = malloc((size_t)H * D * 4), *dq = malloc((size_t)Hq * D * 4);
+    float *out = malloc((size_t)Hq * D * 4), *ex = malloc((size_t)D * 4);
+    TH_CHECK(r->k && r->v && r->q && r->rk && r->rv && pk && pv && dk && dv && dq && out && ex, "out of memory");
+    if (!th_failed()) {
+        tu_slice(syn->k, layer, H, T + 1, D, 0, T + 1, r->k);
+        tu_slice(syn->v, layer, H, T + 1, D, 0, T + 1, r->v);
+        tu_slice(syn->q, layer, Hq, T + 1, D, 0, T + 1, r->q);
+        for (int h = 0; h < H; h++) {
+            memcpy(pk + (size_t)h * T * D, r->k + (size_t)h * (T + 1) * D, (size_t)T * D * 4);
+            memcpy(pv + (size_t)h * T * D, r->v + (size_t)h * (T + 1) * D, (size_t)T * D * 4);
+            memcpy(dk + (size_t)h * D, r->k + ((size_t)h * (T + 1) + T) * D, (size_t)D * 4);
+            memcpy(dv + (size_t)h * D, r->v + ((size_t)h * (T + 1) + T) * D, (size_t)D * 4);
+        }
+        for (int h = 0; h < Hq; h++) memcpy(dq + (size_t)h * D, r->q + ((size_t)h * (T + 1) + T) * D, (size_t)D * 4);
+    }
+    kvq_seq *seq = NULL;
+    TH_CHECK(!th_failed() && e && kvq_seq_create(e, &seq) == KVQ_OK, "engine");
+    kvq_prefill_item it = {seq, T, pk, pv, NULL};
+    TH_CHECK(!th_failed() && kvq_prefill(e, 0, &it, 1) == KVQ_OK, "prefill: %s", e ? kvq_engine_errmsg(e) : "");
+    if (!th_failed()) {
+        kvq_dims dims = {1, Hq, H, D};
+        kvq_mem_stats acc, run;
+        TH_CHECK(kvq_scheme_account(s, &dims, 1, T, NULL, &acc) == KVQ_OK && kvq_engine_stats(e, &run) == KVQ_OK,
+                 "stats");
+        TH_CHECK(acc.device_bytes == run.device_bytes && acc.bytes[KVQ_SEG_PARAMS] == run.bytes[KVQ_SEG_PARAMS],
+                 "account %llu bytes (params %llu), engine %llu (params %llu)", (unsigned long long)acc.device_bytes,
+                 (unsigned long long)acc.bytes[KVQ_SEG_PARAMS], (unsigned long long)run.device_bytes,
+                 (unsigned long long)run.bytes[KVQ_SEG_PARAMS]);
+    }
+    kvq_decode_item d = {seq, dk, dv, dq, out};
+    TH_CHECK(!th_failed() && kvq_decode(e, 0, &d, 1) == KVQ_OK, "decode: %s", e ? kvq_engine_errmsg(e) : "");
+    int n = 0;
+    TH_CHECK(!th_failed() && kvq_seq_read_cache(e, seq, 0, r->rk, r->rv, T + 1, &n) == KVQ_OK && n == T + 1,
+             "read_cache");
+    if (!th_failed()) {
+        r->worst_self = r->worst_exact = 0;
+        for (int h = 0; h < Hq; h++) {
+            size_t g = (size_t)(h / (Hq / H)) * (T + 1) * D;
+            tu_exact_attention(dq + (size_t)h * D, r->rk + g, r->rv + g, T + 1, D, 1 / sqrt((double)D), ex);
+            r->worst_self = fmax(r->worst_self, tu_rel_err(out + (size_t)h * D, ex, D, 1e-3));
+            tu_exact_attention(dq + (size_t)h * D, r->k + g, r->v + g, T + 1, D, 1 / sqrt((double)D), ex);
+            r->worst_exact = fmax(r->worst_exact, tu_rel_err(out + (size_t)h * D, ex, D, 1e-3));
+        }
+    }
+    free(pk), free(pv), free(dk), free(dv), free(dq), free(out), free(ex);
+}
+
+static inline void tu_prompt_step_free(tu_prompt_step *r)
+{
+    free(r->k), free(r->v), free(r->q), free(r->rk), free(r->rv);
+    r->k = r->v = r->q = r->rk = r->rv = NULL;
+}
+
 #endif

@@ -133,49 +133,10 @@ static void test_engine(const char *name)
     kvq_synth syn = {0};
     char err[256];
     TH_CHECK(kvq_synth_generate(&p, &syn, err, sizeof err) == KVQ_OK, "synth: %s", err);
-    float *k = malloc((size_t)H * (T + 1) * D * 4), *v = malloc((size_t)H * (T + 1) * D * 4);
-    float *q = malloc((size_t)Hq * (T + 1) * D * 4);
-    tu_slice(syn.k, 3, H, T + 1, D, 0, T + 1, k); /* layer 3: outlier channels and tokens */
-    tu_slice(syn.v, 3, H, T + 1, D, 0, T + 1, v);
-    tu_slice(syn.q, 3, Hq, T + 1, D, 0, T + 1, q);
-    float *pk = malloc((size_t)H * T * D * 4), *pv = malloc((size_t)H * T * D * 4);
-    float dk[H * D], dv[H * D], dq[Hq * D], out[Hq * D], ex[D];
-    for (int h = 0; h < H; h++) {
-        memcpy(pk + (size_t)h * T * D, k + (size_t)h * (T + 1) * D, (size_t)T * D * 4);
-        memcpy(pv + (size_t)h * T * D, v + (size_t)h * (T + 1) * D, (size_t)T * D * 4);
-        memcpy(dk + h * D, k + ((size_t)h * (T + 1) + T) * D, D * 4);
-        memcpy(dv + h * D, v + ((size_t)h * (T + 1) + T) * D, D * 4);
-    }
-    for (int h = 0; h < Hq; h++) memcpy(dq + h * D, q + ((size_t)h * (T + 1) + T) * D, D * 4);
-    kvq_seq *seq = NULL;
-    TH_CHECK(e && kvq_seq_create(e, &seq) == KVQ_OK, "engine");
-    kvq_prefill_item it = {seq, T, pk, pv, NULL};
-    TH_CHECK(!th_failed() && kvq_prefill(e, 0, &it, 1) == KVQ_OK, "prefill: %s", kvq_engine_errmsg(e));
-    if (!th_failed()) {
-        kvq_account_opts o;
-        memset(&o, 0, sizeof o);
-        kvq_dims dims = {L, Hq, H, D};
-        kvq_mem_stats acc, run;
-        TH_CHECK(kvq_scheme_account(s, &dims, 1, T, &o, &acc) == KVQ_OK && kvq_engine_stats(e, &run) == KVQ_OK,
-                 "stats");
-        TH_CHECK(acc.device_bytes == run.device_bytes, "account %llu bytes, engine %llu",
-                 (unsigned long long)acc.device_bytes, (unsigned long long)run.device_bytes);
-    }
-    kvq_decode_item d = {seq, dk, dv, dq, out};
-    TH_CHECK(!th_failed() && kvq_decode(e, 0, &d, 1) == KVQ_OK, "decode: %s", kvq_engine_errmsg(e));
-    float *rk = malloc((size_t)H * (T + 1) * D * 4), *rv = malloc((size_t)H * (T + 1) * D * 4);
-    int n = 0;
-    TH_CHECK(!th_failed() && kvq_seq_read_cache(e, seq, 0, rk, rv, T + 1, &n) == KVQ_OK && n == T + 1, "read");
-    double worst_self = 0, worst_exact = 0;
-    for (int h = 0; h < Hq && !th_failed(); h++) {
-        int g = h / (Hq / H);
-        tu_exact_attention(dq + h * D, rk + (size_t)g * (T + 1) * D, rv + (size_t)g * (T + 1) * D, T + 1, D,
-                           1 / sqrt((double)D), ex);
-        worst_self = fmax(worst_self, tu_rel_err(out + h * D, ex, D, 1e-3));
-        tu_exact_attention(dq + h * D, k + (size_t)g * (T + 1) * D, v + (size_t)g * (T + 1) * D, T + 1, D,
-                           1 / sqrt((double)D), ex);
-        worst_exact = fmax(worst_exact, tu_rel_err(out + h * D, ex, D, 1e-3));
-    }
+    tu_prompt_step r = {.kv_heads = H, .heads = Hq, .tokens = T, .dim = D};
+    if (!th_failed()) tu_prompt_step_run(e, s, &syn, 3, &r); /* layer 3: outlier channels and tokens */
+    double worst_self = r.worst_self, worst_exact = r.worst_exact;
+    const float *k = r.k, *v = r.v, *rk = r.rk, *rv = r.rv;
     /* Theorem 1 holds for any fixed vector (Pi x / |x| is uniform on the sphere): the stored MSE tensors'
      * relative squared error, averaged over the tokens, is D_mse(b) (the kvq_lloyd_max MSE of N(0, 1)). */
     static const double dmse[5] = {0, 0.3634, 0.1175, 0.03455, 0.0095};
@@ -212,7 +173,7 @@ static void test_engine(const char *name)
         TH_CHECK(st == KVQ_OK || st == KVQ_ERR_UNAVAILABLE, "emu backend: %s: %s", kvq_status_str(st), err);
         kvq_engine_free(x);
     }
-    free(k), free(v), free(q), free(pk), free(pv), free(rk), free(rv);
+    tu_prompt_step_free(&r);
     kvq_synth_free(&syn);
     kvq_engine_free(e);
     kvq_spec_free(sp);

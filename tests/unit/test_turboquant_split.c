@@ -115,51 +115,10 @@ static void test_engine(const split_spec *sp)
     kvq_synth syn = {0};
     char err[256];
     TH_CHECK(kvq_synth_generate(&p, &syn, err, sizeof err) == KVQ_OK, "synth: %s", err);
-    size_t nkv = (size_t)H * (T + 1) * D;
-    float *k = malloc(nkv * 4), *v = malloc(nkv * 4), *q = malloc((size_t)Hq * (T + 1) * D * 4);
-    float *pk = malloc((size_t)H * T * D * 4), *pv = malloc((size_t)H * T * D * 4);
-    float *rk = malloc(nkv * 4), *rv = malloc(nkv * 4);
-    float dk[H * D], dv[H * D], dq[Hq * D], out[Hq * D], ex[D];
-    if (!th_failed()) {
-        tu_slice(syn.k, 3, H, T + 1, D, 0, T + 1, k); /* layer 3: outlier key channels (and value channels) */
-        tu_slice(syn.v, 3, H, T + 1, D, 0, T + 1, v);
-        tu_slice(syn.q, 3, Hq, T + 1, D, 0, T + 1, q);
-        for (int h = 0; h < H; h++) {
-            memcpy(pk + (size_t)h * T * D, k + (size_t)h * (T + 1) * D, (size_t)T * D * 4);
-            memcpy(pv + (size_t)h * T * D, v + (size_t)h * (T + 1) * D, (size_t)T * D * 4);
-            memcpy(dk + h * D, k + ((size_t)h * (T + 1) + T) * D, D * 4);
-            memcpy(dv + h * D, v + ((size_t)h * (T + 1) + T) * D, D * 4);
-        }
-        for (int h = 0; h < Hq; h++) memcpy(dq + h * D, q + ((size_t)h * (T + 1) + T) * D, D * 4);
-    }
-    kvq_seq *seq = NULL;
-    TH_CHECK(e && kvq_seq_create(e, &seq) == KVQ_OK, "engine");
-    kvq_prefill_item it = {seq, T, pk, pv, NULL};
-    TH_CHECK(!th_failed() && kvq_prefill(e, 0, &it, 1) == KVQ_OK, "prefill: %s", e ? kvq_engine_errmsg(e) : "");
-    if (!th_failed()) {
-        kvq_dims dims = {L, Hq, H, D};
-        kvq_mem_stats acc, run;
-        TH_CHECK(kvq_scheme_account(s, &dims, 1, T, NULL, &acc) == KVQ_OK && kvq_engine_stats(e, &run) == KVQ_OK,
-                 "stats");
-        TH_CHECK(acc.device_bytes == run.device_bytes && acc.bytes[KVQ_SEG_PARAMS] == run.bytes[KVQ_SEG_PARAMS],
-                 "account %llu bytes (params %llu), engine %llu (params %llu)", (unsigned long long)acc.device_bytes,
-                 (unsigned long long)acc.bytes[KVQ_SEG_PARAMS], (unsigned long long)run.device_bytes,
-                 (unsigned long long)run.bytes[KVQ_SEG_PARAMS]);
-    }
-    kvq_decode_item d = {seq, dk, dv, dq, out};
-    TH_CHECK(!th_failed() && kvq_decode(e, 0, &d, 1) == KVQ_OK, "decode: %s", e ? kvq_engine_errmsg(e) : "");
-    int n = 0;
-    TH_CHECK(!th_failed() && kvq_seq_read_cache(e, seq, 0, rk, rv, T + 1, &n) == KVQ_OK && n == T + 1, "read");
-    double worst_self = 0, worst_exact = 0;
-    for (int h = 0; h < Hq && !th_failed(); h++) {
-        int g = h / (Hq / H);
-        tu_exact_attention(dq + h * D, rk + (size_t)g * (T + 1) * D, rv + (size_t)g * (T + 1) * D, T + 1, D,
-                           1 / sqrt((double)D), ex);
-        worst_self = fmax(worst_self, tu_rel_err(out + h * D, ex, D, 1e-3));
-        tu_exact_attention(dq + h * D, k + (size_t)g * (T + 1) * D, v + (size_t)g * (T + 1) * D, T + 1, D,
-                           1 / sqrt((double)D), ex);
-        worst_exact = fmax(worst_exact, tu_rel_err(out + h * D, ex, D, 1e-3));
-    }
+    tu_prompt_step r = {.kv_heads = H, .heads = Hq, .tokens = T, .dim = D};
+    if (!th_failed()) tu_prompt_step_run(e, s, &syn, 3, &r); /* layer 3: outlier key channels (and value channels) */
+    double worst_self = r.worst_self, worst_exact = r.worst_exact;
+    const float *k = r.k, *v = r.v, *rk = r.rk, *rv = r.rv;
     TH_CHECK(worst_self < 1e-4, "decode differs from attention over what the cache holds by %.3g", worst_self);
     /* Distortion per tensor: measured sum of |x - x^|^2 over every token (the decoded one with the prompt's
      * channels) against the two instances' expected errors on the prompt-chosen channel sets. */
@@ -203,7 +162,7 @@ static void test_engine(const split_spec *sp)
     }
     printf("  %s: output vs attention over read_cache %.2g, vs exact attention %.3g\n", sp->name, worst_self,
            worst_exact);
-    free(k), free(v), free(q), free(pk), free(pv), free(rk), free(rv);
+    tu_prompt_step_free(&r);
     kvq_synth_free(&syn);
     kvq_engine_free(e);
     kvq_spec_free(f);
