@@ -13,12 +13,17 @@
 typedef struct kvq_backend_seq kvq_backend_seq; /* a backend's per-sequence state (opaque to the engine) */
 typedef struct kvq_backend_ctx kvq_backend_ctx; /* a backend's per-engine state */
 
-/* What the engine hands a backend for one sequence of a prefill (fp32, C order). */
+/* What the engine hands a backend for one sequence of a prefill (fp32, C order). A backend with `prefill_f16` set
+ * gets an fp16 engine's rows as the caller gave them instead, when nothing on the host changes them (no rotation,
+ * no calibration): k16 and v16 set, k and v NULL. fp16 -> fp32 -> fp16 is the identity on the finite values the
+ * engine lets through, so either form stores the same cache; this one spares the host two conversions and an
+ * fp32 copy of the prompt (4 bytes an element). */
 typedef struct {
     kvq_backend_seq *seq;
     int n_tokens;
     const float *k, *v; /* [kv_heads][n_tokens][D] */
     const float *q;     /* [heads][n_tokens][D], or NULL */
+    const uint16_t *k16, *v16; /* [kv_heads][n_tokens][D] fp16, with prefill_f16 only (above) */
 } kvq_be_prefill;
 
 typedef struct {
@@ -41,6 +46,7 @@ typedef struct {
 
 typedef struct kvq_backend {
     const char *name;
+    int prefill_f16; /* prefill reads kvq_be_prefill.k16 / v16 when they are set (above) */
     /* KVQ_OK if the backend can run on this machine, else KVQ_ERR_UNAVAILABLE with the reason in msg. */
     kvq_status (*probe)(char *msg, size_t msg_size);
     /* KVQ_OK if the backend implements everything `e` needs, else KVQ_ERR_UNSUPPORTED with the reason. */

@@ -5,6 +5,7 @@
  * arrays the backends receive, so every backend answers the same. */
 #include <math.h>
 
+#include "half.h"
 #include "rt_internal.h"
 
 /* fp16's largest finite value (base/half.h rounds anything at or beyond 65520 to inf). */
@@ -39,6 +40,23 @@ kvq_status rt_check_kv(kvq_engine *e, const char *fn, int item, int layer, const
                 return refuse(e, fn, item, layer, tensor, "kv head", h, pos0 + (int)t, (int)c, v,
                               isnan(v) || isinf(v) ? "is not finite"
                                                    : "is beyond fp16's range (|x| <= 65504; the cache stores fp16)");
+            }
+        }
+    return KVQ_OK;
+}
+
+kvq_status rt_check_kv16(kvq_engine *e, const char *fn, int item, int layer, const char *tensor, const uint16_t *x,
+                         int n_tokens, int pos0)
+{
+    const kvq_dims *d = &e->cfg.dims;
+    size_t D = (size_t)d->head_dim, n = (size_t)n_tokens;
+    for (int h = 0; h < d->kv_heads; h++)
+        for (size_t t = 0; t < n; t++) {
+            const uint16_t *row = x + ((size_t)h * n + t) * D;
+            for (size_t c = 0; c < D; c++) {
+                if ((row[c] & 0x7c00u) != 0x7c00u) continue; /* exponent all ones: inf or NaN */
+                return refuse(e, fn, item, layer, tensor, "kv head", h, pos0 + (int)t, (int)c,
+                              kvq_f32_from_f16(row[c]), "is not finite");
             }
         }
     return KVQ_OK;

@@ -322,6 +322,8 @@ kvq_status kvq_prefill(kvq_engine *e, int layer, const kvq_prefill_item *items, 
     float *scratch = NULL;
     int calibrate = !e->layer_decided[layer];
     int rotate = rt_rotate_configured(e, layer); /* rotated in place: fp32 inputs are copied too */
+    /* fp16 rows go to the backend as they are when it takes them and the host changes nothing (backend.h) */
+    int rows16 = e->cfg.dtype == KVQ_F16 && e->be->prefill_f16 && !rotate && !calibrate;
     int max_n = 0;
     for (int i = 0; i < n_items; i++) max_n = items[i].n_tokens > max_n ? items[i].n_tokens : max_n;
     if (calibrate) scratch = kvq_malloc((size_t)max_n * sizeof *scratch);
@@ -336,21 +338,31 @@ kvq_status kvq_prefill(kvq_engine *e, int layer, const kvq_prefill_item *items, 
         for (int t = 0; t < 3 && st == KVQ_OK; t++) {
             if (!src[t]) continue;
             if (e->cfg.dtype == KVQ_F32 && !rotate) continue; /* used in place */
+            if (rows16 && t < 2) continue;
             bufs[3 * i + t] = kvq_malloc(cnt[t] * sizeof(float));
             if (!bufs[3 * i + t])
                 st = KVQ_ERR_NOMEM;
             else
                 rt_to_f32(e->cfg.dtype, src[t], cnt[t], bufs[3 * i + t]);
         }
-        bi[i].k = bufs[3 * i] ? bufs[3 * i] : it->k;
-        bi[i].v = bufs[3 * i + 1] ? bufs[3 * i + 1] : it->v;
+        if (rows16) {
+            bi[i].k16 = it->k, bi[i].v16 = it->v;
+        } else {
+            bi[i].k = bufs[3 * i] ? bufs[3 * i] : it->k;
+            bi[i].v = bufs[3 * i + 1] ? bufs[3 * i + 1] : it->v;
+        }
         bi[i].q = it->q ? (bufs[3 * i + 2] ? bufs[3 * i + 2] : it->q) : NULL;
     }
     /* The input policy (rt_check.c): one bad element refuses the whole batch before anything is stored. */
     int input_refused = 0;
     for (int i = 0; i < n_items && st == KVQ_OK; i++) {
-        st = rt_check_kv(e, fn, i, layer, "k", bi[i].k, bi[i].n_tokens, 0);
-        if (st == KVQ_OK) st = rt_check_kv(e, fn, i, layer, "v", bi[i].v, bi[i].n_tokens, 0);
+        if (rows16) {
+            st = rt_check_kv16(e, fn, i, layer, "k", bi[i].k16, bi[i].n_tokens, 0);
+            if (st == KVQ_OK) st = rt_check_kv16(e, fn, i, layer, "v", bi[i].v16, bi[i].n_tokens, 0);
+        } else {
+            st = rt_check_kv(e, fn, i, layer, "k", bi[i].k, bi[i].n_tokens, 0);
+            if (st == KVQ_OK) st = rt_check_kv(e, fn, i, layer, "v", bi[i].v, bi[i].n_tokens, 0);
+        }
         if (st == KVQ_OK && bi[i].q) st = rt_check_q(e, fn, i, layer, bi[i].q, bi[i].n_tokens, 0);
         input_refused = st != KVQ_OK;
     }

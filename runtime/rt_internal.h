@@ -77,6 +77,9 @@ size_t rt_dtype_size(kvq_dtype dt);
  * position in the sequence. On a bad element: KVQ_ERR_INVALID with a message naming it. */
 kvq_status rt_check_kv(kvq_engine *e, const char *fn, int item, int layer, const char *tensor, const float *x,
                        int n_tokens, int pos0);
+/* rt_check_kv on fp16 rows: only non-finite elements can be refused (every finite fp16 value fits the cache). */
+kvq_status rt_check_kv16(kvq_engine *e, const char *fn, int item, int layer, const char *tensor, const uint16_t *x,
+                         int n_tokens, int pos0);
 kvq_status rt_check_q(kvq_engine *e, const char *fn, int item, int layer, const float *q, int n_tokens, int pos0);
 
 /* rt_rotate.c: rotations as an engine-level transform (docs/runtime.md, "Rotations").

@@ -343,8 +343,13 @@ kvq_status cu_qlayer_prefill(kvq_backend_ctx *c, cu_layer *RL, int layer, const 
     /* stage: K then V rows [H][T][D] fp16 */
     size_t rows = (size_t)H * (size_t)(T > 0 ? T : 1) * D * 2;
     if (st == KVQ_OK) st = cu_scratch(c, &c->stage, &c->stage_bytes, 2 * rows + 64, msg, mn);
-    if (st == KVQ_OK) st = stage_rows(c, it->k, T, c->stage, msg, mn);
-    if (st == KVQ_OK) st = stage_rows(c, it->v, T, c->stage + rows, msg, mn);
+    if (it->k16) { /* the caller's fp16 rows, uploaded as they are (backend.h) */
+        if (st == KVQ_OK) st = cu_upload(c, c->stage, it->k16, rows, msg, mn);
+        if (st == KVQ_OK) st = cu_upload(c, c->stage + rows, it->v16, rows, msg, mn);
+    } else {
+        if (st == KVQ_OK) st = stage_rows(c, it->k, T, c->stage, msg, mn);
+        if (st == KVQ_OK) st = stage_rows(c, it->v, T, c->stage + rows, msg, mn);
+    }
     int *pos = kvq_malloc(((size_t)T + 1) * sizeof *pos);
     if (!pos && st == KVQ_OK) st = KVQ_ERR_NOMEM;
     for (int t = 0; pos && t < T; t++) pos[t] = t;

@@ -36,7 +36,10 @@ kvq_status cu_slayer_prefill(kvq_backend_ctx *c, cu_layer *RL, int layer, const 
     kvq_status st = KVQ_OK;
     for (int w = 0; w < 2 && st == KVQ_OK; w++) {
         st = cu_dev_alloc_host(c->dev, L->host_bytes, (void **)&L->host[w], &L->host_dev[w], msg, mn);
-        if (st == KVQ_OK) kvq_f16_from_f32_n(L->host[w], w ? it->v : it->k, (size_t)H * T * D);
+        if (st == KVQ_OK && it->k16) /* the caller's fp16 rows (backend.h) */
+            memcpy(L->host[w], w ? it->v16 : it->k16, (size_t)H * T * D * 2);
+        else if (st == KVQ_OK)
+            kvq_f16_from_f32_n(L->host[w], w ? it->v : it->k, (size_t)H * T * D);
         if (st == KVQ_OK) st = cu_win_init(c, &L->local[w], cap, msg, mn);
     }
     /* Retrieval reads n_ch channels of every candidate: channel-major, each channel is one contiguous run of T

@@ -379,6 +379,91 @@ static void test_large_logits(void)
     kvq_spec_free(sp);
 }
 
+/* fp16 input reaches a backend that takes it (backend.h `prefill_f16`: cuda, emu) as the caller's rows, and through
+ * the fp32 path everywhere else and whenever the host changes the rows (calibration: the first prefill of
+ * TailorKV's auto layer). Either way an fp16 engine stores what an fp32 engine stores for the same values: read_cache and
+ * every decode output equal bit for bit, on every backend, a quantized layer and a sparse (host_offload) one. */
+static void test_fp16_rows(void)
+{
+    /* layer 0 calibrated (fp32 path on every backend), layer 1 sparse from the start */
+    static const char tailor_fixed[] =
+        "scheme t { classify dense_preference { queries 4; top 50%; tau 0.2; }\n"
+        "  when quantize { key { bits 2; per channel; group 8; } value { bits 2; per token; group 32; } residual 8; }\n"
+        "  when sparse { host_offload; sinks 2; recent 6; topk 8; critical_channels 8; }\n"
+        "  layers 0..0 { mode auto; } layers 1..1 { mode sparse; } }\n";
+    static const char *texts[2] = {kivi_text, tailor_fixed};
+    enum { S = 2, STEPS = 3 };
+    for (int ti = 0; ti < 2; ti++) {
+        kvq_spec *sp = tu_spec_text(texts[ti]);
+        if (!sp) return;
+        const kvq_scheme *sch = kvq_spec_scheme(sp, NULL);
+        for (int bi = 0; bi < N_BACKENDS; bi++) {
+            kvq_backend_kind b = backends[bi].kind;
+            int skip = 0;
+            kvq_engine *e32 = engine_on(sch, b, KVQ_F32, &skip), *e16 = skip ? NULL : engine_on(sch, b, KVQ_F16, &skip);
+            if (skip) {
+                printf("SKIP policy fp16 rows %s: the backend cannot run here\n", kvq_backend_name(b));
+                kvq_engine_free(e32);
+                continue;
+            }
+            th_begin("fp16 rows: an fp16 engine's caches and outputs equal an fp32 engine's on the same values (%s, %s)",
+                     kvq_backend_name(b), ti ? "TailorKV: a calibrated layer, a sparse one" : "KIVI");
+            fill(1.0f);
+            for (int i = 0; i < H * N * D; i++) Q[i] = kvq_f16_round(Q[i]);
+            kvq_seq *s32[S] = {NULL, NULL}, *s16[S] = {NULL, NULL};
+            for (int l = 0; l < L && e32 && e16 && !th_failed(); l++)
+                for (int i = 0; i < S && !th_failed(); i++) {
+                    int T = N - 7 * i; /* rows [heads][T][D]: the first T tokens of each head's N */
+                    float *k = malloc((size_t)HKV * T * D * 4), *v = malloc((size_t)HKV * T * D * 4),
+                          *q = malloc((size_t)H * T * D * 4);
+                    for (int h = 0; h < HKV; h++) {
+                        memcpy(k + (size_t)h * T * D, K + (size_t)h * N * D, (size_t)T * D * 4);
+                        memcpy(v + (size_t)h * T * D, V + (size_t)h * N * D, (size_t)T * D * 4);
+                    }
+                    for (int h = 0; h < H; h++) memcpy(q + (size_t)h * T * D, Q + (size_t)h * N * D, (size_t)T * D * 4);
+                    void *k16 = as_dtype(k, (size_t)HKV * T * D, KVQ_F16), *v16 = as_dtype(v, (size_t)HKV * T * D, KVQ_F16),
+                         *q16 = as_dtype(q, (size_t)H * T * D, KVQ_F16);
+                    if (l == 0) TH_CHECK(kvq_seq_create(e32, &s32[i]) == KVQ_OK && kvq_seq_create(e16, &s16[i]) == KVQ_OK, "seq");
+                    kvq_prefill_item a = {s32[i], T, k, v, q}, c = {s16[i], T, k16, v16, q16};
+                    TH_CHECK(!th_failed() && kvq_prefill(e32, l, &a, 1) == KVQ_OK, "fp32 prefill: %s", kvq_engine_errmsg(e32));
+                    TH_CHECK(!th_failed() && kvq_prefill(e16, l, &c, 1) == KVQ_OK, "fp16 prefill: %s", kvq_engine_errmsg(e16));
+                    free(k), free(v), free(q), free(k16), free(v16), free(q16);
+                }
+            float k1[HKV * D], v1[HKV * D], q1[H * D], o32[H * D], o16[H * D];
+            uint16_t k1h[HKV * D], v1h[HKV * D], q1h[H * D];
+            for (int st = 0; st < STEPS && !th_failed(); st++)
+                for (int l = 0; l < L && !th_failed(); l++)
+                    for (int i = 0; i < S && !th_failed(); i++) {
+                        for (int c = 0; c < HKV * D; c++) k1[c] = kvq_f16_round(uni()), v1[c] = kvq_f16_round(uni());
+                        for (int c = 0; c < H * D; c++) q1[c] = kvq_f16_round(uni());
+                        kvq_f16_from_f32_n(k1h, k1, HKV * D), kvq_f16_from_f32_n(v1h, v1, HKV * D);
+                        kvq_f16_from_f32_n(q1h, q1, H * D);
+                        kvq_decode_item a = {s32[i], k1, v1, q1, o32}, c = {s16[i], k1h, v1h, q1h, o16};
+                        TH_CHECK(kvq_decode(e32, l, &a, 1) == KVQ_OK && kvq_decode(e16, l, &c, 1) == KVQ_OK,
+                                 "decode: %s / %s", kvq_engine_errmsg(e32), kvq_engine_errmsg(e16));
+                        TH_CHECK(th_failed() || !memcmp(o32, o16, sizeof o32),
+                                 "step %d, layer %d, sequence %d: outputs differ (max %.3g)", st, l, i,
+                                 tu_max_abs_diff(o32, o16, H * D));
+                    }
+            for (int l = 0; l < L && !th_failed(); l++)
+                for (int i = 0; i < S && !th_failed(); i++) {
+                    enum { CAP = N + STEPS };
+                    static float a[2][HKV * CAP * D], c[2][HKV * CAP * D];
+                    int na = 0, nc = 0;
+                    memset(a, 0, sizeof a), memset(c, 0, sizeof c);
+                    TH_CHECK(kvq_seq_read_cache(e32, s32[i], l, a[0], a[1], CAP, &na) == KVQ_OK &&
+                                 kvq_seq_read_cache(e16, s16[i], l, c[0], c[1], CAP, &nc) == KVQ_OK && na == nc,
+                             "read_cache: %d and %d tokens", na, nc);
+                    TH_CHECK(th_failed() || !memcmp(a, c, sizeof a), "layer %d, sequence %d: caches differ", l, i);
+                }
+            kvq_engine_free(e32);
+            kvq_engine_free(e16);
+            th_end();
+        }
+        kvq_spec_free(sp);
+    }
+}
+
 int main(void)
 {
     test_prefill_refusals();
@@ -386,5 +471,6 @@ int main(void)
     test_calibration_refusal();
     test_one_bit_wide_groups();
     test_large_logits();
+    test_fp16_rows();
     return th_summary();
 }
