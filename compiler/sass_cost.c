@@ -272,6 +272,73 @@ out:
     return rc;
 }
 
+/* shares[i] for each instruction i counted in a first estimate: among how many alternative copies its location's
+ * executions are shared. Two blocks holding the same location are alternatives when neither reaches the other
+ * without a loop's back edge (block order is a topological order of the forward edges): a line that calls one
+ * function from each branch of a dispatch (KVQ_BY_KIND's branches all lie on the macro's line, so their inlined
+ * copies have the same chains) or code the GPU compiler duplicated into two paths (loop unswitching, tail
+ * duplication) runs each execution in one copy, and the profile's count is their sum. Blocks on one path (a line
+ * split by a branch, a `for` line's condition and increment) run every execution each: 1 for them. The share is
+ * the count over the widest set of such copies found greedily in block order; the profile cannot say which copy
+ * ran (the same lines), so the copies get equal parts (exact in total when they are the same length, as the
+ * per-kind copies of one function mostly are). Counting each copy at the location's full count overcounted the
+ * fp16 decode kernel by 73 % against ncu (docs/cuda.md, "Cost model"). 0, -1 out of memory. */
+static int alt_shares(const fn_text *f, const blk *b, int nb, const char *reach, const char *remainder, int *shares)
+{
+    const int words = (nb + 63) / 64;
+    unsigned long long *R = kvq_calloc((size_t)nb * words, sizeof *R);
+    int *who = kvq_calloc((size_t)nb, sizeof *who), *picked = kvq_calloc((size_t)nb, sizeof *picked);
+    int *blk_of = kvq_calloc((size_t)f->n, sizeof *blk_of);
+    if (!R || !who || !picked || !blk_of) {
+        kvq_free(R), kvq_free(who), kvq_free(picked), kvq_free(blk_of);
+        return -1;
+    }
+#define REACHES(a, c) ((R[(size_t)(a) * words + (c) / 64] >> ((c) % 64)) & 1ull)
+    for (int k = nb - 1; k >= 0; k--)
+        for (int e = 0; e < b[k].n_succ; e++) {
+            const int s = b[k].succ[e];
+            if (s <= k) continue; /* a back edge */
+            R[(size_t)k * words + s / 64] |= 1ull << (s % 64);
+            for (int w = 0; w < words; w++) R[(size_t)k * words + w] |= R[(size_t)s * words + w];
+        }
+    for (int k = 0; k < nb; k++)
+        for (int i = b[k].first; i <= b[k].last; i++) blk_of[i] = k, shares[i] = 1;
+    for (int k = 0; k < nb; k++) {
+        if (!reach[k] || remainder[k]) continue;
+        for (int i = b[k].first; i <= b[k].last; i++) {
+            const int L = f->in[i].loc;
+            if (L < 0 || (f->in[i].pred && !f->in[i].branch)) continue;
+            int seen_before = 0; /* once a location a block */
+            for (int j = b[k].first; j < i && !seen_before; j++) seen_before = f->in[j].loc == L;
+            if (seen_before) {
+                continue;
+            }
+            /* the other blocks holding L (counted the same way), in block order */
+            int n_who = 0;
+            for (int j = 0; j < f->n; j++) {
+                const int kj = blk_of[j];
+                if (kj == k || f->in[j].loc != L || !reach[kj] || remainder[kj] || (f->in[j].pred && !f->in[j].branch))
+                    continue;
+                if (n_who && who[n_who - 1] == kj) continue;
+                who[n_who++] = kj;
+            }
+            int n_picked = 0;
+            for (int a = 0; a < n_who; a++) {
+                const int c = who[a];
+                int unrelated = !REACHES(k, c) && !REACHES(c, k);
+                for (int p = 0; p < n_picked && unrelated; p++)
+                    unrelated = !REACHES(picked[p], c) && !REACHES(c, picked[p]);
+                if (unrelated) picked[n_picked++] = c;
+            }
+            for (int j = i; j <= b[k].last; j++)
+                if (f->in[j].loc == L) shares[j] = 1 + n_picked;
+        }
+    }
+#undef REACHES
+    kvq_free(R), kvq_free(who), kvq_free(picked), kvq_free(blk_of);
+    return 0;
+}
+
 int sass_cost_function(const char *sass, const char *fn, const sass_profile *prof, sass_cost *out)
 {
     memset(out, 0, sizeof *out);
@@ -337,12 +404,15 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
     int *copies = kvq_calloc((size_t)f.n, sizeof *copies), *idx = kvq_calloc((size_t)f.n, sizeof *idx);
     char *rolled = kvq_calloc((size_t)nb, 1), *remainder = kvq_calloc((size_t)nb, 1);
     int facts = -1;
-    if (first_est && copies && idx && rolled && remainder) {
+    int *shares = kvq_calloc((size_t)f.n, sizeof *shares);
+    if (first_est && copies && idx && rolled && remainder && shares) {
         for (int k = 0; k < nb; k++) line_copies(&f, &b[k], idx, copies);
         facts = loop_facts(&f, b, nb, prof, copies, rolled, remainder);
+        if (facts == 0) facts = alt_shares(&f, b, nb, reach, remainder, shares);
     }
     if (facts != 0) {
         kvq_free(first_est), kvq_free(copies), kvq_free(idx), kvq_free(rolled), kvq_free(remainder);
+        kvq_free(shares);
         goto done;
     }
     for (int k = 0; k < nb; k++) {
@@ -367,12 +437,13 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
             }
             seen = 1;
             if (!rolled[k]) lc /= copies[i];
+            lc /= shares[i];
             if (lc < c) c = lc;
         }
         b[k].count = !reach[k] || remainder[k] ? 0.0 : seen ? c : never ? 0.0 : unknown;
         first_est[k] = b[k].count;
     }
-    kvq_free(copies), kvq_free(idx), kvq_free(rolled), kvq_free(remainder);
+    kvq_free(copies), kvq_free(idx), kvq_free(rolled), kvq_free(remainder), kvq_free(shares);
     /* the flow: a block runs at most as often as its predecessors together and its successors together */
     for (int it = 0, changed = 1; changed && it < 4 * nb; it++) {
         changed = 0;
