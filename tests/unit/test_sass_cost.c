@@ -22,6 +22,19 @@ static const char sass[] = "//--------------------- .text.k --------------------
                            ".L_x_3:\n" I("0090", "BRA `(.L_x_3)")
                            "\t.section\t.text.other,\"ax\",@progbits\n";
 
+/* a dispatch on one source line (50, as KVQ_BY_KIND's branches all lie on the macro's line) with the same loop
+ * inlined in each branch: copy A (fall-through) and copy B (branched to), then the exit */
+static const char sass_alt[] = "//--------------------- .text.k --------------------------\n"
+                               "\t.section\t.text.k,\"ax\",@progbits\n"
+                               ".text.k:\n" F(10) I("0000", "MOV R1, c[0x0][0x28]") F(50) I("0010", "@P0 BRA `(.L_x_5)")
+                               ".L_x_4:\n" FI(20, 50) F(50) I("0020", "FFMA R3, R3, R3, R3") I("0030", "FFMA R3, R3, R3, R3")
+                               FI(21, 50) F(50) I("0040", "ISETP.GE.AND P1, PT, R2, R4, PT") I("0050", "@!P1 BRA `(.L_x_4)")
+                               F(50) I("0060", "BRA `(.L_x_6)")
+                               ".L_x_5:\n" FI(20, 50) F(50) I("0070", "FFMA R3, R3, R3, R3") I("0080", "FFMA R3, R3, R3, R3")
+                               FI(21, 50) F(50) I("0090", "ISETP.GE.AND P1, PT, R2, R4, PT") I("00a0", "@!P1 BRA `(.L_x_5)")
+                               ".L_x_6:\n" F(40) I("00b0", "EXIT")
+                               "\t.section\t.text.other,\"ax\",@progbits\n";
+
 int main(void)
 {
     /* 4 warps; the loop runs 10 times in each; one warp stores */
@@ -68,6 +81,20 @@ int main(void)
     sass_profile p4 = {loc, count, 6, NULL, 0, NULL};
     TH_CHECK(sass_cost_function(sass, "k", &p4, &c) == 0, "function not found");
     TH_CHECK(c.executed == 97.0, "executed %.1f, expected 97 (8 + 4 x 20 + 4 + 1 + 4)", c.executed);
+    th_end();
+
+    th_begin("sass cost: the copies of one line's call in the branches of a dispatch share its count");
+    {
+        /* 4 warps, each runs copy A's loop 10 times (lines 20 and 21 inlined at 50: 40); copy B never runs, but
+         * the lines cannot say which copy ran. Each copy at the full 40 (the model before the H200 check) is
+         * 8 + 4 x 40 + 4 + 4 x 40 + 4 = 336; the truth is 8 + 4 x 40 + 4 + 0 + 4 = 176, what equal parts give */
+        sass_loc la[5] = {{{10}, 1}, {{50}, 1}, {{20, 50}, 2}, {{21, 50}, 2}, {{40}, 1}};
+        double ka[5] = {4, 4, 40, 40, 4};
+        sass_profile pa = {la, ka, 5, NULL, 64, rolled};
+        TH_CHECK(sass_cost_function(sass_alt, "k", &pa, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 176.0, "executed %.1f, expected 176 (each copy counted at the line's full count: 336)",
+                 c.executed);
+    }
     th_end();
 
     th_begin("sass cost: a function not in the text");
