@@ -97,6 +97,30 @@ int main(void)
     }
     th_end();
 
+    th_begin("sass cost: a line the profile holds under another chain did run");
+    {
+        /* the store's line 31 is in the profile only under a chain the SASS does not have (the emulator counts a
+         * function's last statement after a call into its headers without the function's call site): it ran,
+         * and the block it starts must not be zeroed as never run (before: 176, the store and, through the
+         * flow, nothing else here; in the KIVI-2 kernel the whole epilogue) */
+        sass_loc l5[7] = {{{10}, 1}, {{20, 12}, 2}, {{21, 12}, 2}, {{30}, 1}, {{31, 99}, 2}, {{40}, 1}, {{31}, 1}};
+        double k5[7] = {4, 40, 40, 4, 1, 4, 0};
+        unsigned char bb5[64] = {0};
+        bb5[31] = 2;
+        sass_profile p5 = {l5, k5, 6, bb5, 64, rolled};
+        TH_CHECK(sass_cost_function(sass, "k", &p5, &c) == 0, "function not found");
+        /* the store's block has no other line: its count comes from the flow (at most its predecessor's 4) */
+        TH_CHECK(c.executed == 180.0, "executed %.1f, expected 180 (the store's block zeroed as never run: 176)",
+                 c.executed);
+        /* a line held nowhere still never ran */
+        sass_profile p6 = {l5, k5, 4, bb5, 64, rolled};
+        double k6[4] = {4, 40, 40, 4};
+        p6.count = k6;
+        TH_CHECK(sass_cost_function(sass, "k", &p6, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 176.0, "executed %.1f, expected 176 (line 31 never ran; the exit by the flow)", c.executed);
+    }
+    th_end();
+
     th_begin("sass cost: a function not in the text");
     TH_CHECK(sass_cost_function(sass, "nope", &prof, &c) == 1, "found a missing function");
     th_end();
