@@ -13,6 +13,7 @@ typedef struct {
     int stop;      /* EXIT, RET or an unconditional BRA: no fall-through unless predicated */
     int target;    /* label id of a branch */
     int loc;       /* index into the function's locations, -1 none */
+    unsigned addr; /* offset in the function (the debug list's, for tools/cost-vs-ncu.py) */
     char op[32];   /* opcode with modifiers (LDS.128) */
 } ins;
 
@@ -109,6 +110,7 @@ static int parse(const char *sass, const char *fn, fn_text *f)
         ins in;
         memset(&in, 0, sizeof in);
         in.target = -1;
+        in.addr = (unsigned)strtoul(p + 2, NULL, 16);
         if (*q == '@') {
             in.pred = strncmp(q, "@PT ", 4) != 0;
             while (*q && *q != ' ') q++;
@@ -550,8 +552,8 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
     for (int k = 0; k < nb; k++) {
         int n = b[k].last - b[k].first + 1;
         if (dbg && !strcmp(dbg, fn)) {
-            fprintf(stderr, "block %d ins %d..%d n %d reach %d count %.0f est %.0f", k, b[k].first, b[k].last, n,
-                    reach[k], b[k].count, first_est[k]);
+            fprintf(stderr, "block %d ins %d..%d n %d reach %d count %.0f est %.0f addr %x..%x", k, b[k].first, b[k].last,
+                    n, reach[k], b[k].count, first_est[k], f.in[b[k].first].addr, f.in[b[k].last].addr);
             for (int i = b[k].first; i <= b[k].last; i++)
                 if (f.in[i].loc >= 0 && (i == b[k].first || f.in[i].loc != f.in[i - 1].loc))
                     fprintf(stderr, " [%d:%.0f%s]", f.locs[f.in[i].loc].line[0], loc_count[f.in[i].loc],

@@ -1,7 +1,8 @@
 #!/bin/sh
 # kvq's device check (docs/gpu.md): runs from the GPU bundle (`make gpu-bundle`) on a machine with an NVIDIA GPU,
 # the driver, libnvrtc, compute-sanitizer and ncu; no compiler, LLVM or network needed. Each step runs under a
-# timeout (tests 100 s each, sanitizers 50 s each, benchmark 60 s each, ncu 45 s each: 510 s in all), all within
+# timeout (tests 100 s each, sanitizers 50 s each, benchmark 60 s each, ncu 45 s each, ncu's per-instruction counts
+# 30 s each: 600 s in all), all within
 # --budget seconds (default 480: 8 minutes), and writes into a results folder:
 #   env.txt           the card, driver, CUDA, the bundle's MANIFEST
 #   tests/*.log       the GPU tests: every spec against the reference backend on the GPU (test_gpu_backend),
@@ -13,6 +14,9 @@
 #   ncu-b1.csv, ncu-b32.csv  Nsight Compute on the decode kernel (32k tokens, batch 1 and 32): DRAM throughput,
 #                     achieved occupancy, issue-slot use, executed warp-instructions per token per kv head (the
 #                     cost model's unit), shared-memory bank conflicts
+#   ncu-pc-<scheme>.csv (and .ncu-rep)  Nsight Compute's executed warp-instructions per SASS instruction of
+#                     kvq_decode_c0 (fp16, KIVI-2, KIVI-4; 32k tokens, batch 1): tools/cost-vs-ncu.py compares them
+#                     block by block with the cost model
 #   summary.md        all of it in one page, printed at the end (paste into docs/gpu-results.md)
 #   with --deep, after those (each within what is left of the budget):
 #   bench-128k.md     the benchmark at 128k tokens, batch 1 (fp16, KIVI-2, KIVI-4)
@@ -241,6 +245,33 @@ EOF
             note "ncu wrote no table (exit $rc): $(grep -m 3 -i 'error\|permission' "$out/ncu-b$b.log" | tr '\n' ' ')"
         fi
         [ "$rc" -ne 0 ] && status=1
+    done
+fi
+note ""
+
+# ---- 4b. per-instruction executions of the decode kernel (the cost model's check, block by block) ----
+# ncu's SourceCounters at 32k tokens, batch 1: each SASS instruction's executed warp-instructions, for kvq_decode_c0
+# of fp16, KIVI-2 and KIVI-4 (the benchmark's launch order; one launch each), exported as CSV (the source page,
+# SASS). Compared here with kvqc build --cost's block list by tools/cost-vs-ncu.py (docs/cuda.md, "Cost model").
+note "### Nsight Compute: executed warp-instructions per SASS instruction, kvq_decode_c0, 32k tokens, batch 1"
+note ""
+if [ "$dry" = 0 ] && ! have ncu; then
+    note "ncu not found"
+else
+    i=0
+    for s in fp16 kivi2 kivi4; do
+        step "ncu-pc-$s" 30 "$out/ncu-pc-$s.log" ncu --clock-control none --kernel-name kvq_decode_c0 --launch-skip $i \
+            --launch-count 1 --section SourceCounters -f -o "$out/ncu-pc-$s" \
+            "$bin/bench_gpu_decode" --ctx 32k --batch 1 --steps 1 --warmup 0 --hbm-mib 0 --no-graph
+        [ "$rc" -ne 0 ] && status=1
+        if [ "$dry" = 1 ]; then
+            note "    ncu -i $out/ncu-pc-$s.ncu-rep --page source --print-source sass --csv > $out/ncu-pc-$s.csv"
+        elif [ -s "$out/ncu-pc-$s.ncu-rep" ]; then
+            timeout -k 5 "$(left 20)" ncu -i "$out/ncu-pc-$s.ncu-rep" --page source --print-source sass --csv \
+                >"$out/ncu-pc-$s.csv" 2>>"$out/ncu-pc-$s.log" || status=1
+        fi
+        note "- $s: exit $rc, $(wc -l <"$out/ncu-pc-$s.csv" 2>/dev/null || echo 0) CSV lines (ncu-pc-$s.csv; the report ncu-pc-$s.ncu-rep)"
+        i=$((i + 1))
     done
 fi
 note ""
