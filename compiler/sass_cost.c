@@ -285,6 +285,27 @@ out:
  * every execution: not alternatives. The widest set of such copies is found greedily in block order. Counting each
  * copy at the location's full count overcounted the fp16 decode kernel by 73 % against ncu (docs/cuda.md, "Cost
  * model"). 0, -1 out of memory. */
+static int same_loc(const sass_loc *a, const sass_loc *b);
+
+/* Whether the profile holds `want`'s line with a positive count under a chain that is `want`'s with some of its
+ * call sites left out (the same first and last lines) and that no instruction of the function has. */
+static int truncated_chain_ran(const sass_profile *prof, const fn_text *f, const sass_loc *want)
+{
+    for (int j = 0; j < prof->n; j++) {
+        const sass_loc *h = &prof->loc[j];
+        if (prof->count[j] <= 0 || h->depth >= want->depth || h->depth < 1 || h->line[0] != want->line[0] ||
+            h->line[h->depth - 1] != want->line[want->depth - 1])
+            continue;
+        int k = 0;
+        for (int i = 0; i < want->depth && k < h->depth; i++) k += want->line[i] == h->line[k];
+        if (k != h->depth) continue;
+        int in_sass = 0;
+        for (int m = 0; m < f->n_locs && !in_sass; m++) in_sass = same_loc(&f->locs[m], h);
+        if (!in_sass) return 1;
+    }
+    return 0;
+}
+
 /* The data instructions of location L in block k, per copy of the line (copies[]): "LDS:2 FADD:4 " in order of
  * first appearance (copies of one body appear in the same order). Empty: none. */
 static void data_sig(const fn_text *f, const blk *bk, int L, const int *copies, char *sig, size_t n)
@@ -479,15 +500,13 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
                 if (lc < 0) {
                     const int l = f.locs[f.in[i].loc].line[0];
                     if (!(prof->bb_line && l > 0 && l < prof->n_lines && prof->bb_line[l])) continue;
-                    /* the line ran under another chain: the emulator's context for it is not the SASS's (a
-                     * function's last statement after a call into the emulator's headers is counted without the
-                     * function's own call site: kvq_mma_vinv's `return`, whose "never ran" zeroed KIVI-2's whole
-                     * epilogue through the flow, -25 % against ncu). Only a line the profile holds nowhere never
-                     * ran. */
-                    int elsewhere = 0;
-                    for (int j = 0; j < prof->n && !elsewhere; j++)
-                        elsewhere = prof->loc[j].line[0] == l && prof->count[j] > 0;
-                    if (elsewhere) continue;
+                    /* the profile holds the line under this chain with call sites left out, a chain no SASS
+                     * instruction has: the emulator's context for it is wrong, and it ran here (a function's last
+                     * statement after a call into the emulator's headers is profiled without the function's own
+                     * call site: kvq_mma_vinv's `return`, whose "never ran" zeroed KIVI-2's whole epilogue
+                     * through the flow, -25 % against ncu). A shorter chain the SASS has is another real path
+                     * (a helper called directly by another copy): it says nothing of this one */
+                    if (truncated_chain_ran(prof, &f, &f.locs[f.in[i].loc])) continue;
                     if (prof->bb_line[l] == 1) { /* a plain statement (no condition) that never ran */
                         never = 1;
                         continue;
