@@ -132,7 +132,8 @@ int main(void)
     th_begin("sass cost: copies of an unrolled body in several blocks on one path share their line's count");
     {
         /* 4 warps, 10 trips each: line 60 ran 80 times (two copies a trip), 62 and 63 40. Each block at the
-         * line's 80: 4 + 3 x 40 + 40 + 4 x 80 + 4 = 488, 344 after the flow (before); the truth 4 + 120 + 40 + 160 + 4 = 328 */
+         * line's 80: 4 + 3 x 40 + 40 + 4 x 80 + 4 = 488, 344 after the flow (before); the truth
+         * 4 + 120 + 40 + 160 + 4 = 328 */
         sass_loc ls[5] = {{{10}, 1}, {{60}, 1}, {{62}, 1}, {{63}, 1}, {{40}, 1}};
         double ks[5] = {4, 80, 40, 40, 4};
         sass_profile ps = {ls, ks, 5, NULL, 0, NULL};
