@@ -588,7 +588,7 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
         if (!a->every_block) setenv("KVQ_EMU_SAMPLE", "kvq_decode_c:xz,kvq_merge:xy", 1);
         /* the GPU's CTAs an SM (registers from ptxas, shared memory, threads: what its occupancy API answers), so
          * that the split is the GPU's: the emulator alone answers by shared memory and threads (KIVI-2 at 45,232
-         * bytes: 5 an SM where 128 registers allow 4, so 66 chunks a kv head where the H200 ran 53) */
+         * bytes: 5 an SM where 128 registers allow 4, so 67 chunks where the H200 ran 53) */
         char occ[512] = "";
         for (int k = 0; k < p->n_classes; k++) {
             char fn[64];
