@@ -13,6 +13,7 @@ typedef struct {
     int stop;      /* EXIT, RET or an unconditional BRA: no fall-through unless predicated */
     int target;    /* label id of a branch */
     int loc;       /* index into the function's locations, -1 none */
+    unsigned addr; /* offset in the function (the debug list's, for tools/cost-vs-ncu.py) */
     char op[32];   /* opcode with modifiers (LDS.128) */
 } ins;
 
@@ -109,6 +110,7 @@ static int parse(const char *sass, const char *fn, fn_text *f)
         ins in;
         memset(&in, 0, sizeof in);
         in.target = -1;
+        in.addr = (unsigned)strtoul(p + 2, NULL, 16);
         if (*q == '@') {
             in.pred = strncmp(q, "@PT ", 4) != 0;
             while (*q && *q != ' ') q++;
@@ -272,6 +274,134 @@ out:
     return rc;
 }
 
+/* The alternative copies of each instruction's location (for the first instruction of a location in a block,
+ * alt_off[i] >= 0: alt_n[i] blocks at alt[alt_off[i]...]; later instructions of that location in the block point
+ * to the same list; -1: none). Two blocks holding the same location are alternatives when neither reaches the
+ * other without a loop's back edge (block order is a topological order of the forward edges): a line that calls
+ * one function from each branch of a dispatch (KVQ_BY_KIND's branches all lie on the macro's line, so their
+ * inlined copies have the same chains), or code the GPU compiler duplicated into two paths (loop unswitching,
+ * tail duplication; the decode epilogue's two versions), runs each execution in one copy, and the profile's count
+ * is their sum. Blocks on one path (a line split by a branch, a `for` line's condition and increment) each run
+ * every execution: not alternatives. The widest set of such copies is found greedily in block order. Counting each
+ * copy at the location's full count overcounted the fp16 decode kernel by 73 % against ncu (docs/cuda.md, "Cost
+ * model"). 0, -1 out of memory. */
+static int same_loc(const sass_loc *a, const sass_loc *b);
+
+/* Whether the profile holds `want`'s line with a positive count under a chain that is `want`'s with some of its
+ * call sites left out (the same first and last lines) and that no instruction of the function has. */
+static int truncated_chain_ran(const sass_profile *prof, const fn_text *f, const sass_loc *want)
+{
+    for (int j = 0; j < prof->n; j++) {
+        const sass_loc *h = &prof->loc[j];
+        if (prof->count[j] <= 0 || h->depth >= want->depth || h->depth < 1 || h->line[0] != want->line[0] ||
+            h->line[h->depth - 1] != want->line[want->depth - 1])
+            continue;
+        int k = 0;
+        for (int i = 0; i < want->depth && k < h->depth; i++) k += want->line[i] == h->line[k];
+        if (k != h->depth) continue;
+        int in_sass = 0;
+        for (int m = 0; m < f->n_locs && !in_sass; m++) in_sass = same_loc(&f->locs[m], h);
+        if (!in_sass) return 1;
+    }
+    return 0;
+}
+
+/* The data instructions of location L in block k, per copy of the line (copies[]): "LDS:2 FADD:4 " in order of
+ * first appearance (copies of one body appear in the same order). Empty: none. */
+static void data_sig(const fn_text *f, const blk *bk, int L, const int *copies, char *sig, size_t n)
+{
+    size_t len = 0;
+    sig[0] = '\0';
+    for (int i = bk->first; i <= bk->last; i++) {
+        if (f->in[i].loc != L || !is_data_op(f->in[i].op)) continue;
+        int seen = 0;
+        for (int j = bk->first; j < i && !seen; j++) seen = f->in[j].loc == L && !strcmp(f->in[j].op, f->in[i].op);
+        if (seen) continue;
+        int cnt = 0;
+        for (int j = i; j <= bk->last; j++) cnt += f->in[j].loc == L && !strcmp(f->in[j].op, f->in[i].op);
+        const int c = copies[i] > 0 ? copies[i] : 1;
+        int w = snprintf(sig + len, n - len, "%s:%d/%d ", f->in[i].op, cnt / c, cnt % c);
+        if (w < 0 || (size_t)w >= n - len) return; /* long: compared as far as it goes */
+        len += (size_t)w;
+    }
+}
+
+typedef struct {
+    int *off, *n; /* per instruction */
+    int *blk;     /* the lists */
+    int len, cap;
+} alt_list;
+
+static int alt_copies(const fn_text *f, const blk *b, int nb, const char *reach, const char *remainder, const int *copies,
+                      alt_list *al)
+{
+    const int words = (nb + 63) / 64;
+    int rc = -1;
+    unsigned long long *R = kvq_calloc((size_t)nb * words, sizeof *R);
+    int *who = kvq_calloc((size_t)nb, sizeof *who), *blk_of = kvq_calloc((size_t)f->n, sizeof *blk_of);
+    al->off = kvq_calloc((size_t)f->n, sizeof *al->off), al->n = kvq_calloc((size_t)f->n, sizeof *al->n);
+    if (!R || !who || !blk_of || !al->off || !al->n) goto out;
+#define REACHES(a, c) ((R[(size_t)(a) * words + (c) / 64] >> ((c) % 64)) & 1ull)
+    for (int k = nb - 1; k >= 0; k--)
+        for (int e = 0; e < b[k].n_succ; e++) {
+            const int s = b[k].succ[e];
+            if (s <= k) continue; /* a back edge */
+            R[(size_t)k * words + s / 64] |= 1ull << (s % 64);
+            for (int w = 0; w < words; w++) R[(size_t)k * words + w] |= R[(size_t)s * words + w];
+        }
+    for (int k = 0; k < nb; k++)
+        for (int i = b[k].first; i <= b[k].last; i++) blk_of[i] = k, al->off[i] = -1;
+    for (int k = 0; k < nb; k++) {
+        if (!reach[k] || remainder[k]) continue;
+        for (int i = b[k].first; i <= b[k].last; i++) {
+            const int L = f->in[i].loc;
+            if (L < 0 || (f->in[i].pred && !f->in[i].branch)) continue;
+            int first = b[k].first;
+            while (first < i && f->in[first].loc != L) first++;
+            if (first < i) { /* the location's list in this block is made */
+                al->off[i] = al->off[first], al->n[i] = al->n[first];
+                continue;
+            }
+            /* the other blocks holding L (counted the same way), in block order */
+            int n_who = 0;
+            for (int j = 0; j < f->n; j++) {
+                const int kj = blk_of[j];
+                if (kj == k || f->in[j].loc != L || !reach[kj] || remainder[kj] || (f->in[j].pred && !f->in[j].branch))
+                    continue;
+                if (n_who && who[n_who - 1] == kj) continue;
+                who[n_who++] = kj;
+            }
+            int n_picked = 0;
+            if (grow((void **)&al->blk, &al->cap, al->len + n_who + 1, sizeof *al->blk)) goto out;
+            int *picked = al->blk + al->len;
+            /* copies of the same body: the same data instructions per copy of the line, on one path or not (a
+             * loop unrolled across blocks: the decode epilogue's per-head code, split by each head's stores) */
+            char mine[256], theirs[256];
+            data_sig(f, &b[k], L, copies, mine, sizeof mine);
+            for (int a = 0; a < n_who && mine[0]; a++) {
+                data_sig(f, &b[who[a]], L, copies, theirs, sizeof theirs);
+                if (!strcmp(mine, theirs)) picked[n_picked++] = who[a], who[a] = -1;
+            }
+            /* alternatives: neither reaches the other, nor any copy picked */
+            const int n_same = n_picked;
+            for (int a = 0; a < n_who; a++) {
+                const int c = who[a];
+                if (c < 0) continue;
+                int unrelated = !REACHES(k, c) && !REACHES(c, k);
+                for (int p = n_same; p < n_picked && unrelated; p++)
+                    unrelated = !REACHES(picked[p], c) && !REACHES(c, picked[p]);
+                if (unrelated) picked[n_picked++] = c;
+            }
+            if (n_picked) al->off[i] = al->len, al->n[i] = n_picked, al->len += n_picked;
+        }
+    }
+#undef REACHES
+    rc = 0;
+out:
+    kvq_free(R), kvq_free(who), kvq_free(blk_of);
+    return rc;
+}
+
 int sass_cost_function(const char *sass, const char *fn, const sass_profile *prof, sass_cost *out)
 {
     memset(out, 0, sizeof *out);
@@ -337,67 +467,112 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
     int *copies = kvq_calloc((size_t)f.n, sizeof *copies), *idx = kvq_calloc((size_t)f.n, sizeof *idx);
     char *rolled = kvq_calloc((size_t)nb, 1), *remainder = kvq_calloc((size_t)nb, 1);
     int facts = -1;
-    if (first_est && copies && idx && rolled && remainder) {
+    alt_list al;
+    memset(&al, 0, sizeof al);
+    double *prev = kvq_calloc((size_t)nb, sizeof *prev);
+    if (first_est && copies && idx && rolled && remainder && prev) {
         for (int k = 0; k < nb; k++) line_copies(&f, &b[k], idx, copies);
         facts = loop_facts(&f, b, nb, prof, copies, rolled, remainder);
+        if (facts == 0) facts = alt_copies(&f, b, nb, reach, remainder, copies, &al);
     }
     if (facts != 0) {
         kvq_free(first_est), kvq_free(copies), kvq_free(idx), kvq_free(rolled), kvq_free(remainder);
+        kvq_free(al.off), kvq_free(al.n), kvq_free(al.blk), kvq_free(prev);
         goto done;
     }
-    for (int k = 0; k < nb; k++) {
-        double c = unknown;
-        int seen = 0, never = 0;
-        for (int i = b[k].first; i <= b[k].last; i++) {
-            if (f.in[i].loc < 0) continue;
-            double lc = loc_count[f.in[i].loc];
-            if (f.in[i].pred && !f.in[i].branch) continue; /* its line may run less often than the block */
-            /* a line the profile does not hold: the emulator counts a basic block under its first line, and
-             * code it never ran has no count either. A block none of whose lines ran, one of them the first
-             * line of an emulated basic block, never ran; otherwise such lines say nothing (the GPU compiler
-             * may compute a condition's branch without branching: its line then shares a block with others) */
-            if (lc < 0) {
-                const int l = f.locs[f.in[i].loc].line[0];
-                if (!(prof->bb_line && l > 0 && l < prof->n_lines && prof->bb_line[l])) continue;
-                if (prof->bb_line[l] == 1) { /* a plain statement (no condition) that never ran */
-                    never = 1;
-                    continue;
+    /* Rounds: a location's count is shared among its alternative copies in proportion to their counts of the
+     * round before (equal parts in the first round: the lines cannot say which copy ran; exact in total when the
+     * copies are the same length), so that a copy the flow finds dead (a line of its own never ran) leaves the
+     * whole count to the others; until the counts hold still. */
+    const char *b_rolled = rolled;
+    for (int round = 0; round < 16; round++) {
+        for (int k = 0; k < nb; k++) {
+            double c = unknown;
+            int seen = 0, never = 0;
+            for (int i = b[k].first; i <= b[k].last; i++) {
+                if (f.in[i].loc < 0) continue;
+                double lc = loc_count[f.in[i].loc];
+                if (f.in[i].pred && !f.in[i].branch) continue; /* its line may run less often than the block */
+                /* a line the profile does not hold: the emulator counts a basic block under its first line, and
+                 * code it never ran has no count either. A block none of whose lines ran, one of them the first
+                 * line of an emulated basic block, never ran; otherwise such lines say nothing (the GPU compiler
+                 * may compute a condition's branch without branching: its line then shares a block with others) */
+                if (lc < 0) {
+                    const int l = f.locs[f.in[i].loc].line[0];
+                    if (!(prof->bb_line && l > 0 && l < prof->n_lines && prof->bb_line[l])) continue;
+                    /* the profile holds the line under this chain with call sites left out, a chain no SASS
+                     * instruction has: the emulator's context for it is wrong, and it ran here (a function's last
+                     * statement after a call into the emulator's headers is profiled without the function's own
+                     * call site: kvq_mma_vinv's `return`, whose "never ran" zeroed KIVI-2's whole epilogue
+                     * through the flow, -25 % against ncu). A shorter chain the SASS has is another real path
+                     * (a helper called directly by another copy): it says nothing of this one */
+                    if (truncated_chain_ran(prof, &f, &f.locs[f.in[i].loc])) continue;
+                    if (prof->bb_line[l] == 1) { /* a plain statement (no condition) that never ran */
+                        never = 1;
+                        continue;
+                    }
+                    lc = 0.0; /* 2: a line that starts a block and has no condition of its own: it never ran */
                 }
-                lc = 0.0; /* 2: a line that starts a block and has no condition of its own: it never ran */
+                seen = 1;
+                const int cp = rolled[k] ? 1 : copies[i];
+                if (al.off[i] < 0) lc /= cp;
+                else { /* this block's part: the line's executions are the sum over its copies of count x copies */
+                    double mine = round ? prev[k] : 1.0, all = mine * cp, all1 = cp;
+                    int equal = mine >= unknown;
+                    for (int a = 0; a < al.n[i]; a++) {
+                        const int j = al.blk[al.off[i] + a];
+                        int cj = 1;
+                        for (int m = b[j].first; m <= b[j].last; m++)
+                            if (f.in[m].loc == f.in[i].loc) {
+                                cj = b_rolled[j] ? 1 : copies[m];
+                                break;
+                            }
+                        const double w = round ? prev[j] : 1.0;
+                        equal |= w >= unknown;
+                        all += w * cj, all1 += cj;
+                    }
+                    lc *= equal || all <= 0.0 ? 1.0 / all1 : mine / all;
+                }
+                if (lc < c) c = lc;
             }
-            seen = 1;
-            if (!rolled[k]) lc /= copies[i];
-            if (lc < c) c = lc;
+            b[k].count = !reach[k] || remainder[k] ? 0.0 : seen ? c : never ? 0.0 : unknown;
+            if (round == 0) first_est[k] = b[k].count;
         }
-        b[k].count = !reach[k] || remainder[k] ? 0.0 : seen ? c : never ? 0.0 : unknown;
-        first_est[k] = b[k].count;
+        /* the flow: a block runs at most as often as its predecessors together and its successors together */
+        for (int it = 0, changed = 1; changed && it < 4 * nb; it++) {
+            changed = 0;
+            for (int k = 0; k < nb; k++) {
+                if (!reach[k]) continue;
+                if (k > 0) {
+                    double in = 0.0;
+                    for (int p = 0; p < nb; p++)
+                        for (int e = 0; e < b[p].n_succ; e++)
+                            if (b[p].succ[e] == k) in += b[p].count;
+                    if (in < b[k].count) b[k].count = in, changed = 1;
+                }
+                if (b[k].n_succ) {
+                    double o = 0.0;
+                    for (int e = 0; e < b[k].n_succ; e++) o += b[b[k].succ[e]].count;
+                    if (o < b[k].count) b[k].count = o, changed = 1;
+                }
+            }
+        }
+        int still = round > 0;
+        for (int k = 0; k < nb; k++) {
+            const double d = b[k].count - prev[k];
+            still &= d < 1e-9 * (1.0 + prev[k]) && d > -1e-9 * (1.0 + prev[k]);
+            prev[k] = b[k].count;
+        }
+        if (still || al.len == 0) break;
     }
     kvq_free(copies), kvq_free(idx), kvq_free(rolled), kvq_free(remainder);
-    /* the flow: a block runs at most as often as its predecessors together and its successors together */
-    for (int it = 0, changed = 1; changed && it < 4 * nb; it++) {
-        changed = 0;
-        for (int k = 0; k < nb; k++) {
-            if (!reach[k]) continue;
-            if (k > 0) {
-                double in = 0.0;
-                for (int p = 0; p < nb; p++)
-                    for (int e = 0; e < b[p].n_succ; e++)
-                        if (b[p].succ[e] == k) in += b[p].count;
-                if (in < b[k].count) b[k].count = in, changed = 1;
-            }
-            if (b[k].n_succ) {
-                double o = 0.0;
-                for (int e = 0; e < b[k].n_succ; e++) o += b[b[k].succ[e]].count;
-                if (o < b[k].count) b[k].count = o, changed = 1;
-            }
-        }
-    }
+    kvq_free(al.off), kvq_free(al.n), kvq_free(al.blk), kvq_free(prev);
     const char *dbg = getenv("KVQ_COST_DEBUG");
     for (int k = 0; k < nb; k++) {
         int n = b[k].last - b[k].first + 1;
         if (dbg && !strcmp(dbg, fn)) {
-            fprintf(stderr, "block %d ins %d..%d n %d reach %d count %.0f est %.0f", k, b[k].first, b[k].last, n,
-                    reach[k], b[k].count, first_est[k]);
+            fprintf(stderr, "block %d ins %d..%d n %d reach %d count %.0f est %.0f addr %x..%x", k, b[k].first, b[k].last,
+                    n, reach[k], b[k].count, first_est[k], f.in[b[k].first].addr, f.in[b[k].last].addr);
             for (int i = b[k].first; i <= b[k].last; i++)
                 if (f.in[i].loc >= 0 && (i == b[k].first || f.in[i].loc != f.in[i - 1].loc))
                     fprintf(stderr, " [%d:%.0f%s]", f.locs[f.in[i].loc].line[0], loc_count[f.in[i].loc],

@@ -1,7 +1,8 @@
 #!/bin/sh
 # kvq's device check (docs/gpu.md): runs from the GPU bundle (`make gpu-bundle`) on a machine with an NVIDIA GPU,
 # the driver, libnvrtc, compute-sanitizer and ncu; no compiler, LLVM or network needed. Each step runs under a
-# timeout (tests 100 s each, sanitizers 50 s each, benchmark 60 s each, ncu 45 s each: 510 s in all), all within
+# timeout (tests 100 s each, sanitizers 50 s each, benchmark 60 s each, ncu 45 s each, ncu's per-instruction counts
+# 30 s each and at GQA 1: 630 s in all), all within
 # --budget seconds (default 480: 8 minutes), and writes into a results folder:
 #   env.txt           the card, driver, CUDA, the bundle's MANIFEST
 #   tests/*.log       the GPU tests: every spec against the reference backend on the GPU (test_gpu_backend),
@@ -13,6 +14,9 @@
 #   ncu-b1.csv, ncu-b32.csv  Nsight Compute on the decode kernel (32k tokens, batch 1 and 32): DRAM throughput,
 #                     achieved occupancy, issue-slot use, executed warp-instructions per token per kv head (the
 #                     cost model's unit), shared-memory bank conflicts
+#   ncu-pc-<scheme>.csv (and .ncu-rep)  Nsight Compute's executed warp-instructions per SASS instruction of
+#                     kvq_decode_c0 (fp16, KIVI-2, KIVI-4; 32k tokens, batch 1): tools/cost-vs-ncu.py compares them
+#                     block by block with the cost model
 #   summary.md        all of it in one page, printed at the end (paste into docs/gpu-results.md)
 #   with --deep, after those (each within what is left of the budget):
 #   bench-128k.md     the benchmark at 128k tokens, batch 1 (fp16, KIVI-2, KIVI-4)
@@ -242,6 +246,56 @@ EOF
         fi
         [ "$rc" -ne 0 ] && status=1
     done
+fi
+note ""
+
+# ---- 4b. per-instruction executions of the decode kernel (the cost model's check, block by block) ----
+# ncu's SourceCounters at 32k tokens, batch 1: each SASS instruction's executed warp-instructions, for kvq_decode_c0
+# of fp16, KIVI-2 and KIVI-4 (the benchmark's launch order; one launch each), exported as CSV (the source page,
+# SASS). Compared here with kvqc build --cost's block list by tools/cost-vs-ncu.py (docs/cuda.md, "Cost model").
+note "### Nsight Compute: executed warp-instructions per SASS instruction, kvq_decode_c0, 32k tokens, batch 1"
+note ""
+if [ "$dry" = 0 ] && ! have ncu; then
+    note "ncu not found"
+else
+    i=0
+    for s in fp16 kivi2 kivi4; do
+        step "ncu-pc-$s" 30 "$out/ncu-pc-$s.log" ncu --clock-control none --kernel-name kvq_decode_c0 --launch-skip $i \
+            --launch-count 1 --section SourceCounters -f -o "$out/ncu-pc-$s" \
+            "$bin/bench_gpu_decode" --ctx 32k --batch 1 --steps 1 --warmup 0 --hbm-mib 0 --no-graph
+        [ "$rc" -ne 0 ] && status=1
+        if [ "$dry" = 1 ]; then
+            note "    ncu -i $out/ncu-pc-$s.ncu-rep --page source --print-source sass --csv > $out/ncu-pc-$s.csv"
+        elif [ -s "$out/ncu-pc-$s.ncu-rep" ]; then
+            timeout -k 5 "$(left 20)" ncu -i "$out/ncu-pc-$s.ncu-rep" --page source --print-source sass --csv \
+                >"$out/ncu-pc-$s.csv" 2>>"$out/ncu-pc-$s.log" || status=1
+        fi
+        note "- $s: exit $rc, $(wc -l <"$out/ncu-pc-$s.csv" 2>/dev/null || echo 0) CSV lines (ncu-pc-$s.csv; the report ncu-pc-$s.ncu-rep)"
+        i=$((i + 1))
+    done
+    # GQA 1 (8 heads / 8 kv heads): the KIVI kernels' fp32 paths, which the model counted 4x lower before its fix
+    step ncu-gqa1 30 "$out/ncu-gqa1.log" ncu --clock-control none --csv --page raw --log-file "$out/ncu-gqa1.csv" \
+        --kernel-name kvq_decode_c0 --launch-count 3 \
+        --metrics smsp__inst_executed.sum,launch__grid_size,launch__registers_per_thread \
+        "$bin/bench_gpu_decode" --ctx 32k --batch 1 --heads 8 --kv-heads 8 --steps 1 --warmup 0 --hbm-mib 0 --no-graph
+    [ "$rc" -ne 0 ] && status=1
+    note "- GQA 1, launch order fp16, KIVI-2, KIVI-4: exit $rc (ncu-gqa1.csv)"
+    if [ "$dry" = 0 ] && [ -s "$out/ncu-gqa1.csv" ] && have python3; then
+        python3 - "$out/ncu-gqa1.csv" >>"$sum" <<'EOF'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if r]
+head = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+if head is not None:
+    h = rows[head]
+    for r in rows[head + 2:]:
+        if len(r) < len(h) // 2: continue
+        v = lambda n: r[h.index(n)].replace(",", "") if n in h else "?"
+        try: per = "%.1f" % (float(v("smsp__inst_executed.sum")) / (32768 * 8))
+        except ValueError: per = "?"
+        print("  - grid %s, %s registers: %s warp-instructions, %s per token per kv head" % (
+            v("launch__grid_size"), v("launch__registers_per_thread"), v("smsp__inst_executed.sum"), per))
+EOF
+    fi
 fi
 note ""
 

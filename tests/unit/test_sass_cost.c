@@ -22,6 +22,51 @@ static const char sass[] = "//--------------------- .text.k --------------------
                            ".L_x_3:\n" I("0090", "BRA `(.L_x_3)")
                            "\t.section\t.text.other,\"ax\",@progbits\n";
 
+/* a dispatch on one source line (50, as KVQ_BY_KIND's branches all lie on the macro's line) with the same loop
+ * inlined in each branch: copy A (fall-through) and copy B (branched to), then the exit */
+static const char sass_alt[] = "//--------------------- .text.k --------------------------\n"
+                               "\t.section\t.text.k,\"ax\",@progbits\n"
+                               ".text.k:\n" F(10) I("0000", "MOV R1, c[0x0][0x28]") F(50) I("0010", "@P0 BRA `(.L_x_5)")
+                               ".L_x_4:\n" FI(20, 50) F(50) I("0020", "FFMA R3, R3, R3, R3") I("0030", "FFMA R3, R3, R3, R3")
+                               FI(21, 50) F(50) I("0040", "ISETP.GE.AND P1, PT, R2, R4, PT") I("0050", "@!P1 BRA `(.L_x_4)")
+                               F(50) I("0060", "BRA `(.L_x_6)")
+                               ".L_x_5:\n" FI(20, 50) F(50) I("0070", "FFMA R3, R3, R3, R3") I("0080", "FFMA R3, R3, R3, R3")
+                               FI(21, 50) F(50) I("0090", "ISETP.GE.AND P1, PT, R2, R4, PT") I("00a0", "@!P1 BRA `(.L_x_5)")
+                               ".L_x_6:\n" F(40) I("00b0", "EXIT")
+                               "\t.section\t.text.other,\"ax\",@progbits\n";
+
+/* a loop whose body holds two copies of line 60 (a fully unrolled inner loop whose condition and body share the
+ * line), the second after an if (line 62) that skips a store (63) */
+static const char sass_seq[] = "//--------------------- .text.k --------------------------\n"
+                               "\t.section\t.text.k,\"ax\",@progbits\n"
+                               ".text.k:\n" F(10) I("0000", "MOV R1, c[0x0][0x28]")
+                               ".L_x_7:\n" F(60) I("0010", "FADD R3, R3, R4") I("0020", "STG.E [R4.64], R3")
+                               F(62) I("0030", "@P1 BRA `(.L_x_8)") F(63) I("0040", "STS [R5], R3")
+                               ".L_x_8:\n" F(60) I("0050", "FADD R3, R3, R4") I("0060", "STG.E [R4.64], R3")
+                               I("0070", "ISETP.GE.AND P0, PT, R2, R4, PT") I("0080", "@!P0 BRA `(.L_x_7)")
+                               F(40) I("0090", "EXIT")
+                               "\t.section\t.text.other,\"ax\",@progbits\n";
+
+/* a dispatch (line 50) between a loop (copy A) and straight code (copy B) that starts with a line that never ran */
+static const char sass_dead[] = "//--------------------- .text.k --------------------------\n"
+                                "\t.section\t.text.k,\"ax\",@progbits\n"
+                                ".text.k:\n" F(10) I("0000", "MOV R1, c[0x0][0x28]") F(50) I("0010", "@P0 BRA `(.L_x_12)")
+                                ".L_x_11:\n" FI(20, 50) F(50) I("0020", "FFMA R3, R3, R3, R3")
+                                FI(21, 50) F(50) I("0030", "ISETP.GE.AND P1, PT, R2, R4, PT") I("0040", "@!P1 BRA `(.L_x_11)")
+                                F(50) I("0050", "BRA `(.L_x_13)")
+                                ".L_x_12:\n" F(64) I("0060", "MOV R5, RZ") FI(20, 50) F(50) I("0070", "FFMA R3, R3, R3, R3")
+                                FI(21, 50) F(50) I("0080", "ISETP.GE.AND P1, PT, R2, R4, PT")
+                                ".L_x_13:\n" F(40) I("0090", "EXIT")
+                                "\t.section\t.text.other,\"ax\",@progbits\n";
+
+/* a store (line 31 inlined at 45 inlined at 50) branched around */
+static const char sass_trunc[] = "//--------------------- .text.k --------------------------\n"
+                                 "\t.section\t.text.k,\"ax\",@progbits\n"
+                                 ".text.k:\n" F(10) I("0000", "MOV R1, c[0x0][0x28]") F(30) I("0010", "@P1 BRA `(.L_x_2)")
+                                 FI(31, 45) FI(45, 50) F(50) I("0020", "STG.E [R4.64], R3")
+                                 ".L_x_2:\n" F(40) I("0030", "EXIT")
+                                 "\t.section\t.text.other,\"ax\",@progbits\n";
+
 int main(void)
 {
     /* 4 warps; the loop runs 10 times in each; one warp stores */
@@ -68,6 +113,67 @@ int main(void)
     sass_profile p4 = {loc, count, 6, NULL, 0, NULL};
     TH_CHECK(sass_cost_function(sass, "k", &p4, &c) == 0, "function not found");
     TH_CHECK(c.executed == 97.0, "executed %.1f, expected 97 (8 + 4 x 20 + 4 + 1 + 4)", c.executed);
+    th_end();
+
+    th_begin("sass cost: the copies of one line's call in the branches of a dispatch share its count");
+    {
+        /* 4 warps, each runs copy A's loop 10 times (lines 20 and 21 inlined at 50: 40); copy B never runs, but
+         * the lines cannot say which copy ran. Each copy at the full 40 (the model before the H200 check) is
+         * 8 + 4 x 40 + 4 + 4 x 40 + 4 = 336; the truth is 8 + 4 x 40 + 4 + 0 + 4 = 176, what equal parts give */
+        sass_loc la[5] = {{{10}, 1}, {{50}, 1}, {{20, 50}, 2}, {{21, 50}, 2}, {{40}, 1}};
+        double ka[5] = {4, 4, 40, 40, 4};
+        sass_profile pa = {la, ka, 5, NULL, 64, rolled};
+        TH_CHECK(sass_cost_function(sass_alt, "k", &pa, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 176.0, "executed %.1f, expected 176 (each copy counted at the line's full count: 336)",
+                 c.executed);
+    }
+    th_end();
+
+    th_begin("sass cost: copies of an unrolled body in several blocks on one path share their line's count");
+    {
+        /* 4 warps, 10 trips each: line 60 ran 80 times (two copies a trip), 62 and 63 40. Each block at the
+         * line's 80: 4 + 3 x 40 + 40 + 4 x 80 + 4 = 488, 344 after the flow (before); the truth
+         * 4 + 120 + 40 + 160 + 4 = 328 */
+        sass_loc ls[5] = {{{10}, 1}, {{60}, 1}, {{62}, 1}, {{63}, 1}, {{40}, 1}};
+        double ks[5] = {4, 80, 40, 40, 4};
+        sass_profile ps = {ls, ks, 5, NULL, 0, NULL};
+        TH_CHECK(sass_cost_function(sass_seq, "k", &ps, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 328.0, "executed %.1f, expected 328 (before: 344)", c.executed);
+    }
+    th_end();
+
+    th_begin("sass cost: a copy the flow finds dead leaves its line's count to the live one");
+    {
+        /* copy B starts with line 64, which never ran: copy A's loop ran all 40 trips. Equal parts (before):
+         * 8 + 3 x 20 + 4 + 4 = 76; the truth 8 + 3 x 40 + 4 + 4 = 136 */
+        sass_loc ld[5] = {{{10}, 1}, {{50}, 1}, {{20, 50}, 2}, {{21, 50}, 2}, {{40}, 1}};
+        double kd[5] = {4, 4, 40, 40, 4};
+        unsigned char bbd[80] = {0};
+        bbd[64] = 2;
+        sass_profile pd = {ld, kd, 5, bbd, 80, NULL};
+        TH_CHECK(sass_cost_function(sass_dead, "k", &pd, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 136.0, "executed %.1f, expected 136 (equal parts: 76)", c.executed);
+    }
+    th_end();
+
+    th_begin("sass cost: a line the profile holds under its chain with a call site left out did run");
+    {
+        /* the store's line 31 (inlined at 45, at 50) is in the profile only as (31, 50), a chain no instruction
+         * has: the emulator profiles a function's last statement after a call into its headers without the
+         * function's call site. It ran: its block is not zeroed as never run (before: 12; in the KIVI-2 kernel
+         * the whole epilogue went with it through the flow) */
+        sass_loc lt[4] = {{{10}, 1}, {{30}, 1}, {{31, 50}, 2}, {{40}, 1}};
+        double kt[4] = {4, 4, 4, 4};
+        unsigned char bbt[64] = {0};
+        bbt[31] = 2;
+        sass_profile pt = {lt, kt, 4, bbt, 64, NULL};
+        TH_CHECK(sass_cost_function(sass_trunc, "k", &pt, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 16.0, "executed %.1f, expected 16 (the store's block zeroed: 12)", c.executed);
+        /* held nowhere: it never ran */
+        lt[2] = (sass_loc){{41}, 1};
+        TH_CHECK(sass_cost_function(sass_trunc, "k", &pt, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 12.0, "executed %.1f, expected 12 (line 31 never ran)", c.executed);
+    }
     th_end();
 
     th_begin("sass cost: a function not in the text");

@@ -18,10 +18,18 @@
 #include "rt_internal.h"
 #include "sass_cost.h"
 
+#define PROF_OFFSETS 64 /* offsets a profile line holds at most (tests/emu/profile.c: PROF_DEPTH + 1) */
+
 typedef struct {
     sass_loc *loc;
     double *count;
     int n, cap;
+    /* per (location, call context): the most of the location's emulated blocks in that context (add_loc); a
+     * location's count is their sum over contexts (sum_contexts) */
+    sass_loc *ctx_loc;
+    unsigned long long *ctx_key;
+    double *ctx_count;
+    int n_ctx, cap_ctx;
     unsigned char *bb_line; /* lines of the unit that start a basic block of the emulated code */
     int n_lines;
     unsigned long exit_site[16384]; /* offsets of the keys of function exit blocks (not counted) */
@@ -216,25 +224,65 @@ done:
     return rc;
 }
 
-static int add_loc(profile_buf *pb, const sass_loc *l, double c)
+/* One emulated block's warp count under its location and call context (`ctx`: a hash of the call sites' offsets
+ * in the module). Within one context a line split into several emulated blocks (a `for` line's condition and
+ * increment) runs once per execution in each of them: the most. Different contexts of the same location are
+ * different calls from one source line (a macro such as KVQ_BY_KIND calls one function from each of its branches,
+ * all on the macro's line): alternatives, each execution in one of them, so sum_contexts adds them. Taking the
+ * most over contexts (before issue 22's H200 check) gave every SASS copy of such a call the count of the
+ * busiest branch. */
+static int add_loc(profile_buf *pb, const sass_loc *l, unsigned long long ctx, double c)
 {
-    for (int i = 0; i < pb->n; i++)
-        if (pb->loc[i].depth == l->depth && !memcmp(pb->loc[i].line, l->line, (size_t)l->depth * sizeof l->line[0])) {
-            if (c > pb->count[i]) pb->count[i] = c; /* a line split into several blocks: the most */
+    for (int i = 0; i < pb->n_ctx; i++)
+        if (pb->ctx_key[i] == ctx && pb->ctx_loc[i].depth == l->depth &&
+            !memcmp(pb->ctx_loc[i].line, l->line, (size_t)l->depth * sizeof l->line[0])) {
+            if (c > pb->ctx_count[i]) pb->ctx_count[i] = c;
             return 0;
         }
-    if (pb->n == pb->cap) {
-        int nc = pb->cap ? 2 * pb->cap : 1024;
-        sass_loc *a = kvq_realloc(pb->loc, (size_t)nc * sizeof *a);
+    if (pb->n_ctx == pb->cap_ctx) {
+        int nc = pb->cap_ctx ? 2 * pb->cap_ctx : 1024;
+        sass_loc *a = kvq_realloc(pb->ctx_loc, (size_t)nc * sizeof *a);
         if (!a) return -1;
-        pb->loc = a;
-        double *d = kvq_realloc(pb->count, (size_t)nc * sizeof *d);
+        pb->ctx_loc = a;
+        unsigned long long *k = kvq_realloc(pb->ctx_key, (size_t)nc * sizeof *k);
+        if (!k) return -1;
+        pb->ctx_key = k;
+        double *d = kvq_realloc(pb->ctx_count, (size_t)nc * sizeof *d);
         if (!d) return -1;
-        pb->count = d;
-        pb->cap = nc;
+        pb->ctx_count = d;
+        pb->cap_ctx = nc;
     }
-    pb->loc[pb->n] = *l;
-    pb->count[pb->n++] = c;
+    pb->ctx_loc[pb->n_ctx] = *l;
+    pb->ctx_key[pb->n_ctx] = ctx;
+    pb->ctx_count[pb->n_ctx++] = c;
+    return 0;
+}
+
+/* Each location's count: the sum over its call contexts (add_loc). */
+static int sum_contexts(profile_buf *pb)
+{
+    for (int j = 0; j < pb->n_ctx; j++) {
+        const sass_loc *l = &pb->ctx_loc[j];
+        int i = 0;
+        while (i < pb->n && !(pb->loc[i].depth == l->depth &&
+                              !memcmp(pb->loc[i].line, l->line, (size_t)l->depth * sizeof l->line[0])))
+            i++;
+        if (i == pb->n) {
+            if (pb->n == pb->cap) {
+                int nc = pb->cap ? 2 * pb->cap : 1024;
+                sass_loc *a = kvq_realloc(pb->loc, (size_t)nc * sizeof *a);
+                if (!a) return -1;
+                pb->loc = a;
+                double *d = kvq_realloc(pb->count, (size_t)nc * sizeof *d);
+                if (!d) return -1;
+                pb->count = d;
+                pb->cap = nc;
+            }
+            pb->loc[pb->n] = *l;
+            pb->count[pb->n++] = 0.0;
+        }
+        pb->count[i] += pb->ctx_count[j];
+    }
     return 0;
 }
 
@@ -391,9 +439,15 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
         if (sscanf(l, "%llu %d%n", &cnt, &depth, &used) != 2) break;
         sass_loc loc = {{0}, 0};
         int exit_blk = 0;
+        /* the location's call context: the call sites above the frame that gives the location its line (the
+         * chain's first offset in the unit; a block of the emulator's headers counts under the line that calls
+         * it, in that line's context), hashed (FNV-1a) */
+        unsigned long long ctx = 1469598103934665603ull;
+        unsigned long off[PROF_OFFSETS];
         {
-            unsigned long off0 = strtoul(l + used, NULL, 16);
-            for (int i = 0; i < pb->n_exit && !exit_blk; i++) exit_blk = pb->exit_site[i] == off0;
+            char *o = l + used;
+            for (int i = 0; i < depth && i < PROF_OFFSETS; i++) off[i] = strtoul(o, &o, 16);
+            for (int i = 0; i < pb->n_exit && !exit_blk; i++) exit_blk = pb->exit_site[i] == off[0];
         }
         for (int i = 0; i < depth; i++) {
             char *e = strchr(sp, '\n');
@@ -408,6 +462,8 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
                 colon = strrchr(sp, ':');
                 in_tu = colon && (size_t)(colon - sp) == strlen(cu) && !strncmp(sp, cu, strlen(cu));
             }
+            if (in_tu && loc.depth > 0 && i < PROF_OFFSETS)
+                for (int b = 0; b < 8; b++) ctx = (ctx ^ ((off[i] >> (8 * b)) & 0xff)) * 1099511628211ull;
             if (in_tu && loc.depth < SASS_LOC_DEPTH) {
                 int line = atoi(colon + 1);
                 if (line > 0) loc.line[loc.depth++] = line;
@@ -417,8 +473,9 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
         /* the outermost call is the emulator's entry thunk calling the kernel (KVQ_KERNEL_EXPORT's line): the
          * GPU's chains start in the kernel */
         loc.depth--;
-        if (loc.depth > 0 && !exit_blk) rc = add_loc(pb, &loc, (double)cnt);
+        if (loc.depth > 0 && !exit_blk) rc = add_loc(pb, &loc, ctx, (double)cnt);
     }
+    if (!rc) rc = sum_contexts(pb);
     kvq_free(sym);
     kvq_free(text);
     if (rc) snprintf(msg, ms, "out of memory");
@@ -515,6 +572,9 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
         kvq_free(pb.loc);
         kvq_free(pb.count);
         kvq_free(pb.bb_line);
+        kvq_free(pb.ctx_loc);
+        kvq_free(pb.ctx_key);
+        kvq_free(pb.ctx_count);
         memset(&pb, 0, sizeof pb);
         unlink(prof);
         char sms_s[16];
@@ -526,6 +586,21 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
         setenv("KVQ_EMU_PROFILE_KERNELS", "kvq_decode_c,kvq_merge", 1);
         setenv("KVQ_EMU_SANITIZE", "0", 1);
         if (!a->every_block) setenv("KVQ_EMU_SAMPLE", "kvq_decode_c:xz,kvq_merge:xy", 1);
+        /* the GPU's CTAs an SM (registers from ptxas, shared memory, threads: what its occupancy API answers), so
+         * that the split is the GPU's: the emulator alone answers by shared memory and threads (KIVI-2 at 45,232
+         * bytes: 5 an SM where 128 registers allow 4, so 67 chunks where the H200 ran 53) */
+        char occ[512] = "";
+        for (int k = 0; k < p->n_classes; k++) {
+            char fn[64];
+            snprintf(fn, sizeof fn, "kvq_decode_c%d", k);
+            int regs = 0;
+            for (int i = 0; i < c.n_res; i++)
+                if (!strcmp(c.res[i].name, fn)) regs = c.res[i].regs;
+            const int ctas = regs > 0 ? plan_decode_ctas_per_sm(p, &p->cls[k], sm, regs) : 0;
+            if (ctas > 0 && strlen(occ) + 40 < sizeof occ)
+                snprintf(occ + strlen(occ), sizeof occ - strlen(occ), "%s%s:%d", *occ ? "," : "", fn, ctas);
+        }
+        setenv("KVQ_EMU_OCCUPANCY", occ, 1);
         int st = run_step(sch, p, a->batch, a->tokens, a->every_block, msg, sizeof msg);
         unsetenv("KVQ_EMU_PROFILE");
         unsetenv("KVQ_EMU_SMS");
@@ -533,6 +608,7 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
         unsetenv("KVQ_EMU_PROFILE_KERNELS");
         unsetenv("KVQ_EMU_SANITIZE");
         unsetenv("KVQ_EMU_SAMPLE");
+        unsetenv("KVQ_EMU_OCCUPANCY");
         if (st != 0) {
             fprintf(stderr, "kvqc build: cost model: emulated step: %s\n", msg);
             goto done;
@@ -628,6 +704,9 @@ done:
     kvq_free(pb.loc);
     kvq_free(pb.count);
     kvq_free(pb.bb_line);
+    kvq_free(pb.ctx_loc);
+    kvq_free(pb.ctx_key);
+    kvq_free(pb.ctx_count);
     kvq_free(rolled);
     return rc;
 }

@@ -1,0 +1,39 @@
+#!/bin/sh
+# tools/cost-vs-ncu.py (docs/cuda.md, "Cost model") on fabricated input: a kvqc --cost block list of three blocks
+# and an ncu source-page CSV of the same four instructions' addresses (absolute, with ncu's banner, a quoted header
+# and a NOP after the exit). The loop block is 40 in the model and 30 measured (one of its instructions 31: the
+# spread a wrong block boundary would show). Prints PASS/FAIL lines (tests/run.sh).
+cd "$(dirname "$0")/../.." || exit 1
+name="cost-vs-ncu: totals and the block that differs most, from a fabricated ncu source CSV"
+if ! command -v python3 >/dev/null 2>&1; then echo "SKIP $name: no python3"; exit 0; fi
+d=$(mktemp -d) || exit 1
+trap 'rm -rf "$d"' EXIT
+cat >"$d/model.txt" <<'M'
+loc 4: 10
+block 0 ins 0..2 n 3 reach 1 count 4 est 4 addr 0..20 [10:4] [11:4]
+block 1 ins 3..4 n 2 reach 1 count 40 est 40 addr 30..40 [20:40]
+block 2 ins 5..5 n 1 reach 1 count 4 est 4 addr 50..50 [40:4]
+M
+cat >"$d/ncu.csv" <<'C'
+==PROF== Connected to process 1 (bench_gpu_decode)
+"# Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","Thread Instructions Executed"
+"0x7f1200000000","MOV R1, c[0x0][0x28]","3","4","128"
+"0x7f1200000010","S2R R0, SR_TID.X","1","4","128"
+"0x7f1200000020","@P0 BRA 0x7f1200000050","0","4","128"
+"0x7f1200000030","FFMA R3, R3, R3, R3","9","30","960"
+"0x7f1200000040","@!P1 BRA 0x7f1200000030","2","31","992"
+"0x7f1200000050","EXIT","0","4","128"
+"0x7f1200000060","NOP","0","0","0"
+C
+out=$(python3 tools/cost-vs-ncu.py "$d/ncu.csv" "$d/model.txt" --top 5 2>&1)
+st=$?
+fail=""
+[ "$st" -eq 0 ] || fail="exit $st"
+echo "$out" | grep -q "^model 96 warp-instructions, measured 77 (ncu), model / measured 1.247" || fail="$fail; totals"
+# the first row after the header: block 1, model 40, measured 30.5 a run of its instructions, spread 30..31
+row=$(echo "$out" | sed -n '3p')
+echo "$row" | grep -Eq '^ +1 +30\.\.40 +2 +40 +30 +80 +61 30\.\.31$' || fail="$fail; block row '$row'"
+# bad input: no block lines
+python3 tools/cost-vs-ncu.py "$d/ncu.csv" "$d/ncu.csv" >/dev/null 2>&1
+[ $? -eq 2 ] || fail="$fail; a model list without blocks was accepted"
+if [ -z "$fail" ]; then echo "PASS $name"; else echo "FAIL $name: ${fail#; }"; echo "$out"; fi

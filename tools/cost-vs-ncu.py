@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""The cost model against the machine, block by block (docs/cuda.md, "Cost model").
+
+    tools/cost-vs-ncu.py NCU_CSV MODEL_LIST [--top N]
+
+NCU_CSV: Nsight Compute's source page of one kernel launch as CSV, SASS view (tools/gpu-check.sh writes
+ncu-pc-<scheme>.csv: `ncu -i REPORT --page source --print-source sass --csv`): one row per SASS instruction with
+its address and "Instructions Executed" (warp-level executions, predicated-off included: what
+smsp__inst_executed sums).
+MODEL_LIST: the stderr of `KVQ_COST_DEBUG=kvq_decode_c0 kvqc build SPEC --arch sm_90 -o DIR --cost
+--cost-tokens 32768` for the same cubin and workload: one line per SASS basic block, "block K ins A..B n N reach R
+count C est E addr X..Y [line:count]...", X and Y the offsets of its first and last instruction.
+
+Prints the totals (model, measured, their ratio) and the N blocks whose executed instructions differ most
+(count x instructions, model against measured), with the instructions' measured executions within the block
+(a basic block's instructions run equally often; a spread says the model's block boundaries are wrong there).
+Addresses: ncu's may be absolute; they are taken relative to the first instruction. Exit status 0, 2 on bad
+input.
+"""
+import csv
+import re
+import sys
+
+
+def read_model(path):
+    blocks = []
+    pat = re.compile(r"^block (\d+) ins (\d+)\.\.(\d+) n (\d+) reach (\d+) count (\S+) est (\S+) addr ([0-9a-f]+)\.\.([0-9a-f]+)")
+    with open(path) as f:
+        for line in f:
+            m = pat.match(line)
+            if not m:
+                continue
+            count = float(m.group(6))
+            blocks.append({
+                "id": int(m.group(1)), "n": int(m.group(4)), "count": count if count < 1e200 else None,
+                "first": int(m.group(8), 16), "last": int(m.group(9), 16),
+            })
+    return blocks
+
+
+def read_ncu(path):
+    """{offset: (executed, source text)} of the instructions of the table in the CSV."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if r]
+    head = None
+    for i, r in enumerate(rows):
+        names = [c.strip() for c in r]
+        if any("Address" in c for c in names) and any(c == "Instructions Executed" or c == "inst_executed" for c in names):
+            head = i
+            break
+    if head is None:
+        raise ValueError("no header with an address and 'Instructions Executed' column")
+    h = [c.strip() for c in rows[head]]
+    a_col = next(i for i, c in enumerate(h) if "Address" in c)
+    e_col = next(i for i, c in enumerate(h) if c in ("Instructions Executed", "inst_executed"))
+    s_col = next((i for i, c in enumerate(h) if c == "Source"), None)
+    out = {}
+    for r in rows[head + 1:]:
+        if len(r) <= max(a_col, e_col):
+            continue
+        a, e = r[a_col].strip(), r[e_col].strip().replace(",", "")
+        try:
+            addr = int(a, 16)  # "0x7f..." (absolute) or an offset
+            executed = float(e) if e else 0.0
+        except ValueError:
+            continue  # a units row or a second table's header
+        out[addr] = (executed, r[s_col].strip() if s_col is not None and s_col < len(r) else "")
+    if not out:
+        raise ValueError("no instruction rows")
+    base = min(out)
+    return {a - base: v for a, v in out.items()}
+
+
+def main(argv):
+    top = 20
+    args = []
+    i = 1
+    while i < len(argv):
+        if argv[i] == "--top" and i + 1 < len(argv):
+            top = int(argv[i + 1])
+            i += 2
+            continue
+        args.append(argv[i])
+        i += 1
+    if len(args) != 2:
+        print(__doc__.strip().split("\n\n")[1], file=sys.stderr)
+        return 2
+    try:
+        blocks = read_model(args[1])
+        pcs = read_ncu(args[0])
+    except (OSError, ValueError, StopIteration) as e:
+        print("cost-vs-ncu: %s" % e, file=sys.stderr)
+        return 2
+    if not blocks:
+        print("cost-vs-ncu: no block lines in %s (run kvqc with KVQ_COST_DEBUG=<kernel>)" % args[1], file=sys.stderr)
+        return 2
+    model_total = measured_total = 0.0
+    rows = []
+    placed = set()
+    for b in blocks:
+        ex = [pcs[a][0] for a in range(b["first"], b["last"] + 16, 16)
+              if a in pcs and not pcs[a][1].startswith("NOP")]
+        placed.update(range(b["first"], b["last"] + 16, 16))
+        measured = sum(ex)
+        model = (b["count"] or 0.0) * b["n"]
+        model_total += model
+        measured_total += measured
+        per = measured / len(ex) if ex else 0.0
+        rows.append((model - measured, b, per, (min(ex), max(ex)) if ex else (0, 0), model, measured))
+    outside = sum(v[0] for a, v in pcs.items() if a not in placed)
+    print("model %.0f warp-instructions, measured %.0f (ncu), model / measured %.3f; measured outside the model's "
+          "blocks %.0f" % (model_total, measured_total, model_total / measured_total if measured_total else float("nan"),
+                           outside))
+    last = max(a for a, v in pcs.items() if not v[1].startswith("NOP"))
+    if max(b["last"] for b in blocks) != last:
+        print("note: the model's last instruction is at 0x%x, ncu's at 0x%x (another cubin?)" % (
+            max(b["last"] for b in blocks), last))
+    rows.sort(key=lambda r: -abs(r[0]))
+    print("%6s %13s %5s %12s %12s %14s %14s %s" % ("block", "addr", "n", "model", "measured", "model instr",
+                                                    "measured instr", "spread"))
+    for d, b, per, (lo, hi), model, measured in rows[:top]:
+        if d == 0:
+            break
+        print("%6d %6x..%-5x %5d %12s %12.0f %14.0f %14.0f %s" % (
+            b["id"], b["first"], b["last"], b["n"], "%.0f" % b["count"] if b["count"] is not None else "unknown",
+            per, model, measured, "" if lo == hi else "%.0f..%.0f" % (lo, hi)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
