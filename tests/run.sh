@@ -24,7 +24,9 @@
 # sanitizers, for programs that test the host side and whose kernels other programs run under ASan; emu=address
 # with KVQ_EMU_SANITIZE=address: the kernels under ASan without UBSan (about twice as fast), memory checks kept.
 # opt=FLAG (KVQ_EMU_OPT, default -O1): the emulated modules' optimisation; -Og compiles a module under ASan + UBSan
-# about 3 times faster, for programs whose time is the compiles rather than the kernels' runs.
+# about 3 times faster, for programs whose time is the compiles rather than the kernels' runs. res=0
+# (KVQ_EMU_RESOURCES=0): the emulator loads units without NVRTC's register and static shared memory figures (no
+# NVRTC compile a unit), for programs of the host side whose units other programs load with the launch checks.
 
 # run_one PATH[@K/N]: runs one script or program (shard K of N) into $out/NAME[@K].{log,rc,secs}.
 run_one() {
@@ -40,6 +42,7 @@ run_one() {
                 plain) KVQ_EMU_SANITIZE=0; export KVQ_EMU_SANITIZE ;;
                 address) KVQ_EMU_SANITIZE=address; export KVQ_EMU_SANITIZE ;;
             esac
+            [ "$(hint_of "$name" res)" = 0 ] && { KVQ_EMU_RESOURCES=0; export KVQ_EMU_RESOURCES; }
             opt=$(hint_of "$name" opt)
             if [ -n "$opt" ]; then KVQ_EMU_OPT=$opt; export KVQ_EMU_OPT; fi
             if [ -n "$shard" ]; then KVQ_TEST_SHARD=$shard; export KVQ_TEST_SHARD; fi

@@ -65,6 +65,7 @@ typedef struct {
     char emu_dir[4096];
     char target[16]; /* the GPU emulated: its limits, and the arch NVRTC reports resources for */
     unsigned smem_optin;
+    int resources; /* read ptxas's figures for the launch checks (0 with $KVQ_EMU_RESOURCES=0) */
     uintptr_t ctx; /* this device's context id (never reused) */
 } emu_dev;
 
@@ -311,12 +312,14 @@ static kvq_status build_runtime_objs(emu_dev *e, const char *rtdir, char objs[N_
 
 /* The kernels' resources as ptxas reports them for the emulated GPU (NVRTC, through the JIT cache): a source the
  * GPU's compiler refuses (more than 48 KiB of static shared memory, say) is refused here too, with its message.
- * Without NVRTC the module has no figures and launches are checked against the grid, block and dynamic shared
- * memory limits only (docs/emulator.md). */
+ * Without NVRTC, or with $KVQ_EMU_RESOURCES=0, the module has no figures and launches are checked against the
+ * grid, block and dynamic shared memory limits only (docs/emulator.md). The variable is for test programs that
+ * test the host side and whose units other programs load with the figures (tests/test-times `res=0`): the NVRTC
+ * compile of a unit for its figures costs more than its emulated module (docs/testing.md, "Test time"). */
 static kvq_status emu_resources(emu_dev *e, const char *src, emu_mod *em, char *msg, size_t n)
 {
     char why[512];
-    if (cu_nvrtc_load(why, sizeof why) != KVQ_OK) return KVQ_OK;
+    if (!e->resources || cu_nvrtc_load(why, sizeof why) != KVQ_OK) return KVQ_OK;
     cu_compiled c;
     memset(&c, 0, sizeof c);
     char cm[1024] = "";
@@ -627,6 +630,8 @@ kvq_status cu_emu_open(cu_dev *d, char *msg, size_t n)
     snprintf(e->opt, sizeof e->opt, "%s", opt && *opt ? opt : "-O1");
     const char *san = getenv("KVQ_EMU_SANITIZE");
     e->san = san && !strcmp(san, "0") ? "" : san && !strcmp(san, "address") ? EMU_ASAN : EMU_SAN;
+    const char *res = getenv("KVQ_EMU_RESOURCES");
+    e->resources = !(res && !strcmp(res, "0"));
     snprintf(e->emu_dir, sizeof e->emu_dir, "%s/tests/emu", kvq_data_dir());
     char probe[4200];
     snprintf(probe, sizeof probe, "%s/emu_cuda.h", e->emu_dir);

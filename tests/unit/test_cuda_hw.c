@@ -557,6 +557,31 @@ static void test_registers(cu_dev *d)
     th_end();
 }
 
+/* KVQ_EMU_RESOURCES=0 (tests/test-times `res=0`): no NVRTC figures, so the static kernel's 48 KiB no longer count
+ * against the opt-in maximum (test_shared_memory refuses 48 KiB static + 180 KiB with them); the kernel still runs. */
+static void test_resources_off(void)
+{
+    th_begin("emulated driver: KVQ_EMU_RESOURCES=0 loads a unit without ptxas's figures (the static shared memory "
+             "unknown to the launch checks)");
+    setenv("KVQ_EMU_RESOURCES", "0", 1);
+    cu_dev *d = NULL;
+    char msg[2048] = "";
+    cu_module *m = NULL;
+    TH_CHECK(cu_dev_open(CU_DEV_EMU, &d, msg, sizeof msg) == KVQ_OK, "open: %s", msg);
+    TH_CHECK(d && load_small(d, 12288, &m, msg, sizeof msg) == KVQ_OK, "load: %s", msg);
+    TH_CHECK(m && cu_dev_func_max_dyn_smem(d, m, "hw_static", 180 * 1024, msg, sizeof msg) == KVQ_OK,
+             "48 KiB static + 180 KiB refused without the figures: %s", msg);
+    float out[2] = {0, 0};
+    hw_params p = {(unsigned long long)(uintptr_t)out, 0, 0};
+    const unsigned one[3] = {1, 1, 1}, blk[3] = {128, 1, 1};
+    TH_CHECK(m && cu_dev_launch(d, m, "hw_static", one, blk, &p, sizeof p, msg, sizeof msg) == KVQ_OK, "%s", msg);
+    TH_CHECK(out[0] == 12287.0f, "static: %g", out[0]);
+    cu_module_free(m);
+    if (d) cu_dev_close(d);
+    unsetenv("KVQ_EMU_RESOURCES");
+    th_end();
+}
+
 static void test_driver(void)
 {
     cu_dev *d = NULL;
@@ -569,6 +594,7 @@ static void test_driver(void)
     test_shared_memory(d);
     test_registers(d);
     cu_dev_close(d);
+    test_resources_off();
 }
 
 int main(void)
