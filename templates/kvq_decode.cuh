@@ -123,6 +123,37 @@ KVQ_DEV void kvq_stage_rows(unsigned char *rows, int t0, int R, const unsigned c
     }
 }
 
+/* Whether kvq_stage_run_rows can stage rows of R bytes from src (a page's codes of a kv head, pages `stride` bytes
+ * apart): swizzled rows whose 16-byte chunks a step of THREADS chunks advances by whole 8-row periods, 16-byte
+ * aligned sources. */
+KVQ_DEV int kvq_run_rows_ok(int R, const unsigned char *src, long long stride)
+{
+    return kvq_row_swz_ok(R) && KVQ_THREADS % (8 * (R >> 4)) == 0 && (((kvq_u64)src | (kvq_u64)stride) & 15) == 0;
+}
+
+/* Rows of tokens [0, n) of a tile whose token t sits at slot s0 + t of a page run (page (s0 + t) / cap at `stride`
+ * bytes a page, slot (s0 + t) % cap; one page when the tile stays in it), src = the kv head's row 0 of the first
+ * page, into the tile's swizzled rows (kvq_stage_rows). One pass over the tile's chunks for all its pages, with
+ * no set-up a page: a thread's destination advances by 16 THREADS bytes (whole 8-row periods of the swizzle),
+ * its source by THREADS / C rows, stepping to the next page when it passes the capacity (no division: s0 < cap,
+ * and a step crosses at most THREADS / C / cap + 1 pages). Needs kvq_run_rows_ok. */
+KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char *src, long long stride, int s0,
+                                int cap, int n, int tid)
+{
+    const int C = R >> 4, st = KVQ_THREADS / C, c = tid % C;
+    int sl = s0 + tid / C;
+    const unsigned char *s = src + 16 * c;
+    while (sl >= cap) sl -= cap, s += stride;
+    s += (long long)sl * R;
+    unsigned char *d = rows + kvq_row_byte(tid / C, R, 16 * c, 1);
+#pragma unroll 1
+    for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS) {
+        kvq_cp_async16(d, s);
+        sl += st, s += (long long)st * R;
+        while (sl >= cap) sl -= cap, s += stride - (long long)cap * R;
+    }
+}
+
 /* Per-channel scales and zeros of kv head h on np pages of a page run (page i at b + i stride), in one pass: item
  * k is a 16-byte block of page k / P (P = the scale's nbs blocks and the zero's nbz of a page), landed where
  * kvq_stage_par puts it (s at raw + al16(i D sbytes) + 64 i, z at rz + ...), and after the wait widened by the
@@ -193,10 +224,16 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     const int chan1 = f.bits < 16 && f.gran == 0 && (f.sbytes == 2 || f.sbytes == 4) &&
                       (f.zbytes == 2 || f.zbytes == 4) && KVQ_D % 8 == 0;
     if (chan1) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, fin);
+    /* the codes of all the tile's pages in one pass where the rows allow (every KIVI page) */
+    const unsigned char *c0 = b + o.codes + (long long)h * cap * o.cbpt;
+    const int run = !fin && kvq_run_rows_ok(o.cbpt, c0, stride);
+    if (run) kvq_stage_run_rows(sb->rows, o.cbpt, c0, stride, s0, cap, n, tid);
+    /* nothing left a page: rows staged, per-channel parameters of all pages staged, no factors or mask bits */
+    if ((run || fin) && (f.bits >= 16 || (chan1 && !f.sep && !f.masked))) return;
 #pragma unroll 1
     for (int i = 0; i < np; i++, b += stride) {
         const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
-        if (!fin)
+        if (!fin && !run)
             kvq_stage_rows(sb->rows, t0, o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m, tid, 1);
         if (f.bits >= 16) continue;
         if (f.gran == 0) {
@@ -440,6 +477,17 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
             mloc[h] = fmaxf(mloc[h], x);
             if (part == 0 && live) ps[t * G + h] = x;
         }
+    }
+}
+
+/* The warp's maxima per head of phase 1's lanes (the split lanes of a token agree already) to wmax[warp][GQA]. */
+KVQ_DEV void kvq_warp_max(float mloc[KVQ_GQA], int split, int tid, float *wmax)
+{
+#pragma unroll
+    for (int h = 0; h < KVQ_GQA; h++) {
+        for (int off = 16; off >= split; off >>= 1)
+            mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(KVQ_FULL_MASK, mloc[h], off));
+        if ((tid & 31) == 0) wmax[(tid >> 5) * KVQ_GQA + h] = mloc[h];
     }
 }
 
@@ -763,37 +811,53 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         /* per-channel keys over several pages of a page run (layout/tiles.h): a fold and a bias per page */
         const int ks0 = kchan ? T.k_slot % T.k_cap : 0, kcap = kchan && g.kpages > 1 ? T.k_cap : 0;
         const int knp = kcap && n > 0 ? (ks0 + n + kcap - 1) / kcap : 1;
+        /* q.K on tensor cores (the kind's M_ in KVQ_BY_KIND): kvq_scores_mma adds the bias partials itself */
+        const int kmma = (kk == KVQ_SRC_HI && (g.mk & 1)) || (klo.bits && kk == KVQ_SRC_LO && (g.mk & 2));
         KVQ_BY_KIND(kk, khi, klo, g.mk, ksw, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, knp, tid));
         __syncthreads();
-        if (kchan) /* q . z per (page, head), the eight partial sums in order */
+        if (kchan && !kmma) { /* q . z per (page, head), the eight partial sums in order */
             for (int i = tid; i < knp * G; i += KVQ_THREADS) {
                 const int pg = i / G, h = i % G;
                 float acc = 0.0f;
                 for (int k = 0; k < 8; k++) acc += bred[(pg * 8 + k) * G + h];
                 qsum[(D / 8) * G + i] = acc;
             }
-        __syncthreads();
+            __syncthreads();
+        }
 
-        /* phase 1: scores, then the tile's maximum per head over the block */
+        /* phase 1: scores, then the tile's maximum per head over the block (each warp's in wmax) */
         float mloc[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) mloc[h] = KVQ_NEG_INF;
         KVQ_BY_KIND(kk, khi, klo, g.mk, ksw,
-                    if (M_) kvq_scores_mma(F_.bits, kb.rows, kb.mask, F_.masked, (const unsigned *)qk,
-                                           qsum + (D / 8) * G, qinv, n, ks0, kcap, tid, g.split, ps, mloc, S_);
-                    else kvq_scores(F_, &kb, qs, qk, qsum, n, ks0, kcap, tid, g.split, g.p1, ps, mloc, S_));
-#pragma unroll
-        for (int h = 0; h < KVQ_GQA; h++) {
-            for (int off = 16; off >= g.split; off >>= 1)
-                mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(KVQ_FULL_MASK, mloc[h], off));
-            if ((tid & 31) == 0) wmax[(tid >> 5) * G + h] = mloc[h];
-        }
+                    if (M_) kvq_scores_mma(F_.bits, kb.rows, kb.mask, F_.masked, (const unsigned *)qk, bred, qinv,
+                                           n, ks0, kcap, tid, ps, wmax, S_);
+                    else {
+                        kvq_scores(F_, &kb, qs, qk, qsum, n, ks0, kcap, tid, g.split, g.p1, ps, mloc, S_);
+                        kvq_warp_max(mloc, g.split, tid, wmax);
+                    });
         __syncthreads();
+        /* the warps' maxima, in warp order per head: a warp's GQA values in 16-byte loads (red is 16-byte
+         * aligned, plan.c) */
+        float wm[KVQ_GQA];
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) wm[h] = m[h];
+        for (int w = 0; w < NW; w++) {
+            if (KVQ_GQA % 4 == 0)
+#pragma unroll
+                for (int h = 0; h < KVQ_GQA; h += 4) {
+                    const float4 x = *(const float4 *)(wmax + w * G + h);
+                    wm[h] = fmaxf(wm[h], x.x), wm[h + 1] = fmaxf(wm[h + 1], x.y);
+                    wm[h + 2] = fmaxf(wm[h + 2], x.z), wm[h + 3] = fmaxf(wm[h + 3], x.w);
+                }
+            else
+#pragma unroll
+                for (int h = 0; h < KVQ_GQA; h++) wm[h] = fmaxf(wm[h], wmax[w * G + h]);
+        }
         float a[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) {
-            float mx = m[h];
-            for (int w = 0; w < NW; w++) mx = fmaxf(mx, wmax[w * G + h]);
+            const float mx = wm[h];
             a[h] = mx == KVQ_NEG_INF ? 1.0f : kvq_ex2(m[h] - mx);
             m[h] = mx;
             dl[h] *= a[h];
