@@ -217,7 +217,9 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
 #endif
     kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
     const long long stride = kvq_page_stride(o.total);
-    const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
+    int s0, np = 1, rn;
+    const int pg0 = kvq_divmod(slot, cap, &s0);
+    if (n > 0) np = kvq_divmod(s0 + n + cap - 1, cap, &rn);
     unsigned char *rz = sb->raw + sb->raws, *rf = sb->raw + 2 * sb->raws, *rm = rf + sb->rawf;
     b += pg0 * stride;
     /* per-channel parameters of fp16 or fp32 scales and zeros: all pages in one pass */
@@ -809,8 +811,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         const int kchan = (kk == KVQ_SRC_HI && khi.bits < 16 && khi.gran == 0) ||
                           (kk == KVQ_SRC_LO && klo.bits && klo.bits < 16 && klo.gran == 0);
         /* per-channel keys over several pages of a page run (layout/tiles.h): a fold and a bias per page */
-        const int ks0 = kchan ? T.k_slot % T.k_cap : 0, kcap = kchan && g.kpages > 1 ? T.k_cap : 0;
-        const int knp = kcap && n > 0 ? (ks0 + n + kcap - 1) / kcap : 1;
+        int ks0 = 0, knp = 1, krn;
+        const int kcap = kchan && g.kpages > 1 ? T.k_cap : 0;
+        if (kchan) kvq_divmod(T.k_slot, T.k_cap, &ks0);
+        if (kcap && n > 0) knp = kvq_divmod(ks0 + n + kcap - 1, kcap, &krn);
         /* q.K on tensor cores (the kind's M_ in KVQ_BY_KIND): kvq_scores_mma adds the bias partials itself */
         const int kmma = (kk == KVQ_SRC_HI && (g.mk & 1)) || (klo.bits && kk == KVQ_SRC_LO && (g.mk & 2));
         KVQ_BY_KIND(kk, khi, klo, g.mk, ksw, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, knp, tid));

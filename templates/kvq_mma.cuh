@@ -139,7 +139,7 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
     int pg = 0, off = 0;
     if (kcap > 0) {
         const int s = s0 + warp * per * 16;
-        pg = s / kcap, off = s - pg * kcap;
+        pg = kvq_divmod(s, kcap, &off); /* s0 < kcap: at most tile / 16 */
     }
 #pragma unroll 1
     for (int m0 = warp * per * 16; m0 < bend * 16; m0 += 16) {
