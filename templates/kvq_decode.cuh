@@ -135,22 +135,23 @@ KVQ_DEV int kvq_run_rows_ok(int R, const unsigned char *src, long long stride)
  * bytes a page, slot (s0 + t) % cap; one page when the tile stays in it), src = the kv head's row 0 of the first
  * page, into the tile's swizzled rows (kvq_stage_rows). One pass over the tile's chunks for all its pages, with
  * no set-up a page: a thread's destination advances by 16 THREADS bytes (whole 8-row periods of the swizzle),
- * its source by THREADS / C rows, stepping to the next page when it passes the capacity (no division: s0 < cap,
- * and a step crosses at most THREADS / C / cap + 1 pages). Needs kvq_run_rows_ok. */
+ * its source by THREADS / C rows: a fixed number of whole pages and slots, and one page more when the slot passes the
+ * capacity (kvq_divmod once a call, no test a page). Needs kvq_run_rows_ok. */
 KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char *src, long long stride, int s0,
                                 int cap, int n, int tid)
 {
-    const int C = R >> 4, st = KVQ_THREADS / C, c = tid % C;
-    int sl = s0 + tid / C;
-    const unsigned char *s = src + 16 * c;
-    while (sl >= cap) sl -= cap, s += stride;
-    s += (long long)sl * R;
+    const int C = R >> 4, c = tid % C;
+    int ds, sl;
+    const int dp = kvq_divmod(KVQ_THREADS / C, cap, &ds); /* a step: dp pages and ds slots */
+    const int pg = kvq_divmod(s0 + tid / C, cap, &sl);
+    const long long jump = (long long)ds * R + dp * stride, wrap = stride - (long long)cap * R;
+    const unsigned char *s = src + 16 * c + pg * stride + (long long)sl * R;
     unsigned char *d = rows + kvq_row_byte(tid / C, R, 16 * c, 1);
 #pragma unroll 1
     for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS) {
         kvq_cp_async16(d, s);
-        sl += st, s += (long long)st * R;
-        while (sl >= cap) sl -= cap, s += stride - (long long)cap * R;
+        sl += ds, s += jump;
+        if (sl >= cap) sl -= cap, s += wrap; /* ds < cap: at most one more page */
     }
 }
 
@@ -906,17 +907,24 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #undef KVQ_TILE_KK
 #undef KVQ_TILE_VK
     /* End of the chunk: o summed over the TZ token lanes and d over the phase-1 lanes, in a fixed order,
-     * through the stages' buffers (scratch [TZ][GQA][D] then [P1][GQA] from 0; every copy has landed). */
+     * through the stages' buffers (scratch [TZ][GQA][D] then [warps][GQA] from 0; every copy has landed). d: a
+     * warp's lanes by shuffles (lanes that are not a token's part 0 hold 0), then the warps' sums in order; it
+     * was [P1][GQA] summed serially by every output thread, 128 loads and adds a head. */
     float *so = (float *)smem, *dred = so + KVQ_TZ * G * D;
-    __syncthreads();
-    if (part == 0)
 #pragma unroll
-        for (int h = 0; h < KVQ_GQA; h++) dred[lane1 * G + h] = dl[h];
+    for (int h = 0; h < KVQ_GQA; h++)
+        for (int off = 16; off > 0; off >>= 1) dl[h] += __shfl_xor_sync(KVQ_FULL_MASK, dl[h], off);
+    __syncthreads();
+    if ((tid & 31) == 0)
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) dred[(tid >> 5) * G + h] = dl[h];
     if (act)
 #pragma unroll
-        for (int i = 0; i < KVQ_HPT; i++)
-#pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) so[(tz * G + hl0 + i) * D + c0 + v] = o[i][v];
+        for (int i = 0; i < KVQ_HPT; i++) {
+            float4 *d4 = (float4 *)(so + (tz * G + hl0 + i) * D + c0); /* c0 = 8 tx: 32-byte aligned */
+            d4[0] = make_float4(o[i][0], o[i][1], o[i][2], o[i][3]);
+            d4[1] = make_float4(o[i][4], o[i][5], o[i][6], o[i][7]);
+        }
     if (tid < G && t1 <= t0) sm[tid] = KVQ_NEG_INF; /* an empty sequence: no tile ran */
     __syncthreads();
     if (g.mv) {
@@ -952,13 +960,15 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     for (int i = 0; i < KVQ_HPT; i++) {
         const int hl = hl0 + i, head = hk * G + hl;
         float dd = 0.0f;
-        for (int l = 0; l < g.p1; l++) dd += dred[l * G + hl];
+        for (int w = 0; w < NW; w++) dd += dred[w * G + hl];
         float acc[KVQ_VEC];
 #pragma unroll
         for (int v = 0; v < KVQ_VEC; v++) acc[v] = 0.0f;
-        for (int z = 0; z < KVQ_TZ; z++)
-#pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) acc[v] += so[(z * G + hl) * D + c0 + v];
+        for (int z = 0; z < KVQ_TZ; z++) {
+            const float4 *s4 = (const float4 *)(so + (z * G + hl) * D + c0), x = s4[0], y = s4[1];
+            acc[0] += x.x, acc[1] += x.y, acc[2] += x.z, acc[3] += x.w;
+            acc[4] += y.x, acc[5] += y.y, acc[6] += y.z, acc[7] += y.w;
+        }
         const float mh = sm[hl];
         const float inv = dd > 0.0f ? __fdividef(1.0f, dd) : 0.0f; /* d >= 1: the max term is 1 */
         const float lse = dd > 0.0f ? mh + log2f(dd) : KVQ_NEG_INF;
