@@ -36,6 +36,34 @@ typedef struct {
     const float *sq;     /* TurboQuant prod keys: the block's sqrt(pi/2)/m S q, [D][GQA] (kvq_turboquant.cuh) */
 } kvq_stage_buf;
 
+/* Block k of kvq_stage_par's range (r = src & 15, src16 = src - r): issue its copy (fin 0) or widen it (fin 1). */
+KVQ_DEV void kvq_par_block(int fin, float *out, unsigned char *dst, const unsigned char *src16, int r, int n, int eb,
+                           int k)
+{
+    if (!fin) {
+        kvq_cp_async16(dst + 16 * k, src16 + 16 * k);
+        return;
+    }
+    /* the common case, an aligned range (every per-channel page section; per-token ranges from an even slot):
+     * block k is elements [16k / eb, 16k / eb + 16 / eb), one 16-byte load, two (one) 16-byte stores */
+    const int vec = r == 0 && (eb == 2 || eb == 4) && ((kvq_u64)out & 15) == 0;
+    if (vec && (k + 1) * (16 / eb) <= n) {
+        const uint4 u = *(const uint4 *)(dst + 16 * k);
+        float4 *o4 = (float4 *)(out + k * (16 / eb));
+        if (eb == 4) {
+            o4[0] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+        } else {
+            const float2 a = kvq_h22f2(kvq_bits_h2(u.x)), c = kvq_h22f2(kvq_bits_h2(u.y));
+            const float2 d = kvq_h22f2(kvq_bits_h2(u.z)), e = kvq_h22f2(kvq_bits_h2(u.w));
+            o4[0] = make_float4(a.x, a.y, c.x, c.y);
+            o4[1] = make_float4(d.x, d.y, e.x, e.y);
+        }
+        return;
+    }
+    const int j0 = max(0, (16 * k - r + eb - 1) / eb), j1 = min(n, (16 * k + 16 - r + eb - 1) / eb);
+    for (int j = j0; j < j1; j++) out[j] = kvq_ld_par(dst + r, j, eb);
+}
+
 /* The parameters of a tile move as whole 16-byte blocks: [src, src + n eb) is covered by the aligned blocks from
  * src & ~15, landed at dst (16-aligned), so element j sits at dst + (src & 15) + j eb. A page's sections start
  * 16-byte aligned and their sizes are multiples of 16 (kvq_page_offsets), so every covering block lies inside
@@ -45,32 +73,23 @@ typedef struct {
 KVQ_DEV void kvq_stage_par(int fin, float *out, unsigned char *dst, const unsigned char *src, int n, int eb, int tid)
 {
     const int r = (int)((kvq_u64)src & 15), nb = n > 0 ? (r + n * eb + 15) >> 4 : 0;
-    if (!fin) {
 #pragma unroll 1
-        for (int k = tid; k < nb; k += KVQ_THREADS) kvq_cp_async16(dst + 16 * k, src - r + 16 * k);
-        return;
-    }
-    /* the common case, an aligned range (every per-channel page section; per-token ranges from an even slot):
-     * block k is elements [16k / eb, 16k / eb + 16 / eb), one 16-byte load, two (one) 16-byte stores */
-    const int vec = r == 0 && (eb == 2 || eb == 4) && ((kvq_u64)out & 15) == 0;
+    for (int k = tid; k < nb; k += KVQ_THREADS) kvq_par_block(fin, out, dst, src - r, r, n, eb, k);
+}
+
+/* Two ranges of n elements each (a per-token page's scales and zeros) as kvq_stage_par does each, in one pass:
+ * one loop's set-up instead of two, the threads taking the blocks of both. */
+KVQ_DEV void kvq_stage_par2(int fin, float *out0, unsigned char *dst0, const unsigned char *src0, int eb0, float *out1,
+                            unsigned char *dst1, const unsigned char *src1, int eb1, int n, int tid)
+{
+    const int r0 = (int)((kvq_u64)src0 & 15), nb0 = n > 0 ? (r0 + n * eb0 + 15) >> 4 : 0;
+    const int r1 = (int)((kvq_u64)src1 & 15), nb1 = n > 0 ? (r1 + n * eb1 + 15) >> 4 : 0;
 #pragma unroll 1
-    for (int k = tid; k < nb; k += KVQ_THREADS) {
-        if (vec && (k + 1) * (16 / eb) <= n) {
-            const uint4 u = *(const uint4 *)(dst + 16 * k);
-            float4 *o4 = (float4 *)(out + k * (16 / eb));
-            if (eb == 4) {
-                o4[0] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
-                                    __uint_as_float(u.w));
-            } else {
-                const float2 a = kvq_h22f2(kvq_bits_h2(u.x)), c = kvq_h22f2(kvq_bits_h2(u.y));
-                const float2 d = kvq_h22f2(kvq_bits_h2(u.z)), e = kvq_h22f2(kvq_bits_h2(u.w));
-                o4[0] = make_float4(a.x, a.y, c.x, c.y);
-                o4[1] = make_float4(d.x, d.y, e.x, e.y);
-            }
-            continue;
-        }
-        const int j0 = max(0, (16 * k - r + eb - 1) / eb), j1 = min(n, (16 * k + 16 - r + eb - 1) / eb);
-        for (int j = j0; j < j1; j++) out[j] = kvq_ld_par(dst + r, j, eb);
+    for (int k = tid; k < nb0 + nb1; k += KVQ_THREADS) {
+        if (k < nb0)
+            kvq_par_block(fin, out0, dst0, src0 - r0, r0, n, eb0, k);
+        else
+            kvq_par_block(fin, out1, dst1, src1 - r1, r1, n, eb1, k - nb0);
     }
 }
 
@@ -250,10 +269,9 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
         } else {
             const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
             const int e0 = t0 * o.n_groups;
-            kvq_stage_par(fin, sb->s + e0, sb->raw + kvq_al16(e0 * f.sbytes) + 64 * i, b + o.scale + first * f.sbytes,
-                          m * o.n_groups, f.sbytes, tid);
-            kvq_stage_par(fin, sb->z + e0, rz + kvq_al16(e0 * f.zbytes) + 64 * i, b + o.zero + first * f.zbytes,
-                          m * o.n_groups, f.zbytes, tid);
+            kvq_stage_par2(fin, sb->s + e0, sb->raw + kvq_al16(e0 * f.sbytes) + 64 * i, b + o.scale + first * f.sbytes,
+                           f.sbytes, sb->z + e0, rz + kvq_al16(e0 * f.zbytes) + 64 * i, b + o.zero + first * f.zbytes,
+                           f.zbytes, m * o.n_groups, tid);
         }
         if (f.sep) /* channel-separable pages never form runs (kvq_page_run_ok): one page */
             kvq_stage_par(fin, sb->f, rf, b + o.factor + (long long)h * KVQ_D * f.sbytes, KVQ_D, f.sbytes, tid);
