@@ -799,9 +799,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 
 #define KVQ_TILE_KK(T) ((T).kinds & 255)
 #define KVQ_TILE_VK(T) (((T).kinds >> 8) & 255)
-    /* The load pipeline (docs/cuda.md "Load path"): two stages; tile i + 1's copies (codes, parameters, masks,
-     * cp.async) are issued and committed as one group before tile i's math, and tile i waits for all but that
-     * newest group (cp.async.wait_group 1). Prologue: tile t0 into stage 0. */
+    /* The load pipeline (docs/cuda.md "Load path"): two stages; tile i waits for its group (cp.async.wait_group
+     * 0, issued a tile ago), widens its parameters, and after the barrier that publishes them issues tile i + 1's
+     * copies (codes, parameters, masks, cp.async) as one group, in flight during tile i's math. Prologue: tile t0
+     * into stage 0. */
     if (t0 < t1) {
         const kvq_tile T0 = ((const kvq_tile *)st.tiles)[t0];
         kvq_stage_bufs(smem, &g, 0, &kb, &vb);
@@ -809,24 +810,32 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
                        svlo, tid, 0);
     }
     kvq_cp_async_commit();
+    int pvm = 0; /* the previous tile's values took the tensor cores: its phase 3 read its rows and p.V's fragments */
 #pragma unroll 1
     for (int ti = t0; ti < t1; ti++) {
         const kvq_tile T = ((const kvq_tile *)st.tiles)[ti];
         const int kk = KVQ_TILE_KK(T), vk = KVQ_TILE_VK(T);
         const int n = kvq_tile_n(&T, hk), cur = (ti - t0) & 1;
-        __syncthreads(); /* the previous tile's readers are done with the stage the next tile's copies fill */
-        if (ti + 1 < t1) {
-            const kvq_tile T1 = ((const kvq_tile *)st.tiles)[ti + 1];
-            kvq_stage_bufs(smem, &g, cur ^ 1, &kb, &vb);
-            kvq_stage_tile(&T1, KVQ_TILE_KK(T1), KVQ_TILE_VK(T1), kvq_tile_n(&T1, hk), hk, &kb, &vb, skhi, sklo,
-                           svhi, svlo, tid, 0);
-        }
-        kvq_cp_async_commit(); /* possibly empty: "all but the newest group" is then tile ti */
-        kvq_cp_async_wait_group(1);
+        kvq_cp_async_wait_group(0); /* tile ti's copies, the only group in flight (issued a tile ago) */
+        /* the widening below overwrites the parameters and the scores (which share their part) that tile ti - 1's
+         * phases 2 and 3 read on the fp32 path; p.V on tensor cores reads neither, so after such a tile the barrier
+         * that ends the widening is the tile's first */
+        if (!pvm) __syncthreads();
         kvq_stage_bufs(smem, &g, cur, &kb, &vb);
         /* own blocks: parameters to floats */
         kvq_stage_tile(&T, kk, vk, n, hk, &kb, &vb, skhi, sklo, svhi, svlo, tid, 1);
+        /* publishes the floats; every thread is past tile ti - 1, so its stage takes tile ti + 1's copies, in
+         * flight during all of tile ti's math */
         __syncthreads();
+        if (ti + 1 < t1) {
+            const kvq_tile T1 = ((const kvq_tile *)st.tiles)[ti + 1];
+            kvq_stage_buf kb1, vb1; /* kb, vb stay tile ti's */
+            kvq_stage_bufs(smem, &g, cur ^ 1, &kb1, &vb1);
+            kvq_stage_tile(&T1, KVQ_TILE_KK(T1), KVQ_TILE_VK(T1), kvq_tile_n(&T1, hk), hk, &kb1, &vb1, skhi, sklo,
+                           svhi, svlo, tid, 0);
+        }
+        kvq_cp_async_commit(); /* possibly empty */
+        pvm = (vk == KVQ_SRC_HI && (g.mv & 1)) || (vlo.bits && vk == KVQ_SRC_LO && (g.mv & 2));
         const int kchan = (kk == KVQ_SRC_HI && khi.bits < 16 && khi.gran == 0) ||
                           (kk == KVQ_SRC_LO && klo.bits && klo.bits < 16 && klo.gran == 0);
         /* per-channel keys over several pages of a page run (layout/tiles.h): a fold and a bias per page */
