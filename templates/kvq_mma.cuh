@@ -113,12 +113,13 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
 
 /* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes a quarter of the 16-token blocks; each lane ends with
  * the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
- * (-inf for masked slots) and kept in the per-head maxima. A tile over several pages of a page run (kcap > 0, the
+ * (-inf for masked slots); the warp's per-head maxima go to wmax[warp][GQA]. The bias of a page is the sum of
+ * bred's eight partials (kvq_fold_k's per-channel zeros). A tile over several pages of a page run (kcap > 0, the
  * tile's first token at slot s0 of its first page) takes each block's page's fold (qb + page x D GQA words) and
  * bias: a block lies in one page (layout/tiles.h: such a tile begins at a page boundary, pages of 16k tokens). */
 KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned char *mask, int masked,
-                            const unsigned *qb, const float *bias, float qinv, int n, int s0, int kcap, int tid,
-                            int split, float *ps, float mloc[KVQ_GQA], int sw)
+                            const unsigned *qb, const float *bred, float qinv, int n, int s0, int kcap, int tid,
+                            float *ps, float *wmax, int sw)
 {
     const int G = KVQ_GQA, KB = KVQ_D / 16;
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -138,7 +139,7 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
     int pg = 0, off = 0;
     if (kcap > 0) {
         const int s = s0 + warp * per * 16;
-        pg = s / kcap, off = s - pg * kcap;
+        pg = kvq_divmod(s, kcap, &off); /* s0 < kcap: at most tile / 16 */
     }
 #pragma unroll 1
     for (int m0 = warp * per * 16; m0 < bend * 16; m0 += 16) {
@@ -149,7 +150,12 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
                 const uint2 x = qp[kb * 32 + lane];
                 b[kb][0] = x.x, b[kb][1] = x.y;
             }
-            bh = bias[pg * G + (t & (G - 1))];
+            /* the page's bias q . z of head t: the fold's eight partial sums in order (kvq_fold_k), added here
+             * where the fragments reload instead of in a pass of warp 0 and a barrier of its own */
+            float zb = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) zb += bred[(pg * 8 + k) * G + (t & (G - 1))];
+            bh = zb;
             cur = pg;
         }
         const unsigned char *r0 = rows + (m0 + g) * cbpt;
@@ -189,14 +195,11 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
         off += 16; /* pages hold multiples of 16 tokens */
         if (kcap > 0 && off >= kcap) off -= kcap, pg++;
     }
-    /* the block maximum reduces over lanes split apart (the fp32 path's lanes of a token agree already): give
-     * every lane of such a group its quad's maxima */
+    /* the warp's maximum of head t: a lane holds head t's only, so 3 shuffles over the lanes of one t (xor 4, 8,
+     * 16) instead of 5 per head; lane t (< GQA) writes it for the block maximum (wmax[warp][GQA]) */
 #pragma unroll
-    for (int h = 0; h < KVQ_GQA; h++) {
-        float x = h == t ? mx : KVQ_NEG_INF;
-        for (int off = 1; off < split; off <<= 1) x = fmaxf(x, __shfl_xor_sync(KVQ_FULL_MASK, x, off));
-        mloc[h] = fmaxf(mloc[h], x);
-    }
+    for (int off = 4; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(KVQ_FULL_MASK, mx, off));
+    if (lane < G) wmax[warp * G + lane] = mx;
 }
 
 /* ---- p.V: A = 16 channels x 16 tokens of value codes, B = 16 tokens x (4 heads x hi/lo) of weights ---- */

@@ -124,6 +124,28 @@ KVQ_DEV float kvq_factor(float absmax, int f32)
 
 /* ---- cooperative copies into shared memory ---- */
 
+/* a / b (a >= 0, b > 0) and a % b in *r for page capacities b: a shift and a mask when b is a power of two (every
+ * KIVI page: groups of 32, value pages of tiles), else by subtraction where the quotient is small, else a
+ * division. An integer division by a value known only at run time is ~20 instructions, and a tile took five of
+ * them (its first page and page count in each staging pass, the fold's and q.K's pages: ~5 warp-instructions a
+ * token at 4k tokens). */
+KVQ_DEV int kvq_divmod(int a, int b, int *r)
+{
+    if ((b & (b - 1)) == 0) {
+        *r = a & (b - 1);
+        return a >> __popc((unsigned)(b - 1));
+    }
+    int q = 0;
+    if (a < 4 * b) {
+#pragma unroll 1
+        while (a >= b) a -= b, q++;
+    } else {
+        q = a / b, a -= q * b;
+    }
+    *r = a;
+    return q;
+}
+
 /* Copies `bytes` (a multiple of 4) from global src to 16-byte aligned shared dst with cp.async: 16 bytes per
  * request when src is 16-byte aligned, else 8 or 4. The caller commits, waits and syncs. */
 KVQ_DEV void kvq_stage_bytes(unsigned char *dst, const unsigned char *src, int bytes, int tid, int nthreads)
