@@ -887,6 +887,28 @@ KVQ_DEV float kvq_factor(float absmax, int f32)
 
 /* ---- cooperative copies into shared memory ---- */
 
+/* a / b (a >= 0, b > 0) and a % b in *r for page capacities b: a shift and a mask when b is a power of two (every
+ * KIVI page: groups of 32, value pages of tiles), else by subtraction where the quotient is small, else a
+ * division. An integer division by a value known only at run time is ~20 instructions, and a tile took five of
+ * them (its first page and page count in each staging pass, the fold's and q.K's pages: ~5 warp-instructions a
+ * token at 4k tokens). */
+KVQ_DEV int kvq_divmod(int a, int b, int *r)
+{
+    if ((b & (b - 1)) == 0) {
+        *r = a & (b - 1);
+        return a >> __popc((unsigned)(b - 1));
+    }
+    int q = 0;
+    if (a < 4 * b) {
+#pragma unroll 1
+        while (a >= b) a -= b, q++;
+    } else {
+        q = a / b, a -= q * b;
+    }
+    *r = a;
+    return q;
+}
+
 /* Copies `bytes` (a multiple of 4) from global src to 16-byte aligned shared dst with cp.async: 16 bytes per
  * request when src is 16-byte aligned, else 8 or 4. The caller commits, waits and syncs. */
 KVQ_DEV void kvq_stage_bytes(unsigned char *dst, const unsigned char *src, int bytes, int tid, int nthreads)
@@ -2001,12 +2023,13 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
 
 /* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes a quarter of the 16-token blocks; each lane ends with
  * the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
- * (-inf for masked slots) and kept in the per-head maxima. A tile over several pages of a page run (kcap > 0, the
+ * (-inf for masked slots); the warp's per-head maxima go to wmax[warp][GQA]. The bias of a page is the sum of
+ * bred's eight partials (kvq_fold_k's per-channel zeros). A tile over several pages of a page run (kcap > 0, the
  * tile's first token at slot s0 of its first page) takes each block's page's fold (qb + page x D GQA words) and
  * bias: a block lies in one page (layout/tiles.h: such a tile begins at a page boundary, pages of 16k tokens). */
 KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned char *mask, int masked,
-                            const unsigned *qb, const float *bias, float qinv, int n, int s0, int kcap, int tid,
-                            int split, float *ps, float mloc[KVQ_GQA], int sw)
+                            const unsigned *qb, const float *bred, float qinv, int n, int s0, int kcap, int tid,
+                            float *ps, float *wmax, int sw)
 {
     const int G = KVQ_GQA, KB = KVQ_D / 16;
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -2026,7 +2049,7 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
     int pg = 0, off = 0;
     if (kcap > 0) {
         const int s = s0 + warp * per * 16;
-        pg = s / kcap, off = s - pg * kcap;
+        pg = kvq_divmod(s, kcap, &off); /* s0 < kcap: at most tile / 16 */
     }
 #pragma unroll 1
     for (int m0 = warp * per * 16; m0 < bend * 16; m0 += 16) {
@@ -2037,7 +2060,12 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
                 const uint2 x = qp[kb * 32 + lane];
                 b[kb][0] = x.x, b[kb][1] = x.y;
             }
-            bh = bias[pg * G + (t & (G - 1))];
+            /* the page's bias q . z of head t: the fold's eight partial sums in order (kvq_fold_k), added here
+             * where the fragments reload instead of in a pass of warp 0 and a barrier of its own */
+            float zb = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) zb += bred[(pg * 8 + k) * G + (t & (G - 1))];
+            bh = zb;
             cur = pg;
         }
         const unsigned char *r0 = rows + (m0 + g) * cbpt;
@@ -2077,14 +2105,11 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
         off += 16; /* pages hold multiples of 16 tokens */
         if (kcap > 0 && off >= kcap) off -= kcap, pg++;
     }
-    /* the block maximum reduces over lanes split apart (the fp32 path's lanes of a token agree already): give
-     * every lane of such a group its quad's maxima */
+    /* the warp's maximum of head t: a lane holds head t's only, so 3 shuffles over the lanes of one t (xor 4, 8,
+     * 16) instead of 5 per head; lane t (< GQA) writes it for the block maximum (wmax[warp][GQA]) */
 #pragma unroll
-    for (int h = 0; h < KVQ_GQA; h++) {
-        float x = h == t ? mx : KVQ_NEG_INF;
-        for (int off = 1; off < split; off <<= 1) x = fmaxf(x, __shfl_xor_sync(KVQ_FULL_MASK, x, off));
-        mloc[h] = fmaxf(mloc[h], x);
-    }
+    for (int off = 4; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(KVQ_FULL_MASK, mx, off));
+    if (lane < G) wmax[warp * G + lane] = mx;
 }
 
 /* ---- p.V: A = 16 channels x 16 tokens of value codes, B = 16 tokens x (4 heads x hi/lo) of weights ---- */
@@ -2225,6 +2250,34 @@ typedef struct {
     const float *sq;     /* TurboQuant prod keys: the block's sqrt(pi/2)/m S q, [D][GQA] (kvq_turboquant.cuh) */
 } kvq_stage_buf;
 
+/* Block k of kvq_stage_par's range (r = src & 15, src16 = src - r): issue its copy (fin 0) or widen it (fin 1). */
+KVQ_DEV void kvq_par_block(int fin, float *out, unsigned char *dst, const unsigned char *src16, int r, int n, int eb,
+                           int k)
+{
+    if (!fin) {
+        kvq_cp_async16(dst + 16 * k, src16 + 16 * k);
+        return;
+    }
+    /* the common case, an aligned range (every per-channel page section; per-token ranges from an even slot):
+     * block k is elements [16k / eb, 16k / eb + 16 / eb), one 16-byte load, two (one) 16-byte stores */
+    const int vec = r == 0 && (eb == 2 || eb == 4) && ((kvq_u64)out & 15) == 0;
+    if (vec && (k + 1) * (16 / eb) <= n) {
+        const uint4 u = *(const uint4 *)(dst + 16 * k);
+        float4 *o4 = (float4 *)(out + k * (16 / eb));
+        if (eb == 4) {
+            o4[0] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+        } else {
+            const float2 a = kvq_h22f2(kvq_bits_h2(u.x)), c = kvq_h22f2(kvq_bits_h2(u.y));
+            const float2 d = kvq_h22f2(kvq_bits_h2(u.z)), e = kvq_h22f2(kvq_bits_h2(u.w));
+            o4[0] = make_float4(a.x, a.y, c.x, c.y);
+            o4[1] = make_float4(d.x, d.y, e.x, e.y);
+        }
+        return;
+    }
+    const int j0 = max(0, (16 * k - r + eb - 1) / eb), j1 = min(n, (16 * k + 16 - r + eb - 1) / eb);
+    for (int j = j0; j < j1; j++) out[j] = kvq_ld_par(dst + r, j, eb);
+}
+
 /* The parameters of a tile move as whole 16-byte blocks: [src, src + n eb) is covered by the aligned blocks from
  * src & ~15, landed at dst (16-aligned), so element j sits at dst + (src & 15) + j eb. A page's sections start
  * 16-byte aligned and their sizes are multiples of 16 (kvq_page_offsets), so every covering block lies inside
@@ -2234,32 +2287,23 @@ typedef struct {
 KVQ_DEV void kvq_stage_par(int fin, float *out, unsigned char *dst, const unsigned char *src, int n, int eb, int tid)
 {
     const int r = (int)((kvq_u64)src & 15), nb = n > 0 ? (r + n * eb + 15) >> 4 : 0;
-    if (!fin) {
 #pragma unroll 1
-        for (int k = tid; k < nb; k += KVQ_THREADS) kvq_cp_async16(dst + 16 * k, src - r + 16 * k);
-        return;
-    }
-    /* the common case, an aligned range (every per-channel page section; per-token ranges from an even slot):
-     * block k is elements [16k / eb, 16k / eb + 16 / eb), one 16-byte load, two (one) 16-byte stores */
-    const int vec = r == 0 && (eb == 2 || eb == 4) && ((kvq_u64)out & 15) == 0;
+    for (int k = tid; k < nb; k += KVQ_THREADS) kvq_par_block(fin, out, dst, src - r, r, n, eb, k);
+}
+
+/* Two ranges of n elements each (a per-token page's scales and zeros) as kvq_stage_par does each, in one pass:
+ * one loop's set-up instead of two, the threads taking the blocks of both. */
+KVQ_DEV void kvq_stage_par2(int fin, float *out0, unsigned char *dst0, const unsigned char *src0, int eb0, float *out1,
+                            unsigned char *dst1, const unsigned char *src1, int eb1, int n, int tid)
+{
+    const int r0 = (int)((kvq_u64)src0 & 15), nb0 = n > 0 ? (r0 + n * eb0 + 15) >> 4 : 0;
+    const int r1 = (int)((kvq_u64)src1 & 15), nb1 = n > 0 ? (r1 + n * eb1 + 15) >> 4 : 0;
 #pragma unroll 1
-    for (int k = tid; k < nb; k += KVQ_THREADS) {
-        if (vec && (k + 1) * (16 / eb) <= n) {
-            const uint4 u = *(const uint4 *)(dst + 16 * k);
-            float4 *o4 = (float4 *)(out + k * (16 / eb));
-            if (eb == 4) {
-                o4[0] = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
-                                    __uint_as_float(u.w));
-            } else {
-                const float2 a = kvq_h22f2(kvq_bits_h2(u.x)), c = kvq_h22f2(kvq_bits_h2(u.y));
-                const float2 d = kvq_h22f2(kvq_bits_h2(u.z)), e = kvq_h22f2(kvq_bits_h2(u.w));
-                o4[0] = make_float4(a.x, a.y, c.x, c.y);
-                o4[1] = make_float4(d.x, d.y, e.x, e.y);
-            }
-            continue;
-        }
-        const int j0 = max(0, (16 * k - r + eb - 1) / eb), j1 = min(n, (16 * k + 16 - r + eb - 1) / eb);
-        for (int j = j0; j < j1; j++) out[j] = kvq_ld_par(dst + r, j, eb);
+    for (int k = tid; k < nb0 + nb1; k += KVQ_THREADS) {
+        if (k < nb0)
+            kvq_par_block(fin, out0, dst0, src0 - r0, r0, n, eb0, k);
+        else
+            kvq_par_block(fin, out1, dst1, src1 - r1, r1, n, eb1, k - nb0);
     }
 }
 
@@ -2309,6 +2353,38 @@ KVQ_DEV void kvq_stage_rows(unsigned char *rows, int t0, int R, const unsigned c
 #pragma unroll 1
         for (int i = tid; i < n16; i += KVQ_THREADS)
             kvq_cp_async16(rows + kvq_row_byte(t0 + i / C, R, 16 * (i % C), 1), src + 16 * i);
+    }
+}
+
+/* Whether kvq_stage_run_rows can stage rows of R bytes from src (a page's codes of a kv head, pages `stride` bytes
+ * apart): swizzled rows whose 16-byte chunks a step of THREADS chunks advances by whole 8-row periods, 16-byte
+ * aligned sources. */
+KVQ_DEV int kvq_run_rows_ok(int R, const unsigned char *src, long long stride)
+{
+    return kvq_row_swz_ok(R) && KVQ_THREADS % (8 * (R >> 4)) == 0 && (((kvq_u64)src | (kvq_u64)stride) & 15) == 0;
+}
+
+/* Rows of tokens [0, n) of a tile whose token t sits at slot s0 + t of a page run (page (s0 + t) / cap at `stride`
+ * bytes a page, slot (s0 + t) % cap; one page when the tile stays in it), src = the kv head's row 0 of the first
+ * page, into the tile's swizzled rows (kvq_stage_rows). One pass over the tile's chunks for all its pages, with
+ * no set-up a page: a thread's destination advances by 16 THREADS bytes (whole 8-row periods of the swizzle),
+ * its source by THREADS / C rows: a fixed number of whole pages and slots, and one page more when the slot passes the
+ * capacity (kvq_divmod once a call, no test a page). Needs kvq_run_rows_ok. */
+KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char *src, long long stride, int s0,
+                                int cap, int n, int tid)
+{
+    const int C = R >> 4, c = tid % C;
+    int ds, sl;
+    const int dp = kvq_divmod(KVQ_THREADS / C, cap, &ds); /* a step: dp pages and ds slots */
+    const int pg = kvq_divmod(s0 + tid / C, cap, &sl);
+    const long long jump = (long long)ds * R + dp * stride, wrap = stride - (long long)cap * R;
+    const unsigned char *s = src + 16 * c + pg * stride + (long long)sl * R;
+    unsigned char *d = rows + kvq_row_byte(tid / C, R, 16 * c, 1);
+#pragma unroll 1
+    for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS) {
+        kvq_cp_async16(d, s);
+        sl += ds, s += jump;
+        if (sl >= cap) sl -= cap, s += wrap; /* ds < cap: at most one more page */
     }
 }
 
@@ -2375,17 +2451,25 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
 #endif
     kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
     const long long stride = kvq_page_stride(o.total);
-    const int pg0 = slot / cap, s0 = slot - pg0 * cap, np = n > 0 ? (s0 + n + cap - 1) / cap : 1;
+    int s0, np = 1, rn;
+    const int pg0 = kvq_divmod(slot, cap, &s0);
+    if (n > 0) np = kvq_divmod(s0 + n + cap - 1, cap, &rn);
     unsigned char *rz = sb->raw + sb->raws, *rf = sb->raw + 2 * sb->raws, *rm = rf + sb->rawf;
     b += pg0 * stride;
     /* per-channel parameters of fp16 or fp32 scales and zeros: all pages in one pass */
     const int chan1 = f.bits < 16 && f.gran == 0 && (f.sbytes == 2 || f.sbytes == 4) &&
                       (f.zbytes == 2 || f.zbytes == 4) && KVQ_D % 8 == 0;
     if (chan1) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, fin);
+    /* the codes of all the tile's pages in one pass where the rows allow (every KIVI page) */
+    const unsigned char *c0 = b + o.codes + (long long)h * cap * o.cbpt;
+    const int run = !fin && kvq_run_rows_ok(o.cbpt, c0, stride);
+    if (run) kvq_stage_run_rows(sb->rows, o.cbpt, c0, stride, s0, cap, n, tid);
+    /* nothing left a page: rows staged, per-channel parameters of all pages staged, no factors or mask bits */
+    if ((run || fin) && (f.bits >= 16 || (chan1 && !f.sep && !f.masked))) return;
 #pragma unroll 1
     for (int i = 0; i < np; i++, b += stride) {
         const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
-        if (!fin)
+        if (!fin && !run)
             kvq_stage_rows(sb->rows, t0, o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m, tid, 1);
         if (f.bits >= 16) continue;
         if (f.gran == 0) {
@@ -2399,10 +2483,9 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
         } else {
             const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
             const int e0 = t0 * o.n_groups;
-            kvq_stage_par(fin, sb->s + e0, sb->raw + kvq_al16(e0 * f.sbytes) + 64 * i, b + o.scale + first * f.sbytes,
-                          m * o.n_groups, f.sbytes, tid);
-            kvq_stage_par(fin, sb->z + e0, rz + kvq_al16(e0 * f.zbytes) + 64 * i, b + o.zero + first * f.zbytes,
-                          m * o.n_groups, f.zbytes, tid);
+            kvq_stage_par2(fin, sb->s + e0, sb->raw + kvq_al16(e0 * f.sbytes) + 64 * i, b + o.scale + first * f.sbytes,
+                           f.sbytes, sb->z + e0, rz + kvq_al16(e0 * f.zbytes) + 64 * i, b + o.zero + first * f.zbytes,
+                           f.zbytes, m * o.n_groups, tid);
         }
         if (f.sep) /* channel-separable pages never form runs (kvq_page_run_ok): one page */
             kvq_stage_par(fin, sb->f, rf, b + o.factor + (long long)h * KVQ_D * f.sbytes, KVQ_D, f.sbytes, tid);
@@ -2629,6 +2712,17 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
             mloc[h] = fmaxf(mloc[h], x);
             if (part == 0 && live) ps[t * G + h] = x;
         }
+    }
+}
+
+/* The warp's maxima per head of phase 1's lanes (the split lanes of a token agree already) to wmax[warp][GQA]. */
+KVQ_DEV void kvq_warp_max(float mloc[KVQ_GQA], int split, int tid, float *wmax)
+{
+#pragma unroll
+    for (int h = 0; h < KVQ_GQA; h++) {
+        for (int off = 16; off >= split; off >>= 1)
+            mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(KVQ_FULL_MASK, mloc[h], off));
+        if ((tid & 31) == 0) wmax[(tid >> 5) * KVQ_GQA + h] = mloc[h];
     }
 }
 
@@ -2919,9 +3013,10 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 
 #define KVQ_TILE_KK(T) ((T).kinds & 255)
 #define KVQ_TILE_VK(T) (((T).kinds >> 8) & 255)
-    /* The load pipeline (docs/cuda.md "Load path"): two stages; tile i + 1's copies (codes, parameters, masks,
-     * cp.async) are issued and committed as one group before tile i's math, and tile i waits for all but that
-     * newest group (cp.async.wait_group 1). Prologue: tile t0 into stage 0. */
+    /* The load pipeline (docs/cuda.md "Load path"): two stages; tile i waits for its group (cp.async.wait_group
+     * 0, issued a tile ago), widens its parameters, and after the barrier that publishes them issues tile i + 1's
+     * copies (codes, parameters, masks, cp.async) as one group, in flight during tile i's math. Prologue: tile t0
+     * into stage 0. */
     if (t0 < t1) {
         const kvq_tile T0 = ((const kvq_tile *)st.tiles)[t0];
         kvq_stage_bufs(smem, &g, 0, &kb, &vb);
@@ -2929,60 +3024,86 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
                        svlo, tid, 0);
     }
     kvq_cp_async_commit();
+    int pvm = 0; /* the previous tile's values took the tensor cores: its phase 3 read its rows and p.V's fragments */
 #pragma unroll 1
     for (int ti = t0; ti < t1; ti++) {
         const kvq_tile T = ((const kvq_tile *)st.tiles)[ti];
         const int kk = KVQ_TILE_KK(T), vk = KVQ_TILE_VK(T);
         const int n = kvq_tile_n(&T, hk), cur = (ti - t0) & 1;
-        __syncthreads(); /* the previous tile's readers are done with the stage the next tile's copies fill */
-        if (ti + 1 < t1) {
-            const kvq_tile T1 = ((const kvq_tile *)st.tiles)[ti + 1];
-            kvq_stage_bufs(smem, &g, cur ^ 1, &kb, &vb);
-            kvq_stage_tile(&T1, KVQ_TILE_KK(T1), KVQ_TILE_VK(T1), kvq_tile_n(&T1, hk), hk, &kb, &vb, skhi, sklo,
-                           svhi, svlo, tid, 0);
-        }
-        kvq_cp_async_commit(); /* possibly empty: "all but the newest group" is then tile ti */
-        kvq_cp_async_wait_group(1);
+        kvq_cp_async_wait_group(0); /* tile ti's copies, the only group in flight (issued a tile ago) */
+        /* the widening below overwrites the parameters and the scores (which share their part) that tile ti - 1's
+         * phases 2 and 3 read on the fp32 path; p.V on tensor cores reads neither, so after such a tile the barrier
+         * that ends the widening is the tile's first */
+        if (!pvm) __syncthreads();
         kvq_stage_bufs(smem, &g, cur, &kb, &vb);
         /* own blocks: parameters to floats */
         kvq_stage_tile(&T, kk, vk, n, hk, &kb, &vb, skhi, sklo, svhi, svlo, tid, 1);
+        /* publishes the floats; every thread is past tile ti - 1, so its stage takes tile ti + 1's copies, in
+         * flight during all of tile ti's math */
         __syncthreads();
+        if (ti + 1 < t1) {
+            const kvq_tile T1 = ((const kvq_tile *)st.tiles)[ti + 1];
+            kvq_stage_buf kb1, vb1; /* kb, vb stay tile ti's */
+            kvq_stage_bufs(smem, &g, cur ^ 1, &kb1, &vb1);
+            kvq_stage_tile(&T1, KVQ_TILE_KK(T1), KVQ_TILE_VK(T1), kvq_tile_n(&T1, hk), hk, &kb1, &vb1, skhi, sklo,
+                           svhi, svlo, tid, 0);
+        }
+        kvq_cp_async_commit(); /* possibly empty */
+        pvm = (vk == KVQ_SRC_HI && (g.mv & 1)) || (vlo.bits && vk == KVQ_SRC_LO && (g.mv & 2));
         const int kchan = (kk == KVQ_SRC_HI && khi.bits < 16 && khi.gran == 0) ||
                           (kk == KVQ_SRC_LO && klo.bits && klo.bits < 16 && klo.gran == 0);
         /* per-channel keys over several pages of a page run (layout/tiles.h): a fold and a bias per page */
-        const int ks0 = kchan ? T.k_slot % T.k_cap : 0, kcap = kchan && g.kpages > 1 ? T.k_cap : 0;
-        const int knp = kcap && n > 0 ? (ks0 + n + kcap - 1) / kcap : 1;
+        int ks0 = 0, knp = 1, krn;
+        const int kcap = kchan && g.kpages > 1 ? T.k_cap : 0;
+        if (kchan) kvq_divmod(T.k_slot, T.k_cap, &ks0);
+        if (kcap && n > 0) knp = kvq_divmod(ks0 + n + kcap - 1, kcap, &krn);
+        /* q.K on tensor cores (the kind's M_ in KVQ_BY_KIND): kvq_scores_mma adds the bias partials itself */
+        const int kmma = (kk == KVQ_SRC_HI && (g.mk & 1)) || (klo.bits && kk == KVQ_SRC_LO && (g.mk & 2));
         KVQ_BY_KIND(kk, khi, klo, g.mk, ksw, kvq_fold_k(F_, M_, qscale, &kb, qs, qk, qsum, bred, knp, tid));
         __syncthreads();
-        if (kchan) /* q . z per (page, head), the eight partial sums in order */
+        if (kchan && !kmma) { /* q . z per (page, head), the eight partial sums in order */
             for (int i = tid; i < knp * G; i += KVQ_THREADS) {
                 const int pg = i / G, h = i % G;
                 float acc = 0.0f;
                 for (int k = 0; k < 8; k++) acc += bred[(pg * 8 + k) * G + h];
                 qsum[(D / 8) * G + i] = acc;
             }
-        __syncthreads();
+            __syncthreads();
+        }
 
-        /* phase 1: scores, then the tile's maximum per head over the block */
+        /* phase 1: scores, then the tile's maximum per head over the block (each warp's in wmax) */
         float mloc[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) mloc[h] = KVQ_NEG_INF;
         KVQ_BY_KIND(kk, khi, klo, g.mk, ksw,
-                    if (M_) kvq_scores_mma(F_.bits, kb.rows, kb.mask, F_.masked, (const unsigned *)qk,
-                                           qsum + (D / 8) * G, qinv, n, ks0, kcap, tid, g.split, ps, mloc, S_);
-                    else kvq_scores(F_, &kb, qs, qk, qsum, n, ks0, kcap, tid, g.split, g.p1, ps, mloc, S_));
-#pragma unroll
-        for (int h = 0; h < KVQ_GQA; h++) {
-            for (int off = 16; off >= g.split; off >>= 1)
-                mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(KVQ_FULL_MASK, mloc[h], off));
-            if ((tid & 31) == 0) wmax[(tid >> 5) * G + h] = mloc[h];
-        }
+                    if (M_) kvq_scores_mma(F_.bits, kb.rows, kb.mask, F_.masked, (const unsigned *)qk, bred, qinv,
+                                           n, ks0, kcap, tid, ps, wmax, S_);
+                    else {
+                        kvq_scores(F_, &kb, qs, qk, qsum, n, ks0, kcap, tid, g.split, g.p1, ps, mloc, S_);
+                        kvq_warp_max(mloc, g.split, tid, wmax);
+                    });
         __syncthreads();
+        /* the warps' maxima, in warp order per head: a warp's GQA values in 16-byte loads (red is 16-byte
+         * aligned, plan.c) */
+        float wm[KVQ_GQA];
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) wm[h] = m[h];
+        for (int w = 0; w < NW; w++) {
+            if (KVQ_GQA % 4 == 0)
+#pragma unroll
+                for (int h = 0; h < KVQ_GQA; h += 4) {
+                    const float4 x = *(const float4 *)(wmax + w * G + h);
+                    wm[h] = fmaxf(wm[h], x.x), wm[h + 1] = fmaxf(wm[h + 1], x.y);
+                    wm[h + 2] = fmaxf(wm[h + 2], x.z), wm[h + 3] = fmaxf(wm[h + 3], x.w);
+                }
+            else
+#pragma unroll
+                for (int h = 0; h < KVQ_GQA; h++) wm[h] = fmaxf(wm[h], wmax[w * G + h]);
+        }
         float a[KVQ_GQA];
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) {
-            float mx = m[h];
-            for (int w = 0; w < NW; w++) mx = fmaxf(mx, wmax[w * G + h]);
+            const float mx = wm[h];
             a[h] = mx == KVQ_NEG_INF ? 1.0f : kvq_ex2(m[h] - mx);
             m[h] = mx;
             dl[h] *= a[h];
@@ -3027,17 +3148,24 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #undef KVQ_TILE_KK
 #undef KVQ_TILE_VK
     /* End of the chunk: o summed over the TZ token lanes and d over the phase-1 lanes, in a fixed order,
-     * through the stages' buffers (scratch [TZ][GQA][D] then [P1][GQA] from 0; every copy has landed). */
+     * through the stages' buffers (scratch [TZ][GQA][D] then [warps][GQA] from 0; every copy has landed). d: a
+     * warp's lanes by shuffles (lanes that are not a token's part 0 hold 0), then the warps' sums in order; it
+     * was [P1][GQA] summed serially by every output thread, 128 loads and adds a head. */
     float *so = (float *)smem, *dred = so + KVQ_TZ * G * D;
-    __syncthreads();
-    if (part == 0)
 #pragma unroll
-        for (int h = 0; h < KVQ_GQA; h++) dred[lane1 * G + h] = dl[h];
+    for (int h = 0; h < KVQ_GQA; h++)
+        for (int off = 16; off > 0; off >>= 1) dl[h] += __shfl_xor_sync(KVQ_FULL_MASK, dl[h], off);
+    __syncthreads();
+    if ((tid & 31) == 0)
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) dred[(tid >> 5) * G + h] = dl[h];
     if (act)
 #pragma unroll
-        for (int i = 0; i < KVQ_HPT; i++)
-#pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) so[(tz * G + hl0 + i) * D + c0 + v] = o[i][v];
+        for (int i = 0; i < KVQ_HPT; i++) {
+            float4 *d4 = (float4 *)(so + (tz * G + hl0 + i) * D + c0); /* c0 = 8 tx: 32-byte aligned */
+            d4[0] = make_float4(o[i][0], o[i][1], o[i][2], o[i][3]);
+            d4[1] = make_float4(o[i][4], o[i][5], o[i][6], o[i][7]);
+        }
     if (tid < G && t1 <= t0) sm[tid] = KVQ_NEG_INF; /* an empty sequence: no tile ran */
     __syncthreads();
     if (g.mv) {
@@ -3073,13 +3201,15 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     for (int i = 0; i < KVQ_HPT; i++) {
         const int hl = hl0 + i, head = hk * G + hl;
         float dd = 0.0f;
-        for (int l = 0; l < g.p1; l++) dd += dred[l * G + hl];
+        for (int w = 0; w < NW; w++) dd += dred[w * G + hl];
         float acc[KVQ_VEC];
 #pragma unroll
         for (int v = 0; v < KVQ_VEC; v++) acc[v] = 0.0f;
-        for (int z = 0; z < KVQ_TZ; z++)
-#pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) acc[v] += so[(z * G + hl) * D + c0 + v];
+        for (int z = 0; z < KVQ_TZ; z++) {
+            const float4 *s4 = (const float4 *)(so + (z * G + hl) * D + c0), x = s4[0], y = s4[1];
+            acc[0] += x.x, acc[1] += x.y, acc[2] += x.z, acc[3] += x.w;
+            acc[4] += y.x, acc[5] += y.y, acc[6] += y.z, acc[7] += y.w;
+        }
         const float mh = sm[hl];
         const float inv = dd > 0.0f ? __fdividef(1.0f, dd) : 0.0f; /* d >= 1: the max term is 1 */
         const float lse = dd > 0.0f ? mh + log2f(dd) : KVQ_NEG_INF;
