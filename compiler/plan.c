@@ -430,14 +430,20 @@ int plan_smem_per_sm(int sm)
     return 64 * 1024;
 }
 
-int plan_decode_ctas_per_sm(const kvq_plan *p, const plan_class *c, int sm, int regs)
+int plan_ctas_per_sm(int sm, int threads, size_t smem, int regs)
 {
-    const int warps = (p->threads + 31) / 32, per_warp = ((regs * 32 + 255) / 256) * 256;
+    if (threads <= 0) return 0;
+    const int warps = (threads + 31) / 32, per_warp = ((regs * 32 + 255) / 256) * 256;
     int n = 32;
     if (per_warp && 65536 / (per_warp * warps) < n) n = 65536 / (per_warp * warps);
-    if (plan_smem_per_sm(sm) / (c->smem + 1024) < n) n = plan_smem_per_sm(sm) / (c->smem + 1024);
-    if (2048 / p->threads < n) n = 2048 / p->threads;
+    if ((size_t)plan_smem_per_sm(sm) / (smem + 1024) < (size_t)n) n = (int)((size_t)plan_smem_per_sm(sm) / (smem + 1024));
+    if (2048 / threads < n) n = 2048 / threads;
     return n;
+}
+
+int plan_decode_ctas_per_sm(const kvq_plan *p, const plan_class *c, int sm, int regs)
+{
+    return plan_ctas_per_sm(sm, p->threads, (size_t)c->smem, regs);
 }
 
 double plan_decode_tile_bytes(const kvq_plan *p, const plan_class *c, double tile_tokens)

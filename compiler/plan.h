@@ -142,8 +142,12 @@ int plan_decode_min_blocks(const kvq_plan *p, const plan_class *c);
 int plan_smem_optin(int sm);
 /* Shared memory per SM of sm (bytes; a CTA also takes 1 KiB of it). */
 int plan_smem_per_sm(int sm);
-/* Decode CTAs per SM of class c on sm at `regs` registers a thread: the least of what registers (in units of 256
- * a warp), shared memory (1 KiB reserved a CTA), 2048 threads and 32 CTAs allow. */
+/* CTAs per SM of a kernel of `threads` threads a CTA, `smem` bytes of shared memory a CTA (static and dynamic) and
+ * `regs` registers a thread (0: not known, not limiting) on sm, as the GPU's occupancy API answers: the least of
+ * what registers (in units of 256 a warp), shared memory (1 KiB reserved a CTA), 2048 threads and 32 CTAs allow.
+ * The plan's figures below and the emulator's occupancy (runtime/cuda/cu_emu.c) both use it. */
+int plan_ctas_per_sm(int sm, int threads, size_t smem, int regs);
+/* plan_ctas_per_sm of class c's decode kernel at `regs` registers a thread. */
 int plan_decode_ctas_per_sm(const kvq_plan *p, const plan_class *c, int sm, int regs);
 /* Cache bytes one decode tile of tile_tokens body tokens moves (codes, parameters, masks of K and V). */
 double plan_decode_tile_bytes(const kvq_plan *p, const plan_class *c, double tile_tokens);

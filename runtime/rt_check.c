@@ -26,17 +26,20 @@ static kvq_status refuse(kvq_engine *e, const char *fn, int item, int layer, con
                     fn, item, item, layer, tensor, head, h, token, c, (double)x, why);
 }
 
-kvq_status rt_check_kv(kvq_engine *e, const char *fn, int item, int layer, const char *tensor, const float *x,
-                       int n_tokens, int pos0)
+/* K or V rows [kv_heads][n_tokens][D], fp32 (x32) or fp16 bits (x16): the first element the cache cannot hold. An
+ * fp16 element can only be non-finite (exponent all ones); every finite one fits. */
+static kvq_status check_kv(kvq_engine *e, const char *fn, int item, int layer, const char *tensor, const float *x32,
+                           const uint16_t *x16, int n_tokens, int pos0)
 {
     const kvq_dims *d = &e->cfg.dims;
     size_t D = (size_t)d->head_dim, n = (size_t)n_tokens;
     for (int h = 0; h < d->kv_heads; h++)
         for (size_t t = 0; t < n; t++) {
-            const float *row = x + ((size_t)h * n + t) * D;
+            size_t row = ((size_t)h * n + t) * D;
             for (size_t c = 0; c < D; c++) {
-                float v = row[c];
-                if (fabsf(v) <= RT_KV_MAX) continue; /* false for NaN too */
+                if (x16 ? (x16[row + c] & 0x7c00u) != 0x7c00u : fabsf(x32[row + c]) <= RT_KV_MAX)
+                    continue; /* the fp32 test is false for NaN too */
+                float v = x16 ? kvq_f32_from_f16(x16[row + c]) : x32[row + c];
                 return refuse(e, fn, item, layer, tensor, "kv head", h, pos0 + (int)t, (int)c, v,
                               isnan(v) || isinf(v) ? "is not finite"
                                                    : "is beyond fp16's range (|x| <= 65504; the cache stores fp16)");
@@ -45,21 +48,16 @@ kvq_status rt_check_kv(kvq_engine *e, const char *fn, int item, int layer, const
     return KVQ_OK;
 }
 
+kvq_status rt_check_kv(kvq_engine *e, const char *fn, int item, int layer, const char *tensor, const float *x,
+                       int n_tokens, int pos0)
+{
+    return check_kv(e, fn, item, layer, tensor, x, NULL, n_tokens, pos0);
+}
+
 kvq_status rt_check_kv16(kvq_engine *e, const char *fn, int item, int layer, const char *tensor, const uint16_t *x,
                          int n_tokens, int pos0)
 {
-    const kvq_dims *d = &e->cfg.dims;
-    size_t D = (size_t)d->head_dim, n = (size_t)n_tokens;
-    for (int h = 0; h < d->kv_heads; h++)
-        for (size_t t = 0; t < n; t++) {
-            const uint16_t *row = x + ((size_t)h * n + t) * D;
-            for (size_t c = 0; c < D; c++) {
-                if ((row[c] & 0x7c00u) != 0x7c00u) continue; /* exponent all ones: inf or NaN */
-                return refuse(e, fn, item, layer, tensor, "kv head", h, pos0 + (int)t, (int)c,
-                              kvq_f32_from_f16(row[c]), "is not finite");
-            }
-        }
-    return KVQ_OK;
+    return check_kv(e, fn, item, layer, tensor, NULL, x, n_tokens, pos0);
 }
 
 kvq_status rt_check_q(kvq_engine *e, const char *fn, int item, int layer, const float *q, int n_tokens, int pos0)

@@ -342,20 +342,8 @@ const char *cu_module_origin(const cu_module *m) { return m->origin; }
 int cu_dev_occupancy(cu_dev *d, cu_module *m, const char *kernel, int threads, size_t smem)
 {
     if (threads <= 0) return 0;
-    if (d->kind == CU_DEV_GPU) return cu_driver_occupancy(m, kernel, threads, smem);
-    /* $KVQ_EMU_OCCUPANCY ("kernel:ctas,..."): what the GPU's occupancy API answers for the kernel, registers
-     * included (kvqc build's cost model sets it from ptxas's registers, so that the split is the GPU's) */
-    const char *occ = getenv("KVQ_EMU_OCCUPANCY");
-    for (const char *o = occ; o && *o;) {
-        const char *colon = strchr(o, ':'), *comma = strchr(o, ',');
-        if (!colon || (comma && comma < colon)) break;
-        if ((size_t)(colon - o) == strlen(kernel) && !strncmp(o, kernel, strlen(kernel)) && atoi(colon + 1) > 0)
-            return atoi(colon + 1);
-        o = comma ? comma + 1 : NULL;
-    }
-    int by_threads = 2048 / threads, by_smem = smem ? (int)((227u * 1024u) / smem) : 32;
-    int b = by_threads < by_smem ? by_threads : by_smem;
-    return b > 32 ? 32 : b;
+    return d->kind == CU_DEV_GPU ? cu_driver_occupancy(m, kernel, threads, smem)
+                                 : cu_emu_occupancy(m, kernel, threads, smem);
 }
 
 kvq_status cu_dev_launch_smem(cu_dev *d, cu_module *m, const char *kernel, const unsigned grid[3],

@@ -115,6 +115,10 @@ void cu_dev_leave(cu_dev *d, const cu_ctx_scope *s);
  * occupancy API on a GPU; on the emulator, sm_90's limits (2048 threads, 227 KiB, 32 blocks). 0 when unknown. */
 int cu_dev_occupancy(cu_dev *d, cu_module *m, const char *kernel, int threads, size_t smem);
 int cu_driver_occupancy(cu_module *m, const char *kernel, int threads, size_t smem);
+/* The emulator's answer: the GPU's rule (plan_ctas_per_sm) for the emulated arch, with ptxas's registers and static
+ * shared memory where the module has them (not under $KVQ_EMU_RESOURCES=0 or without NVRTC: then shared memory
+ * and threads alone). */
+int cu_emu_occupancy(cu_module *m, const char *kernel, int threads, size_t smem);
 
 /* Test hook: after cu_dev_fail_after(n), the n-th following device call (allocation, copy, memset or launch;
  * 1-based) fails with KVQ_ERR_INTERNAL without doing anything, once; 0 disarms it. cu_dev_failures() counts the

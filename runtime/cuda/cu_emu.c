@@ -21,6 +21,7 @@
 #include "cu_dev.h"
 #include "emit_cuda.h"
 #include "emu/emu.h"
+#include "plan.h"
 
 extern char **environ;
 
@@ -596,6 +597,14 @@ static void emu_close(cu_dev *d)
 {
     if (emu_current == ((const emu_dev *)d->impl)->ctx) emu_current = 0;
     kvq_free(d->impl);
+}
+
+int cu_emu_occupancy(cu_module *m, const char *kernel, int threads, size_t smem)
+{
+    const emu_dev *e = m->dev->impl;
+    const emu_fn *f = find_fn(m->impl, kernel);
+    const int sm = atoi(e->target + 3); /* "sm_90" */
+    return plan_ctas_per_sm(sm, threads, smem + (f ? f->a.static_smem : 0), f ? (int)f->a.regs : 0);
 }
 
 static const cu_dev_ops emu_ops = {

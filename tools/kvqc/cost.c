@@ -586,21 +586,6 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
         setenv("KVQ_EMU_PROFILE_KERNELS", "kvq_decode_c,kvq_merge", 1);
         setenv("KVQ_EMU_SANITIZE", "0", 1);
         if (!a->every_block) setenv("KVQ_EMU_SAMPLE", "kvq_decode_c:xz,kvq_merge:xy", 1);
-        /* the GPU's CTAs an SM (registers from ptxas, shared memory, threads: what its occupancy API answers), so
-         * that the split is the GPU's: the emulator alone answers by shared memory and threads (KIVI-2 at 45,232
-         * bytes: 5 an SM where 128 registers allow 4, so 67 chunks where the H200 ran 53) */
-        char occ[512] = "";
-        for (int k = 0; k < p->n_classes; k++) {
-            char fn[64];
-            snprintf(fn, sizeof fn, "kvq_decode_c%d", k);
-            int regs = 0;
-            for (int i = 0; i < c.n_res; i++)
-                if (!strcmp(c.res[i].name, fn)) regs = c.res[i].regs;
-            const int ctas = regs > 0 ? plan_decode_ctas_per_sm(p, &p->cls[k], sm, regs) : 0;
-            if (ctas > 0 && strlen(occ) + 40 < sizeof occ)
-                snprintf(occ + strlen(occ), sizeof occ - strlen(occ), "%s%s:%d", *occ ? "," : "", fn, ctas);
-        }
-        setenv("KVQ_EMU_OCCUPANCY", occ, 1);
         int st = run_step(sch, p, a->batch, a->tokens, a->every_block, msg, sizeof msg);
         unsetenv("KVQ_EMU_PROFILE");
         unsetenv("KVQ_EMU_SMS");
@@ -608,7 +593,6 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
         unsetenv("KVQ_EMU_PROFILE_KERNELS");
         unsetenv("KVQ_EMU_SANITIZE");
         unsetenv("KVQ_EMU_SAMPLE");
-        unsetenv("KVQ_EMU_OCCUPANCY");
         if (st != 0) {
             fprintf(stderr, "kvqc build: cost model: emulated step: %s\n", msg);
             goto done;
