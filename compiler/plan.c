@@ -552,6 +552,17 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
         }
         p->decode_minb = (int)v;
     }
+    /* tuning knob: the quantized classes' decode tile (tokens), for timing 256-token tiles against the default */
+    const char *tile = getenv("KVQ_DECODE_TILE");
+    if (tile && *tile) {
+        char *end = NULL;
+        long v = strtol(tile, &end, 10);
+        if (*end || !(v == 0 || v == 32 || v == 64 || v == 128 || v == 256)) {
+            snprintf(msg, n, "plan: KVQ_DECODE_TILE='%s' is not 0 or a decode tile of 32, 64, 128 or 256 tokens", tile);
+            return KVQ_ERR_INVALID;
+        }
+        p->decode_tile = (int)v;
+    }
     choose_mapping(p);
 
     const kvq_layer_cfg *seen[PLAN_MAX_CLASSES];
@@ -582,6 +593,10 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
             const int f16pages = !pc->quant || pc->sparse || (pc->k_hi.bits >= 16 && pc->v_hi.bits >= 16);
             int tile = 32;
             while (tile < 128 && (f16pages ? PLAN_DECODE_STAGES : 1) * 2 * tile * row <= 32768) tile *= 2;
+            /* $KVQ_DECODE_TILE (p->decode_tile) for the classes whose pages hold codes; their fp16 rows (windows,
+             * sinks) keep as many tokens as fit the stage (plan_tile_tokens), and the shared memory is checked
+             * against the arch like any plan's (plan_check_target) */
+            if (p->decode_tile > 0 && !f16pages) tile = p->decode_tile;
             pc->tile = tile;
             tile_mapping(p, pc);
             p->any_sparse |= pc->sparse;

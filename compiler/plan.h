@@ -102,6 +102,9 @@ typedef struct kvq_plan {
      * 0 = the plan's choice (plan_decode_min_blocks); plan_build takes it from $KVQ_DECODE_MINB (docs/cuda.md,
      * "Tuning knobs"). */
     int decode_minb;
+    /* Tuning knob: the decode tile (tokens) of every class whose pages hold codes, 0 = the plan's choice (128 for
+     * KIVI); plan_build takes it from $KVQ_DECODE_TILE (32, 64, 128 or 256; docs/cuda.md, "Tuning knobs"). */
+    int decode_tile;
 } kvq_plan;
 
 /* Builds the plan of `scheme` for `dims` (layers, heads, kv_heads, head_dim all > 0) with inputs of

@@ -30,8 +30,9 @@
  *                    [--ctx 4k,32k | --max-k 32] [--hbm-mib 1024 (0: not measured)] [--bandwidth-only]
  *                    [--compile-only (engines created and freed: their kernels compiled into the cache)]
  *                    [--no-graph (eager steps only: a profiler then sees one decode launch a scheme and step)]
- *                    [--tune M/W,M/W,... (each scheme but fp16 once per pair, its engine made with
- *                     KVQ_DECODE_MINB=M KVQ_DECODE_WAVES=W: docs/cuda.md "Tuning knobs"; 0/0 the defaults)]
+ *                    [--tune M/W[/T],... (each scheme but fp16 once per item, its engine made with
+ *                     KVQ_DECODE_MINB=M KVQ_DECODE_WAVES=W [KVQ_DECODE_TILE=T]: docs/cuda.md "Tuning knobs";
+ *                     0/0 the defaults)]
  *                    [SPEC[:SCHEME]... | tailorkv2-sparse]
  *   default schemes: fp16 (always, the baseline), specs/kivi2.kvq, specs/kivi4.kvq; contexts 4k to --max-k k,
  *   doubling. Paths are relative to the working directory (the repository or the bundle's share/kvq). */
@@ -462,7 +463,7 @@ int main(int argc, char **argv)
     bench_cfg b = {32, 8, 128, 1, 20, 3, 0};
     int max_k = 32, ctxs[32], n_ctx = 0, bw_only = 0, hbm_mib = 1024, compile_only = 0;
     const char *specs[32];
-    int n_specs = 0, n_tune = 0, tune_m[16], tune_w[16];
+    int n_specs = 0, n_tune = 0, tune_m[16], tune_w[16], tune_t[16];
     for (int i = 1; i < argc; i++) {
         int *dst = !strcmp(argv[i], "--heads")      ? &b.heads
                    : !strcmp(argv[i], "--kv-heads") ? &b.kv_heads
@@ -488,13 +489,15 @@ int main(int argc, char **argv)
                 char *e;
                 tune_m[n_tune] = (int)strtol(q, &e, 10);
                 if (*e != '/') {
-                    fprintf(stderr, "--tune: pairs MINB/WAVES such as 4/0,5/0,4/2\n");
+                    fprintf(stderr, "--tune: MINB/WAVES[/TILE] items such as 4/0,5/0,4/2,2/0/256\n");
                     return 2;
                 }
-                tune_w[n_tune++] = (int)strtol(e + 1, &e, 10);
+                tune_w[n_tune] = (int)strtol(e + 1, &e, 10);
+                tune_t[n_tune] = *e == '/' ? (int)strtol(e + 1, &e, 10) : 0;
+                n_tune++;
                 q = *e == ',' ? e + 1 : e;
                 if (*e && *e != ',') {
-                    fprintf(stderr, "--tune: pairs MINB/WAVES such as 4/0,5/0,4/2\n");
+                    fprintf(stderr, "--tune: MINB/WAVES[/TILE] items such as 4/0,5/0,4/2,2/0/256\n");
                     return 2;
                 }
             }
@@ -593,13 +596,18 @@ int main(int argc, char **argv)
                     if (n_tune) { /* read when the engine is made (plan_build, the cuda backend's creation) */
                         snprintf(v, sizeof v, "%d", tune_m[k]), setenv("KVQ_DECODE_MINB", v, 1);
                         snprintf(v, sizeof v, "%d", tune_w[k]), setenv("KVQ_DECODE_WAVES", v, 1);
-                        snprintf(name, sizeof name, "%.9s m%d w%d", kvq_scheme_name(s), tune_m[k], tune_w[k]);
+                        snprintf(v, sizeof v, "%d", tune_t[k]), setenv("KVQ_DECODE_TILE", v, 1);
+                        if (tune_t[k])
+                            snprintf(name, sizeof name, "%.9s m%d w%d t%d", kvq_scheme_name(s), tune_m[k], tune_w[k],
+                                     tune_t[k]);
+                        else
+                            snprintf(name, sizeof name, "%.9s m%d w%d", kvq_scheme_name(s), tune_m[k], tune_w[k]);
                     }
                     bench_row r;
                     if (run_one(s, &b, ctx, &g, &in, &r) != 0) continue;
                     print_row(name, &b, ctx, &r, hbm, peak, have16 ? &r16 : NULL);
                 }
-                unsetenv("KVQ_DECODE_MINB"), unsetenv("KVQ_DECODE_WAVES");
+                unsetenv("KVQ_DECODE_MINB"), unsetenv("KVQ_DECODE_WAVES"), unsetenv("KVQ_DECODE_TILE");
             }
             kvq_spec_free(sp);
         }

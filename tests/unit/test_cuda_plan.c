@@ -366,13 +366,65 @@ static void test_minb_knob(void)
     th_end();
 }
 
+/* $KVQ_DECODE_TILE (docs/cuda.md "Tuning knobs"): the tile of the classes whose pages hold codes, in the unit, the
+ * key pages a tile spans and the shared memory following it; fp16 classes keep the plan's; anything but 0, 32, 64,
+ * 128 or 256: refused with the variable named. */
+static void test_tile_knob(void)
+{
+    th_begin("plan: KVQ_DECODE_TILE sets the quantized decode tile, and is checked");
+    kvq_spec *sp = spec_text("scheme k { key { bits 2; per channel; group 32; } value { bits 2; per token; group 32; } "
+                             "residual 128; flush kivi; layers 1 { bits 16; } }");
+    kvq_plan *p = kvq_malloc(sizeof *p), *p0 = kvq_malloc(sizeof *p0);
+    kvq_dims d = {4, 32, 8, 128};
+    char msg[256] = "";
+    const kvq_scheme *s = sp ? kvq_spec_scheme(sp, NULL) : NULL;
+    TH_CHECK(s && p && p0, "spec");
+    if (s && p && p0 && plan_build(s, &d, KVQ_F32, p0, msg, sizeof msg) == KVQ_OK &&
+        setenv("KVQ_DECODE_TILE", "256", 1) == 0) {
+        kvq_status st = plan_build(s, &d, KVQ_F32, p, msg, sizeof msg);
+        TH_CHECK(st == KVQ_OK && p->decode_tile == 256 && p->n_classes == 2, "%s", msg);
+        if (st == KVQ_OK && p->n_classes == 2) {
+            const int q = p->cls[0].quant && p->cls[0].k_hi.bits == 2 ? 0 : 1;
+            const plan_class *c = &p->cls[q], *c0 = &p0->cls[q], *f = &p->cls[1 - q], *f0 = &p0->cls[1 - q];
+            TH_CHECK(c0->tile == 128 && c->tile == 256 && c0->kpages == 4 && c->kpages == 8,
+                     "tile %d -> %d, key pages %d -> %d", c0->tile, c->tile, c0->kpages, c->kpages);
+            /* the fp16 rows of the quantized class fill its larger stage; the fp16 class is untouched */
+            TH_CHECK(plan_tile_tokens(c, 1, 1) == 32 && plan_tile_tokens(c0, 1, 1) == 16, "fp16 rows %d, %d",
+                     plan_tile_tokens(c, 1, 1), plan_tile_tokens(c0, 1, 1));
+            TH_CHECK(f->tile == f0->tile && f->smem == f0->smem, "fp16 class: tile %d smem %d", f->tile, f->smem);
+            TH_CHECK(c->smem > c0->smem && c->rows_bytes == 2 * c0->rows_bytes, "smem %d -> %d, rows %d -> %d",
+                     c0->smem, c->smem, c0->rows_bytes, c->rows_bytes);
+            char *src = NULL;
+            TH_CHECK(emit_cuda_source(p, &src, NULL) == KVQ_OK && src && strstr(src, "#define KVQ_C_TILE 256\n"),
+                     "the unit has no KVQ_C_TILE 256");
+            kvq_free(src);
+            TH_CHECK(plan_check_target(p, 90, msg, sizeof msg) == KVQ_OK, "%s", msg);
+        }
+        const char *bad[] = {"96", "512", "128x", "-128"};
+        for (int i = 0; i < 4; i++) {
+            setenv("KVQ_DECODE_TILE", bad[i], 1);
+            st = plan_build(s, &d, KVQ_F32, p, msg, sizeof msg);
+            TH_CHECK(st == KVQ_ERR_INVALID && strstr(msg, "KVQ_DECODE_TILE"), "accepted %s: %s", bad[i], msg);
+        }
+        unsetenv("KVQ_DECODE_TILE");
+        st = plan_build(s, &d, KVQ_F32, p, msg, sizeof msg);
+        TH_CHECK(st == KVQ_OK && p->decode_tile == 0 && p->cls[0].tile == p0->cls[0].tile, "%s", msg);
+    }
+    unsetenv("KVQ_DECODE_TILE");
+    kvq_free(p), kvq_free(p0);
+    kvq_spec_free(sp);
+    th_end();
+}
+
 int main(void)
 {
     unsetenv("KVQ_DECODE_MINB");
+    unsetenv("KVQ_DECODE_TILE");
     test_layout();
     test_mapping();
     test_in_flight();
     test_minb_knob();
+    test_tile_knob();
     test_classes_and_emit();
     test_sha256();
     return th_summary();

@@ -56,10 +56,16 @@ static void test_rule(void)
  * the windows (20). fp16 tiles hold 16 tokens at GQA 2 and 4 alike (each stage of the load pipeline has rows for
  * 16 fp16 tokens, plan.c). */
 static const step_case step_cases[] = {
-    {1, 4, " 128/4 128/4 128/4 128/4 128/4 128/4 104/4 1/1 16/1 7/1 16/1 16/1 16/1 16/1 16/1 16/1 9/1"},
-    {1, 8, " 128/4 128/4 128/4 128/4 128/4 128/4 104/4 1/1 16/1 7/1 16/1 16/1 16/1 16/1 16/1 16/1 9/1"},
-    {300, 4, " 128/4 128/4 128/4 128/4 128/4 128/4 104/4 24/1 128/4 128/4 20/1 12/1 16/1 16/1 16/1 16/1 11/1 16/1 5/1 16/1 4/1"},
-    {300, 8, " 128/4 128/4 128/4 128/4 128/4 128/4 104/4 24/1 128/4 128/4 20/1 12/1 16/1 16/1 16/1 16/1 11/1 16/1 5/1 16/1 4/1"},
+    {1, 4, " 128/4 128/4 128/4 128/4 128/4 128/4 104/4 1/1 16/1 7/1 16/1 16/1 16/1 16/1 16/1 16/1 9/1", 0},
+    {1, 8, " 128/4 128/4 128/4 128/4 128/4 128/4 104/4 1/1 16/1 7/1 16/1 16/1 16/1 16/1 16/1 16/1 9/1", 0},
+    {300, 4, " 128/4 128/4 128/4 128/4 128/4 128/4 104/4 24/1 128/4 128/4 20/1 12/1 16/1 16/1 16/1 16/1 11/1 16/1 5/1 16/1 4/1", 0},
+    {300, 8, " 128/4 128/4 128/4 128/4 128/4 128/4 104/4 24/1 128/4 128/4 20/1 12/1 16/1 16/1 16/1 16/1 11/1 16/1 5/1 16/1 4/1", 0},
+    /* $KVQ_DECODE_TILE=256 (docs/cuda.md "Tuning knobs"): the same cuts with tiles of up to 256 tokens (8 key pages),
+     * and fp16 tiles of 32 (a stage's rows are sized for 256 2-bit tokens): three of 256 and the 104 to the value
+     * page's end, 1, 23 to the key page's end, the windows' 105 as 32, 32, 32, 9. GQA 2: phase 1's lanes take two
+     * tokens each (256 tokens, 128 threads); GQA 4: q.K over 16 blocks of 16 tokens, four a warp. */
+    {1, 4, " 256/8 256/8 256/8 104/4 1/1 23/1 32/1 32/1 32/1 9/1", 256},
+    {1, 8, " 256/8 256/8 256/8 104/4 1/1 23/1 32/1 32/1 32/1 9/1", 256},
 };
 
 /* The reference keeps no tile lists, and a layer out of range is refused. */
@@ -74,13 +80,18 @@ static void emu_extra(kvq_engine *be, kvq_seq *sb, kvq_engine *ref, kvq_seq *sr,
 static void test_step(const step_case *sc)
 {
     th_begin("kivi2 on the emu backend, GQA %d, 1000 tokens + %d decode steps: the tiles the last step read are the "
-             "rule's (128-token tiles over KIVI's key page runs and aligned value pages), outputs within 1e-3 of the "
-             "reference", sc->heads / 2, sc->steps);
+             "rule's (%d-token tiles over KIVI's key page runs and aligned value pages), outputs within 1e-3 of the "
+             "reference", sc->heads / 2, sc->steps, sc->tile ? sc->tile : 128);
+    char v[16];
+    snprintf(v, sizeof v, "%d", sc->tile);
+    if (sc->tile) setenv("KVQ_DECODE_TILE", v, 1); /* read when the engine's plan is built */
     st_run(sc, KVQ_BACKEND_EMU, emu_extra);
+    unsetenv("KVQ_DECODE_TILE");
 }
 
 int main(void)
 {
+    unsetenv("KVQ_DECODE_TILE");
     test_rule();
     /* GQA 2: the fp32 q.K path; GQA 4: q.K on tensor cores */
     for (size_t i = 0; i < sizeof step_cases / sizeof step_cases[0]; i++) test_step(&step_cases[i]);

@@ -19,6 +19,7 @@
 typedef struct {
     int steps, heads;
     const char *want;
+    int tile; /* $KVQ_DECODE_TILE for the backend's engine (cuda's plan), 0: unset */
 } step_case;
 
 static void st_fill(float *x, size_t n, unsigned seed)
@@ -101,8 +102,9 @@ static void st_run(const step_case *sc, kvq_backend_kind be, st_extra_fn extra)
         }
         TH_CHECK(tokens == N + S && !strcmp(got, sc->want), "%d tiles, %d tokens:\n     got%s\n    want%s", n, tokens,
                  got, sc->want);
-        /* the body's tiles read quantized keys and values, the last one the two windows */
-        for (int i = 0; i < n && i < 7; i++)
+        /* the body's tiles (tokens [0, N - R): the prefill's value page) read quantized keys and values, the last one
+         * the two windows */
+        for (int i = 0, t0 = 0; i < n && i < 64 && t0 < N - 128; t0 += t[i++].n)
             TH_CHECK(t[i].k_kind == 2 && t[i].v_kind == 2, "tile %d: kinds %d/%d", i, t[i].k_kind, t[i].v_kind);
         TH_CHECK(n > 0 && t[n - 1].k_kind == 1 && t[n - 1].v_kind == 1, "last tile: kinds %d/%d", t[n - 1].k_kind,
                  t[n - 1].v_kind);
