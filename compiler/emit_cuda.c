@@ -348,6 +348,8 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
                     c->stages, c->stage_bytes, c->so_kraw, c->so_vraw, c->kraws, c->vraws, c->rawf, c->par_step);
     /* the tensor-core paths (kvq_mma.cuh): bit 0 the high class's pages, bit 1 the low class's */
     emit_buf_printf(b, "#define KVQ_C_MMA_K %d\n#define KVQ_C_MMA_V %d\n", c->mma_k, c->mma_v);
+    /* parameters read where cp.async lands them, not widened (plan.h: kpraw, vpraw) */
+    emit_buf_printf(b, "#define KVQ_C_KPRAW %d\n#define KVQ_C_VPRAW %d\n", c->kpraw, c->vpraw);
     const plan_store *st[4] = {&c->k_hi, &c->k_lo, &c->v_hi, &c->v_lo};
     const char *mn[4] = {"KVQ_C_KHI", "KVQ_C_KLO", "KVQ_C_VHI", "KVQ_C_VLO"};
     for (int i = 0; i < 4; i++) {
@@ -366,7 +368,7 @@ static void put_class(emit_buf *b, const kvq_plan *p, const plan_class *c)
                        "#undef KVQ_C_KPAGES\n#undef KVQ_C_VOFF\n"
                        "#undef KVQ_C_SMEM\n#undef KVQ_C_SO_KPAR\n#undef KVQ_C_SO_VPAR\n#undef KVQ_C_SO_KMASK\n"
                        "#undef KVQ_C_SO_Q\n#undef KVQ_C_SO_QK\n#undef KVQ_C_SO_QSUM\n#undef KVQ_C_SO_P\n"
-                       "#undef KVQ_C_SO_RED\n#undef KVQ_C_SO_W\n#undef KVQ_C_MMA_K\n#undef KVQ_C_MMA_V\n"
+                       "#undef KVQ_C_SO_RED\n#undef KVQ_C_SO_W\n#undef KVQ_C_MMA_K\n#undef KVQ_C_MMA_V\n#undef KVQ_C_KPRAW\n#undef KVQ_C_VPRAW\n"
                        "#undef KVQ_C_STAGES\n#undef KVQ_C_STAGE_BYTES\n#undef KVQ_C_SO_KRAW\n#undef KVQ_C_SO_VRAW\n"
                        "#undef KVQ_C_KRAWS\n#undef KVQ_C_VRAWS\n#undef KVQ_C_RAWF\n#undef KVQ_C_PAR_STEP\n");
     for (int i = 0; i < 4; i++) emit_buf_printf(b, "#undef %s\n#undef %s_Q\n#undef %s_SEP\n", mn[i], mn[i], mn[i]);

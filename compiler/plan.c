@@ -290,6 +290,15 @@ int plan_tile_tokens(const plan_class *c, int k_f16, int v_f16)
     return t;
 }
 
+/* A store whose decode reads its scales and zeros where cp.async lands them (kvq_decode.cuh, kvq_stage_buf.praw):
+ * absent or fp16 rows, or integer codes of granularity `gran` with fp16 or fp32 parameters (whole 16-byte blocks of
+ * 8 channels per channel) and nothing else staged beside them (no factors, element formats or TurboQuant). */
+static int par_raw_ok(int D, const plan_store *st, int gran)
+{
+    if (st->bits == 0 || st->bits >= 16) return 1;
+    return st->gran == gran && st->format.kind == KVQ_FMT_INT && !st->tq && !st->sep && D % 8 == 0;
+}
+
 /* Phase 1 and the shared memory layout of class c's decode kernel. */
 static void tile_mapping(const kvq_plan *p, plan_class *c)
 {
@@ -351,20 +360,6 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
      * key parameters (kchan): the fold and the bias read them before the barriers that precede phase 1's writes,
      * and the next tile's are widened after the barrier at the top of the tile loop (2 KB for KIVI-2). The mask
      * bytes (16 at least: the parts stay in order) and their raw blocks are sized only for masked pages. */
-    const int fd = sep ? D : 0, psh = !efmt && kchan;
-    int kparb = align16((2 * c->kpar + fd) * 4);
-    const int vparb = align16((2 * c->vpar + fd) * 4), maskb = masked ? align16(T) : 16;
-    if (psh) kparb = max_i(kparb, align16(T * G * 4));
-    int o = 0;
-    c->so_rows = o, o += c->rows_bytes;
-    if (efmt) c->so_kpar = o, o += kparb, c->so_vpar = o, o += vparb, c->so_kmask = o, o += maskb;
-    c->so_kraw = o, o += 2 * c->kraws + c->rawf + (masked ? align16(T / 8 + 1) + 64 * KP : 0); /* mask bytes last */
-    c->so_vraw = o, o += 2 * c->vraws + c->rawf;
-    c->stage_bytes = o;
-    o = c->stages * c->stage_bytes;
-    c->par_step = efmt ? c->stage_bytes : 0;
-    if (!efmt) c->so_kpar = o, o += kparb, c->so_vpar = o, o += vparb, c->so_kmask = o, o += maskb;
-    o = max_i(o, align16(merge)); /* the end-of-chunk merge scratch from 0 */
     c->mma_k = c->mma_v = 0;
     int wgroups = 0;
     if (c->quant) {
@@ -380,6 +375,29 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
             }
         }
     }
+    /* Parameters read where cp.async lands them (no widened floats): per-channel keys of integer formats (the fold
+     * and the bias read each page's scales and zeros from its raw blocks: whole, aligned sections) and per-token
+     * values whose every quantized class takes p.V on the tensor cores (the weights' pass reads a tile's one value
+     * page at the section's offset). The floats' part then holds only what shares it (the scores). */
+    c->kpraw = c->quant && !c->sparse && !sep && !efmt && par_raw_ok(D, &c->k_hi, KVQ_GRAN_CHANNEL) &&
+               par_raw_ok(D, &c->k_lo, KVQ_GRAN_CHANNEL) && c->k_hi.bits < 16;
+    c->vpraw = c->quant && !c->sparse && !sep && !efmt && par_raw_ok(D, &c->v_hi, KVQ_GRAN_TOKEN) &&
+               par_raw_ok(D, &c->v_lo, KVQ_GRAN_TOKEN) && c->v_hi.bits < 16 && (c->mma_v & 1) &&
+               (!c->v_lo.bits || c->v_lo.bits >= 16 || (c->mma_v & 2));
+    const int fd = sep ? D : 0, psh = !efmt && kchan;
+    int kparb = c->kpraw ? 16 : align16((2 * c->kpar + fd) * 4);
+    const int vparb = c->vpraw ? 16 : align16((2 * c->vpar + fd) * 4), maskb = masked ? align16(T) : 16;
+    if (psh) kparb = max_i(kparb, align16(T * G * 4));
+    int o = 0;
+    c->so_rows = o, o += c->rows_bytes;
+    if (efmt) c->so_kpar = o, o += kparb, c->so_vpar = o, o += vparb, c->so_kmask = o, o += maskb;
+    c->so_kraw = o, o += 2 * c->kraws + c->rawf + (masked ? align16(T / 8 + 1) + 64 * KP : 0); /* mask bytes last */
+    c->so_vraw = o, o += 2 * c->vraws + c->rawf;
+    c->stage_bytes = o;
+    o = c->stages * c->stage_bytes;
+    c->par_step = efmt ? c->stage_bytes : 0;
+    if (!efmt) c->so_kpar = o, o += kparb, c->so_vpar = o, o += vparb, c->so_kmask = o, o += maskb;
+    o = max_i(o, align16(merge)); /* the end-of-chunk merge scratch from 0 */
     /* The folded query (a fold per key page) is read by phase 1 only, p.V's B fragments (so_w: per value group, 8
      * fp16 columns of each token; the first 256 bytes double as the end-of-chunk sum of the zero terms over the
      * warps) are written by phase 2 and read by phase 3: a barrier separates phase 1 from phase 2 (the tile's

@@ -85,6 +85,9 @@ typedef struct {
      * with element formats (staged by plain stores while the copies are issued), one per stage inside it
      * (par_step = stage_bytes). */
     int stages, stage_bytes, so_kraw, so_vraw, kraws, vraws, rawf, par_step;
+    /* Keys (kpraw) and values (vpraw) whose scales and zeros the kernel reads from the raw bytes instead of widened
+     * floats (plan.c, par_raw_ok): their part of the floats is not allocated (docs/cuda.md "Shared memory"). */
+    int kpraw, vpraw;
 } plan_class;
 
 typedef struct kvq_plan {

@@ -14,6 +14,7 @@
  *   KVQ_C_PAR_STEP
  *                          the load pipeline: stages of the staged part and its raw parameter bytes (plan.h)
  *   KVQ_C_MMA_K, KVQ_C_MMA_V  page classes (bit 0 high, bit 1 low) whose q.K / p.V run on tensor cores
+ *   KVQ_C_KPRAW, KVQ_C_VPRAW  1 when the keys' (values') scales and zeros are read from their raw bytes (plan.h)
  *   KVQ_C_KHI, KVQ_C_KLO, KVQ_C_VHI, KVQ_C_VLO   kvq_fmt initialisers of the page formats (bits 0: absent)
  *   KVQ_C_<store>_Q        1 when the store is quantized (has a quantize kernel)
  *   KVQ_C_<store>_SEP      1 when it stores channel-separable factors (has a factor kernel) */
@@ -29,7 +30,7 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_
                            KVQ_C_SO_QK,   KVQ_C_SO_QSUM,  KVQ_C_SO_P,     KVQ_C_SO_RED,
                            KVQ_C_SO_W,    KVQ_C_MMA_K,    KVQ_C_MMA_V,    KVQ_C_KPAGES,
                            KVQ_C_STAGES,  KVQ_C_STAGE_BYTES, KVQ_C_SO_KRAW, KVQ_C_SO_VRAW, KVQ_C_KRAWS,
-                           KVQ_C_VRAWS,   KVQ_C_RAWF,     KVQ_C_PAR_STEP};
+                           KVQ_C_VRAWS,   KVQ_C_RAWF,     KVQ_C_PAR_STEP, KVQ_C_KPRAW, KVQ_C_VPRAW};
     kvq_decode_body(&p, smem, khi, klo, vhi, vlo, g);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));

@@ -34,6 +34,8 @@ typedef struct {
                           * mask bits */
     int raws, rawf;
     const float *sq;     /* TurboQuant prod keys: the block's sqrt(pi/2)/m S q, [D][GQA] (kvq_turboquant.cuh) */
+    int praw;            /* scales and zeros are read from raw (kvq_kpar_raw, kvq_vpar_raw), never widened into s, z
+                          * (plan.c, par_raw_ok: per-channel integer keys, per-token values on the tensor cores) */
 } kvq_stage_buf;
 
 /* Block k of kvq_stage_par's range (r = src & 15, src16 = src - r): issue its copy (fin 0) or widen it (fin 1). */
@@ -245,7 +247,7 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     /* per-channel parameters of fp16 or fp32 scales and zeros: all pages in one pass */
     const int chan1 = f.bits < 16 && f.gran == 0 && (f.sbytes == 2 || f.sbytes == 4) &&
                       (f.zbytes == 2 || f.zbytes == 4) && KVQ_D % 8 == 0;
-    if (chan1) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, fin);
+    if (chan1 && !(fin && sb->praw)) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, fin);
     /* the codes of all the tile's pages in one pass where the rows allow (every KIVI page) */
     const unsigned char *c0 = b + o.codes + (long long)h * cap * o.cbpt;
     const int run = !fin && kvq_run_rows_ok(o.cbpt, c0, stride);
@@ -266,7 +268,7 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
                 kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
                               b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
             }
-        } else {
+        } else if (!(fin && sb->praw)) {
             const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
             const int e0 = t0 * o.n_groups;
             kvq_stage_par2(fin, sb->s + e0, sb->raw + kvq_al16(e0 * f.sbytes) + 64 * i, b + o.scale + first * f.sbytes,
@@ -307,6 +309,7 @@ typedef struct {
      * stage_bytes (a copy per stage, inside it), or 0 (one copy after the stages: only cp.async fills a stage, and
      * tile i's floats are written after the barrier that ends tile i - 1's math) */
     int par_step;
+    int kpraw, vpraw; /* kvq_stage_buf.praw of the keys' and the values' buffers */
 } kvq_dec_geo;
 
 /* The staged buffers of K and V of pipeline stage st (plan.c: stage st at st * stage_bytes). */
@@ -319,6 +322,7 @@ KVQ_DEV void kvq_stage_bufs(unsigned char *smem, const kvq_dec_geo *g, int st, k
     kb->raw = s0 + g->so_kraw, vb->raw = s0 + g->so_vraw;
     kb->raws = g->kraws, vb->raws = g->vraws, kb->rawf = vb->rawf = g->rawf;
     kb->sq = vb->sq = (const float *)(smem + g->so_qk); /* TurboQuant prod keys: their tiles never fold q */
+    kb->praw = g->kpraw, vb->praw = g->vpraw;
 }
 
 /* Tokens of tile T this kv head reads (a pool's tile: kvq_tile.count) and its K and V kinds. */
@@ -336,6 +340,23 @@ KVQ_DEV void kvq_stage_tile(const kvq_tile *T, int kk, int vk, int n, int hk, co
 {
     kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, fin);
     kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, fin);
+}
+
+/* Per-channel parameter c of page pg of a tile (zs: the zero, else the scale) where cp.async landed it: page pg's
+ * section at al16(pg D eb) + 64 pg of the scales' (zeros') raw part, whole 16-byte blocks from the section's start
+ * (kvq_stage_chan_pars). Every thread may read it after the barrier that follows the tile's wait. */
+KVQ_DEV float kvq_kpar_raw(const kvq_stage_buf *kb, kvq_fmt f, int zs, int pg, int c)
+{
+    const int eb = zs ? f.zbytes : f.sbytes;
+    return kvq_ld_par(kb->raw + (zs ? kb->raws : 0) + kvq_al16(pg * KVQ_D * eb) + 64 * pg, c, eb);
+}
+/* Per-token parameter e (token t, group gi: t n_groups + gi) of a tile's value page (a tile reads one: value pages
+ * do not form runs, layout/tiles.h) where cp.async landed it: the range began at byte (first eb) & 15 of its first
+ * block (kvq_stage_par2), first = the tile's first element in the page's section. */
+KVQ_DEV float kvq_vpar_raw(const kvq_stage_buf *vb, kvq_fmt f, int zs, long long first, int e)
+{
+    const int eb = zs ? f.zbytes : f.sbytes;
+    return kvq_ld_par(vb->raw + (zs ? vb->raws : 0) + (int)((first * eb) & 15), e, eb);
 }
 
 /* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
@@ -373,11 +394,13 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
     if (f.bits >= 16) return;
     if (f.gran != 0) np = 1;
     if (mma) /* q.K on tensor cores: qk's place holds B's fragments, D GQA 4 bytes a page */
-        kvq_fold_k_mma(f.bits, kb->s, qs, qscale, (unsigned *)qk, np, tid);
+        kvq_fold_k_mma(f.bits, kb->s, kb->praw ? kb->raw : (const unsigned char *)0, f.sbytes, qs, qscale,
+                       (unsigned *)qk, np, tid);
     else if (kvq_k_folds(f))
         for (int i = tid; i < np * D * G; i += KVQ_THREADS) {
             const int pg = i / (D * G), j = i - pg * (D * G), c = j / G;
-            const float x = f.gran == 0 ? qs[j] * kb->s[pg * D + c] : f.sep ? qs[j] * kb->f[c] : qs[j];
+            const float sc = f.gran != 0 ? 0.0f : kb->praw ? kvq_kpar_raw(kb, f, 0, pg, c) : kb->s[pg * D + c];
+            const float x = f.gran == 0 ? qs[j] * sc : f.sep ? qs[j] * kb->f[c] : qs[j];
             qk[i] = kvq_k_preshift(f) ? x * kvq_preshift_inv(f.bits, c) : x; /* exact: a power of two */
         }
     if (f.gran == 0) {
@@ -391,7 +414,7 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
             for (int c = part * (D / 8); c < (part + 1) * (D / 8); c++) {
                 float q[KVQ_GQA];
                 kvq_ld_qrow(qs, c, q);
-                const float zc = z[c];
+                const float zc = kb->praw ? kvq_kpar_raw(kb, f, 1, pg, c) : z[c];
 #pragma unroll
                 for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(q[h], zc, acc[h]);
             }
@@ -632,10 +655,18 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
  * head and value group in oz (the per-token zeros, added at the end of the chunk). */
 KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, const float m[KVQ_GQA], int n,
                        int part0, int lane1, int p1, int tid, int nks, unsigned short *wb, float dl[KVQ_GQA],
-                       float oz[KVQ_GQA][4])
+                       float oz[KVQ_GQA][4], int vslot, int vcap, int hk)
 {
     const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D);
     if (mma) {
+        /* parameters read from raw (vb->praw): the tile's first element in its value page's section, as
+         * kvq_stage_page computes it */
+        long long first = 0;
+        if (vb->praw) {
+            int sl;
+            kvq_divmod(vslot, vcap, &sl);
+            first = f.hidden ? sl : ((long long)hk * vcap + sl) * ngv;
+        }
 #pragma unroll 1
         for (int t = part0 ? 2 * lane1 : n; t < n; t += 2 * p1) {
             const int live1 = t + 1 < n;
@@ -653,9 +684,11 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
             for (int gi = 0; gi < 4; gi++)
                 if (gi < ngv) {
                     /* token t + 1 past n: weight 0 (its staged parameters may be anything, even not finite) */
-                    const float s0 = vb->s[t * ngv + gi], z0 = vb->z[t * ngv + gi];
-                    const float s1 = live1 ? vb->s[(t + 1) * ngv + gi] : 0.0f;
-                    const float z1 = live1 ? vb->z[(t + 1) * ngv + gi] : 0.0f;
+                    const int e0 = t * ngv + gi, e1 = e0 + ngv;
+                    const float s0 = vb->praw ? kvq_vpar_raw(vb, f, 0, first, e0) : vb->s[e0];
+                    const float z0 = vb->praw ? kvq_vpar_raw(vb, f, 1, first, e0) : vb->z[e0];
+                    const float s1 = !live1 ? 0.0f : vb->praw ? kvq_vpar_raw(vb, f, 0, first, e1) : vb->s[e1];
+                    const float z1 = !live1 ? 0.0f : vb->praw ? kvq_vpar_raw(vb, f, 1, first, e1) : vb->z[e1];
 #pragma unroll
                     for (int h = 0; h < KVQ_GQA; h++) {
                         kvq_mma_put_w2(wb, nks, gi, t, h, pr[0][h] * s0, pr[1][h] * s1);
@@ -906,7 +939,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
                 for (int gi = 0; gi < 4; gi++) oz[h][gi] *= a[h];
         /* p = 2^(s - m) of this lane's own tokens (written by itself in phase 1) */
         KVQ_BY_KIND(vk, vhi, vlo, g.mv, vsw,
-                    kvq_probs(F_, M_, &vb, ps, m, n, part == 0, lane1, g.p1, tid, nks, wb, dl, oz));
+                    kvq_probs(F_, M_, &vb, ps, m, n, part == 0, lane1, g.p1, tid, nks, wb, dl, oz, T.v_slot, T.v_cap,
+                              hk));
         __syncthreads();
 
         /* phase 3: values, o rescaled once per tile */

@@ -62,13 +62,14 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
 }
 
 /* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the staged per-channel
- * scales of np pages at ks + page D), high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of
+ * scales of np pages at ks + page D, or read from raw bytes kraw, eb bytes each, where not widened), high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of
  * half2 at qb. qscale (a power of two from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16
  * scale. One item is a (page, k-block, t, head): the four channels of lane t's two registers (r) and halves (h),
  * i.e. its high pair (lane 8 head + t) and its low pair (lane 8 head + 4 + t), each one 8-byte store; the two
  * halves of a register convert in one cvt.rn.f16x2.f32. The shift k depends on t only, and 2^-k qscale multiplies
  * the query before the scale (q 2^-k qscale s: the same product as q s 2^-k qscale, powers of two being exact). */
-KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qscale, unsigned *qb, int np, int tid)
+KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const unsigned char *kraw, int eb, const float *qs, float qscale,
+                            unsigned *qb, int np, int tid)
 {
     const int G = KVQ_GQA, per = (KVQ_D / 16) * 4 * G;
     /* the item's place and query are the same on every page: computed once, the pages in the inner loop */
@@ -89,10 +90,14 @@ KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qs
 #pragma unroll 1
         for (int pg = 0; pg < np; pg++, dst += KVQ_D * G / 2) {
             const float *kp = ks + pg * KVQ_D;
+            /* kraw: the scales where cp.async landed them (kvq_kpar_raw), page pg's section at al16(pg D eb) + 64 pg */
+            const unsigned char *kr = kraw ? kraw + ((pg * KVQ_D * eb + 15) & ~15) + 64 * pg : kraw;
             unsigned hi[2], lo[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const float x0 = qv[2 * r] * kp[cs[2 * r]], x1 = qv[2 * r + 1] * kp[cs[2 * r + 1]];
+                const float s0 = kraw ? kvq_ld_par(kr, cs[2 * r], eb) : kp[cs[2 * r]];
+                const float s1 = kraw ? kvq_ld_par(kr, cs[2 * r + 1], eb) : kp[cs[2 * r + 1]];
+                const float x0 = qv[2 * r] * s0, x1 = qv[2 * r + 1] * s1;
                 const kvq_half2 xh = kvq_f2h2(x0, x1);
                 hi[r] = kvq_h2_bits(xh);
                 lo[r] = kvq_h2_bits(kvq_f2h2((x0 - kvq_h2f(xh.x)) * KVQ_MMA_LO, (x1 - kvq_h2f(xh.y)) * KVQ_MMA_LO));
