@@ -299,6 +299,14 @@ static int par_raw_ok(int D, const plan_store *st, int gran)
     return st->gran == gran && st->format.kind == KVQ_FMT_INT && !st->tq && !st->sep && D % 8 == 0;
 }
 
+/* The widest row of the class's code pages (its fp16 rows are not staged in full tiles: plan_tile_tokens). */
+static int qrow_bytes(const kvq_plan *p, const plan_class *c)
+{
+    int r = max_i(staged_row_bytes(p->head_dim, &c->k_hi), staged_row_bytes(p->head_dim, &c->v_hi));
+    if (c->has_low) r = max_i(r, max_i(staged_row_bytes(p->head_dim, &c->k_lo), staged_row_bytes(p->head_dim, &c->v_lo)));
+    return r;
+}
+
 /* Phase 1 and the shared memory layout of class c's decode kernel. */
 static void tile_mapping(const kvq_plan *p, plan_class *c)
 {
@@ -617,6 +625,15 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
             if (p->decode_tile > 0 && !f16pages) tile = p->decode_tile;
             pc->tile = tile;
             tile_mapping(p, pc);
+            /* 256-token tiles where they keep 3 blocks an sm_90 SM (12 warps, the occupancy the GPU run measured,
+             * docs/gpu-results.md): the per-tile work (staging set-up, fold, maximum, rescale, barriers) is paid
+             * half as often (KIVI-2 at 32k: 53.0 -> 45.4 warp-instructions a token, docs/cuda.md "Cost model") */
+            if (p->decode_tile == 0 && !f16pages && tile == 128 && 2 * 256 * qrow_bytes(p, pc) <= 32768) {
+                plan_class wide = *pc;
+                wide.tile = 256;
+                tile_mapping(p, &wide);
+                if (plan_smem_per_sm(90) / (wide.smem + 1024) >= 3) *pc = wide;
+            }
             p->any_sparse |= pc->sparse;
             p->any_saliency |= pc->quant && pc->has_low;
             p->any_pool |= pc->quant && pc->has_pool;

@@ -171,6 +171,21 @@ static int is_data_op(const char *op)
     return 0;
 }
 
+/* Integer and special-register instructions ptxas rematerializes or shares between lines: under register
+ * pressure it re-reads threadIdx (S2R) and recomputes tid, lane and warp inside a hot loop, with the line info of
+ * the kernel's entry (KIVI-2's q.K loop, 16,392 runs, held lines counted 1,696 once a warp a chunk: the least count
+ * of the block was theirs). They do not bound a block's count while another instruction of it has a line. */
+static int is_remat_op(const char *op)
+{
+    static const char *const d[] = {"S2R",  "S2UR", "CS2R",  "MOV",   "IMAD",   "IADD3", "LEA",  "LOP3",
+                                    "SHF",  "SEL",  "UMOV",  "UIADD3", "ULEA",  "ULOP3", "USHF", "UIMAD", "USEL"};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
+        size_t n = strlen(d[i]);
+        if (!strncmp(op, d[i], n) && (op[n] == '\0' || op[n] == '.')) return 1;
+    }
+    return 0;
+}
+
 static const fn_text *sort_f; /* qsort's context (the count runs on one thread) */
 static int by_loc_op(const void *x, const void *y)
 {
@@ -487,7 +502,7 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
     const char *b_rolled = rolled;
     for (int round = 0; round < 16; round++) {
         for (int k = 0; k < nb; k++) {
-            double c = unknown;
+            double c = unknown, c_remat = unknown; /* the least count over the other instructions, and over these */
             int seen = 0, never = 0;
             for (int i = b[k].first; i <= b[k].last; i++) {
                 if (f.in[i].loc < 0) continue;
@@ -533,8 +548,12 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
                     }
                     lc *= equal || all <= 0.0 ? 1.0 / all1 : mine / all;
                 }
-                if (lc < c) c = lc;
+                if (is_remat_op(f.in[i].op) && lc > 0.0) { /* a line that never ran still says the block did not */
+                    if (lc < c_remat) c_remat = lc;
+                } else if (lc < c)
+                    c = lc;
             }
+            if (c >= unknown) c = c_remat; /* a block of such instructions only: theirs is all there is */
             b[k].count = !reach[k] || remainder[k] ? 0.0 : seen ? c : never ? 0.0 : unknown;
             if (round == 0) first_est[k] = b[k].count;
         }

@@ -150,8 +150,11 @@ static void test_mapping(void)
             TH_CHECK(p->threads == p->tx * p->ty * p->tz && p->threads <= 512 && p->tz >= 1 && p->threads % 32 == 0,
                      "D %d gqa %d: %d x %d x %d threads", Ds[di], g, p->tx, p->ty, p->tz);
             const plan_class *c = &p->cls[0];
-            TH_CHECK(c->tile == 32 || c->tile == 64 || c->tile == 128, "tile %d", c->tile);
-            TH_CHECK(c->tile * (c->k_row_bytes + c->v_row_bytes) <= 64 * 1024, "staging too large");
+            TH_CHECK(c->tile == 32 || c->tile == 64 || c->tile == 128 || c->tile == 256, "tile %d", c->tile);
+            /* a stage's rows: the tile's code rows (at most 32 KiB of keys and values), or its fp16 rows in fewer
+             * tokens (plan_tile_tokens) */
+            TH_CHECK(c->rows_bytes <= 64 * 1024 && plan_tile_tokens(c, 1, 1) * 2 * d.head_dim <= c->rows_k,
+                     "staging too large: rows %d", c->rows_bytes);
             /* phase 1: split lanes of a warp per token, runs of 8 channels each */
             TH_CHECK(c->split >= 1 && c->split <= 32 && (c->split & (c->split - 1)) == 0 &&
                          d.head_dim % (8 * c->split) == 0 && c->p1 * c->split == p->threads,
@@ -280,29 +283,30 @@ static void test_in_flight(void)
     char msg[256];
     if (sp && p && plan_build(kvq_spec_scheme(sp, NULL), &d, KVQ_F32, p, msg, sizeof msg) == KVQ_OK) {
         const plan_class *c = &p->cls[0];
-        TH_CHECK(c->stages == 2 && c->tile == 128 && p->threads == 128, "stages %d tile %d threads %d", c->stages,
-                 c->tile, p->threads);
+        /* 256-token tiles: 3 CTAs an sm_90 SM at their shared memory (plan.c) */
+        TH_CHECK(c->stages == 2 && c->tile == 256 && p->threads == 128 && c->kpages == 8, "stages %d tile %d threads %d",
+                 c->stages, c->tile, p->threads);
         /* the staged parts and the raw parameter bytes lie inside a stage, the stages before the query */
         TH_CHECK(c->so_kraw >= c->rows_bytes && c->so_vraw >= c->so_kraw + 2 * c->kraws &&
                      c->stage_bytes >= c->so_vraw + 2 * c->vraws && c->so_q >= c->stages * c->stage_bytes &&
-                     c->kraws >= 4 * 128 * 2 && c->vraws >= 128 * 4 * 2,
+                     c->kraws == 8 * 128 * 2 + 64 * 8 && c->vraws == 256 * 4 * 2 + 64,
                  "kraw %d (%d) vraw %d (%d) stage %d q %d", c->so_kraw, c->kraws, c->so_vraw, c->vraws, c->stage_bytes,
                  c->so_q);
-        /* integer pages: one copy of the widened parameters and mask bytes after the stages (par_step 0), sized
-         * for 4 pages' per-channel scales and zeros and 128 tokens' 4 value groups, no factors; the scores share
-         * the key parameters' part, p.V's weight fragments the folded query's; unmasked: 16 bytes of mask, no raw
-         * mask blocks (docs/cuda.md "Where KIVI-2's shared memory goes"): 45,232 bytes, 5 CTAs an SM on sm_90 by
-         * shared memory (4 at the default 128 registers) and 3 on sm_80 */
-        TH_CHECK(c->par_step == 0 && c->so_kpar == c->stages * c->stage_bytes && c->so_p == c->so_kpar &&
-                     c->stage_bytes == 8192 + 2 * c->kraws + 2 * c->vraws &&
-                     c->so_vpar - c->so_kpar == 2 * 512 * 4 && c->so_kmask - c->so_vpar == 2 * 512 * 4 &&
-                     c->so_q == c->so_kmask + 16 && c->so_w == c->so_qk && c->so_qsum - c->so_qk == 128 * 4 * 4 * 4 &&
-                     c->smem == 45232 && plan_decode_min_blocks(p, c) == 4,
+        /* integer pages whose scales and zeros are read where cp.async lands them (kpraw, vpraw): no widened
+         * floats, the key parameters' part after the stages holds the scores [256][4] (4,096 bytes), the values'
+         * 16; p.V's weight fragments share the folded query's part (8 pages' folds, 16,384 bytes); unmasked: 16
+         * bytes of mask, no raw mask blocks (docs/cuda.md "Where KIVI-2's shared memory goes"): rows 16,384 + raw
+         * 2 x 2,560 + 2 x 2,112 = 25,728 a stage, 75,520 bytes in all: 3 CTAs an SM on sm_90, 2 on sm_80 */
+        TH_CHECK(c->kpraw && c->vpraw && c->par_step == 0 && c->so_kpar == c->stages * c->stage_bytes &&
+                     c->so_p == c->so_kpar && c->stage_bytes == 16384 + 2 * c->kraws + 2 * c->vraws &&
+                     c->stage_bytes == 25728 && c->so_vpar - c->so_kpar == 256 * 4 * 4 &&
+                     c->so_kmask - c->so_vpar == 16 && c->so_q == c->so_kmask + 16 && c->so_w == c->so_qk &&
+                     c->so_qsum - c->so_qk == 128 * 4 * 4 * 8 && c->smem == 75520 && plan_decode_min_blocks(p, c) == 3,
                  "par_step %d kpar %d vpar %d kmask %d q %d qk %d w %d smem %d minb %d", c->par_step, c->so_kpar,
                  c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_w, c->smem, plan_decode_min_blocks(p, c));
-        TH_CHECK(plan_decode_ctas_per_sm(p, c, 90, 128) == 4 && plan_decode_ctas_per_sm(p, c, 90, 96) == 5 &&
-                     plan_decode_ctas_per_sm(p, c, 80, 128) == 3,
-                 "ctas %d %d %d", plan_decode_ctas_per_sm(p, c, 90, 128), plan_decode_ctas_per_sm(p, c, 90, 96),
+        TH_CHECK(plan_decode_ctas_per_sm(p, c, 90, 160) == 3 && plan_decode_ctas_per_sm(p, c, 90, 96) == 3 &&
+                     plan_decode_ctas_per_sm(p, c, 80, 128) == 2,
+                 "ctas %d %d %d", plan_decode_ctas_per_sm(p, c, 90, 160), plan_decode_ctas_per_sm(p, c, 90, 96),
                  plan_decode_ctas_per_sm(p, c, 80, 128));
         /* registers in units of 256 a warp: 168 -> 5376 a warp, 21504 a CTA, 3 in 64K; 169 -> 5632, 2 */
         const int sm90 = (228 * 1024) / (c->smem + 1024), sm80 = (164 * 1024) / (c->smem + 1024);
@@ -314,8 +318,8 @@ static void test_in_flight(void)
                  plan_decode_ctas_per_sm(p, c, 90, 169), plan_decode_ctas_per_sm(p, c, 80, 64));
         /* a KIVI-2 token of one kv head: 32 + 32 code bytes, 2 x 2 B per-channel parameters over 32 tokens... the
          * plan's own count, times the tile, the stages and the CTAs */
-        const double tb = 128 * plan_body_bytes_per_token(p, c);
-        TH_CHECK(plan_decode_tile_bytes(p, c, 0) == tb && plan_decode_tile_bytes(p, c, 100) == tb / 128 * 100 &&
+        const double tb = 256 * plan_body_bytes_per_token(p, c);
+        TH_CHECK(plan_decode_tile_bytes(p, c, 0) == tb && plan_decode_tile_bytes(p, c, 100) == tb / 256 * 100 &&
                      plan_decode_bytes_in_flight(p, c, 90, 168, 0) == 2 * tb * plan_decode_ctas_per_sm(p, c, 90, 168),
                  "tile bytes %g in flight %g", plan_decode_tile_bytes(p, c, 0),
                  plan_decode_bytes_in_flight(p, c, 90, 168, 0));
@@ -380,23 +384,23 @@ static void test_tile_knob(void)
     const kvq_scheme *s = sp ? kvq_spec_scheme(sp, NULL) : NULL;
     TH_CHECK(s && p && p0, "spec");
     if (s && p && p0 && plan_build(s, &d, KVQ_F32, p0, msg, sizeof msg) == KVQ_OK &&
-        setenv("KVQ_DECODE_TILE", "256", 1) == 0) {
+        setenv("KVQ_DECODE_TILE", "128", 1) == 0) {
         kvq_status st = plan_build(s, &d, KVQ_F32, p, msg, sizeof msg);
-        TH_CHECK(st == KVQ_OK && p->decode_tile == 256 && p->n_classes == 2, "%s", msg);
+        TH_CHECK(st == KVQ_OK && p->decode_tile == 128 && p->n_classes == 2, "%s", msg);
         if (st == KVQ_OK && p->n_classes == 2) {
             const int q = p->cls[0].quant && p->cls[0].k_hi.bits == 2 ? 0 : 1;
             const plan_class *c = &p->cls[q], *c0 = &p0->cls[q], *f = &p->cls[1 - q], *f0 = &p0->cls[1 - q];
-            TH_CHECK(c0->tile == 128 && c->tile == 256 && c0->kpages == 4 && c->kpages == 8,
+            TH_CHECK(c0->tile == 256 && c->tile == 128 && c0->kpages == 8 && c->kpages == 4,
                      "tile %d -> %d, key pages %d -> %d", c0->tile, c->tile, c0->kpages, c->kpages);
-            /* the fp16 rows of the quantized class fill its larger stage; the fp16 class is untouched */
-            TH_CHECK(plan_tile_tokens(c, 1, 1) == 32 && plan_tile_tokens(c0, 1, 1) == 16, "fp16 rows %d, %d",
+            /* the fp16 rows of the quantized class fill its smaller stage; the fp16 class is untouched */
+            TH_CHECK(plan_tile_tokens(c, 1, 1) == 16 && plan_tile_tokens(c0, 1, 1) == 32, "fp16 rows %d, %d",
                      plan_tile_tokens(c, 1, 1), plan_tile_tokens(c0, 1, 1));
             TH_CHECK(f->tile == f0->tile && f->smem == f0->smem, "fp16 class: tile %d smem %d", f->tile, f->smem);
-            TH_CHECK(c->smem > c0->smem && c->rows_bytes == 2 * c0->rows_bytes, "smem %d -> %d, rows %d -> %d",
+            TH_CHECK(c->smem < c0->smem && 2 * c->rows_bytes == c0->rows_bytes, "smem %d -> %d, rows %d -> %d",
                      c0->smem, c->smem, c0->rows_bytes, c->rows_bytes);
             char *src = NULL;
-            TH_CHECK(emit_cuda_source(p, &src, NULL) == KVQ_OK && src && strstr(src, "#define KVQ_C_TILE 256\n"),
-                     "the unit has no KVQ_C_TILE 256");
+            TH_CHECK(emit_cuda_source(p, &src, NULL) == KVQ_OK && src && strstr(src, "#define KVQ_C_TILE 128\n"),
+                     "the unit has no KVQ_C_TILE 128");
             kvq_free(src);
             TH_CHECK(plan_check_target(p, 90, msg, sizeof msg) == KVQ_OK, "%s", msg);
         }

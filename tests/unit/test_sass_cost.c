@@ -67,6 +67,17 @@ static const char sass_trunc[] = "//--------------------- .text.k --------------
                                  ".L_x_2:\n" F(40) I("0030", "EXIT")
                                  "\t.section\t.text.other,\"ax\",@progbits\n";
 
+/* the loop of `sass` with the entry's threadIdx read and tid computed again inside it (line 10, as ptxas
+ * rematerializes them under register pressure: KIVI-2's q.K loop) */
+static const char sass_remat[] = "//--------------------- .text.k --------------------------\n"
+                                 "\t.section\t.text.k,\"ax\",@progbits\n"
+                                 ".text.k:\n" F(10) I("0000", "MOV R1, c[0x0][0x28]") I("0010", "MOV R2, RZ")
+                                 ".L_x_1:\n" F(10) I("0020", "S2R R7, SR_TID.X") I("0030", "LOP3.LUT R8, R7, 0x1f, RZ, 0xc0, !PT")
+                                 FI(20, 12) F(12) I("0040", "FFMA R3, R3, R3, R3") I("0050", "FFMA R3, R3, R3, R3")
+                                 FI(21, 12) F(12) I("0060", "ISETP.GE.AND P0, PT, R2, R4, PT") I("0070", "@!P0 BRA `(.L_x_1)")
+                                 F(40) I("0080", "EXIT")
+                                 "\t.section\t.text.other,\"ax\",@progbits\n";
+
 int main(void)
 {
     /* 4 warps; the loop runs 10 times in each; one warp stores */
@@ -173,6 +184,18 @@ int main(void)
         lt[2] = (sass_loc){{41}, 1};
         TH_CHECK(sass_cost_function(sass_trunc, "k", &pt, &c) == 0, "function not found");
         TH_CHECK(c.executed == 12.0, "executed %.1f, expected 12 (line 31 never ran)", c.executed);
+    }
+    th_end();
+
+    th_begin("sass cost: an entry line ptxas recomputes inside a loop does not bound the loop's count");
+    {
+        /* 2 x 4 (entry) + 6 x 40 (the loop with its S2R and LOP3 of line 10, counted 4) + 1 x 4 (exit) = 252; the
+         * least count of the loop block's lines (4) gave 2 x 4 + 6 x 4 + 4 = 36 */
+        sass_loc lr[4] = {{{10}, 1}, {{20, 12}, 2}, {{21, 12}, 2}, {{40}, 1}};
+        double kr[4] = {4, 40, 40, 4};
+        sass_profile pr = {lr, kr, 4, NULL, 64, rolled};
+        TH_CHECK(sass_cost_function(sass_remat, "k", &pr, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 252.0, "executed %.1f, expected 252 (the entry's count: 36)", c.executed);
     }
     th_end();
 
