@@ -303,7 +303,8 @@ static int par_raw_ok(int D, const plan_store *st, int gran)
 static int qrow_bytes(const kvq_plan *p, const plan_class *c)
 {
     int r = max_i(staged_row_bytes(p->head_dim, &c->k_hi), staged_row_bytes(p->head_dim, &c->v_hi));
-    if (c->has_low) r = max_i(r, max_i(staged_row_bytes(p->head_dim, &c->k_lo), staged_row_bytes(p->head_dim, &c->v_lo)));
+    if (c->has_low)
+        r = max_i(r, max_i(staged_row_bytes(p->head_dim, &c->k_lo), staged_row_bytes(p->head_dim, &c->v_lo)));
     return r;
 }
 

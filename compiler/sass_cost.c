@@ -171,10 +171,11 @@ static int is_data_op(const char *op)
     return 0;
 }
 
-/* Integer and special-register instructions ptxas rematerializes or shares between lines: under register
- * pressure it re-reads threadIdx (S2R) and recomputes tid, lane and warp inside a hot loop, with the line info of
- * the kernel's entry (KIVI-2's q.K loop, 16,392 runs, held lines counted 1,696 once a warp a chunk: the least count
- * of the block was theirs). They do not bound a block's count while another instruction of it has a line. */
+/* Integer and special-register instructions ptxas rematerializes: under register pressure it re-reads threadIdx
+ * (S2R) and recomputes tid, lane and warp inside a hot loop, with the line info of the kernel's entry (KIVI-2's q.K
+ * loop, 16,392 runs, held lines counted 1,696, once a warp: the least count of the block was theirs). Where their
+ * line runs no more often than the entry block, they do not bound a block's count while another instruction of it
+ * has a line (address arithmetic of a rarer line inside the loop still does: the fragments' reload a page). */
 static int is_remat_op(const char *op)
 {
     static const char *const d[] = {"S2R",  "S2UR", "CS2R",  "MOV",   "IMAD",   "IADD3", "LEA",  "LOP3",
@@ -499,6 +500,11 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
      * round before (equal parts in the first round: the lines cannot say which copy ran; exact in total when the
      * copies are the same length), so that a copy the flow finds dead (a line of its own never ran) leaves the
      * whole count to the others; until the counts hold still. */
+    /* the entry block's count (every warp runs it once): what a value computed at the kernel's entry runs */
+    double entry_c = unknown;
+    for (int i = b[0].first; nb > 0 && i <= b[0].last; i++)
+        if (f.in[i].loc >= 0 && loc_count[f.in[i].loc] > 0.0 && loc_count[f.in[i].loc] < entry_c)
+            entry_c = loc_count[f.in[i].loc];
     const char *b_rolled = rolled;
     for (int round = 0; round < 16; round++) {
         for (int k = 0; k < nb; k++) {
@@ -548,7 +554,8 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
                     }
                     lc *= equal || all <= 0.0 ? 1.0 / all1 : mine / all;
                 }
-                if (is_remat_op(f.in[i].op) && lc > 0.0) { /* a line that never ran still says the block did not */
+                /* an entry value recomputed here (a line that never ran still says the block did not) */
+                if (is_remat_op(f.in[i].op) && lc > 0.0 && lc <= entry_c) {
                     if (lc < c_remat) c_remat = lc;
                 } else if (lc < c)
                     c = lc;

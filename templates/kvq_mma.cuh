@@ -61,13 +61,14 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
     }
 }
 
-/* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the staged per-channel
- * scales of np pages at ks + page D, or read from raw bytes kraw, eb bytes each, where not widened), high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of
- * half2 at qb. qscale (a power of two from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16
- * scale. One item is a (page, k-block, t, head): the four channels of lane t's two registers (r) and halves (h),
- * i.e. its high pair (lane 8 head + t) and its low pair (lane 8 head + 4 + t), each one 8-byte store; the two
- * halves of a register convert in one cvt.rn.f16x2.f32. The shift k depends on t only, and 2^-k qscale multiplies
- * the query before the scale (q 2^-k qscale s: the same product as q s 2^-k qscale, powers of two being exact). */
+/* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the per-channel scales of
+ * np pages: widened at ks + page D, or, kraw not null, where cp.async landed them, eb bytes each, kvq_kpar_raw),
+ * high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of half2 at qb. qscale (a power of two from the
+ * chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. One item is a (page, k-block, t, head): the
+ * four channels of lane t's two registers (r) and halves (h), i.e. its high pair (lane 8 head + t) and its low pair
+ * (lane 8 head + 4 + t), each one 8-byte store; the two halves of a register convert in one cvt.rn.f16x2.f32. The
+ * shift k depends on t only, and 2^-k qscale multiplies the query before the scale (q 2^-k qscale s: the same product
+ * as q s 2^-k qscale, powers of two being exact). */
 KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const unsigned char *kraw, int eb, const float *qs, float qscale,
                             unsigned *qb, int np, int tid)
 {

@@ -188,10 +188,11 @@ for b in 1 32; do
     if [ "$dry" = 1 ]; then note "    $(cat "$out/bench-b$b.md")"; else sed -n '/^kvq GPU decode/,$p' "$out/bench-b$b.md" >>"$sum"; fi
     [ "$rc" -ne 0 ] && status=1 && note "(exit $rc$([ $rc = 124 ] && echo ': timed out'))"
 done
-# The tile and occupancy knobs (docs/cuda.md "Tuning knobs"): 256-token tiles halve the per-tile work the cost
-# model counts (KIVI-2 52.8 -> 42.9 a token at 32k) at 2 CTAs an SM instead of 4; only the GPU can say which is faster.
+# The tile and occupancy knobs (docs/cuda.md "Tuning knobs"): the plan's 256-token tiles pay the per-tile work half
+# as often (KIVI-2 53.0 -> 45.4 warp-instructions a token at 32k by the cost model) at 3 CTAs an SM where 128-token
+# tiles allow 4; only the GPU can say which is faster.
 step bench-tune 90 "$out/bench-tune.md" "$bin/bench_gpu_decode" --ctx 32k --batch 1 --steps 10 --hbm-mib 0 \
-    --tune 0/0,0/0/256,3/0/256 specs/kivi2.kvq specs/kivi4.kvq
+    --tune 0/0,0/0/128,4/0/128 specs/kivi2.kvq specs/kivi4.kvq
 note ""
 note "The tuning knobs at 32k tokens, batch 1 (rows 'm<MINB> w<WAVES> [t<TILE>]', exit $rc):"
 note ""
