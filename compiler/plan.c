@@ -628,7 +628,7 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
             tile_mapping(p, pc);
             /* 256-token tiles where they keep 3 blocks an sm_90 SM (12 warps, the occupancy the GPU run measured,
              * docs/gpu-results.md): the per-tile work (staging set-up, fold, maximum, rescale, barriers) is paid
-             * half as often (KIVI-2 at 32k: 53.0 -> 45.4 warp-instructions a token, docs/cuda.md "Cost model") */
+             * half as often (KIVI-2 at 32k: 51.9 -> 44.1 warp-instructions a token, docs/cuda.md "Cost model") */
             if (p->decode_tile == 0 && !f16pages && tile == 128 && 2 * 256 * qrow_bytes(p, pc) <= 32768) {
                 plan_class wide = *pc;
                 wide.tile = 256;

@@ -189,7 +189,7 @@ for b in 1 32; do
     [ "$rc" -ne 0 ] && status=1 && note "(exit $rc$([ $rc = 124 ] && echo ': timed out'))"
 done
 # The tile and occupancy knobs (docs/cuda.md "Tuning knobs"): the plan's 256-token tiles pay the per-tile work half
-# as often (KIVI-2 53.0 -> 45.4 warp-instructions a token at 32k by the cost model) at 3 CTAs an SM where 128-token
+# as often (KIVI-2 51.9 -> 44.1 warp-instructions a token at 32k by the cost model) at 3 CTAs an SM where 128-token
 # tiles allow 4; only the GPU can say which is faster.
 step bench-tune 90 "$out/bench-tune.md" "$bin/bench_gpu_decode" --ctx 32k --batch 1 --steps 10 --hbm-mib 0 \
     --tune 0/0,0/0/128,4/0/128 specs/kivi2.kvq specs/kivi4.kvq
