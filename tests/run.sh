@@ -26,7 +26,8 @@
 # opt=FLAG (KVQ_EMU_OPT, default -O1): the emulated modules' optimisation; -Og compiles a module under ASan + UBSan
 # about 3 times faster, for programs whose time is the compiles rather than the kernels' runs. res=0
 # (KVQ_EMU_RESOURCES=0): the emulator loads units without NVRTC's register and static shared memory figures (no
-# NVRTC compile a unit), for programs of the host side whose units other programs load with the launch checks.
+# NVRTC compile a unit), for programs that test their kernels' results or the host side, not the launch checks:
+# test_cuda_nvrtc compiles every shipped spec with NVRTC, test_cuda_emu loads them with the checks.
 
 # run_one PATH[@K/N]: runs one script or program (shard K of N) into $out/NAME[@K].{log,rc,secs}.
 run_one() {

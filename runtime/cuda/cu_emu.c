@@ -314,9 +314,10 @@ static kvq_status build_runtime_objs(emu_dev *e, const char *rtdir, char objs[N_
 /* The kernels' resources as ptxas reports them for the emulated GPU (NVRTC, through the JIT cache): a source the
  * GPU's compiler refuses (more than 48 KiB of static shared memory, say) is refused here too, with its message.
  * Without NVRTC, or with $KVQ_EMU_RESOURCES=0, the module has no figures and launches are checked against the
- * grid, block and dynamic shared memory limits only (docs/emulator.md). The variable is for test programs that
- * test the host side and whose units other programs load with the figures (tests/test-times `res=0`): the NVRTC
- * compile of a unit for its figures costs more than its emulated module (docs/testing.md, "Test time"). */
+ * grid, block and dynamic shared memory limits only (docs/emulator.md), and the occupancy counts no registers. The
+ * variable is for test programs that test their kernels' results or the host side, not these checks, where
+ * test_cuda_nvrtc compiles the specs and test_cuda_emu loads them with the figures (tests/test-times `res=0`): the
+ * NVRTC compile of a unit for its figures costs more than its emulated module (docs/testing.md, "Test time"). */
 static kvq_status emu_resources(emu_dev *e, const char *src, emu_mod *em, char *msg, size_t n)
 {
     char why[512];

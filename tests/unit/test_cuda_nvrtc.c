@@ -1,7 +1,12 @@
-/* Every spec in specs/ (and specs/paper/, and specs/rotate/turboquant*) compiles with NVRTC for sm_80 and sm_90 at head_dim 128, and ptxas
- * reports no spills, no stack frame and no local memory for its decode-attention kernels and its policy kernels
- * (OTT's competition, ZipCache's, TailorKV's; every policy kernel appears in some spec; the resource report is
- * printed). Also: a failed compile returns the options, the NVRTC log and the numbered source; the JIT cache
+/* Every shipped spec compiles with NVRTC at head_dim 128, and ptxas reports no spills, no stack frame and no local
+ * memory for its decode-attention kernels and its policy kernels (OTT's competition, ZipCache's, TailorKV's; every
+ * policy kernel appears in some spec; the resource report is printed): specs/, specs/paper/ and
+ * specs/rotate/turboquant* for sm_80 and sm_90; specs/formats/, specs/compare/ and the other specs/rotate/ specs
+ * for sm_90, the emulated GPU (their kernels are the element formats' and the unrotated specs' code, which the
+ * first group compiles for sm_80 too). A scheme whose unit is the same source as one already listed (a rotation
+ * happens on the host: kivi-hadamard's units are KIVI's) is compiled once and named in the report. This program is
+ * where the emulator programs' units are checked with NVRTC: most of them load units without the figures
+ * (tests/test-times `res=0`, docs/testing.md "Test time"). Also: a failed compile returns the options, the NVRTC log and the numbered source; the JIT cache
  * treats truncated and corrupt entries as misses; the resource parser reads ptxas's lines. Without libnvrtc the
  * compile cases print "skipped: <reason>" (not PASS) and the program exits 0. Compiles run in two processes and
  * through $KVQ_CACHE_DIR. */
@@ -19,7 +24,7 @@
 #include "kvq.h"
 #include "plan.h"
 
-#define MAX_JOBS 64
+#define MAX_JOBS 128
 
 typedef struct {
     char label[160];
@@ -58,8 +63,20 @@ static void warm_cache_in_children(void)
             cu_nvrtc_compile(jobs[i].src, jobs[i].arch, 1, &jobs[i].out, NULL, jobs[i].msg, sizeof jobs[i].msg);
 }
 
-/* The schemes of every .kvq file in dir whose name starts with prefix (NULL: every file). */
-static void add_spec_jobs(const char *dir, const char *prefix)
+/* A job compiling the same source (but for its first line, the comment naming the scheme), or NULL. */
+static const job *same_source(const char *src)
+{
+    const char *body = strchr(src, '\n');
+    for (int i = 0; body && i < n_jobs; i++) {
+        const char *other = strchr(jobs[i].src, '\n');
+        if (other && !strcmp(body, other)) return &jobs[i];
+    }
+    return NULL;
+}
+
+/* The schemes of every .kvq file in dir whose name starts with prefix (NULL: every file), for sm_80 and sm_90
+ * (n_arch 2) or sm_90 only (1). */
+static void add_spec_jobs(const char *dir, const char *prefix, int n_arch)
 {
     DIR *d = opendir(dir);
     struct dirent *e;
@@ -105,12 +122,19 @@ static void add_spec_jobs(const char *dir, const char *prefix)
                 kvq_free(p);
                 continue;
             }
-            for (int a = 0; a < 2 && n_jobs + 1 < MAX_JOBS; a++) {
+            const job *same = same_source(src);
+            if (same) {
+                printf("  %s/%s: the same unit as %s (compiled once)\n", names[f], kvq_scheme_name(sc), same->label);
+                kvq_free(src);
+                kvq_free(p);
+                continue;
+            }
+            for (int a = 2 - n_arch; a < 2 && n_jobs + 1 < MAX_JOBS; a++) {
                 job *j = &jobs[n_jobs++];
                 snprintf(j->label, sizeof j->label, "%s/%s", names[f], kvq_scheme_name(sc));
-                j->src = a == 0 ? src : kvq_strdup(src);
+                j->src = a == 2 - n_arch ? src : kvq_strdup(src);
                 j->arch = a == 0 ? "sm_80" : "sm_90";
-                j->plan = a == 0 ? p : NULL;
+                j->plan = a == 2 - n_arch ? p : NULL;
             }
         }
         kvq_spec_free(spec);
@@ -278,10 +302,16 @@ int main(void)
         return th_summary();
     }
     printf("NVRTC %s, cache %s\n", cu_nvrtc_version(), kvq_cache_dir());
-    add_spec_jobs(th_path("specs"), NULL);
-    add_spec_jobs(th_path("specs/paper"), NULL);
-    /* TurboQuant's kernels (templates/kvq_turboquant.cuh); the other rotated specs run the unrotated kernels */
-    add_spec_jobs(th_path("specs/rotate"), "turboquant");
+    add_spec_jobs(th_path("specs"), NULL, 2);
+    add_spec_jobs(th_path("specs/paper"), NULL, 2);
+    /* TurboQuant's kernels (templates/kvq_turboquant.cuh) */
+    add_spec_jobs(th_path("specs/rotate"), "turboquant", 2);
+    /* the element formats (templates/kvq_format.cuh), the comparison specs and the other rotated specs (the
+     * unrotated kernels: mostly the same units as above), for the emulated GPU */
+    add_spec_jobs(th_path("specs/formats"), NULL, 1);
+    add_spec_jobs(th_path("specs/compare"), NULL, 1);
+    add_spec_jobs(th_path("specs/rotate"), "kivi", 1);
+    add_spec_jobs(th_path("specs/rotate"), "per-token", 1);
     warm_cache_in_children();
     report_jobs();
     test_failure_text();
