@@ -1971,14 +1971,16 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
     }
 }
 
-/* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the staged per-channel
- * scales of np pages at ks + page D), high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of
- * half2 at qb. qscale (a power of two from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16
- * scale. One item is a (page, k-block, t, head): the four channels of lane t's two registers (r) and halves (h),
- * i.e. its high pair (lane 8 head + t) and its low pair (lane 8 head + 4 + t), each one 8-byte store; the two
- * halves of a register convert in one cvt.rn.f16x2.f32. The shift k depends on t only, and 2^-k qscale multiplies
- * the query before the scale (q 2^-k qscale s: the same product as q s 2^-k qscale, powers of two being exact). */
-KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qscale, unsigned *qb, int np, int tid)
+/* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the per-channel scales of
+ * np pages: widened at ks + page D, or, kraw not null, where cp.async landed them, eb bytes each, kvq_kpar_raw),
+ * high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of half2 at qb. qscale (a power of two from the
+ * chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. One item is a (page, k-block, t, head): the
+ * four channels of lane t's two registers (r) and halves (h), i.e. its high pair (lane 8 head + t) and its low pair
+ * (lane 8 head + 4 + t), each one 8-byte store; the two halves of a register convert in one cvt.rn.f16x2.f32. The
+ * shift k depends on t only, and 2^-k qscale multiplies the query before the scale (q 2^-k qscale s: the same product
+ * as q s 2^-k qscale, powers of two being exact). */
+KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const unsigned char *kraw, int eb, const float *qs, float qscale,
+                            unsigned *qb, int np, int tid)
 {
     const int G = KVQ_GQA, per = (KVQ_D / 16) * 4 * G;
     /* the item's place and query are the same on every page: computed once, the pages in the inner loop */
@@ -1999,10 +2001,14 @@ KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const float *qs, float qs
 #pragma unroll 1
         for (int pg = 0; pg < np; pg++, dst += KVQ_D * G / 2) {
             const float *kp = ks + pg * KVQ_D;
+            /* kraw: the scales where cp.async landed them (kvq_kpar_raw), page pg's section at al16(pg D eb) + 64 pg */
+            const unsigned char *kr = kraw ? kraw + ((pg * KVQ_D * eb + 15) & ~15) + 64 * pg : kraw;
             unsigned hi[2], lo[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const float x0 = qv[2 * r] * kp[cs[2 * r]], x1 = qv[2 * r + 1] * kp[cs[2 * r + 1]];
+                const float s0 = kraw ? kvq_ld_par(kr, cs[2 * r], eb) : kp[cs[2 * r]];
+                const float s1 = kraw ? kvq_ld_par(kr, cs[2 * r + 1], eb) : kp[cs[2 * r + 1]];
+                const float x0 = qv[2 * r] * s0, x1 = qv[2 * r + 1] * s1;
                 const kvq_half2 xh = kvq_f2h2(x0, x1);
                 hi[r] = kvq_h2_bits(xh);
                 lo[r] = kvq_h2_bits(kvq_f2h2((x0 - kvq_h2f(xh.x)) * KVQ_MMA_LO, (x1 - kvq_h2f(xh.y)) * KVQ_MMA_LO));
@@ -2248,6 +2254,8 @@ typedef struct {
                           * mask bits */
     int raws, rawf;
     const float *sq;     /* TurboQuant prod keys: the block's sqrt(pi/2)/m S q, [D][GQA] (kvq_turboquant.cuh) */
+    int praw;            /* scales and zeros are read from raw (kvq_kpar_raw, kvq_vpar_raw), never widened into s, z
+                          * (plan.c, par_raw_ok: per-channel integer keys, per-token values on the tensor cores) */
 } kvq_stage_buf;
 
 /* Block k of kvq_stage_par's range (r = src & 15, src16 = src - r): issue its copy (fin 0) or widen it (fin 1). */
@@ -2459,7 +2467,7 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     /* per-channel parameters of fp16 or fp32 scales and zeros: all pages in one pass */
     const int chan1 = f.bits < 16 && f.gran == 0 && (f.sbytes == 2 || f.sbytes == 4) &&
                       (f.zbytes == 2 || f.zbytes == 4) && KVQ_D % 8 == 0;
-    if (chan1) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, fin);
+    if (chan1 && !(fin && sb->praw)) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, fin);
     /* the codes of all the tile's pages in one pass where the rows allow (every KIVI page) */
     const unsigned char *c0 = b + o.codes + (long long)h * cap * o.cbpt;
     const int run = !fin && kvq_run_rows_ok(o.cbpt, c0, stride);
@@ -2480,7 +2488,7 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
                 kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
                               b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
             }
-        } else {
+        } else if (!(fin && sb->praw)) {
             const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
             const int e0 = t0 * o.n_groups;
             kvq_stage_par2(fin, sb->s + e0, sb->raw + kvq_al16(e0 * f.sbytes) + 64 * i, b + o.scale + first * f.sbytes,
@@ -2521,6 +2529,7 @@ typedef struct {
      * stage_bytes (a copy per stage, inside it), or 0 (one copy after the stages: only cp.async fills a stage, and
      * tile i's floats are written after the barrier that ends tile i - 1's math) */
     int par_step;
+    int kpraw, vpraw; /* kvq_stage_buf.praw of the keys' and the values' buffers */
 } kvq_dec_geo;
 
 /* The staged buffers of K and V of pipeline stage st (plan.c: stage st at st * stage_bytes). */
@@ -2533,6 +2542,7 @@ KVQ_DEV void kvq_stage_bufs(unsigned char *smem, const kvq_dec_geo *g, int st, k
     kb->raw = s0 + g->so_kraw, vb->raw = s0 + g->so_vraw;
     kb->raws = g->kraws, vb->raws = g->vraws, kb->rawf = vb->rawf = g->rawf;
     kb->sq = vb->sq = (const float *)(smem + g->so_qk); /* TurboQuant prod keys: their tiles never fold q */
+    kb->praw = g->kpraw, vb->praw = g->vpraw;
 }
 
 /* Tokens of tile T this kv head reads (a pool's tile: kvq_tile.count) and its K and V kinds. */
@@ -2550,6 +2560,23 @@ KVQ_DEV void kvq_stage_tile(const kvq_tile *T, int kk, int vk, int n, int hk, co
 {
     kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, fin);
     kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, fin);
+}
+
+/* Per-channel parameter c of page pg of a tile (zs: the zero, else the scale) where cp.async landed it: page pg's
+ * section at al16(pg D eb) + 64 pg of the scales' (zeros') raw part, whole 16-byte blocks from the section's start
+ * (kvq_stage_chan_pars). Every thread may read it after the barrier that follows the tile's wait. */
+KVQ_DEV float kvq_kpar_raw(const kvq_stage_buf *kb, kvq_fmt f, int zs, int pg, int c)
+{
+    const int eb = zs ? f.zbytes : f.sbytes;
+    return kvq_ld_par(kb->raw + (zs ? kb->raws : 0) + kvq_al16(pg * KVQ_D * eb) + 64 * pg, c, eb);
+}
+/* Per-token parameter e (token t, group gi: t n_groups + gi) of a tile's value page (a tile reads one: value pages
+ * do not form runs, layout/tiles.h) where cp.async landed it: the range began at byte (first eb) & 15 of its first
+ * block (kvq_stage_par2), first = the tile's first element in the page's section. */
+KVQ_DEV float kvq_vpar_raw(const kvq_stage_buf *vb, kvq_fmt f, int zs, long long first, int e)
+{
+    const int eb = zs ? f.zbytes : f.sbytes;
+    return kvq_ld_par(vb->raw + (zs ? vb->raws : 0) + (int)((first * eb) & 15), e, eb);
 }
 
 /* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
@@ -2587,11 +2614,13 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
     if (f.bits >= 16) return;
     if (f.gran != 0) np = 1;
     if (mma) /* q.K on tensor cores: qk's place holds B's fragments, D GQA 4 bytes a page */
-        kvq_fold_k_mma(f.bits, kb->s, qs, qscale, (unsigned *)qk, np, tid);
+        kvq_fold_k_mma(f.bits, kb->s, kb->praw ? kb->raw : (const unsigned char *)0, f.sbytes, qs, qscale,
+                       (unsigned *)qk, np, tid);
     else if (kvq_k_folds(f))
         for (int i = tid; i < np * D * G; i += KVQ_THREADS) {
             const int pg = i / (D * G), j = i - pg * (D * G), c = j / G;
-            const float x = f.gran == 0 ? qs[j] * kb->s[pg * D + c] : f.sep ? qs[j] * kb->f[c] : qs[j];
+            const float sc = f.gran != 0 ? 0.0f : kb->praw ? kvq_kpar_raw(kb, f, 0, pg, c) : kb->s[pg * D + c];
+            const float x = f.gran == 0 ? qs[j] * sc : f.sep ? qs[j] * kb->f[c] : qs[j];
             qk[i] = kvq_k_preshift(f) ? x * kvq_preshift_inv(f.bits, c) : x; /* exact: a power of two */
         }
     if (f.gran == 0) {
@@ -2605,7 +2634,7 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
             for (int c = part * (D / 8); c < (part + 1) * (D / 8); c++) {
                 float q[KVQ_GQA];
                 kvq_ld_qrow(qs, c, q);
-                const float zc = z[c];
+                const float zc = kb->praw ? kvq_kpar_raw(kb, f, 1, pg, c) : z[c];
 #pragma unroll
                 for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(q[h], zc, acc[h]);
             }
@@ -2846,10 +2875,18 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
  * head and value group in oz (the per-token zeros, added at the end of the chunk). */
 KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, const float m[KVQ_GQA], int n,
                        int part0, int lane1, int p1, int tid, int nks, unsigned short *wb, float dl[KVQ_GQA],
-                       float oz[KVQ_GQA][4])
+                       float oz[KVQ_GQA][4], int vslot, int vcap, int hk)
 {
     const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D);
     if (mma) {
+        /* parameters read from raw (vb->praw): the tile's first element in its value page's section, as
+         * kvq_stage_page computes it */
+        long long first = 0;
+        if (vb->praw) {
+            int sl;
+            kvq_divmod(vslot, vcap, &sl);
+            first = f.hidden ? sl : ((long long)hk * vcap + sl) * ngv;
+        }
 #pragma unroll 1
         for (int t = part0 ? 2 * lane1 : n; t < n; t += 2 * p1) {
             const int live1 = t + 1 < n;
@@ -2867,9 +2904,11 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
             for (int gi = 0; gi < 4; gi++)
                 if (gi < ngv) {
                     /* token t + 1 past n: weight 0 (its staged parameters may be anything, even not finite) */
-                    const float s0 = vb->s[t * ngv + gi], z0 = vb->z[t * ngv + gi];
-                    const float s1 = live1 ? vb->s[(t + 1) * ngv + gi] : 0.0f;
-                    const float z1 = live1 ? vb->z[(t + 1) * ngv + gi] : 0.0f;
+                    const int e0 = t * ngv + gi, e1 = e0 + ngv;
+                    const float s0 = vb->praw ? kvq_vpar_raw(vb, f, 0, first, e0) : vb->s[e0];
+                    const float z0 = vb->praw ? kvq_vpar_raw(vb, f, 1, first, e0) : vb->z[e0];
+                    const float s1 = !live1 ? 0.0f : vb->praw ? kvq_vpar_raw(vb, f, 0, first, e1) : vb->s[e1];
+                    const float z1 = !live1 ? 0.0f : vb->praw ? kvq_vpar_raw(vb, f, 1, first, e1) : vb->z[e1];
 #pragma unroll
                     for (int h = 0; h < KVQ_GQA; h++) {
                         kvq_mma_put_w2(wb, nks, gi, t, h, pr[0][h] * s0, pr[1][h] * s1);
@@ -3120,7 +3159,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
                 for (int gi = 0; gi < 4; gi++) oz[h][gi] *= a[h];
         /* p = 2^(s - m) of this lane's own tokens (written by itself in phase 1) */
         KVQ_BY_KIND(vk, vhi, vlo, g.mv, vsw,
-                    kvq_probs(F_, M_, &vb, ps, m, n, part == 0, lane1, g.p1, tid, nks, wb, dl, oz));
+                    kvq_probs(F_, M_, &vb, ps, m, n, part == 0, lane1, g.p1, tid, nks, wb, dl, oz, T.v_slot, T.v_cap,
+                              hk));
         __syncthreads();
 
         /* phase 3: values, o rescaled once per tile */
@@ -3661,16 +3701,16 @@ KVQ_KERNEL_EXPORT(kvq_params_sig);
 #define KVQ_C_KPAGES 1
 #define KVQ_C_VOFF 8192
 #define KVQ_C_MINB 3
-#define KVQ_C_SMEM 44032 /* dynamic shared memory: rows 0, kpar 35328, vpar 36352, kmask 37376, q 37392, qk 39440, qsum 41488, p 41760, red 43808 */
+#define KVQ_C_SMEM 43024 /* dynamic shared memory: rows 0, kpar 35328, vpar 36352, kmask 36368, q 36384, qk 38432, qsum 40480, p 40752, red 42800 */
 #define KVQ_C_SO_KPAR 35328
 #define KVQ_C_SO_VPAR 36352
-#define KVQ_C_SO_KMASK 37376
-#define KVQ_C_SO_Q 37392
-#define KVQ_C_SO_QK 39440
-#define KVQ_C_SO_QSUM 41488
-#define KVQ_C_SO_P 41760
-#define KVQ_C_SO_RED 43808
-#define KVQ_C_SO_W 39440
+#define KVQ_C_SO_KMASK 36368
+#define KVQ_C_SO_Q 36384
+#define KVQ_C_SO_QK 38432
+#define KVQ_C_SO_QSUM 40480
+#define KVQ_C_SO_P 40752
+#define KVQ_C_SO_RED 42800
+#define KVQ_C_SO_W 38432
 #define KVQ_C_STAGES 2
 #define KVQ_C_STAGE_BYTES 17664
 #define KVQ_C_SO_KRAW 16384
@@ -3681,6 +3721,8 @@ KVQ_KERNEL_EXPORT(kvq_params_sig);
 #define KVQ_C_PAR_STEP 0
 #define KVQ_C_MMA_K 0
 #define KVQ_C_MMA_V 1
+#define KVQ_C_KPRAW 0
+#define KVQ_C_VPRAW 1
 #define KVQ_C_KHI {4, 1, 0, 0, 1, 2, 2, 0, 0, 0, 0, 0, 0, {0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f, 0.00000000f}}
 #define KVQ_C_KHI_Q 1
 #define KVQ_C_KHI_SEP 0
@@ -3710,6 +3752,7 @@ KVQ_KERNEL_EXPORT(kvq_params_sig);
  *   KVQ_C_PAR_STEP
  *                          the load pipeline: stages of the staged part and its raw parameter bytes (plan.h)
  *   KVQ_C_MMA_K, KVQ_C_MMA_V  page classes (bit 0 high, bit 1 low) whose q.K / p.V run on tensor cores
+ *   KVQ_C_KPRAW, KVQ_C_VPRAW  1 when the keys' (values') scales and zeros are read from their raw bytes (plan.h)
  *   KVQ_C_KHI, KVQ_C_KLO, KVQ_C_VHI, KVQ_C_VLO   kvq_fmt initialisers of the page formats (bits 0: absent)
  *   KVQ_C_<store>_Q        1 when the store is quantized (has a quantize kernel)
  *   KVQ_C_<store>_SEP      1 when it stores channel-separable factors (has a factor kernel) */
@@ -3725,7 +3768,7 @@ extern "C" __global__ void __launch_bounds__(KVQ_THREADS, KVQ_C_MINB) KVQ_C(kvq_
                            KVQ_C_SO_QK,   KVQ_C_SO_QSUM,  KVQ_C_SO_P,     KVQ_C_SO_RED,
                            KVQ_C_SO_W,    KVQ_C_MMA_K,    KVQ_C_MMA_V,    KVQ_C_KPAGES,
                            KVQ_C_STAGES,  KVQ_C_STAGE_BYTES, KVQ_C_SO_KRAW, KVQ_C_SO_VRAW, KVQ_C_KRAWS,
-                           KVQ_C_VRAWS,   KVQ_C_RAWF,     KVQ_C_PAR_STEP};
+                           KVQ_C_VRAWS,   KVQ_C_RAWF,     KVQ_C_PAR_STEP, KVQ_C_KPRAW, KVQ_C_VPRAW};
     kvq_decode_body(&p, smem, khi, klo, vhi, vlo, g);
 }
 KVQ_KERNEL_EXPORT(KVQ_C(kvq_decode));
@@ -3876,6 +3919,8 @@ KVQ_FACTOR_KERNEL(kvq_factor_v_lo, kvq_factor_list_v_lo, KVQ_C_VLO);
 #undef KVQ_C_SO_W
 #undef KVQ_C_MMA_K
 #undef KVQ_C_MMA_V
+#undef KVQ_C_KPRAW
+#undef KVQ_C_VPRAW
 #undef KVQ_C_STAGES
 #undef KVQ_C_STAGE_BYTES
 #undef KVQ_C_SO_KRAW
