@@ -443,6 +443,8 @@ int plan_decode_min_blocks(const kvq_plan *p, const plan_class *c)
     }
     const int mma = c->quant && c->mma_k && c->mma_v && p->head_dim <= 128; /* at 256: 4 accumulator blocks a warp */
     int pminb = (mma ? 512 : 384) / p->threads;
+    /* 256-token tiles keep 3 blocks (plan.c, the class's tile): at 128 registers OTT's spilled 40 bytes on sm_90 */
+    if (c->tile > 128 && pminb > 384 / p->threads) pminb = 384 / p->threads;
     if (pminb < 1) pminb = 1;
     int minb = plan_smem_per_sm(90) / (c->smem + 1024);
     if (minb > pminb) minb = pminb;

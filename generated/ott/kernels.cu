@@ -4736,7 +4736,7 @@ KVQ_KERNEL_EXPORT(kvq_tk_dense);
 #define KVQ_C_P1 128
 #define KVQ_C_KPAGES 2
 #define KVQ_C_VOFF 8192
-#define KVQ_C_MINB 4
+#define KVQ_C_MINB 3
 #define KVQ_C_SMEM 48544 /* dynamic shared memory: rows 0, kpar 37632, vpar 41728, kmask 41744, q 41760, qk 43808, qsum 47904, p 37632, red 48192 */
 #define KVQ_C_SO_KPAR 37632
 #define KVQ_C_SO_VPAR 41728
@@ -4994,7 +4994,7 @@ KVQ_FACTOR_KERNEL(kvq_factor_v_lo, kvq_factor_list_v_lo, KVQ_C_VLO);
 #define KVQ_C_P1 128
 #define KVQ_C_KPAGES 2
 #define KVQ_C_VOFF 8192
-#define KVQ_C_MINB 4
+#define KVQ_C_MINB 3
 #define KVQ_C_SMEM 49136 /* dynamic shared memory: rows 0, kpar 37984, vpar 42080, kmask 42096, q 42352, qk 44400, qsum 48496, p 37984, red 48784 */
 #define KVQ_C_SO_KPAR 37984
 #define KVQ_C_SO_VPAR 42080
