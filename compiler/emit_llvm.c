@@ -1,6 +1,7 @@
 /* LLVM IR for the cpu backend's decode tiles (emit_llvm.h, docs/cpu.md). One function per (K source, V source)
- * pair, everything known at emission time unrolled or folded: head_dim, GQA ratio g, the vector width W, bits,
- * group sizes, parameter dtypes, the mask. The kernel's three phases:
+ * pair, everything known at emission time folded: head_dim, GQA ratio g, the vector width W, bits, group sizes,
+ * parameter dtypes, the mask. Straight-line code where it is bounded; loops where its size grows with head_dim x
+ * g (the K phase's channels at GQA > 1, docs/cpu.md "Compile time"). The kernel's three phases:
  *
  *   K: for each token t of the tile, the codes of K row t are unpacked once into D/W vectors and serve all g
  *      query heads. Per-channel keys fold their scale and zero into the query once per tile (DESIGN §6):
