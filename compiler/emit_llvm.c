@@ -1,6 +1,7 @@
 /* LLVM IR for the cpu backend's decode tiles (emit_llvm.h, docs/cpu.md). One function per (K source, V source)
- * pair, everything known at emission time unrolled or folded: head_dim, GQA ratio g, the vector width W, bits,
- * group sizes, parameter dtypes, the mask. The kernel's three phases:
+ * pair, everything known at emission time folded: head_dim, GQA ratio g, the vector width W, bits, group sizes,
+ * parameter dtypes, the mask. Straight-line code where it is bounded; loops where its size grows with head_dim x
+ * g (the K phase's channels at GQA > 1, docs/cpu.md "Compile time"). The kernel's three phases:
  *
  *   K: for each token t of the tile, the codes of K row t are unpacked once into D/W vectors and serve all g
  *      query heads. Per-channel keys fold their scale and zero into the query once per tile (DESIGN §6):
@@ -31,10 +32,60 @@
 #include "emit_llvm_build.h"
 #include "emit_llvm_ir.h"
 
-/* The softmax of a tile, once per query head: the tile's max m' against the running m, p = e^(s - m') over the
- * tile's occupied blocks of W lanes (lanes past n are not tokens: p = 0), l' = l e^(m - m') + sum p. alpha_h[j]
- * gets e^(m - m') as a splat: acc's rescale happens where the V phase loads it. */
-static void softmax(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, const LLVMValueRef *mtile, LLVMValueRef *alpha_h)
+/* The softmax of one query head: the tile's max m' against the running m, p = e^(s - m') over the tile's
+ * occupied blocks of W lanes (lanes past n are not tokens: p = 0), l' = l e^(m - m') + sum p. mlp: the head's
+ * (m, l) pair; prow: its row of the p scratch; mt: its max over the tile; iota_v, n_v: the lanes' indices and n
+ * as vectors. Returns e^(m - m') as a vector (all lanes equal): acc's rescale happens where the V phase loads it. */
+static LLVMValueRef softmax_head(E *e, LLVMValueRef n, LLVMValueRef iota_v, LLVMValueRef n_v, LLVMValueRef mlp,
+                                 LLVMValueRef prow, LLVMValueRef mt)
+{
+    int W = e->W, N = EMIT_LLVM_TILE;
+    LLVMBuilderRef b = e->b;
+    LLVMValueRef m_old = el_load(e, e->f32, mlp, 4), l_old = el_load(e, e->f32, el_gepc(e, mlp, 4), 4);
+    LLVMValueRef m_new = el_fmax_sel(e, m_old, mt); /* the max after the last token */
+    LLVMValueRef mn_v = el_splat(e, m_new);
+    LLVMValueRef alpha_v = el_vexp(e, LLVMBuildFSub(b, el_splat(e, m_old), mn_v, ""));
+    LLVMValueRef sum = NULL;
+    /* Only the blocks that hold tokens (a tile cut by a 32-token K page fills half of 64 lanes): block bl > 0
+     * runs when bl W < n. */
+    for (int bl = 0; bl < N / W; bl++) {
+        LLVMBasicBlockRef before = LLVMGetInsertBlock(b), doit = NULL, after = NULL;
+        if (bl > 0) {
+            doit = LLVMAppendBasicBlockInContext(e->c, e->fn, "sblk");
+            after = LLVMAppendBasicBlockInContext(e->c, e->fn, "snext");
+            LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, el_ci32(e, (long)bl * W), n, ""), doit, after);
+            LLVMPositionBuilderAtEnd(b, doit);
+        }
+        LLVMValueRef pp = el_gepc(e, prow, (long)bl * W * 4);
+        LLVMValueRef x = el_load(e, e->vf, pp, 4);
+        LLVMValueRef valid = LLVMBuildICmp(b, LLVMIntSLT, LLVMBuildAdd(b, iota_v, el_vic(e, (long)bl * W), ""), n_v, "");
+        LLVMValueRef pv = LLVMBuildSelect(b, valid, el_vexp(e, LLVMBuildFSub(b, x, mn_v, "")), el_vfc(e, 0.0), "");
+        el_store(e, pv, pp, 4);
+        LLVMValueRef sum1 = sum ? el_fm(LLVMBuildFAdd(b, sum, pv, "")) : pv;
+        if (bl > 0) {
+            LLVMBasicBlockRef done = LLVMGetInsertBlock(b);
+            LLVMBuildBr(b, after);
+            LLVMPositionBuilderAtEnd(b, after);
+            LLVMValueRef ph = LLVMBuildPhi(b, e->vf, "");
+            LLVMValueRef ins[2] = {sum, sum1};
+            LLVMBasicBlockRef from[2] = {before, done};
+            LLVMAddIncoming(ph, ins, from, 2);
+            sum1 = ph;
+        }
+        sum = sum1;
+    }
+    LLVMValueRef alpha = LLVMBuildExtractElement(b, alpha_v, el_ci32(e, 0), "");
+    LLVMValueRef l_new = el_fm(LLVMBuildFAdd(b, LLVMBuildFMul(b, l_old, alpha, ""), el_hsum(e, sum), ""));
+    el_store(e, m_new, mlp, 4);
+    el_store(e, l_new, el_gepc(e, mlp, 4), 4);
+    return alpha_v;
+}
+
+/* The softmax of a tile, once per query head (softmax_head); alpha_h[j] gets e^(m - m') of head j as a splat.
+ * At GQA > 1 a loop over the heads (the heads' tile maxima and alphas through smx, [2g] fp32): g straight-line
+ * copies of the N/W exponentials were the longest part of a module (docs/cpu.md "Compile time"). */
+static void softmax(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, const LLVMValueRef *mtile, LLVMValueRef smx,
+                    LLVMValueRef *alpha_h)
 {
     int g = k->gqa, W = e->W, N = EMIT_LLVM_TILE;
     LLVMBuilderRef b = e->b;
@@ -42,47 +93,30 @@ static void softmax(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, const LLVM
     LLVMValueRef iota[16];
     for (int i = 0; i < W; i++) iota[i] = el_ci32(e, i);
     LLVMValueRef iota_v = LLVMConstVector(iota, (unsigned)W), n_v = el_splat(e, n);
-    for (int j = 0; j < g; j++) {
-        LLVMValueRef mlp = el_gepc(e, a[A_ML], (long)j * 8);
-        LLVMValueRef m_old = el_load(e, e->f32, mlp, 4), l_old = el_load(e, e->f32, el_gepc(e, mlp, 4), 4);
-        LLVMValueRef m_new = el_fmax_sel(e, m_old, mtile[j]); /* the max after the last token */
-        LLVMValueRef mn_v = el_splat(e, m_new);
-        LLVMValueRef alpha_v = el_vexp(e, LLVMBuildFSub(b, el_splat(e, m_old), mn_v, ""));
-        LLVMValueRef sum = NULL;
-        /* Only the blocks that hold tokens (a tile cut by a 32-token K page fills half of 64 lanes): block bl > 0
-         * runs when bl W < n. */
-        for (int bl = 0; bl < N / W; bl++) {
-            LLVMBasicBlockRef before = LLVMGetInsertBlock(b), doit = NULL, after = NULL;
-            if (bl > 0) {
-                doit = LLVMAppendBasicBlockInContext(e->c, e->fn, "sblk");
-                after = LLVMAppendBasicBlockInContext(e->c, e->fn, "snext");
-                LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, el_ci32(e, (long)bl * W), n, ""), doit, after);
-                LLVMPositionBuilderAtEnd(b, doit);
-            }
-            LLVMValueRef pp = el_gepc(e, a[A_P], ((long)j * N + (long)bl * W) * 4);
-            LLVMValueRef x = el_load(e, e->vf, pp, 4);
-            LLVMValueRef valid = LLVMBuildICmp(b, LLVMIntSLT, LLVMBuildAdd(b, iota_v, el_vic(e, (long)bl * W), ""), n_v, "");
-            LLVMValueRef pv = LLVMBuildSelect(b, valid, el_vexp(e, LLVMBuildFSub(b, x, mn_v, "")), el_vfc(e, 0.0), "");
-            el_store(e, pv, pp, 4);
-            LLVMValueRef sum1 = sum ? el_fm(LLVMBuildFAdd(b, sum, pv, "")) : pv;
-            if (bl > 0) {
-                LLVMBasicBlockRef done = LLVMGetInsertBlock(b);
-                LLVMBuildBr(b, after);
-                LLVMPositionBuilderAtEnd(b, after);
-                LLVMValueRef ph = LLVMBuildPhi(b, e->vf, "");
-                LLVMValueRef ins[2] = {sum, sum1};
-                LLVMBasicBlockRef from[2] = {before, done};
-                LLVMAddIncoming(ph, ins, from, 2);
-                sum1 = ph;
-            }
-            sum = sum1;
-        }
-        LLVMValueRef alpha = LLVMBuildExtractElement(b, alpha_v, el_ci32(e, 0), "");
-        LLVMValueRef l_new = el_fm(LLVMBuildFAdd(b, LLVMBuildFMul(b, l_old, alpha, ""), el_hsum(e, sum), ""));
-        el_store(e, m_new, mlp, 4);
-        el_store(e, l_new, el_gepc(e, mlp, 4), 4);
-        alpha_h[j] = alpha_v; /* acc's rescale happens where the V phase loads it */
+    if (g == 1) {
+        alpha_h[0] = softmax_head(e, n, iota_v, n_v, a[A_ML], a[A_P], mtile[0]);
+        return;
     }
+    for (int j = 0; j < g; j++) el_store(e, mtile[j], el_gepc(e, smx, (long)j * 4), 4);
+    LLVMBasicBlockRef pre = LLVMGetInsertBlock(b), head = LLVMAppendBasicBlockInContext(e->c, e->fn, "shead");
+    LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(e->c, e->fn, "sdone");
+    LLVMBuildBr(b, head);
+    LLVMPositionBuilderAtEnd(b, head);
+    LLVMValueRef j = LLVMBuildPhi(b, e->i32, "j"), zero = el_ci32(e, 0);
+    LLVMValueRef j64 = LLVMBuildZExt(b, j, e->i64, "");
+    LLVMValueRef mlp = el_gep(e, a[A_ML], LLVMBuildMul(b, j64, el_ci64(e, 8), ""));
+    LLVMValueRef prow = el_gep(e, a[A_P], LLVMBuildMul(b, j64, el_ci64(e, (long)N * 4), ""));
+    LLVMValueRef mt = el_load(e, e->f32, el_gep(e, smx, LLVMBuildMul(b, j64, el_ci64(e, 4), "")), 4);
+    LLVMValueRef alpha_v = softmax_head(e, n, iota_v, n_v, mlp, prow, mt);
+    LLVMValueRef ap = el_gep(e, smx, LLVMBuildMul(b, LLVMBuildAdd(b, j64, el_ci64(e, g), ""), el_ci64(e, 4), ""));
+    el_store(e, LLVMBuildExtractElement(b, alpha_v, zero, ""), ap, 4);
+    LLVMValueRef j1 = LLVMBuildAdd(b, j, el_ci32(e, 1), "");
+    LLVMBasicBlockRef latch = LLVMGetInsertBlock(b);
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, j1, el_ci32(e, g), ""), head, exit);
+    LLVMAddIncoming(j, &zero, &pre, 1);
+    LLVMAddIncoming(j, &j1, &latch, 1);
+    LLVMPositionBuilderAtEnd(b, exit);
+    for (int h = 0; h < g; h++) alpha_h[h] = el_splat(e, el_load(e, e->f32, el_gepc(e, smx, (long)(g + h) * 4), 4));
 }
 
 /* One kernel: the entry (the argument fields, the V phase's scratch), the K phase, the softmax, the V phase. */
@@ -100,10 +134,14 @@ static void build_kernel(E *e, const emit_llvm_kernel *k, const char *name)
     LLVMPositionBuilderAtEnd(b, entry);
     LLVMValueRef a[A_COUNT];
     for (int i = 0; i < A_COUNT; i++) a[i] = el_field(e, args, i);
-    LLVMValueRef wh, wl, mtile[MAXG], alpha_h[MAXG];
+    LLVMValueRef wh, wl, mtile[MAXG], alpha_h[MAXG], smx = NULL;
     el_v_scratch(e, k, &wh, &wl);
+    if (k->gqa > 1) { /* the softmax's tile maxima and alphas per head */
+        smx = LLVMBuildAlloca(b, LLVMArrayType(e->f32, (unsigned)(2 * k->gqa)), "smx");
+        LLVMSetAlignment(smx, 16);
+    }
     el_k_phase(e, k, a, mtile);
-    softmax(e, k, a, mtile, alpha_h);
+    softmax(e, k, a, mtile, smx, alpha_h);
     el_v_phase(e, k, a, alpha_h, wh, wl);
     LLVMBuildRetVoid(b);
 }

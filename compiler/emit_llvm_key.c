@@ -113,8 +113,8 @@ static int k_lanes(const E *e, const emit_llvm_kernel *k)
 /* The block loop of k_lanes over the page's whole blocks of 16 tokens (from the current block; leaves the builder
  * in the block after it with *t_start the first token it did not do): logits to the p scratch, each head's max
  * vector in lmx. */
-static void k_lanes_blocks(E *e, const KPhase *kp, LLVMValueRef qs, const LLVMValueRef *qz, LLVMValueRef nk,
-                           LLVMValueRef *lmx, LLVMValueRef *t_start)
+static void k_lanes_blocks(E *e, const KPhase *kp, LLVMValueRef qs, LLVMValueRef cols, const LLVMValueRef *qz,
+                           LLVMValueRef nk, LLVMValueRef *lmx, LLVMValueRef *t_start)
 {
     const emit_llvm_kernel *k = kp->k;
     LLVMBuilderRef b = e->b;
@@ -139,6 +139,14 @@ static void k_lanes_blocks(E *e, const KPhase *kp, LLVMValueRef qs, const LLVMVa
     LLVMValueRef t64 = LLVMBuildZExt(b, t0, e->i64, "");
     LLVMTypeRef rows_t = LLVMVectorType(e->i32, (unsigned)(W * nw));
     LLVMValueRef rows = el_load(e, rows_t, el_gep(e, kp->a[A_K], LLVMBuildMul(b, t64, el_ci64(e, rb), "")), 1);
+    /* The transposition: word column kc of the 16 rows to cols[kc] (16 lanes), so that the channel loop below can
+     * take its columns by a variable index. */
+    for (int kc = 0; kc < nw; kc++) {
+        LLVMValueRef idx[16];
+        for (int t = 0; t < W; t++) idx[t] = el_ci32(e, (long)t * nw + kc);
+        el_store(e, LLVMBuildShuffleVector(b, rows, LLVMGetPoison(rows_t), LLVMConstVector(idx, 16), ""),
+                 el_gepc(e, cols, (long)kc * W * 4), 64);
+    }
     /* q'' read through a pointer the optimiser cannot see through (an empty asm with a side effect, in the loop):
      * else it hoists the D g loop-invariant broadcasts out of the loop into D g vectors on the stack (per page: D g
      * broadcasts and stores, 64-byte reloads), where each FMA can take its q'' as a 4-byte broadcast operand. */
@@ -147,25 +155,50 @@ static void k_lanes_blocks(E *e, const KPhase *kp, LLVMValueRef qs, const LLVMVa
     LLVMValueRef qsl = LLVMBuildCall2(b, pty, launder, &qs, 1, "");
     /* NP partial sums per head: at least ~4 independent FMA chains */
     int NP = g >= 8 ? 1 : 8 / g > 4 ? 4 : 8 / g;
-    LLVMValueRef acc[MAXG][4], col = NULL;
-    for (int c = 0; c < D; c++) {
-        int kc = c / per, i = c % per;
-        if (i == 0) { /* word kc of the 16 rows */
-            LLVMValueRef idx[16];
-            for (int t = 0; t < W; t++) idx[t] = el_ci32(e, (long)t * nw + kc);
-            col = LLVMBuildShuffleVector(b, rows, LLVMGetPoison(rows_t), LLVMConstVector(idx, 16), "");
-        }
-        LLVMValueRef x = LLVMBuildAnd(b, col, el_vic(e, (long)(((1ull << bits) - 1) << (bits * i))), "");
-        LLVMValueRef xf = LLVMBuildUIToFP(b, x, e->vf, "");
-        for (int j = 0; j < g; j++) {
-            LLVMValueRef qc = el_splat(e, el_load(e, e->f32, el_gepc(e, qsl, ((long)j * D + c) * 4), 4));
-            LLVMValueRef *pa = &acc[j][c % NP];
-            *pa = c < NP ? el_fm(LLVMBuildFMul(b, qc, xf, "")) : el_fma_sum(e, *pa, qc, xf);
+    /* The channels as a loop over groups of U word columns (U per channels each, U per g FMAs: at least 64, so
+     * that the loop's own instructions and the column's load are a few percent): the block's D g FMAs in one
+     * basic block made LLVM's instruction selection superlinear in D g (36 s for a module of GQA 8, head_dim
+     * 256: docs/cpu.md "Compile time"). per is a multiple of NP, so partial sum c mod NP is i mod NP. */
+    int U = 1;
+    while (U < nw && (U * per * g < 64 || nw % U)) U++;
+    LLVMBasicBlockRef wpre = LLVMGetInsertBlock(b);
+    LLVMBasicBlockRef wloop = LLVMAppendBasicBlockInContext(e->c, e->fn, "klanes_w");
+    LLVMBasicBlockRef wend = LLVMAppendBasicBlockInContext(e->c, e->fn, "klanes_wend");
+    LLVMBuildBr(b, wloop);
+    LLVMPositionBuilderAtEnd(b, wloop);
+    LLVMValueRef wi = LLVMBuildPhi(b, e->i32, "kc"), acc[MAXG][4], acc1[MAXG][4];
+    for (int j = 0; j < g; j++)
+        for (int p = 0; p < NP; p++) acc[j][p] = acc1[j][p] = LLVMBuildPhi(b, e->vf, "");
+    LLVMValueRef wi64 = LLVMBuildZExt(b, wi, e->i64, "");
+    LLVMValueRef colp = el_gep(e, cols, LLVMBuildMul(b, wi64, el_ci64(e, W * 4), ""));
+    LLVMValueRef qw = el_gep(e, qsl, LLVMBuildMul(b, wi64, el_ci64(e, (long)per * 4), "")); /* q'' of channel kc per */
+    for (int u = 0; u < U; u++) {
+        LLVMValueRef col = el_load(e, e->vi, el_gepc(e, colp, (long)u * W * 4), 64);
+        for (int i = 0; i < per; i++) {
+            LLVMValueRef x = LLVMBuildAnd(b, col, el_vic(e, (long)(((1ull << bits) - 1) << (bits * i))), "");
+            LLVMValueRef xf = LLVMBuildUIToFP(b, x, e->vf, "");
+            for (int j = 0; j < g; j++) {
+                LLVMValueRef qp = el_gepc(e, qw, ((long)j * D + (long)u * per + i) * 4);
+                LLVMValueRef qc = el_splat(e, el_load(e, e->f32, qp, 4));
+                acc1[j][i % NP] = el_fma_sum(e, acc1[j][i % NP], qc, xf);
+            }
         }
     }
+    LLVMValueRef wn = LLVMBuildAdd(b, wi, el_ci32(e, U), "");
+    LLVMBasicBlockRef wlast = LLVMGetInsertBlock(b);
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, wn, el_ci32(e, nw), ""), wloop, wend);
+    LLVMAddIncoming(wi, &zero_i, &wpre, 1);
+    LLVMAddIncoming(wi, &wn, &wlast, 1);
+    LLVMValueRef vzero = LLVMConstNull(e->vf);
+    for (int j = 0; j < g; j++)
+        for (int p = 0; p < NP; p++) {
+            LLVMAddIncoming(acc[j][p], &vzero, &wpre, 1);
+            LLVMAddIncoming(acc[j][p], &acc1[j][p], &wlast, 1);
+        }
+    LLVMPositionBuilderAtEnd(b, wend);
     for (int j = 0; j < g; j++) {
-        LLVMValueRef lg = acc[j][0];
-        for (int p = 1; p < NP; p++) lg = el_fm(LLVMBuildFAdd(b, lg, acc[j][p], ""));
+        LLVMValueRef lg = acc1[j][0];
+        for (int p = 1; p < NP; p++) lg = el_fm(LLVMBuildFAdd(b, lg, acc1[j][p], ""));
         lg = el_fm(LLVMBuildFAdd(b, lg, el_splat(e, qz[j]), ""));
         LLVMValueRef off = LLVMBuildMul(b, LLVMBuildAdd(b, t64, el_ci64(e, (long)j * N), ""), el_ci64(e, 4), "");
         el_store(e, lg, el_gep(e, kp->a[A_P], off), 4);
@@ -208,10 +241,12 @@ void el_k_phase(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef *
      * softmax, which (with the V phase) runs once per tile. */
     int fold = el_src_fold(&k->k), paged = fold;
     int lanes = k_lanes(e, k);
-    LLVMValueRef qs = NULL; /* lanes: q'' of the page, [g][D] fp32 */
+    LLVMValueRef qs = NULL, cols = NULL; /* lanes: q'' of the page, [g][D] fp32; a block's word columns */
     if (lanes) {
         qs = LLVMBuildAlloca(b, LLVMArrayType(e->f32, (unsigned)(g * D)), "qs");
         LLVMSetAlignment(qs, 64);
+        cols = LLVMBuildAlloca(b, LLVMArrayType(e->i32, (unsigned)(W * kvq_code_bytes(D, k->k.fmt.bits) / 4)), "cols");
+        LLVMSetAlignment(cols, 64);
     }
     LLVMValueRef ak[A_COUNT], nk = n, pg_i = NULL, pg_off = NULL, pg_max[MAXG];
     for (int i = 0; i < A_COUNT; i++) ak[i] = a[i];
@@ -294,7 +329,7 @@ void el_k_phase(E *e, const emit_llvm_kernel *k, LLVMValueRef *a, LLVMValueRef *
     LLVMBasicBlockRef kbend = NULL;
     LLVMValueRef lmx[MAXG]; /* lanes: each head's max over the blocks, a vector */
     if (lanes) {
-        k_lanes_blocks(e, &kp, qs, qz, nk, lmx, &t_start);
+        k_lanes_blocks(e, &kp, qs, cols, qz, nk, lmx, &t_start);
         kbend = LLVMGetInsertBlock(b);
         LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t_start, nk, ""), kloop, soft);
         from = kbend;
