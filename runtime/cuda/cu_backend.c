@@ -408,8 +408,17 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
     if (st == KVQ_OK)
         st = cu_scratch(c, &c->tiles, &c->tiles_bytes, (size_t)(nt > 0 ? nt : 1) * sizeof(kvq_tile), msg, ms);
     if (st == KVQ_OK) st = cu_scratch(c, &c->seqs, &c->seqs_bytes, (size_t)n * sizeof(kvq_seq_tiles), msg, ms);
-    if (st == KVQ_OK)
-        st = cu_scratch(c, &c->part, &c->part_bytes, (size_t)n * Hq * nch * (D + 1) * sizeof(float), msg, ms);
+    /* the partials: when they must grow, for as many chunks as the split can ever give this batch (cu_chunks_max),
+     * not this step's. The chunks grow with the tiles (a flush, a window's new tile) and a warm step must not
+     * allocate: 40 tokens of a 256-token-tile scheme went from 1 chunk to 2 on the third host step. A buffer that
+     * holds this step's (a reservation's) is kept as it is. */
+    const size_t part_row = (size_t)n * Hq * (D + 1) * sizeof(float);
+    size_t part_need = part_row * (size_t)nch;
+    if (part_need > c->part_bytes || !c->part) {
+        const int chmax = cu_chunks_max(c, cls, n);
+        if (chmax > nch) part_need = part_row * (size_t)chmax;
+    }
+    if (st == KVQ_OK) st = cu_scratch(c, &c->part, &c->part_bytes, part_need, msg, ms);
     for (int i = 0; i < n && st == KVQ_OK; i++) {
         sq[i].tiles = c->tiles + (uint64_t)first[i] * sizeof(kvq_tile);
         sq[i].n_tiles = (i + 1 < n ? first[i + 1] : nt) - first[i];
