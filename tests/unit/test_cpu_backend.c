@@ -280,7 +280,7 @@ static void test_unsupported(void)
 /* create + prefill + decode of a KIVI-2 and an OTT batch; the outputs of the last step. The inputs are the same
  * every call: drawn once (scenario_inputs, in the order the calls use them), because test_alloc_failures runs the
  * scenario once per allocation and drawing them (an fp16 rounding per element) was about 40 % of its time. */
-#define SC_LAYERS 3
+#define SC_LAYERS 2
 static const shape sc_shape = {170, 2, 2, 128, 2, 3}; /* OTT's prefill quantizes 128 of them (G = 128, R = 32) */
 static float *sc_prefill[SC_LAYERS][2], *sc_decode[3][SC_LAYERS];
 
