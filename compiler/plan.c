@@ -543,6 +543,18 @@ kvq_status plan_check_target(const kvq_plan *p, int sm, char *msg, size_t n)
     return KVQ_OK;
 }
 
+/* A tuning knob's value: 0 when unset or empty (the default), 1 with *v its number, or 1 with *v = -1 when it is
+ * not a whole decimal number (the caller refuses it, naming the variable) */
+static int env_number(const char *s, long *v)
+{
+    *v = 0;
+    if (!s || !*s) return 0;
+    char *end = NULL;
+    *v = strtol(s, &end, 10);
+    if (*end) *v = -1;
+    return 1;
+}
+
 kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype in_dtype, kvq_plan *p, char *msg,
                       size_t n)
 {
@@ -571,27 +583,22 @@ kvq_status plan_build(const kvq_scheme *scheme, const kvq_dims *dims, kvq_dtype 
     p->gqa = dims->heads / dims->kv_heads;
     p->in_dtype = (int)in_dtype;
     /* tuning knob (plan.h, docs/cuda.md "Tuning knobs"): the quantized decode kernels' blocks per SM */
+    long v;
     const char *minb = getenv("KVQ_DECODE_MINB");
-    if (minb && *minb) {
-        char *end = NULL;
-        long v = strtol(minb, &end, 10);
-        if (*end || v < 0 || v > 32) {
-            snprintf(msg, n, "plan: KVQ_DECODE_MINB='%s' is not a number of blocks per SM from 0 to 32", minb);
-            return KVQ_ERR_INVALID;
-        }
-        p->decode_minb = (int)v;
+    if (env_number(minb, &v) && (v < 0 || v > 32)) v = -1;
+    if (v < 0) {
+        snprintf(msg, n, "plan: KVQ_DECODE_MINB='%s' is not a number of blocks per SM from 0 to 32", minb);
+        return KVQ_ERR_INVALID;
     }
+    p->decode_minb = (int)v;
     /* tuning knob: the quantized classes' decode tile (tokens), for timing 256-token tiles against the default */
     const char *tile = getenv("KVQ_DECODE_TILE");
-    if (tile && *tile) {
-        char *end = NULL;
-        long v = strtol(tile, &end, 10);
-        if (*end || !(v == 0 || v == 32 || v == 64 || v == 128 || v == 256)) {
-            snprintf(msg, n, "plan: KVQ_DECODE_TILE='%s' is not 0 or a decode tile of 32, 64, 128 or 256 tokens", tile);
-            return KVQ_ERR_INVALID;
-        }
-        p->decode_tile = (int)v;
+    if (env_number(tile, &v) && !(v == 0 || v == 32 || v == 64 || v == 128 || v == 256)) v = -1;
+    if (v < 0) {
+        snprintf(msg, n, "plan: KVQ_DECODE_TILE='%s' is not 0 or a decode tile of 32, 64, 128 or 256 tokens", tile);
+        return KVQ_ERR_INVALID;
     }
+    p->decode_tile = (int)v;
     choose_mapping(p);
 
     const kvq_layer_cfg *seen[PLAN_MAX_CLASSES];

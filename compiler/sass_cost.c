@@ -159,16 +159,22 @@ static int same_loc(const sass_loc *a, const sass_loc *b)
     return 1;
 }
 
+/* Whether opcode op (with its modifiers: LDS.128) is one of the n names of d */
+static int op_in(const char *op, const char *const *d, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t l = strlen(d[i]);
+        if (!strncmp(op, d[i], l) && (op[l] == '\0' || op[l] == '.')) return 1;
+    }
+    return 0;
+}
+
 /* Data instructions: one per source operation a copy of an unrolled body repeats (not the loop's own control) */
 static int is_data_op(const char *op)
 {
     static const char *const d[] = {"FFMA", "FMUL", "FADD", "FMNMX", "HFMA2", "HADD2", "HMUL2", "HMMA", "MUFU",
                                     "LDS",  "LDG",  "STS",  "STG",   "LDSM",  "F2F",   "FSEL", "FSETP"};
-    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
-        size_t n = strlen(d[i]);
-        if (!strncmp(op, d[i], n) && (op[n] == '\0' || op[n] == '.')) return 1;
-    }
-    return 0;
+    return op_in(op, d, sizeof d / sizeof d[0]);
 }
 
 /* Integer and special-register instructions ptxas rematerializes: under register pressure it re-reads threadIdx
@@ -178,13 +184,9 @@ static int is_data_op(const char *op)
  * has a line (address arithmetic of a rarer line inside the loop still does: the fragments' reload a page). */
 static int is_remat_op(const char *op)
 {
-    static const char *const d[] = {"S2R",  "S2UR", "CS2R",  "MOV",   "IMAD",   "IADD3", "LEA",  "LOP3",
-                                    "SHF",  "SEL",  "UMOV",  "UIADD3", "ULEA",  "ULOP3", "USHF", "UIMAD", "USEL"};
-    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
-        size_t n = strlen(d[i]);
-        if (!strncmp(op, d[i], n) && (op[n] == '\0' || op[n] == '.')) return 1;
-    }
-    return 0;
+    static const char *const d[] = {"S2R", "S2UR", "CS2R",   "MOV",  "IMAD",  "IADD3", "LEA",  "LOP3", "SHF",
+                                    "SEL", "UMOV", "UIADD3", "ULEA", "ULOP3", "USHF",  "UIMAD", "USEL"};
+    return op_in(op, d, sizeof d / sizeof d[0]);
 }
 
 static const fn_text *sort_f; /* qsort's context (the count runs on one thread) */

@@ -190,7 +190,7 @@ KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b
 #pragma unroll 1
     for (int k = tid; k < np * P; k += KVQ_THREADS) {
         const int i = k / P, r = k - i * P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes;
-        unsigned char *dst = (zs ? rz : sb->raw) + kvq_al16(i * KVQ_D * eb) + 64 * i + 16 * c;
+        unsigned char *dst = (zs ? rz : sb->raw) + kvq_raw_page(i * KVQ_D * eb, i) + 16 * c;
         if (!fin) {
             kvq_cp_async16(dst, b + i * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c);
             continue;
@@ -263,22 +263,22 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
         if (f.gran == 0) {
             const long long e = (long long)h * KVQ_D;
             if (!chan1) {
-                kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_al16(i * KVQ_D * f.sbytes) + 64 * i,
+                kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_raw_page(i * KVQ_D * f.sbytes, i),
                               b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid);
-                kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
+                kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_raw_page(i * KVQ_D * f.zbytes, i),
                               b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
             }
         } else if (!(fin && sb->praw)) {
             const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
             const int e0 = t0 * o.n_groups;
-            kvq_stage_par2(fin, sb->s + e0, sb->raw + kvq_al16(e0 * f.sbytes) + 64 * i, b + o.scale + first * f.sbytes,
-                           f.sbytes, sb->z + e0, rz + kvq_al16(e0 * f.zbytes) + 64 * i, b + o.zero + first * f.zbytes,
+            kvq_stage_par2(fin, sb->s + e0, sb->raw + kvq_raw_page(e0 * f.sbytes, i), b + o.scale + first * f.sbytes,
+                           f.sbytes, sb->z + e0, rz + kvq_raw_page(e0 * f.zbytes, i), b + o.zero + first * f.zbytes,
                            f.zbytes, m * o.n_groups, tid);
         }
         if (f.sep) /* channel-separable pages never form runs (kvq_page_run_ok): one page */
             kvq_stage_par(fin, sb->f, rf, b + o.factor + (long long)h * KVQ_D * f.sbytes, KVQ_D, f.sbytes, tid);
         if (f.masked)
-            kvq_stage_mask(fin, sb->mask + t0, rm + kvq_al16(t0 >> 3) + 64 * i,
+            kvq_stage_mask(fin, sb->mask + t0, rm + kvq_raw_page(t0 >> 3, i),
                            b + o.mask + (long long)h * o.mask_stride + (sl >> 3), sl & 7, m, tid);
     }
 }
@@ -343,12 +343,12 @@ KVQ_DEV void kvq_stage_tile(const kvq_tile *T, int kk, int vk, int n, int hk, co
 }
 
 /* Per-channel parameter c of page pg of a tile (zs: the zero, else the scale) where cp.async landed it: page pg's
- * section at al16(pg D eb) + 64 pg of the scales' (zeros') raw part, whole 16-byte blocks from the section's start
+ * section at kvq_raw_page(pg D eb, pg) of the scales' (zeros') raw part, whole 16-byte blocks from the section's start
  * (kvq_stage_chan_pars). Every thread may read it after the barrier that follows the tile's wait. */
 KVQ_DEV float kvq_kpar_raw(const kvq_stage_buf *kb, kvq_fmt f, int zs, int pg, int c)
 {
     const int eb = zs ? f.zbytes : f.sbytes;
-    return kvq_ld_par(kb->raw + (zs ? kb->raws : 0) + kvq_al16(pg * KVQ_D * eb) + 64 * pg, c, eb);
+    return kvq_ld_par(kb->raw + (zs ? kb->raws : 0) + kvq_raw_page(pg * KVQ_D * eb, pg), c, eb);
 }
 /* Per-token parameter e (token t, group gi: t n_groups + gi) of a tile's value page (a tile reads one: value pages
  * do not form runs, layout/tiles.h) where cp.async landed it: the range began at byte (first eb) & 15 of its first

@@ -91,8 +91,8 @@ KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const unsigned char *kraw
 #pragma unroll 1
         for (int pg = 0; pg < np; pg++, dst += KVQ_D * G / 2) {
             const float *kp = ks + pg * KVQ_D;
-            /* kraw: the scales where cp.async landed them (kvq_kpar_raw), page pg's section at al16(pg D eb) + 64 pg */
-            const unsigned char *kr = kraw ? kraw + ((pg * KVQ_D * eb + 15) & ~15) + 64 * pg : kraw;
+            /* kraw: the scales where cp.async landed them (kvq_kpar_raw) */
+            const unsigned char *kr = kraw ? kraw + kvq_raw_page(pg * KVQ_D * eb, pg) : kraw;
             unsigned hi[2], lo[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {

@@ -49,6 +49,10 @@ KVQ_DEV float kvq_ld_par(const unsigned char *p, long long i, int bytes)
     if (bytes == 4) return ((const float *)p)[i];
     return kvq_h2f(((const kvq_half *)p)[i]);
 }
+/* Where page i of a tile's pages lands its raw parameter bytes in a stage's raw part, the range's first byte at
+ * offset `first` of the tile's parameters: al16(first) + 64 i (plan.c store_raw: 64 bytes a page of slack for the
+ * range's two partial 16-byte blocks). The staging and every reader of raw parameters use it. */
+KVQ_DEV long long kvq_raw_page(long long first, int i) { return kvq_al16(first) + 64 * i; }
 KVQ_DEV void kvq_st_par(unsigned char *p, long long i, int bytes, float v)
 {
     if (bytes == 4)

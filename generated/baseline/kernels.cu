@@ -812,6 +812,10 @@ KVQ_DEV float kvq_ld_par(const unsigned char *p, long long i, int bytes)
     if (bytes == 4) return ((const float *)p)[i];
     return kvq_h2f(((const kvq_half *)p)[i]);
 }
+/* Where page i of a tile's pages lands its raw parameter bytes in a stage's raw part, the range's first byte at
+ * offset `first` of the tile's parameters: al16(first) + 64 i (plan.c store_raw: 64 bytes a page of slack for the
+ * range's two partial 16-byte blocks). The staging and every reader of raw parameters use it. */
+KVQ_DEV long long kvq_raw_page(long long first, int i) { return kvq_al16(first) + 64 * i; }
 KVQ_DEV void kvq_st_par(unsigned char *p, long long i, int bytes, float v)
 {
     if (bytes == 4)
@@ -2001,8 +2005,8 @@ KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const unsigned char *kraw
 #pragma unroll 1
         for (int pg = 0; pg < np; pg++, dst += KVQ_D * G / 2) {
             const float *kp = ks + pg * KVQ_D;
-            /* kraw: the scales where cp.async landed them (kvq_kpar_raw), page pg's section at al16(pg D eb) + 64 pg */
-            const unsigned char *kr = kraw ? kraw + ((pg * KVQ_D * eb + 15) & ~15) + 64 * pg : kraw;
+            /* kraw: the scales where cp.async landed them (kvq_kpar_raw) */
+            const unsigned char *kr = kraw ? kraw + kvq_raw_page(pg * KVQ_D * eb, pg) : kraw;
             unsigned hi[2], lo[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
@@ -2410,7 +2414,7 @@ KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b
 #pragma unroll 1
     for (int k = tid; k < np * P; k += KVQ_THREADS) {
         const int i = k / P, r = k - i * P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes;
-        unsigned char *dst = (zs ? rz : sb->raw) + kvq_al16(i * KVQ_D * eb) + 64 * i + 16 * c;
+        unsigned char *dst = (zs ? rz : sb->raw) + kvq_raw_page(i * KVQ_D * eb, i) + 16 * c;
         if (!fin) {
             kvq_cp_async16(dst, b + i * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c);
             continue;
@@ -2483,22 +2487,22 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
         if (f.gran == 0) {
             const long long e = (long long)h * KVQ_D;
             if (!chan1) {
-                kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_al16(i * KVQ_D * f.sbytes) + 64 * i,
+                kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_raw_page(i * KVQ_D * f.sbytes, i),
                               b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid);
-                kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_al16(i * KVQ_D * f.zbytes) + 64 * i,
+                kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_raw_page(i * KVQ_D * f.zbytes, i),
                               b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
             }
         } else if (!(fin && sb->praw)) {
             const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
             const int e0 = t0 * o.n_groups;
-            kvq_stage_par2(fin, sb->s + e0, sb->raw + kvq_al16(e0 * f.sbytes) + 64 * i, b + o.scale + first * f.sbytes,
-                           f.sbytes, sb->z + e0, rz + kvq_al16(e0 * f.zbytes) + 64 * i, b + o.zero + first * f.zbytes,
+            kvq_stage_par2(fin, sb->s + e0, sb->raw + kvq_raw_page(e0 * f.sbytes, i), b + o.scale + first * f.sbytes,
+                           f.sbytes, sb->z + e0, rz + kvq_raw_page(e0 * f.zbytes, i), b + o.zero + first * f.zbytes,
                            f.zbytes, m * o.n_groups, tid);
         }
         if (f.sep) /* channel-separable pages never form runs (kvq_page_run_ok): one page */
             kvq_stage_par(fin, sb->f, rf, b + o.factor + (long long)h * KVQ_D * f.sbytes, KVQ_D, f.sbytes, tid);
         if (f.masked)
-            kvq_stage_mask(fin, sb->mask + t0, rm + kvq_al16(t0 >> 3) + 64 * i,
+            kvq_stage_mask(fin, sb->mask + t0, rm + kvq_raw_page(t0 >> 3, i),
                            b + o.mask + (long long)h * o.mask_stride + (sl >> 3), sl & 7, m, tid);
     }
 }
@@ -2563,12 +2567,12 @@ KVQ_DEV void kvq_stage_tile(const kvq_tile *T, int kk, int vk, int n, int hk, co
 }
 
 /* Per-channel parameter c of page pg of a tile (zs: the zero, else the scale) where cp.async landed it: page pg's
- * section at al16(pg D eb) + 64 pg of the scales' (zeros') raw part, whole 16-byte blocks from the section's start
+ * section at kvq_raw_page(pg D eb, pg) of the scales' (zeros') raw part, whole 16-byte blocks from the section's start
  * (kvq_stage_chan_pars). Every thread may read it after the barrier that follows the tile's wait. */
 KVQ_DEV float kvq_kpar_raw(const kvq_stage_buf *kb, kvq_fmt f, int zs, int pg, int c)
 {
     const int eb = zs ? f.zbytes : f.sbytes;
-    return kvq_ld_par(kb->raw + (zs ? kb->raws : 0) + kvq_al16(pg * KVQ_D * eb) + 64 * pg, c, eb);
+    return kvq_ld_par(kb->raw + (zs ? kb->raws : 0) + kvq_raw_page(pg * KVQ_D * eb, pg), c, eb);
 }
 /* Per-token parameter e (token t, group gi: t n_groups + gi) of a tile's value page (a tile reads one: value pages
  * do not form runs, layout/tiles.h) where cp.async landed it: the range began at byte (first eb) & 15 of its first
