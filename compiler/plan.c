@@ -255,12 +255,16 @@ static int store_raw(const kvq_plan *p, const plan_store *st, int tile)
 
 /* The tensor-core paths of templates/kvq_mma.cuh: 2- and 4-bit codes become fp16 exactly, the query (keys) and
  * the weights p s_t (values) are split into two fp16 numbers each, so mma.sync.m16n8k16 sums exact products in
- * fp32. N = 8 columns are the 4 heads' high and low parts: GQA 4 exactly; 128 threads (4 warps), head_dim a
+ * fp32. N = 8 columns are the heads' high and low parts: GQA 1, 2 or 4 (at GQA 1 and 2 the columns past 2 GQA are
+ * zero: the same instructions a token as GQA 4, whose fold and weights cost less); 128 threads (4 warps), head_dim a
  * multiple of 64 (whole 16-byte rows of 16 channels' codes, 16-channel blocks spread evenly over the warps).
  * Keys per channel with fp16 scales (their magnitude bounds the folded query: no per-tile range reduction);
  * values per token with fp16 scales (w = p s_t <= 65504 stays finite in fp16), groups of whole 16-channel blocks
  * and at most 4 per token (the zero sums of the 4 heads stay in 16 registers). */
-static int mma_shape_ok(const kvq_plan *p) { return p->gqa == 4 && p->threads == 128 && p->head_dim % 64 == 0; }
+static int mma_shape_ok(const kvq_plan *p)
+{
+    return (p->gqa == 1 || p->gqa == 2 || p->gqa == 4) && p->threads == 128 && p->head_dim % 64 == 0;
+}
 static int mma_k_ok(const kvq_plan *p, const plan_store *st)
 {
     return mma_shape_ok(p) && (st->bits == 2 || st->bits == 4) && st->format.kind == KVQ_FMT_INT && !st->tq &&
@@ -412,7 +416,7 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
      * warps) are written by phase 2 and read by phase 3: a barrier separates phase 1 from phase 2 (the tile's
      * maximum) and phase 3 from the next tile's fold (the top of the tile loop), so they share one part, as large
      * as the larger (KIVI-2 at head_dim 128: 8 KB saved). */
-    int qkb = align16(D * G * 4 * KP);
+    int qkb = align16(D * (c->mma_k ? 4 : G) * 4 * KP); /* a page's B fragments: 4 D words (kvq_fold_k_mma) */
     if (c->mma_v) qkb = max_i(qkb, align16(max_i(T * wgroups * 16, (p->threads / 32) * G * 4 * 4)));
     c->so_q = o, o += align16(D * G * 4);
     c->so_qk = o, o += qkb;

@@ -393,7 +393,7 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
     const int G = KVQ_GQA, D = KVQ_D;
     if (f.bits >= 16) return;
     if (f.gran != 0) np = 1;
-    if (mma) /* q.K on tensor cores: qk's place holds B's fragments, D GQA 4 bytes a page */
+    if (mma) /* q.K on tensor cores: qk's place holds B's fragments, KVQ_MMA_QPAGE words a page */
         kvq_fold_k_mma(f.bits, kb->s, kb->praw ? kb->raw : (const unsigned char *)0, f.sbytes, qs, qscale,
                        (unsigned *)qk, np, tid);
     else if (kvq_k_folds(f))
@@ -953,7 +953,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             }
         }
         if (g.mv) {
-            const float ai = sa[tid & 3]; /* the lane's head in the tensor-core accumulators */
+            /* the lane's head in the tensor-core accumulators (lanes t >= GQA hold zero columns) */
+            const float ai = sa[min(tid & 3, KVQ_GQA - 1)];
 #pragma unroll
             for (int i = 0; i < KVQ_MMA_MPW; i++)
 #pragma unroll
@@ -1010,9 +1011,9 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             for (int u = 0; u < 2; u++) {
                 const int cl = 2 * gq + u, c = ((tid >> 5) * KVQ_MMA_MPW + i) * 16 + cl, gi = c / vgrp;
                 float zs = 0.0f;
-                for (int w = 0; w < NW; w++) zs += ozs[(w * G + hv) * 4 + gi];
+                for (int w = 0; w < NW && hv < G; w++) zs += ozs[(w * G + hv) * 4 + gi];
                 const float x = fmaf(macc[i][2 * u + 1], KVQ_MMA_LO_INV, macc[i][2 * u]) * kvq_mma_vinv(vbits, cl);
-                if (c < D) so[hv * D + c] += x + zs;
+                if (c < D && hv < G) so[hv * D + c] += x + zs;
             }
         __syncthreads();
     }

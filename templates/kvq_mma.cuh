@@ -9,11 +9,13 @@
  *   - the other operand x (the folded query of q.K, the weight p s_t of p.V) is split into x_hi = fp16(x) and
  *     x_lo = fp16((x - x_hi) 2^11): x = x_hi + 2^-11 x_lo to about 2^-22 relative (x - x_hi is exact in fp32),
  *     each an 11-bit significand, so code x code-operand products have at most 15 bits: exact in fp32;
- *   - the N = 8 columns of B are the GQA group's 4 heads, high and low part side by side (column 2h, 2h + 1): a
+ *   - the N = 8 columns of B are the GQA group's heads, high and low part side by side (column 2h, 2h + 1): a
  *     lane's accumulators c0, c1 (and c2, c3) are the high and low sums of one head, combined as
- *     hi + 2^-11 lo at the end.
- * Shapes: GQA 4, 128 threads (4 warps), head_dim a multiple of 64 (compiler/plan.c, mma_k_ok / mma_v_ok). With
- * g = lane / 4 and t = lane % 4, the fragment layout is the PTX ISA's (tests/emu/emu_abi.h, emu_mma_frag). */
+ *     hi + 2^-11 lo at the end. At GQA 1 and 2 the columns from 2 GQA on are zero (the lanes from 8 GQA load 0
+ *     instead of B, so no stale shared memory enters them) and lanes t >= GQA write nothing: one mma a 16 x 16
+ *     block serves 1, 2 or 4 heads at the same cost.
+ * Shapes: GQA 1, 2 or 4, 128 threads (4 warps), head_dim a multiple of 64 (compiler/plan.c, mma_k_ok / mma_v_ok).
+ * With g = lane / 4 and t = lane % 4, the fragment layout is the PTX ISA's (tests/emu/emu_abi.h, emu_mma_frag). */
 #ifndef KVQ_MMA_CUH
 #define KVQ_MMA_CUH
 
@@ -24,6 +26,8 @@
 #define KVQ_MMA_LO 2048.0f        /* the low part's scale 2^11 */
 #define KVQ_MMA_LO_INV 4.8828125e-4f /* 2^-11 */
 #define KVQ_MMA_NW (KVQ_THREADS / 32)
+/* 32-bit words of one page's q.K B fragments: D / 16 k-blocks x 32 lanes x 2 registers, whatever the GQA */
+#define KVQ_MMA_QPAGE (4 * KVQ_D)
 /* 16-channel blocks of p.V per warp (at least 1 so that the unit compiles for every plan) */
 #define KVQ_MMA_MPW ((KVQ_D / 16 + KVQ_MMA_NW - 1) / KVQ_MMA_NW)
 
@@ -63,7 +67,8 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
 
 /* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the per-channel scales of
  * np pages: widened at ks + page D, or, kraw not null, where cp.async landed them, eb bytes each, kvq_kpar_raw),
- * high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of half2 at qb. qscale (a power of two from the
+ * high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of half2 at qb (KVQ_MMA_QPAGE words a page;
+ * lanes from 8 GQA are not written: kvq_scores_mma loads 0 there). qscale (a power of two from the
  * chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. One item is a (page, k-block, t, head): the
  * four channels of lane t's two registers (r) and halves (h), i.e. its high pair (lane 8 head + t) and its low pair
  * (lane 8 head + 4 + t), each one 8-byte store; the two halves of a register convert in one cvt.rn.f16x2.f32. The
@@ -89,7 +94,7 @@ KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const unsigned char *kraw
         }
         uint2 *dst = (uint2 *)qb + kb * 32 + 8 * h + t;
 #pragma unroll 1
-        for (int pg = 0; pg < np; pg++, dst += KVQ_D * G / 2) {
+        for (int pg = 0; pg < np; pg++, dst += KVQ_MMA_QPAGE / 2) {
             const float *kp = ks + pg * KVQ_D;
             /* kraw: the scales where cp.async landed them (kvq_kpar_raw) */
             const unsigned char *kr = kraw ? kraw + kvq_raw_page(pg * KVQ_D * eb, pg) : kraw;
@@ -117,12 +122,13 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
     return __uint_as_float((unsigned)(127 - (e + 2)) << 23);
 }
 
-/* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes a quarter of the 16-token blocks; each lane ends with
- * the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
+/* Scores of tokens [0, n) of a tile, all GQA heads: warp w takes a quarter of the 16-token blocks; each lane t < GQA
+ * ends with the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
  * (-inf for masked slots); the warp's per-head maxima go to wmax[warp][GQA]. The bias of a page is the sum of
  * bred's eight partials (kvq_fold_k's per-channel zeros). A tile over several pages of a page run (kcap > 0, the
  * tile's first token at slot s0 of its first page) takes each block's page's fold (qb + page x D GQA words) and
- * bias: a block lies in one page (layout/tiles.h: such a tile begins at a page boundary, pages of 16k tokens). */
+ * bias: a block lies in one page (layout/tiles.h: such a tile begins at a page boundary, pages of 16k tokens),
+ * whose fold is at qb + page x KVQ_MMA_QPAGE. */
 KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned char *mask, int masked,
                             const unsigned *qb, const float *bred, float qinv, int n, int s0, int kcap, int tid,
                             float *ps, float *wmax, int sw)
@@ -150,10 +156,10 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
 #pragma unroll 1
     for (int m0 = warp * per * 16; m0 < bend * 16; m0 += 16) {
         if (pg != cur) {
-            const uint2 *qp = (const uint2 *)(qb + pg * (KVQ_D * G));
+            const uint2 *qp = (const uint2 *)(qb + pg * KVQ_MMA_QPAGE);
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
-                const uint2 x = qp[kb * 32 + lane];
+                const uint2 x = lane < 8 * G ? qp[kb * 32 + lane] : make_uint2(0u, 0u); /* columns past 2 GQA: 0 */
                 b[kb][0] = x.x, b[kb][1] = x.y;
             }
             /* the page's bias q . z of head t: the fold's eight partial sums in order (kvq_fold_k), added here
@@ -192,7 +198,7 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
         for (int u = 0; u < 2; u++) {
             const int tok = m0 + g + 8 * u;
             float x = fmaf(fmaf(acc[2 * u + 1], KVQ_MMA_LO_INV, acc[2 * u]), qinv, bh);
-            if (tok < n) {
+            if (tok < n && t < G) {
                 if (masked && mask[tok]) x = KVQ_NEG_INF;
                 ps[tok * G + t] = x;
                 mx = fmaxf(mx, x);
@@ -260,6 +266,7 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
     const unsigned m1 = m0 << (bits == 2 ? 2 : 4);
     const unsigned *rp = (const unsigned *)rows + 2 * t * cw;
     const unsigned *bp = wb + 2 * lane;
+    const int bcol = lane < 8 * KVQ_GQA; /* the lane's B column is a head's (kvq_mma_put_w), else 0 */
     /* 2 bits: the warp's blocks are consecutive words of a token's row, one 8-byte load of each of the four rows
      * when MPW is 2 (head_dim 128; rows are 16-byte aligned, cw even) */
     const int w2 = bits == 2 && KVQ_MMA_MPW == 2 && (cw & 1) == 0;
@@ -285,7 +292,7 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
             const int wo = bits == 2 ? mb : 2 * mb + (g >> 2);
             /* the value group of the block: the warp's MPW blocks share one where groups hold them all (one load) */
             const int gi = hidden ? 0 : group % (16 * KVQ_MMA_MPW) == 0 ? warp * KVQ_MMA_MPW * 16 / group : mb * 16 / group;
-            const uint2 bw = *(const uint2 *)(bp + gi * nks * 64);
+            const uint2 bw = bcol ? *(const uint2 *)(bp + gi * nks * 64) : make_uint2(0u, 0u);
             const unsigned b[2] = {bw.x, bw.y};
             unsigned a[4];
             const int pe = KVQ_MMA_PW(2 * t, wo), po = cw <= 16 ? pe : KVQ_MMA_PW(2 * t + 1, wo);

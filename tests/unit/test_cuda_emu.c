@@ -35,9 +35,10 @@ typedef struct {
     int heads, kv_heads, head_dim;
 } emu_case;
 
-/* Every scheme with GQA at head_dim 128; MHA for one scheme of each policy family at head_dims 96 (lanes left
- * idle: 12 of 16), 128 and 256 (a full warp along head_dim); MQA (8 query heads on one kv head) at 64; GQA 4
- * (the tensor-core path) at 64, 128 and 256. */
+/* Every scheme with GQA at head_dim 128 (GQA 2: KIVI, OTT and TailorKV-2 on the tensor cores, 4 of N's 8 columns
+ * used); MHA for one scheme of each policy family at head_dims 96 (lanes left idle: 12 of 16), 128 (OTT on the
+ * tensor cores at GQA 1: 2 columns) and 256 (a full warp along head_dim); MQA (8 query heads on one kv head) at
+ * 64; GQA 4 (the tensor-core path's full N) at 64, 128 and 256. */
 static const emu_case cases[] = {
     {"specs/fp16.kvq", "fp16", 4, 2, 128},
     {"specs/kivi2.kvq", "kivi2", 4, 2, 128},
