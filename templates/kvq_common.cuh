@@ -74,12 +74,20 @@ extern "C" __global__ void __launch_bounds__(128) kvq_tensor_amax(const kvq_tama
 }
 KVQ_KERNEL_EXPORT(kvq_tensor_amax);
 
-/* Sizes and offsets of the parameter structs as this compilation lays them out (KVQ_PARAMS_SIG_LIST). */
+/* Sizes and offsets of the parameter structs as this compilation lays them out (KVQ_PARAMS_SIG_LIST), and the
+ * tensor-core probe (kvq_params.cuh: subnormal fp16 inputs, which kvq_mma.cuh's unpacking relies on). Block 32:
+ * one warp, converged, as mma.sync needs. */
 extern "C" __global__ void kvq_params_sig(const kvq_sig_params p)
 {
     const long long sig[] = {KVQ_PARAMS_SIG_LIST};
-    if (threadIdx.x == 0)
+    const unsigned a[4] = {KVQ_MMA_PROBE_A, KVQ_MMA_PROBE_A, KVQ_MMA_PROBE_A, KVQ_MMA_PROBE_A};
+    const unsigned b[2] = {KVQ_MMA_PROBE_B, KVQ_MMA_PROBE_B};
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    kvq_mma_m16n8k16(acc, a, b);
+    if (threadIdx.x == 0) {
         for (int i = 0; i < KVQ_PARAMS_SIG_N; i++) ((long long *)p.out)[i] = sig[i];
+        ((long long *)p.out)[KVQ_PARAMS_SIG_N] = (long long)__float_as_uint(acc[0]);
+    }
 }
 KVQ_KERNEL_EXPORT(kvq_params_sig);
 

@@ -86,6 +86,16 @@ KVQ_DEV void kvq_stage_par2(int fin, float *out0, unsigned char *dst0, const uns
 {
     const int r0 = (int)((kvq_u64)src0 & 15), nb0 = n > 0 ? (r0 + n * eb0 + 15) >> 4 : 0;
     const int r1 = (int)((kvq_u64)src1 & 15), nb1 = n > 0 ? (r1 + n * eb1 + 15) >> 4 : 0;
+    if (!fin) {
+        /* the copies: two plain loops (one with a test a block took 20 instructions a copy), each thread on the
+         * blocks of the combined index k it widens at fin 1 (its own copies: no barrier between) */
+        int k = tid;
+#pragma unroll 1
+        for (; k < nb0; k += KVQ_THREADS) kvq_cp_async16(dst0 + 16 * k, src0 - r0 + 16 * k);
+#pragma unroll 1
+        for (; k < nb0 + nb1; k += KVQ_THREADS) kvq_cp_async16(dst1 + 16 * (k - nb0), src1 - r1 + 16 * (k - nb0));
+        return;
+    }
 #pragma unroll 1
     for (int k = tid; k < nb0 + nb1; k += KVQ_THREADS) {
         if (k < nb0)
@@ -168,6 +178,14 @@ KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char 
     const long long jump = (long long)ds * R + dp * stride, wrap = stride - (long long)cap * R;
     const unsigned char *s = src + 16 * c + pg * stride + (long long)sl * R;
     unsigned char *d = rows + kvq_row_byte(tid / C, R, 16 * c, 1);
+    if (ds == 0 || s0 + n <= cap) {
+        /* no step passes a page's end (whole pages a step, as KIVI's 32-token key pages at 64 rows a step; or the
+         * tile in one page, as its value pages): the source advances by the constant jump (18 instructions a
+         * copy with the test, 10 without) */
+#pragma unroll 2
+        for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS, s += jump) kvq_cp_async16(d, s);
+        return;
+    }
 #pragma unroll 1
     for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS) {
         kvq_cp_async16(d, s);
@@ -187,6 +205,18 @@ KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b
 {
     const int nbs = KVQ_D * f.sbytes / 16, nbz = KVQ_D * f.zbytes / 16, P = nbs + nbz;
     unsigned char *rz = sb->raw + sb->raws;
+    if (!fin && KVQ_THREADS % P == 0) {
+        /* a thread's block of a page is the same on every page it takes (P divides the block: head_dim 64, 128,
+         * 256), and page i's lands at i (D eb + 64) (kvq_raw_page; D eb is a multiple of 16): both addresses
+         * advance by constants (35 instructions a copy at KIVI-2 where the index was divided each time); block
+         * k = i P + r is still thread k mod THREADS's, the one that widens it below */
+        const int r = tid % P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes, di = KVQ_THREADS / P;
+        unsigned char *dst = (zs ? rz : sb->raw) + (tid / P) * (KVQ_D * eb + 64) + 16 * c;
+        const unsigned char *src = b + (tid / P) * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c;
+#pragma unroll 1
+        for (int i = tid / P; i < np; i += di, dst += di * (KVQ_D * eb + 64), src += di * stride) kvq_cp_async16(dst, src);
+        return;
+    }
 #pragma unroll 1
     for (int k = tid; k < np * P; k += KVQ_THREADS) {
         const int i = k / P, r = k - i * P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes;
@@ -383,10 +413,10 @@ KVQ_DEV void kvq_ld_qrow(const float *q, int c, float *out)
 }
 
 /* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
- * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[8][GQA] = eight partial
- * sums of q . z in channel order (per-channel zeros), added up by kvq_fold_bias. Per-channel keys of a tile that
- * spans np pages of a page run fold once per page: qk + i D GQA and red + i 8 GQA from the page's scales and zeros
- * at kb->s + i D. Every thread takes items. */
+ * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[GQA][8] = eight partial
+ * sums of q . z in channel order (per-channel zeros; a head's eight side by side, two 16-byte loads for the sum).
+ * Per-channel keys of a tile that spans np pages of a page run fold once per page: qk + i D GQA and red + i 8 GQA
+ * from the page's scales and zeros at kb->s + i D. Every thread takes items. */
 KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *kb, const float *qs, float *qk,
                         float *qsum, float *red, int np, int tid)
 {
@@ -419,7 +449,7 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
                 for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(q[h], zc, acc[h]);
             }
 #pragma unroll
-            for (int h = 0; h < KVQ_GQA; h++) red[i * G + h] = acc[h];
+            for (int h = 0; h < KVQ_GQA; h++) red[(pg * G + h) * 8 + part] = acc[h];
         }
     } else if (kvq_k_runs(f)) {
         for (int i = tid; i < (D / 8) * G; i += KVQ_THREADS) {
@@ -651,7 +681,7 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
 /* Phase 2: p = 2^(s - m) of this lane's own tokens (written by itself in phase 1), d += p. When the tile's values
  * take the tensor-core path, the lane takes two adjacent tokens instead (any lane may: phase 1's maximum put a
  * barrier after every score) and writes their weights w = p s_t as p.V's B fragments (kvq_mma.cuh), both tokens'
- * halves of a register in one 32-bit store (0 for the tokens from n up to the next 16), and keeps sum p z_t per
+ * halves of a register in one 32-bit store (0 for the tokens from n up to the next 32: p.V takes blocks in pairs), and keeps sum p z_t per
  * head and value group in oz (the per-token zeros, added at the end of the chunk). */
 KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, const float m[KVQ_GQA], int n,
                        int part0, int lane1, int p1, int tid, int nks, unsigned short *wb, float dl[KVQ_GQA],
@@ -677,8 +707,7 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
                 for (int h = 0; h < KVQ_GQA; h++) {
                     const float x = u == 0 || live1 ? ps[(t + u) * G + h] : KVQ_NEG_INF;
                     pr[u][h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
-                    if (u == 0 || live1) ps[(t + u) * G + h] = pr[u][h];
-                    dl[h] += pr[u][h];
+                    dl[h] += pr[u][h]; /* p goes to p.V as weights only: nothing reads ps after this pass */
                 }
 #pragma unroll
             for (int gi = 0; gi < 4; gi++)
@@ -696,7 +725,7 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
                     }
                 }
         }
-        for (int t = ((n + 1) & ~1) + tid; t < ((n + 15) & ~15); t += KVQ_THREADS)
+        for (int t = ((n + 1) & ~1) + tid; t < ((n + 31) & ~31); t += KVQ_THREADS) /* p.V reads 32-token pairs */
             for (int gi = 0; gi < ngv; gi++)
                 for (int h = 0; h < KVQ_GQA; h++) kvq_mma_put_w(wb, nks, gi, t, h, 0.0f);
         return;
@@ -802,7 +831,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         if ((tid & 31) == 0) wmax[tid >> 5] = qmax;
         __syncthreads();
         for (int w = 0; w < NW; w++) qmax = fmaxf(qmax, wmax[w]);
-        qscale = kvq_mma_qscale(qmax), qinv = 1.0f / qscale; /* powers of two */
+        /* powers of two; qinv also undoes the codes' 2^-24 (kvq_mma_codes): at most 2^101 2^24, finite */
+        qscale = kvq_mma_qscale(qmax), qinv = KVQ_MMA_ASCALE / qscale;
     }
 #if KVQ_TQ_ANY
     if (kvq_tq_is(skhi) && skhi.tq == 2) { /* TurboQuant prod keys: S q once per block, where qk would fold */
@@ -884,7 +914,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             for (int i = tid; i < knp * G; i += KVQ_THREADS) {
                 const int pg = i / G, h = i % G;
                 float acc = 0.0f;
-                for (int k = 0; k < 8; k++) acc += bred[(pg * 8 + k) * G + h];
+                for (int k = 0; k < 8; k++) acc += bred[i * 8 + k]; /* i = pg G + h */
                 qsum[(D / 8) * G + i] = acc;
             }
             __syncthreads();

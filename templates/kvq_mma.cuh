@@ -2,13 +2,17 @@
  *
  * mma.sync.m16n8k16 (kvq_mma_m16n8k16: fp16 A and B, fp32 accumulators) with every product exact, so that only
  * the fp32 accumulation rounds, as in the fp32 path:
- *   - a code c becomes the fp16 number c 2^k exactly, two codes an instruction: lop3 masks two fields where they
- *     sit (16 bits apart) into the mantissas of 1024 (0x6400 in each half), and one HADD2 of -1024 leaves c 2^k
- *     (c 2^k < 1024, so 1024 + c 2^k is exact; k is the field's offset in its half, undone where the code's
- *     partner operand is scaled or at the end, a power of two);
+ *   - a code c becomes the fp16 number c 2^k 2^-24 exactly, two codes one AND: the mask keeps two fields where
+ *     they sit (16 bits apart), and with the exponent bits zero a half whose mantissa is m is the subnormal
+ *     m 2^-24 (c 2^k < 1024; k is the field's offset in its half). The 2^-24 and the 2^-k are undone where the
+ *     code's partner operand is scaled or at the end: powers of two, exact. (Until 2026-11-27 the fields went into
+ *     the mantissa of 1024 and an HADD2 of -1024 followed: one instruction more a pair, 4 a token of KIVI-2.)
+ *     Tensor cores take fp16 subnormal inputs (mma.sync has no flush-to-zero form for f16); kvq_params_sig probes
+ *     it on every module load and cu_dev_check_params refuses a GPU that flushes them (docs/cuda.md);
  *   - the other operand x (the folded query of q.K, the weight p s_t of p.V) is split into x_hi = fp16(x) and
  *     x_lo = fp16((x - x_hi) 2^11): x = x_hi + 2^-11 x_lo to about 2^-22 relative (x - x_hi is exact in fp32),
- *     each an 11-bit significand, so code x code-operand products have at most 15 bits: exact in fp32;
+ *     each an 11-bit significand, so code x code-operand products have at most 21 bits: exact in fp32 (the
+ *     smallest, a subnormal code times a subnormal x_lo, 2^-48: an fp32 normal);
  *   - the N = 8 columns of B are the GQA group's heads, high and low part side by side (column 2h, 2h + 1): a
  *     lane's accumulators c0, c1 (and c2, c3) are the high and low sums of one head, combined as
  *     hi + 2^-11 lo at the end. At GQA 1 and 2 the columns from 2 GQA on are zero (the lanes from 8 GQA load 0
@@ -21,8 +25,7 @@
 
 #include "kvq_unpack.cuh"
 
-#define KVQ_MMA_MAGIC 0x64006400u /* 1024 in both halves */
-#define KVQ_MMA_NEG 0xE400E400u   /* -1024 in both halves */
+#define KVQ_MMA_ASCALE 16777216.0f /* 2^24: a code c is the fp16 subnormal c 2^-24 (kvq_mma_codes) */
 #define KVQ_MMA_LO 2048.0f        /* the low part's scale 2^11 */
 #define KVQ_MMA_LO_INV 4.8828125e-4f /* 2^-11 */
 #define KVQ_MMA_NW (KVQ_THREADS / 32)
@@ -31,12 +34,8 @@
 /* 16-channel blocks of p.V per warp (at least 1 so that the unit compiles for every plan) */
 #define KVQ_MMA_MPW ((KVQ_D / 16 + KVQ_MMA_NW - 1) / KVQ_MMA_NW)
 
-/* two fields of x under `mask` (one in each half) -> the half2 (c0 2^k, c1 2^k), exact */
-KVQ_DEV unsigned kvq_mma_codes(unsigned x, unsigned mask)
-{
-    unsigned h = kvq_lop3(x, mask, KVQ_MMA_MAGIC, KVQ_LOP_AND_OR);
-    return kvq_h2_bits(kvq_hadd2(kvq_bits_h2(h), kvq_bits_h2(KVQ_MMA_NEG)));
-}
+/* two fields of x under `mask` (one in each half) -> the half2 (c0 2^k 2^-24, c1 2^k 2^-24): subnormals, exact */
+KVQ_DEV unsigned kvq_mma_codes(unsigned x, unsigned mask) { return x & mask; }
 
 /* x -> (x_hi, x_lo) as above, two 16-bit patterns */
 KVQ_DEV void kvq_mma_split(float x, unsigned short *hi, unsigned short *lo)
@@ -68,48 +67,73 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
 /* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the per-channel scales of
  * np pages: widened at ks + page D, or, kraw not null, where cp.async landed them, eb bytes each, kvq_kpar_raw),
  * high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of half2 at qb (KVQ_MMA_QPAGE words a page;
- * lanes from 8 GQA are not written: kvq_scores_mma loads 0 there). qscale (a power of two from the
- * chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. One item is a (page, k-block, t, head): the
- * four channels of lane t's two registers (r) and halves (h), i.e. its high pair (lane 8 head + t) and its low pair
- * (lane 8 head + 4 + t), each one 8-byte store; the two halves of a register convert in one cvt.rn.f16x2.f32. The
- * shift k depends on t only, and 2^-k qscale multiplies the query before the scale (q 2^-k qscale s: the same product
- * as q s 2^-k qscale, powers of two being exact). */
+ * lanes from 8 GQA are not written: kvq_scores_mma loads 0 there). qscale (a power of two from the chunk's max |q|,
+ * kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. One item is a (k-block, t): the four channels of lane t's
+ * two registers (r) and halves (h) for every head, i.e. the high pair of lane 8 head + t and the low pair of lane
+ * 8 head + 4 + t, each one 8-byte store; the two halves of a register convert in one cvt.rn.f16x2.f32. The item
+ * loads its four scales once for all heads (an item a head loaded them GQA times: 39 instructions a page and item
+ * of one head at KIVI-2's GQA 4, where this takes about 100 for four), and where the items divide the block
+ * (head_dim 64, 128, 256) a thread keeps its item's query (2^-k qscale q: powers of two, the same product) in
+ * registers over the pages it folds. */
+KVQ_DEV void kvq_fold_item_q(int bits, int j, const float *qs, float qscale, int cs[4], float qv[4][KVQ_GQA])
+{
+    const int kb = j >> 2, t = j & 3;
+    const int k = bits == 2 ? 2 * t : 4 * (t & 1);
+    const float sc = __uint_as_float((unsigned)(127 - k) << 23) * qscale; /* 2^-k qscale: a power of two */
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int r = e >> 1, hh = e & 1; /* kvq_mma_kpos inverted: the channel at (t, r, hh) */
+        cs[e] = kb * 16 + (bits == 2 ? t + 4 * r + 8 * hh : 8 * r + 4 * hh + t);
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) qv[e][h] = qs[cs[e] * KVQ_GQA + h] * sc;
+    }
+}
+KVQ_DEV void kvq_fold_item_page(int j, const int cs[4], const float qv[4][KVQ_GQA], const float *ks,
+                                const unsigned char *kraw, int eb, unsigned *qb, int pg)
+{
+    const int kb = j >> 2, t = j & 3;
+    float s[4];
+    if (kraw) {
+        /* the scales where cp.async landed them (kvq_kpar_raw) */
+        const unsigned char *kr = kraw + kvq_raw_page(pg * KVQ_D * eb, pg);
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[e] = kvq_ld_par(kr, cs[e], eb);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[e] = ks[pg * KVQ_D + cs[e]];
+    }
+    uint2 *dst = (uint2 *)qb + pg * (KVQ_MMA_QPAGE / 2) + kb * 32 + t;
+#pragma unroll
+    for (int h = 0; h < KVQ_GQA; h++) {
+        unsigned hi[2], lo[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float x0 = qv[2 * r][h] * s[2 * r], x1 = qv[2 * r + 1][h] * s[2 * r + 1];
+            const kvq_half2 xh = kvq_f2h2(x0, x1);
+            hi[r] = kvq_h2_bits(xh);
+            lo[r] = kvq_h2_bits(kvq_f2h2((x0 - kvq_h2f(xh.x)) * KVQ_MMA_LO, (x1 - kvq_h2f(xh.y)) * KVQ_MMA_LO));
+        }
+        dst[8 * h] = make_uint2(hi[0], hi[1]);
+        dst[8 * h + 4] = make_uint2(lo[0], lo[1]);
+    }
+}
 KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const unsigned char *kraw, int eb, const float *qs, float qscale,
                             unsigned *qb, int np, int tid)
 {
-    const int G = KVQ_GQA, per = (KVQ_D / 16) * 4 * G;
-    /* the item's place and query are the same on every page: computed once, the pages in the inner loop */
+    const int NI = (KVQ_D / 16) * 4; /* items */
+    int cs[4];
+    float qv[4][KVQ_GQA];
+    if (KVQ_THREADS % NI == 0) { /* a thread's item is the same on every page it takes */
+        const int j = tid % NI;
+        kvq_fold_item_q(bits, j, qs, qscale, cs, qv);
 #pragma unroll 1
-    for (int j = tid; j < per; j += KVQ_THREADS) {
-        const int kb = j / (4 * G), t = j & 3, h = (j >> 2) % G;
-        const int k = bits == 2 ? 2 * t : 4 * (t & 1);
-        const float sc = __uint_as_float((unsigned)(127 - k) << 23) * qscale; /* 2^-k qscale: a power of two */
-        int cs[4];
-        float qv[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int r = e >> 1, hh = e & 1; /* kvq_mma_kpos inverted: the channel at (t, r, hh) */
-            cs[e] = kb * 16 + (bits == 2 ? t + 4 * r + 8 * hh : 8 * r + 4 * hh + t);
-            qv[e] = qs[cs[e] * G + h] * sc;
-        }
-        uint2 *dst = (uint2 *)qb + kb * 32 + 8 * h + t;
+        for (int pg = tid / NI; pg < np; pg += KVQ_THREADS / NI) kvq_fold_item_page(j, cs, qv, ks, kraw, eb, qb, pg);
+    } else {
 #pragma unroll 1
-        for (int pg = 0; pg < np; pg++, dst += KVQ_MMA_QPAGE / 2) {
-            const float *kp = ks + pg * KVQ_D;
-            /* kraw: the scales where cp.async landed them (kvq_kpar_raw) */
-            const unsigned char *kr = kraw ? kraw + kvq_raw_page(pg * KVQ_D * eb, pg) : kraw;
-            unsigned hi[2], lo[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const float s0 = kraw ? kvq_ld_par(kr, cs[2 * r], eb) : kp[cs[2 * r]];
-                const float s1 = kraw ? kvq_ld_par(kr, cs[2 * r + 1], eb) : kp[cs[2 * r + 1]];
-                const float x0 = qv[2 * r] * s0, x1 = qv[2 * r + 1] * s1;
-                const kvq_half2 xh = kvq_f2h2(x0, x1);
-                hi[r] = kvq_h2_bits(xh);
-                lo[r] = kvq_h2_bits(kvq_f2h2((x0 - kvq_h2f(xh.x)) * KVQ_MMA_LO, (x1 - kvq_h2f(xh.y)) * KVQ_MMA_LO));
-            }
-            dst[0] = make_uint2(hi[0], hi[1]);
-            dst[4] = make_uint2(lo[0], lo[1]);
+        for (int i = tid; i < NI * np; i += KVQ_THREADS) {
+            const int j = i % NI;
+            kvq_fold_item_q(bits, j, qs, qscale, cs, qv);
+            kvq_fold_item_page(j, cs, qv, ks, kraw, eb, qb, i / NI);
         }
     }
 }
@@ -123,7 +147,8 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
 }
 
 /* Scores of tokens [0, n) of a tile, all GQA heads: warp w takes a quarter of the 16-token blocks; each lane t < GQA
- * ends with the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
+ * ends with the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) qinv + bias (qinv = 2^24 /
+ * qscale: the codes' subnormal scale and the query's), written to ps
  * (-inf for masked slots); the warp's per-head maxima go to wmax[warp][GQA]. The bias of a page is the sum of
  * bred's eight partials (kvq_fold_k's per-channel zeros). A tile over several pages of a page run (kcap > 0, the
  * tile's first token at slot s0 of its first page) takes each block's page's fold (qb + page x D GQA words) and
@@ -164,10 +189,9 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
             }
             /* the page's bias q . z of head t: the fold's eight partial sums in order (kvq_fold_k), added here
              * where the fragments reload instead of in a pass of warp 0 and a barrier of its own */
-            float zb = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; k++) zb += bred[(pg * 8 + k) * G + (t & (G - 1))];
-            bh = zb;
+            const float4 *z4 = (const float4 *)(bred + (pg * G + (t & (G - 1))) * 8); /* 16-byte aligned (plan.c) */
+            const float4 za = z4[0], zc = z4[1];
+            bh = 0.0f + za.x + za.y + za.z + za.w + zc.x + zc.y + zc.z + zc.w;
             cur = pg;
         }
         const unsigned char *r0 = rows + (m0 + g) * cbpt;
@@ -253,8 +277,11 @@ KVQ_DEV void kvq_mma_vcodes(unsigned x0, unsigned x1, unsigned sel, unsigned m0,
     *a1 = kvq_mma_codes(x, m1);
 }
 
-/* o += p v over tokens [0, n16) (n16 = n rounded up to 16; the weights past n are 0) for warp w's channel blocks
- * w MPW .. w MPW + MPW - 1: acc[i] = the lane's (head t; channel 2g hi, lo; channel 2g + 1 hi, lo) of block i. */
+/* o += p v over tokens [0, n32) (n32 = n rounded up to 32, within the tile: quantized classes' tiles are multiples
+ * of 32; the weights past n are 0, kvq_probs) for warp w's channel blocks w MPW .. w MPW + MPW - 1: acc[i] = the
+ * lane's (head t; channel 2g hi, lo; channel 2g + 1 hi, lo) of block i. Two 16-token blocks an iteration: the loop's
+ * own instructions once for both (26 instructions a block at KIVI-2 one at a time), and no remainder copy of the
+ * body, so every copy of a line the cost model maps (compiler/sass_cost.c) is the same length. */
 KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char *rows, const unsigned *wb, int nks,
                             int n, int tid, float acc[KVQ_MMA_MPW][4], int sw)
 {
@@ -275,14 +302,16 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
      * the loop; for rows of at most 4 chunks, head_dim 128, the same for the even and the odd row) */
 #define KVQ_MMA_PW(r, wo) (sw ? ((((wo) >> 2) ^ kvq_row_swz((r), cbpt, (wo) >> 2)) << 2) | ((wo) & 3) : (wo))
 #pragma unroll 1
-    for (int k0 = 0; k0 < n; k0 += 16) {
+    for (int k0 = 0; k0 < n; k0 += 32) {
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
         unsigned x[4][KVQ_MMA_MPW];
         if (w2) {
             const int rr[4] = {0, cw, 8 * cw, 9 * cw};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const uint2 y = *(const uint2 *)(rp + rr[q] + KVQ_MMA_PW(cw <= 16 ? 2 * t : 2 * t + (q & 1),
-                                                                          warp * KVQ_MMA_MPW));
+                const uint2 y = *(const uint2 *)(rp + u * 16 * cw + rr[q] +
+                                                 KVQ_MMA_PW(cw <= 16 ? 2 * t : 2 * t + (q & 1), warp * KVQ_MMA_MPW));
                 x[q][0] = y.x, x[q][KVQ_MMA_MPW - 1] = y.y;
             }
         }
@@ -292,25 +321,27 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
             const int wo = bits == 2 ? mb : 2 * mb + (g >> 2);
             /* the value group of the block: the warp's MPW blocks share one where groups hold them all (one load) */
             const int gi = hidden ? 0 : group % (16 * KVQ_MMA_MPW) == 0 ? warp * KVQ_MMA_MPW * 16 / group : mb * 16 / group;
-            const uint2 bw = bcol ? *(const uint2 *)(bp + gi * nks * 64) : make_uint2(0u, 0u);
+            const uint2 bw = bcol ? *(const uint2 *)(bp + u * 64 + gi * nks * 64) : make_uint2(0u, 0u);
             const unsigned b[2] = {bw.x, bw.y};
             unsigned a[4];
             const int pe = KVQ_MMA_PW(2 * t, wo), po = cw <= 16 ? pe : KVQ_MMA_PW(2 * t + 1, wo);
-            if (!w2) x[0][i] = rp[pe], x[1][i] = rp[cw + po], x[2][i] = rp[8 * cw + pe], x[3][i] = rp[9 * cw + po];
+            const unsigned *ru = rp + u * 16 * cw;
+            if (!w2) x[0][i] = ru[pe], x[1][i] = ru[cw + po], x[2][i] = ru[8 * cw + pe], x[3][i] = ru[9 * cw + po];
             kvq_mma_vcodes(x[0][i], x[1][i], sel, m0, m1, &a[0], &a[1]);
             kvq_mma_vcodes(x[2][i], x[3][i], sel, m0, m1, &a[2], &a[3]);
             kvq_mma_m16n8k16(acc[i], a, b);
         }
-        rp += 16 * cw, bp += 64;
+    }
+    rp += 32 * cw, bp += 128; /* a line of its own, run once an iteration (the loop's line also counts its exit) */
     }
 #undef KVQ_MMA_PW
 }
 
-/* 2^-k of the value code of channel c (2g or 2g + 1 of a block) as kvq_values_mma unpacks it */
+/* 2^(24 - k) for the value code of channel c (2g or 2g + 1 of a block) as kvq_values_mma unpacks it: c 2^k 2^-24 */
 KVQ_DEV float kvq_mma_vinv(int bits, int c)
 {
     const int k = bits == 2 ? 4 * ((c >> 1) & 1) + 2 * (c & 1) : 4 * (c & 1);
-    return __uint_as_float((unsigned)(127 - k) << 23);
+    return __uint_as_float((unsigned)(127 + 24 - k) << 23);
 }
 
 #endif

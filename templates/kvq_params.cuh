@@ -281,10 +281,16 @@ typedef struct {
     kvq_i32 n, n_q, kk;
 } kvq_dense_params;
 
-/* kvq_params_sig: writes KVQ_PARAMS_SIG_LIST as the device compilation sees it to out. */
+/* kvq_params_sig: writes KVQ_PARAMS_SIG_LIST as the device compilation sees it to out, then the tensor cores' answer
+ * to one mma.sync whose A is the fp16 subnormal 3 x 2^-24 and B 1.5 everywhere (the decode's code unpacking,
+ * kvq_mma.cuh): each of D's elements is 16 x 4.5 x 2^-24 = 72 x 2^-24, whose fp32 bits are KVQ_MMA_PROBE; a GPU
+ * that flushed subnormal inputs would answer 0. */
 typedef struct {
-    kvq_u64 out; /* long long[KVQ_PARAMS_SIG_N] */
+    kvq_u64 out; /* long long[KVQ_PARAMS_SIG_N + 1] */
 } kvq_sig_params;
+#define KVQ_MMA_PROBE_A 0x00030003u /* the subnormal 3 x 2^-24 in both halves */
+#define KVQ_MMA_PROBE_B 0x3E003E00u /* 1.5 in both halves */
+#define KVQ_MMA_PROBE 0x36900000ll  /* 72 x 2^-24 = 1.125 x 2^-18 */
 
 /* Sizes and offsets the host compares with the device's before it launches anything. */
 #define KVQ_PARAMS_SIG_LIST                                                                                    \

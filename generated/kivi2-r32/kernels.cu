@@ -566,10 +566,16 @@ typedef struct {
     kvq_i32 n, n_q, kk;
 } kvq_dense_params;
 
-/* kvq_params_sig: writes KVQ_PARAMS_SIG_LIST as the device compilation sees it to out. */
+/* kvq_params_sig: writes KVQ_PARAMS_SIG_LIST as the device compilation sees it to out, then the tensor cores' answer
+ * to one mma.sync whose A is the fp16 subnormal 3 x 2^-24 and B 1.5 everywhere (the decode's code unpacking,
+ * kvq_mma.cuh): each of D's elements is 16 x 4.5 x 2^-24 = 72 x 2^-24, whose fp32 bits are KVQ_MMA_PROBE; a GPU
+ * that flushed subnormal inputs would answer 0. */
 typedef struct {
-    kvq_u64 out; /* long long[KVQ_PARAMS_SIG_N] */
+    kvq_u64 out; /* long long[KVQ_PARAMS_SIG_N + 1] */
 } kvq_sig_params;
+#define KVQ_MMA_PROBE_A 0x00030003u /* the subnormal 3 x 2^-24 in both halves */
+#define KVQ_MMA_PROBE_B 0x3E003E00u /* 1.5 in both halves */
+#define KVQ_MMA_PROBE 0x36900000ll  /* 72 x 2^-24 = 1.125 x 2^-18 */
 
 /* Sizes and offsets the host compares with the device's before it launches anything. */
 #define KVQ_PARAMS_SIG_LIST                                                                                    \
@@ -1916,37 +1922,40 @@ KVQ_DEV void kvq_unpack8_f32(const unsigned char *p, float *cv)
  *
  * mma.sync.m16n8k16 (kvq_mma_m16n8k16: fp16 A and B, fp32 accumulators) with every product exact, so that only
  * the fp32 accumulation rounds, as in the fp32 path:
- *   - a code c becomes the fp16 number c 2^k exactly, two codes an instruction: lop3 masks two fields where they
- *     sit (16 bits apart) into the mantissas of 1024 (0x6400 in each half), and one HADD2 of -1024 leaves c 2^k
- *     (c 2^k < 1024, so 1024 + c 2^k is exact; k is the field's offset in its half, undone where the code's
- *     partner operand is scaled or at the end, a power of two);
+ *   - a code c becomes the fp16 number c 2^k 2^-24 exactly, two codes one AND: the mask keeps two fields where
+ *     they sit (16 bits apart), and with the exponent bits zero a half whose mantissa is m is the subnormal
+ *     m 2^-24 (c 2^k < 1024; k is the field's offset in its half). The 2^-24 and the 2^-k are undone where the
+ *     code's partner operand is scaled or at the end: powers of two, exact. (Until 2026-11-27 the fields went into
+ *     the mantissa of 1024 and an HADD2 of -1024 followed: one instruction more a pair, 4 a token of KIVI-2.)
+ *     Tensor cores take fp16 subnormal inputs (mma.sync has no flush-to-zero form for f16); kvq_params_sig probes
+ *     it on every module load and cu_dev_check_params refuses a GPU that flushes them (docs/cuda.md);
  *   - the other operand x (the folded query of q.K, the weight p s_t of p.V) is split into x_hi = fp16(x) and
  *     x_lo = fp16((x - x_hi) 2^11): x = x_hi + 2^-11 x_lo to about 2^-22 relative (x - x_hi is exact in fp32),
- *     each an 11-bit significand, so code x code-operand products have at most 15 bits: exact in fp32;
- *   - the N = 8 columns of B are the GQA group's 4 heads, high and low part side by side (column 2h, 2h + 1): a
+ *     each an 11-bit significand, so code x code-operand products have at most 21 bits: exact in fp32 (the
+ *     smallest, a subnormal code times a subnormal x_lo, 2^-48: an fp32 normal);
+ *   - the N = 8 columns of B are the GQA group's heads, high and low part side by side (column 2h, 2h + 1): a
  *     lane's accumulators c0, c1 (and c2, c3) are the high and low sums of one head, combined as
- *     hi + 2^-11 lo at the end.
- * Shapes: GQA 4, 128 threads (4 warps), head_dim a multiple of 64 (compiler/plan.c, mma_k_ok / mma_v_ok). With
- * g = lane / 4 and t = lane % 4, the fragment layout is the PTX ISA's (tests/emu/emu_abi.h, emu_mma_frag). */
+ *     hi + 2^-11 lo at the end. At GQA 1 and 2 the columns from 2 GQA on are zero (the lanes from 8 GQA load 0
+ *     instead of B, so no stale shared memory enters them) and lanes t >= GQA write nothing: one mma a 16 x 16
+ *     block serves 1, 2 or 4 heads at the same cost.
+ * Shapes: GQA 1, 2 or 4, 128 threads (4 warps), head_dim a multiple of 64 (compiler/plan.c, mma_k_ok / mma_v_ok).
+ * With g = lane / 4 and t = lane % 4, the fragment layout is the PTX ISA's (tests/emu/emu_abi.h, emu_mma_frag). */
 #ifndef KVQ_MMA_CUH
 #define KVQ_MMA_CUH
 
 /* #include "kvq_unpack.cuh": inlined */
 
-#define KVQ_MMA_MAGIC 0x64006400u /* 1024 in both halves */
-#define KVQ_MMA_NEG 0xE400E400u   /* -1024 in both halves */
+#define KVQ_MMA_ASCALE 16777216.0f /* 2^24: a code c is the fp16 subnormal c 2^-24 (kvq_mma_codes) */
 #define KVQ_MMA_LO 2048.0f        /* the low part's scale 2^11 */
 #define KVQ_MMA_LO_INV 4.8828125e-4f /* 2^-11 */
 #define KVQ_MMA_NW (KVQ_THREADS / 32)
+/* 32-bit words of one page's q.K B fragments: D / 16 k-blocks x 32 lanes x 2 registers, whatever the GQA */
+#define KVQ_MMA_QPAGE (4 * KVQ_D)
 /* 16-channel blocks of p.V per warp (at least 1 so that the unit compiles for every plan) */
 #define KVQ_MMA_MPW ((KVQ_D / 16 + KVQ_MMA_NW - 1) / KVQ_MMA_NW)
 
-/* two fields of x under `mask` (one in each half) -> the half2 (c0 2^k, c1 2^k), exact */
-KVQ_DEV unsigned kvq_mma_codes(unsigned x, unsigned mask)
-{
-    unsigned h = kvq_lop3(x, mask, KVQ_MMA_MAGIC, KVQ_LOP_AND_OR);
-    return kvq_h2_bits(kvq_hadd2(kvq_bits_h2(h), kvq_bits_h2(KVQ_MMA_NEG)));
-}
+/* two fields of x under `mask` (one in each half) -> the half2 (c0 2^k 2^-24, c1 2^k 2^-24): subnormals, exact */
+KVQ_DEV unsigned kvq_mma_codes(unsigned x, unsigned mask) { return x & mask; }
 
 /* x -> (x_hi, x_lo) as above, two 16-bit patterns */
 KVQ_DEV void kvq_mma_split(float x, unsigned short *hi, unsigned short *lo)
@@ -1977,48 +1986,74 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
 
 /* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the per-channel scales of
  * np pages: widened at ks + page D, or, kraw not null, where cp.async landed them, eb bytes each, kvq_kpar_raw),
- * high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of half2 at qb. qscale (a power of two from the
- * chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. One item is a (page, k-block, t, head): the
- * four channels of lane t's two registers (r) and halves (h), i.e. its high pair (lane 8 head + t) and its low pair
- * (lane 8 head + 4 + t), each one 8-byte store; the two halves of a register convert in one cvt.rn.f16x2.f32. The
- * shift k depends on t only, and 2^-k qscale multiplies the query before the scale (q 2^-k qscale s: the same product
- * as q s 2^-k qscale, powers of two being exact). */
+ * high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of half2 at qb (KVQ_MMA_QPAGE words a page;
+ * lanes from 8 GQA are not written: kvq_scores_mma loads 0 there). qscale (a power of two from the chunk's max |q|,
+ * kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. One item is a (k-block, t): the four channels of lane t's
+ * two registers (r) and halves (h) for every head, i.e. the high pair of lane 8 head + t and the low pair of lane
+ * 8 head + 4 + t, each one 8-byte store; the two halves of a register convert in one cvt.rn.f16x2.f32. The item
+ * loads its four scales once for all heads (an item a head loaded them GQA times: 39 instructions a page and item
+ * of one head at KIVI-2's GQA 4, where this takes about 100 for four), and where the items divide the block
+ * (head_dim 64, 128, 256) a thread keeps its item's query (2^-k qscale q: powers of two, the same product) in
+ * registers over the pages it folds. */
+KVQ_DEV void kvq_fold_item_q(int bits, int j, const float *qs, float qscale, int cs[4], float qv[4][KVQ_GQA])
+{
+    const int kb = j >> 2, t = j & 3;
+    const int k = bits == 2 ? 2 * t : 4 * (t & 1);
+    const float sc = __uint_as_float((unsigned)(127 - k) << 23) * qscale; /* 2^-k qscale: a power of two */
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int r = e >> 1, hh = e & 1; /* kvq_mma_kpos inverted: the channel at (t, r, hh) */
+        cs[e] = kb * 16 + (bits == 2 ? t + 4 * r + 8 * hh : 8 * r + 4 * hh + t);
+#pragma unroll
+        for (int h = 0; h < KVQ_GQA; h++) qv[e][h] = qs[cs[e] * KVQ_GQA + h] * sc;
+    }
+}
+KVQ_DEV void kvq_fold_item_page(int j, const int cs[4], const float qv[4][KVQ_GQA], const float *ks,
+                                const unsigned char *kraw, int eb, unsigned *qb, int pg)
+{
+    const int kb = j >> 2, t = j & 3;
+    float s[4];
+    if (kraw) {
+        /* the scales where cp.async landed them (kvq_kpar_raw) */
+        const unsigned char *kr = kraw + kvq_raw_page(pg * KVQ_D * eb, pg);
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[e] = kvq_ld_par(kr, cs[e], eb);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[e] = ks[pg * KVQ_D + cs[e]];
+    }
+    uint2 *dst = (uint2 *)qb + pg * (KVQ_MMA_QPAGE / 2) + kb * 32 + t;
+#pragma unroll
+    for (int h = 0; h < KVQ_GQA; h++) {
+        unsigned hi[2], lo[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float x0 = qv[2 * r][h] * s[2 * r], x1 = qv[2 * r + 1][h] * s[2 * r + 1];
+            const kvq_half2 xh = kvq_f2h2(x0, x1);
+            hi[r] = kvq_h2_bits(xh);
+            lo[r] = kvq_h2_bits(kvq_f2h2((x0 - kvq_h2f(xh.x)) * KVQ_MMA_LO, (x1 - kvq_h2f(xh.y)) * KVQ_MMA_LO));
+        }
+        dst[8 * h] = make_uint2(hi[0], hi[1]);
+        dst[8 * h + 4] = make_uint2(lo[0], lo[1]);
+    }
+}
 KVQ_DEV void kvq_fold_k_mma(int bits, const float *ks, const unsigned char *kraw, int eb, const float *qs, float qscale,
                             unsigned *qb, int np, int tid)
 {
-    const int G = KVQ_GQA, per = (KVQ_D / 16) * 4 * G;
-    /* the item's place and query are the same on every page: computed once, the pages in the inner loop */
+    const int NI = (KVQ_D / 16) * 4; /* items */
+    int cs[4];
+    float qv[4][KVQ_GQA];
+    if (KVQ_THREADS % NI == 0) { /* a thread's item is the same on every page it takes */
+        const int j = tid % NI;
+        kvq_fold_item_q(bits, j, qs, qscale, cs, qv);
 #pragma unroll 1
-    for (int j = tid; j < per; j += KVQ_THREADS) {
-        const int kb = j / (4 * G), t = j & 3, h = (j >> 2) % G;
-        const int k = bits == 2 ? 2 * t : 4 * (t & 1);
-        const float sc = __uint_as_float((unsigned)(127 - k) << 23) * qscale; /* 2^-k qscale: a power of two */
-        int cs[4];
-        float qv[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int r = e >> 1, hh = e & 1; /* kvq_mma_kpos inverted: the channel at (t, r, hh) */
-            cs[e] = kb * 16 + (bits == 2 ? t + 4 * r + 8 * hh : 8 * r + 4 * hh + t);
-            qv[e] = qs[cs[e] * G + h] * sc;
-        }
-        uint2 *dst = (uint2 *)qb + kb * 32 + 8 * h + t;
+        for (int pg = tid / NI; pg < np; pg += KVQ_THREADS / NI) kvq_fold_item_page(j, cs, qv, ks, kraw, eb, qb, pg);
+    } else {
 #pragma unroll 1
-        for (int pg = 0; pg < np; pg++, dst += KVQ_D * G / 2) {
-            const float *kp = ks + pg * KVQ_D;
-            /* kraw: the scales where cp.async landed them (kvq_kpar_raw) */
-            const unsigned char *kr = kraw ? kraw + kvq_raw_page(pg * KVQ_D * eb, pg) : kraw;
-            unsigned hi[2], lo[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const float s0 = kraw ? kvq_ld_par(kr, cs[2 * r], eb) : kp[cs[2 * r]];
-                const float s1 = kraw ? kvq_ld_par(kr, cs[2 * r + 1], eb) : kp[cs[2 * r + 1]];
-                const float x0 = qv[2 * r] * s0, x1 = qv[2 * r + 1] * s1;
-                const kvq_half2 xh = kvq_f2h2(x0, x1);
-                hi[r] = kvq_h2_bits(xh);
-                lo[r] = kvq_h2_bits(kvq_f2h2((x0 - kvq_h2f(xh.x)) * KVQ_MMA_LO, (x1 - kvq_h2f(xh.y)) * KVQ_MMA_LO));
-            }
-            dst[0] = make_uint2(hi[0], hi[1]);
-            dst[4] = make_uint2(lo[0], lo[1]);
+        for (int i = tid; i < NI * np; i += KVQ_THREADS) {
+            const int j = i % NI;
+            kvq_fold_item_q(bits, j, qs, qscale, cs, qv);
+            kvq_fold_item_page(j, cs, qv, ks, kraw, eb, qb, i / NI);
         }
     }
 }
@@ -2031,12 +2066,14 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
     return __uint_as_float((unsigned)(127 - (e + 2)) << 23);
 }
 
-/* Scores of tokens [0, n) of a tile, all 4 heads: warp w takes a quarter of the 16-token blocks; each lane ends with
- * the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) / qscale + bias, written to ps
+/* Scores of tokens [0, n) of a tile, all GQA heads: warp w takes a quarter of the 16-token blocks; each lane t < GQA
+ * ends with the scores of tokens g and g + 8 of its block for head t, (hi + 2^-11 lo) qinv + bias (qinv = 2^24 /
+ * qscale: the codes' subnormal scale and the query's), written to ps
  * (-inf for masked slots); the warp's per-head maxima go to wmax[warp][GQA]. The bias of a page is the sum of
  * bred's eight partials (kvq_fold_k's per-channel zeros). A tile over several pages of a page run (kcap > 0, the
  * tile's first token at slot s0 of its first page) takes each block's page's fold (qb + page x D GQA words) and
- * bias: a block lies in one page (layout/tiles.h: such a tile begins at a page boundary, pages of 16k tokens). */
+ * bias: a block lies in one page (layout/tiles.h: such a tile begins at a page boundary, pages of 16k tokens),
+ * whose fold is at qb + page x KVQ_MMA_QPAGE. */
 KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned char *mask, int masked,
                             const unsigned *qb, const float *bred, float qinv, int n, int s0, int kcap, int tid,
                             float *ps, float *wmax, int sw)
@@ -2064,18 +2101,17 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
 #pragma unroll 1
     for (int m0 = warp * per * 16; m0 < bend * 16; m0 += 16) {
         if (pg != cur) {
-            const uint2 *qp = (const uint2 *)(qb + pg * (KVQ_D * G));
+            const uint2 *qp = (const uint2 *)(qb + pg * KVQ_MMA_QPAGE);
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
-                const uint2 x = qp[kb * 32 + lane];
+                const uint2 x = lane < 8 * G ? qp[kb * 32 + lane] : make_uint2(0u, 0u); /* columns past 2 GQA: 0 */
                 b[kb][0] = x.x, b[kb][1] = x.y;
             }
             /* the page's bias q . z of head t: the fold's eight partial sums in order (kvq_fold_k), added here
              * where the fragments reload instead of in a pass of warp 0 and a barrier of its own */
-            float zb = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; k++) zb += bred[(pg * 8 + k) * G + (t & (G - 1))];
-            bh = zb;
+            const float4 *z4 = (const float4 *)(bred + (pg * G + (t & (G - 1))) * 8); /* 16-byte aligned (plan.c) */
+            const float4 za = z4[0], zc = z4[1];
+            bh = 0.0f + za.x + za.y + za.z + za.w + zc.x + zc.y + zc.z + zc.w;
             cur = pg;
         }
         const unsigned char *r0 = rows + (m0 + g) * cbpt;
@@ -2106,7 +2142,7 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
         for (int u = 0; u < 2; u++) {
             const int tok = m0 + g + 8 * u;
             float x = fmaf(fmaf(acc[2 * u + 1], KVQ_MMA_LO_INV, acc[2 * u]), qinv, bh);
-            if (tok < n) {
+            if (tok < n && t < G) {
                 if (masked && mask[tok]) x = KVQ_NEG_INF;
                 ps[tok * G + t] = x;
                 mx = fmaxf(mx, x);
@@ -2161,8 +2197,11 @@ KVQ_DEV void kvq_mma_vcodes(unsigned x0, unsigned x1, unsigned sel, unsigned m0,
     *a1 = kvq_mma_codes(x, m1);
 }
 
-/* o += p v over tokens [0, n16) (n16 = n rounded up to 16; the weights past n are 0) for warp w's channel blocks
- * w MPW .. w MPW + MPW - 1: acc[i] = the lane's (head t; channel 2g hi, lo; channel 2g + 1 hi, lo) of block i. */
+/* o += p v over tokens [0, n32) (n32 = n rounded up to 32, within the tile: quantized classes' tiles are multiples
+ * of 32; the weights past n are 0, kvq_probs) for warp w's channel blocks w MPW .. w MPW + MPW - 1: acc[i] = the
+ * lane's (head t; channel 2g hi, lo; channel 2g + 1 hi, lo) of block i. Two 16-token blocks an iteration: the loop's
+ * own instructions once for both (26 instructions a block at KIVI-2 one at a time), and no remainder copy of the
+ * body, so every copy of a line the cost model maps (compiler/sass_cost.c) is the same length. */
 KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char *rows, const unsigned *wb, int nks,
                             int n, int tid, float acc[KVQ_MMA_MPW][4], int sw)
 {
@@ -2174,6 +2213,7 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
     const unsigned m1 = m0 << (bits == 2 ? 2 : 4);
     const unsigned *rp = (const unsigned *)rows + 2 * t * cw;
     const unsigned *bp = wb + 2 * lane;
+    const int bcol = lane < 8 * KVQ_GQA; /* the lane's B column is a head's (kvq_mma_put_w), else 0 */
     /* 2 bits: the warp's blocks are consecutive words of a token's row, one 8-byte load of each of the four rows
      * when MPW is 2 (head_dim 128; rows are 16-byte aligned, cw even) */
     const int w2 = bits == 2 && KVQ_MMA_MPW == 2 && (cw & 1) == 0;
@@ -2182,14 +2222,16 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
      * the loop; for rows of at most 4 chunks, head_dim 128, the same for the even and the odd row) */
 #define KVQ_MMA_PW(r, wo) (sw ? ((((wo) >> 2) ^ kvq_row_swz((r), cbpt, (wo) >> 2)) << 2) | ((wo) & 3) : (wo))
 #pragma unroll 1
-    for (int k0 = 0; k0 < n; k0 += 16) {
+    for (int k0 = 0; k0 < n; k0 += 32) {
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
         unsigned x[4][KVQ_MMA_MPW];
         if (w2) {
             const int rr[4] = {0, cw, 8 * cw, 9 * cw};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const uint2 y = *(const uint2 *)(rp + rr[q] + KVQ_MMA_PW(cw <= 16 ? 2 * t : 2 * t + (q & 1),
-                                                                          warp * KVQ_MMA_MPW));
+                const uint2 y = *(const uint2 *)(rp + u * 16 * cw + rr[q] +
+                                                 KVQ_MMA_PW(cw <= 16 ? 2 * t : 2 * t + (q & 1), warp * KVQ_MMA_MPW));
                 x[q][0] = y.x, x[q][KVQ_MMA_MPW - 1] = y.y;
             }
         }
@@ -2199,25 +2241,27 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
             const int wo = bits == 2 ? mb : 2 * mb + (g >> 2);
             /* the value group of the block: the warp's MPW blocks share one where groups hold them all (one load) */
             const int gi = hidden ? 0 : group % (16 * KVQ_MMA_MPW) == 0 ? warp * KVQ_MMA_MPW * 16 / group : mb * 16 / group;
-            const uint2 bw = *(const uint2 *)(bp + gi * nks * 64);
+            const uint2 bw = bcol ? *(const uint2 *)(bp + u * 64 + gi * nks * 64) : make_uint2(0u, 0u);
             const unsigned b[2] = {bw.x, bw.y};
             unsigned a[4];
             const int pe = KVQ_MMA_PW(2 * t, wo), po = cw <= 16 ? pe : KVQ_MMA_PW(2 * t + 1, wo);
-            if (!w2) x[0][i] = rp[pe], x[1][i] = rp[cw + po], x[2][i] = rp[8 * cw + pe], x[3][i] = rp[9 * cw + po];
+            const unsigned *ru = rp + u * 16 * cw;
+            if (!w2) x[0][i] = ru[pe], x[1][i] = ru[cw + po], x[2][i] = ru[8 * cw + pe], x[3][i] = ru[9 * cw + po];
             kvq_mma_vcodes(x[0][i], x[1][i], sel, m0, m1, &a[0], &a[1]);
             kvq_mma_vcodes(x[2][i], x[3][i], sel, m0, m1, &a[2], &a[3]);
             kvq_mma_m16n8k16(acc[i], a, b);
         }
-        rp += 16 * cw, bp += 64;
+    }
+    rp += 32 * cw, bp += 128; /* a line of its own, run once an iteration (the loop's line also counts its exit) */
     }
 #undef KVQ_MMA_PW
 }
 
-/* 2^-k of the value code of channel c (2g or 2g + 1 of a block) as kvq_values_mma unpacks it */
+/* 2^(24 - k) for the value code of channel c (2g or 2g + 1 of a block) as kvq_values_mma unpacks it: c 2^k 2^-24 */
 KVQ_DEV float kvq_mma_vinv(int bits, int c)
 {
     const int k = bits == 2 ? 4 * ((c >> 1) & 1) + 2 * (c & 1) : 4 * (c & 1);
-    return __uint_as_float((unsigned)(127 - k) << 23);
+    return __uint_as_float((unsigned)(127 + 24 - k) << 23);
 }
 
 #endif
@@ -2310,6 +2354,16 @@ KVQ_DEV void kvq_stage_par2(int fin, float *out0, unsigned char *dst0, const uns
 {
     const int r0 = (int)((kvq_u64)src0 & 15), nb0 = n > 0 ? (r0 + n * eb0 + 15) >> 4 : 0;
     const int r1 = (int)((kvq_u64)src1 & 15), nb1 = n > 0 ? (r1 + n * eb1 + 15) >> 4 : 0;
+    if (!fin) {
+        /* the copies: two plain loops (one with a test a block took 20 instructions a copy), each thread on the
+         * blocks of the combined index k it widens at fin 1 (its own copies: no barrier between) */
+        int k = tid;
+#pragma unroll 1
+        for (; k < nb0; k += KVQ_THREADS) kvq_cp_async16(dst0 + 16 * k, src0 - r0 + 16 * k);
+#pragma unroll 1
+        for (; k < nb0 + nb1; k += KVQ_THREADS) kvq_cp_async16(dst1 + 16 * (k - nb0), src1 - r1 + 16 * (k - nb0));
+        return;
+    }
 #pragma unroll 1
     for (int k = tid; k < nb0 + nb1; k += KVQ_THREADS) {
         if (k < nb0)
@@ -2392,6 +2446,14 @@ KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char 
     const long long jump = (long long)ds * R + dp * stride, wrap = stride - (long long)cap * R;
     const unsigned char *s = src + 16 * c + pg * stride + (long long)sl * R;
     unsigned char *d = rows + kvq_row_byte(tid / C, R, 16 * c, 1);
+    if (ds == 0 || s0 + n <= cap) {
+        /* no step passes a page's end (whole pages a step, as KIVI's 32-token key pages at 64 rows a step; or the
+         * tile in one page, as its value pages): the source advances by the constant jump (18 instructions a
+         * copy with the test, 10 without) */
+#pragma unroll 2
+        for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS, s += jump) kvq_cp_async16(d, s);
+        return;
+    }
 #pragma unroll 1
     for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS) {
         kvq_cp_async16(d, s);
@@ -2411,6 +2473,18 @@ KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b
 {
     const int nbs = KVQ_D * f.sbytes / 16, nbz = KVQ_D * f.zbytes / 16, P = nbs + nbz;
     unsigned char *rz = sb->raw + sb->raws;
+    if (!fin && KVQ_THREADS % P == 0) {
+        /* a thread's block of a page is the same on every page it takes (P divides the block: head_dim 64, 128,
+         * 256), and page i's lands at i (D eb + 64) (kvq_raw_page; D eb is a multiple of 16): both addresses
+         * advance by constants (35 instructions a copy at KIVI-2 where the index was divided each time); block
+         * k = i P + r is still thread k mod THREADS's, the one that widens it below */
+        const int r = tid % P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes, di = KVQ_THREADS / P;
+        unsigned char *dst = (zs ? rz : sb->raw) + (tid / P) * (KVQ_D * eb + 64) + 16 * c;
+        const unsigned char *src = b + (tid / P) * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c;
+#pragma unroll 1
+        for (int i = tid / P; i < np; i += di, dst += di * (KVQ_D * eb + 64), src += di * stride) kvq_cp_async16(dst, src);
+        return;
+    }
 #pragma unroll 1
     for (int k = tid; k < np * P; k += KVQ_THREADS) {
         const int i = k / P, r = k - i * P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes;
@@ -2607,17 +2681,17 @@ KVQ_DEV void kvq_ld_qrow(const float *q, int c, float *out)
 }
 
 /* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
- * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[8][GQA] = eight partial
- * sums of q . z in channel order (per-channel zeros), added up by kvq_fold_bias. Per-channel keys of a tile that
- * spans np pages of a page run fold once per page: qk + i D GQA and red + i 8 GQA from the page's scales and zeros
- * at kb->s + i D. Every thread takes items. */
+ * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[GQA][8] = eight partial
+ * sums of q . z in channel order (per-channel zeros; a head's eight side by side, two 16-byte loads for the sum).
+ * Per-channel keys of a tile that spans np pages of a page run fold once per page: qk + i D GQA and red + i 8 GQA
+ * from the page's scales and zeros at kb->s + i D. Every thread takes items. */
 KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *kb, const float *qs, float *qk,
                         float *qsum, float *red, int np, int tid)
 {
     const int G = KVQ_GQA, D = KVQ_D;
     if (f.bits >= 16) return;
     if (f.gran != 0) np = 1;
-    if (mma) /* q.K on tensor cores: qk's place holds B's fragments, D GQA 4 bytes a page */
+    if (mma) /* q.K on tensor cores: qk's place holds B's fragments, KVQ_MMA_QPAGE words a page */
         kvq_fold_k_mma(f.bits, kb->s, kb->praw ? kb->raw : (const unsigned char *)0, f.sbytes, qs, qscale,
                        (unsigned *)qk, np, tid);
     else if (kvq_k_folds(f))
@@ -2643,7 +2717,7 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
                 for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(q[h], zc, acc[h]);
             }
 #pragma unroll
-            for (int h = 0; h < KVQ_GQA; h++) red[i * G + h] = acc[h];
+            for (int h = 0; h < KVQ_GQA; h++) red[(pg * G + h) * 8 + part] = acc[h];
         }
     } else if (kvq_k_runs(f)) {
         for (int i = tid; i < (D / 8) * G; i += KVQ_THREADS) {
@@ -2875,7 +2949,7 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
 /* Phase 2: p = 2^(s - m) of this lane's own tokens (written by itself in phase 1), d += p. When the tile's values
  * take the tensor-core path, the lane takes two adjacent tokens instead (any lane may: phase 1's maximum put a
  * barrier after every score) and writes their weights w = p s_t as p.V's B fragments (kvq_mma.cuh), both tokens'
- * halves of a register in one 32-bit store (0 for the tokens from n up to the next 16), and keeps sum p z_t per
+ * halves of a register in one 32-bit store (0 for the tokens from n up to the next 32: p.V takes blocks in pairs), and keeps sum p z_t per
  * head and value group in oz (the per-token zeros, added at the end of the chunk). */
 KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, const float m[KVQ_GQA], int n,
                        int part0, int lane1, int p1, int tid, int nks, unsigned short *wb, float dl[KVQ_GQA],
@@ -2901,8 +2975,7 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
                 for (int h = 0; h < KVQ_GQA; h++) {
                     const float x = u == 0 || live1 ? ps[(t + u) * G + h] : KVQ_NEG_INF;
                     pr[u][h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
-                    if (u == 0 || live1) ps[(t + u) * G + h] = pr[u][h];
-                    dl[h] += pr[u][h];
+                    dl[h] += pr[u][h]; /* p goes to p.V as weights only: nothing reads ps after this pass */
                 }
 #pragma unroll
             for (int gi = 0; gi < 4; gi++)
@@ -2920,7 +2993,7 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
                     }
                 }
         }
-        for (int t = ((n + 1) & ~1) + tid; t < ((n + 15) & ~15); t += KVQ_THREADS)
+        for (int t = ((n + 1) & ~1) + tid; t < ((n + 31) & ~31); t += KVQ_THREADS) /* p.V reads 32-token pairs */
             for (int gi = 0; gi < ngv; gi++)
                 for (int h = 0; h < KVQ_GQA; h++) kvq_mma_put_w(wb, nks, gi, t, h, 0.0f);
         return;
@@ -3026,7 +3099,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
         if ((tid & 31) == 0) wmax[tid >> 5] = qmax;
         __syncthreads();
         for (int w = 0; w < NW; w++) qmax = fmaxf(qmax, wmax[w]);
-        qscale = kvq_mma_qscale(qmax), qinv = 1.0f / qscale; /* powers of two */
+        /* powers of two; qinv also undoes the codes' 2^-24 (kvq_mma_codes): at most 2^101 2^24, finite */
+        qscale = kvq_mma_qscale(qmax), qinv = KVQ_MMA_ASCALE / qscale;
     }
 #if KVQ_TQ_ANY
     if (kvq_tq_is(skhi) && skhi.tq == 2) { /* TurboQuant prod keys: S q once per block, where qk would fold */
@@ -3108,7 +3182,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             for (int i = tid; i < knp * G; i += KVQ_THREADS) {
                 const int pg = i / G, h = i % G;
                 float acc = 0.0f;
-                for (int k = 0; k < 8; k++) acc += bred[(pg * 8 + k) * G + h];
+                for (int k = 0; k < 8; k++) acc += bred[i * 8 + k]; /* i = pg G + h */
                 qsum[(D / 8) * G + i] = acc;
             }
             __syncthreads();
@@ -3177,7 +3251,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             }
         }
         if (g.mv) {
-            const float ai = sa[tid & 3]; /* the lane's head in the tensor-core accumulators */
+            /* the lane's head in the tensor-core accumulators (lanes t >= GQA hold zero columns) */
+            const float ai = sa[min(tid & 3, KVQ_GQA - 1)];
 #pragma unroll
             for (int i = 0; i < KVQ_MMA_MPW; i++)
 #pragma unroll
@@ -3234,9 +3309,9 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             for (int u = 0; u < 2; u++) {
                 const int cl = 2 * gq + u, c = ((tid >> 5) * KVQ_MMA_MPW + i) * 16 + cl, gi = c / vgrp;
                 float zs = 0.0f;
-                for (int w = 0; w < NW; w++) zs += ozs[(w * G + hv) * 4 + gi];
+                for (int w = 0; w < NW && hv < G; w++) zs += ozs[(w * G + hv) * 4 + gi];
                 const float x = fmaf(macc[i][2 * u + 1], KVQ_MMA_LO_INV, macc[i][2 * u]) * kvq_mma_vinv(vbits, cl);
-                if (c < D) so[hv * D + c] += x + zs;
+                if (c < D && hv < G) so[hv * D + c] += x + zs;
             }
         __syncthreads();
     }
@@ -3677,12 +3752,20 @@ extern "C" __global__ void __launch_bounds__(128) kvq_tensor_amax(const kvq_tama
 }
 KVQ_KERNEL_EXPORT(kvq_tensor_amax);
 
-/* Sizes and offsets of the parameter structs as this compilation lays them out (KVQ_PARAMS_SIG_LIST). */
+/* Sizes and offsets of the parameter structs as this compilation lays them out (KVQ_PARAMS_SIG_LIST), and the
+ * tensor-core probe (kvq_params.cuh: subnormal fp16 inputs, which kvq_mma.cuh's unpacking relies on). Block 32:
+ * one warp, converged, as mma.sync needs. */
 extern "C" __global__ void kvq_params_sig(const kvq_sig_params p)
 {
     const long long sig[] = {KVQ_PARAMS_SIG_LIST};
-    if (threadIdx.x == 0)
+    const unsigned a[4] = {KVQ_MMA_PROBE_A, KVQ_MMA_PROBE_A, KVQ_MMA_PROBE_A, KVQ_MMA_PROBE_A};
+    const unsigned b[2] = {KVQ_MMA_PROBE_B, KVQ_MMA_PROBE_B};
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    kvq_mma_m16n8k16(acc, a, b);
+    if (threadIdx.x == 0) {
         for (int i = 0; i < KVQ_PARAMS_SIG_N; i++) ((long long *)p.out)[i] = sig[i];
+        ((long long *)p.out)[KVQ_PARAMS_SIG_N] = (long long)__float_as_uint(acc[0]);
+    }
 }
 KVQ_KERNEL_EXPORT(kvq_params_sig);
 

@@ -206,7 +206,11 @@ static kvq_status prepare_kind(cu_dev_kind kind, const kvq_be_engine *e, kvq_bac
     if (st == KVQ_OK) st = emit_cuda_source(c->plan, &src, NULL);
     if (st == KVQ_OK) st = cu_dev_load(c->dev, src, kvq_scheme_name(e->scheme), &c->mod, msg, n);
     kvq_free(src);
-    if (st == KVQ_OK) st = cu_dev_check_params(c->dev, c->mod, msg, n);
+    if (st == KVQ_OK) { /* the layouts, and the tensor cores' subnormal inputs where a class decodes on them */
+        int mma = 0;
+        for (int k = 0; k < c->plan->n_classes; k++) mma |= c->plan->cls[k].mma_k | c->plan->cls[k].mma_v;
+        st = cu_dev_check_params(c->dev, c->mod, mma != 0, msg, n);
+    }
     if (st == KVQ_OK) st = tq_upload(c, msg, n);
     /* Once, at load, per decode class: the opt-in past the default 48 KiB of dynamic shared memory (not per
      * launch), and the occupancy that sizes split-KV (not per step). */

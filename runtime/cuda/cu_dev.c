@@ -382,10 +382,10 @@ void cu_dev_leave(cu_dev *d, const cu_ctx_scope *s)
     if (d && s->changed) d->ops->leave(d, s);
 }
 
-kvq_status cu_dev_check_params(cu_dev *d, cu_module *m, char *msg, size_t n)
+kvq_status cu_dev_check_params(cu_dev *d, cu_module *m, int need_mma, char *msg, size_t n)
 {
     const long long want[] = {KVQ_PARAMS_SIG_LIST};
-    long long got[KVQ_PARAMS_SIG_N];
+    long long got[KVQ_PARAMS_SIG_N + 1];
     uint64_t buf = 0;
     kvq_status st = cu_dev_alloc(d, sizeof got, &buf, msg, n);
     if (st != KVQ_OK) return st;
@@ -402,5 +402,15 @@ kvq_status cu_dev_check_params(cu_dev *d, cu_module *m, char *msg, size_t n)
                      want[i], got[i]);
             return KVQ_ERR_INTERNAL;
         }
+    if (need_mma && got[KVQ_PARAMS_SIG_N] != KVQ_MMA_PROBE) {
+        float g, w;
+        const uint32_t gb = (uint32_t)got[KVQ_PARAMS_SIG_N], wb = (uint32_t)KVQ_MMA_PROBE;
+        memcpy(&g, &gb, sizeof g), memcpy(&w, &wb, sizeof w);
+        snprintf(msg, n,
+                 "cuda: this GPU's tensor cores do not take fp16 subnormal inputs exactly (an mma.sync of 3 x 2^-24 "
+                 "by 1.5 over 16 gave %g, not %g); the scheme's decode unpacks codes into them on the tensor cores "
+                 "(docs/cuda.md, \"Tensor cores\")", (double)g, (double)w);
+        return KVQ_ERR_UNSUPPORTED;
+    }
     return KVQ_OK;
 }

@@ -126,8 +126,10 @@ int cu_emu_occupancy(cu_module *m, const char *kernel, int threads, size_t smem)
 void cu_dev_fail_after(long n);
 long cu_dev_failures(void);
 
-/* Checks the parameter-struct layout of the module against this compilation's (kvq_params_sig). */
-kvq_status cu_dev_check_params(cu_dev *d, cu_module *m, char *msg, size_t msg_size);
+/* Checks the parameter-struct layout of the module against this compilation's (kvq_params_sig), and, need_mma
+ * (a plan with tensor-core classes), that the tensor cores take fp16 subnormal inputs (KVQ_MMA_PROBE; else
+ * KVQ_ERR_UNSUPPORTED with the reason). */
+kvq_status cu_dev_check_params(cu_dev *d, cu_module *m, int need_mma, char *msg, size_t msg_size);
 
 /* ---- implementations (cu_driver.c, cu_emu.c) behind cu_dev ---- */
 typedef struct {

@@ -1458,7 +1458,7 @@ API CUresult cuLaunchKernel(void *hf, unsigned gx, unsigned gy, unsigned gz, uns
              * NVRTC gives for these fixed-width POD structs on a 64-bit host (CUDA keeps host and device layouts
              * alike), so a kvq built from the same tree passes and every engine of a pre-fill loads. A module
              * built from another tree's header is not caught here (the emulator and a real GPU catch it). */
-            const long long sig[] = {KVQ_PARAMS_SIG_LIST};
+            const long long sig[] = {KVQ_PARAMS_SIG_LIST, KVQ_MMA_PROBE}; /* and the tensor cores' probe: a GPU's */
             kvq_sig_params sp;
             memcpy(&sp, pb, sizeof sp);
             void *out = sp.out ? host_of(sp.out, sizeof sig) : NULL;

@@ -573,7 +573,7 @@ int main(void)
                  cases[i].scheme);
         int ok = load_case(&cases[i], &L, 0);
         char msg[512];
-        if (ok) TH_CHECK(cu_dev_check_params(dev, L.mod, msg, sizeof msg) == KVQ_OK, "%s", msg);
+        if (ok) TH_CHECK(cu_dev_check_params(dev, L.mod, 1, msg, sizeof msg) == KVQ_OK, "%s", msg);
         th_end();
         if (!ok) {
             unload(&L);

@@ -379,6 +379,41 @@ static void test_ptx_fallback(void)
     th_end();
 }
 
+/* A GPU whose tensor cores flush fp16 subnormal inputs (kvq_params_sig's probe answers 0): the hook rewrites the
+ * answer the fake models, as such a device would give it. */
+static void flush_subnormals(const char *kernel, const void *params, size_t size,
+                             void *(*host)(unsigned long long dptr, size_t bytes))
+{
+    if (strcmp(kernel, "kvq_params_sig") || size < sizeof(kvq_sig_params)) return;
+    kvq_sig_params sp;
+    memcpy(&sp, params, sizeof sp);
+    long long *out = sp.out ? host(sp.out, (KVQ_PARAMS_SIG_N + 1) * sizeof(long long)) : NULL;
+    if (out) out[KVQ_PARAMS_SIG_N] = 0;
+}
+
+static void test_subnormal_probe(void)
+{
+    th_begin("tensor cores that flush fp16 subnormal inputs: a scheme decoding on them is refused with the reason, "
+             "nothing leaked; the fp16 scheme (no tensor-core class) still runs");
+    char err[1024] = "";
+    fk.reset();
+    fk.set_launch_hook(flush_subnormals);
+    kvq_engine *e = engine(kvq_spec_scheme(kivi_spec, NULL), err, sizeof err);
+    TH_CHECK(!e, "a KIVI-2 engine on tensor cores that flush subnormals");
+    TH_CHECK(strstr(err, "subnormal") && strstr(err, "tensor cores"), "the error does not say why: %s", err);
+    kvq_engine_free(e);
+    e = engine(kvq_spec_scheme(fp16_spec, NULL), err, sizeof err);
+    TH_CHECK(e, "an fp16 engine (its decode takes no tensor cores): %s", err);
+    kvq_seq *q[1] = {NULL};
+    if (e) TH_CHECK(kvq_seq_create(e, &q[0]) == KVQ_OK && prefill(e, q, 1, PROMPT) == KVQ_OK &&
+                        decode_host(e, q, 1) == KVQ_OK,
+                    "prefill and decode: %s", kvq_engine_errmsg(e));
+    kvq_engine_free(e);
+    fk.set_launch_hook(NULL);
+    TH_CHECK(fk.counter("live_allocs") == 0, "%ld allocations live after both engines", fk.counter("live_allocs"));
+    check_rules("subnormal probe");
+    th_end();
+}
 
 /* An engine created while the caller's own context (cuCtxCreate, not a primary one) is current runs in it and
  * takes no primary reference; its device tensors and stream are the caller's, in that context. */
@@ -596,6 +631,7 @@ int main(void)
         test_streams();
         test_scratch();
         test_ptx_fallback();
+        test_subnormal_probe();
     }
     for (int i = 0; i < n_schemes; i++) run_scheme(schemes[i].file, schemes[i].s);
     for (int i = 0; i < n_specs_kept; i++) kvq_spec_free(specs_kept[i]);

@@ -193,6 +193,10 @@ static int run_step(const kvq_scheme *sch, const kvq_plan *p, int batch, int tok
         snprintf(msg, ms, "the step's tiles: %s", kvq_engine_errmsg(e));
         goto done;
     }
+    if (getenv("KVQ_COST_DEBUG")) /* the tile list, for hand counts (docs/cuda.md, "Cost model") */
+        for (int i = 0; i < n0; i++)
+            fprintf(stderr, "tile %d: %d tokens, key kind %d, value kind %d, %d key pages\n", i, t0[i].n, t0[i].k_kind,
+                    t0[i].v_kind, t0[i].k_pages);
     for (int b = 1; b < batch; b++) {
         if (rt_step_tiles(e, seqs[b], 0, tb, n0, &nb) != KVQ_OK) {
             snprintf(msg, ms, "the step's tiles: %s", kvq_engine_errmsg(e));
