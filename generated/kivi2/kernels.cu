@@ -2449,9 +2449,12 @@ KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char 
     if (ds == 0 || s0 + n <= cap) {
         /* no step passes a page's end (whole pages a step, as KIVI's 32-token key pages at 64 rows a step; or the
          * tile in one page, as its value pages): the source advances by the constant jump (18 instructions a
-         * copy with the test, 10 without) */
-#pragma unroll 2
-        for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS, s += jump) kvq_cp_async16(d, s);
+         * copy with the test, 12 without) */
+#pragma unroll 1
+        for (int k = tid; k < n * C; k += KVQ_THREADS) {
+            kvq_cp_async16(d, s);
+            d += 16 * KVQ_THREADS, s += jump;
+        }
         return;
     }
 #pragma unroll 1
