@@ -213,11 +213,13 @@ KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b
          * 256), and page i's lands at i (D eb + 64) (kvq_raw_page; D eb is a multiple of 16): both addresses
          * advance by constants (35 instructions a copy at KIVI-2 where the index was divided each time); block
          * k = i P + r is still thread k mod THREADS's, the one that widens it below */
-        const int r = tid % P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes, di = KVQ_THREADS / P;
+        const int r = tid % P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes;
+        const int di = KVQ_THREADS / P, dstep = di * (KVQ_D * eb + 64);
         unsigned char *dst = (zs ? rz : sb->raw) + (tid / P) * (KVQ_D * eb + 64) + 16 * c;
-        const unsigned char *src = b + (tid / P) * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c;
+        const unsigned char *src =
+            b + (tid / P) * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c;
 #pragma unroll 1
-        for (int i = tid / P; i < np; i += di, dst += di * (KVQ_D * eb + 64), src += di * stride) kvq_cp_async16(dst, src);
+        for (int i = tid / P; i < np; i += di, dst += dstep, src += di * stride) kvq_cp_async16(dst, src);
         return;
     }
 #pragma unroll 1
@@ -684,8 +686,8 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
 /* Phase 2: p = 2^(s - m) of this lane's own tokens (written by itself in phase 1), d += p. When the tile's values
  * take the tensor-core path, the lane takes two adjacent tokens instead (any lane may: phase 1's maximum put a
  * barrier after every score) and writes their weights w = p s_t as p.V's B fragments (kvq_mma.cuh), both tokens'
- * halves of a register in one 32-bit store (0 for the tokens from n up to the next 32: p.V takes blocks in pairs), and keeps sum p z_t per
- * head and value group in oz (the per-token zeros, added at the end of the chunk). */
+ * halves of a register in one 32-bit store (0 for the tokens from n up to the next 32: p.V takes blocks in pairs),
+ * and keeps sum p z_t per head and value group in oz (the per-token zeros, added at the end of the chunk). */
 KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, const float m[KVQ_GQA], int n,
                        int part0, int lane1, int p1, int tid, int nks, unsigned short *wb, float dl[KVQ_GQA],
                        float oz[KVQ_GQA][4], int vslot, int vcap, int hk)

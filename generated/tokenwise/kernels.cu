@@ -1931,7 +1931,7 @@ KVQ_DEV void kvq_unpack8_f32(const unsigned char *p, float *cv)
  *     it on every module load and cu_dev_check_params refuses a GPU that flushes them (docs/cuda.md);
  *   - the other operand x (the folded query of q.K, the weight p s_t of p.V) is split into x_hi = fp16(x) and
  *     x_lo = fp16((x - x_hi) 2^11): x = x_hi + 2^-11 x_lo to about 2^-22 relative (x - x_hi is exact in fp32),
- *     each an 11-bit significand, so code x code-operand products have at most 21 bits: exact in fp32 (the
+ *     each an 11-bit significand, so code x code-operand products have at most 15 bits: exact in fp32 (the
  *     smallest, a subnormal code times a subnormal x_lo, 2^-48: an fp32 normal);
  *   - the N = 8 columns of B are the GQA group's heads, high and low part side by side (column 2h, 2h + 1): a
  *     lane's accumulators c0, c1 (and c2, c3) are the high and low sums of one head, combined as
@@ -1992,7 +1992,7 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
  * two registers (r) and halves (h) for every head, i.e. the high pair of lane 8 head + t and the low pair of lane
  * 8 head + 4 + t, each one 8-byte store; the two halves of a register convert in one cvt.rn.f16x2.f32. The item
  * loads its four scales once for all heads (an item a head loaded them GQA times: 39 instructions a page and item
- * of one head at KIVI-2's GQA 4, where this takes about 100 for four), and where the items divide the block
+ * of one head at KIVI-2's GQA 4, where this takes 114 for four), and where the items divide the block
  * (head_dim 64, 128, 256) a thread keeps its item's query (2^-k qscale q: powers of two, the same product) in
  * registers over the pages it folds. */
 KVQ_DEV void kvq_fold_item_q(int bits, int j, const float *qs, float qscale, int cs[4], float qv[4][KVQ_GQA])
@@ -2071,9 +2071,9 @@ KVQ_DEV float kvq_mma_qscale(float qmax)
  * qscale: the codes' subnormal scale and the query's), written to ps
  * (-inf for masked slots); the warp's per-head maxima go to wmax[warp][GQA]. The bias of a page is the sum of
  * bred's eight partials (kvq_fold_k's per-channel zeros). A tile over several pages of a page run (kcap > 0, the
- * tile's first token at slot s0 of its first page) takes each block's page's fold (qb + page x D GQA words) and
- * bias: a block lies in one page (layout/tiles.h: such a tile begins at a page boundary, pages of 16k tokens),
- * whose fold is at qb + page x KVQ_MMA_QPAGE. */
+ * tile's first token at slot s0 of its first page) takes each block's page's fold (qb + page x KVQ_MMA_QPAGE
+ * words) and bias: a block lies in one page (layout/tiles.h: such a tile begins at a page boundary, pages of 16k
+ * tokens). */
 KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned char *mask, int masked,
                             const unsigned *qb, const float *bred, float qinv, int n, int s0, int kcap, int tid,
                             float *ps, float *wmax, int sw)
@@ -2224,35 +2224,38 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
 #pragma unroll 1
     for (int k0 = 0; k0 < n; k0 += 32) {
 #pragma unroll
-    for (int u = 0; u < 2; u++) {
-        unsigned x[4][KVQ_MMA_MPW];
-        if (w2) {
-            const int rr[4] = {0, cw, 8 * cw, 9 * cw};
+        for (int u = 0; u < 2; u++) {
+            unsigned x[4][KVQ_MMA_MPW];
+            if (w2) {
+                const int rr[4] = {0, cw, 8 * cw, 9 * cw};
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const uint2 y = *(const uint2 *)(rp + u * 16 * cw + rr[q] +
-                                                 KVQ_MMA_PW(cw <= 16 ? 2 * t : 2 * t + (q & 1), warp * KVQ_MMA_MPW));
-                x[q][0] = y.x, x[q][KVQ_MMA_MPW - 1] = y.y;
+                for (int q = 0; q < 4; q++) {
+                    const int pw = KVQ_MMA_PW(cw <= 16 ? 2 * t : 2 * t + (q & 1), warp * KVQ_MMA_MPW);
+                    const uint2 y = *(const uint2 *)(rp + u * 16 * cw + rr[q] + pw);
+                    x[q][0] = y.x, x[q][KVQ_MMA_MPW - 1] = y.y;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < KVQ_MMA_MPW; i++) {
+                const int mb = warp * KVQ_MMA_MPW + i;
+                const int wo = bits == 2 ? mb : 2 * mb + (g >> 2);
+                /* the value group of the block: the warp's MPW blocks share one where groups hold them all (one
+                 * load) */
+                const int gi = hidden ? 0
+                               : group % (16 * KVQ_MMA_MPW) == 0 ? warp * KVQ_MMA_MPW * 16 / group
+                               : mb * 16 / group;
+                const uint2 bw = bcol ? *(const uint2 *)(bp + u * 64 + gi * nks * 64) : make_uint2(0u, 0u);
+                const unsigned b[2] = {bw.x, bw.y};
+                unsigned a[4];
+                const int pe = KVQ_MMA_PW(2 * t, wo), po = cw <= 16 ? pe : KVQ_MMA_PW(2 * t + 1, wo);
+                const unsigned *ru = rp + u * 16 * cw;
+                if (!w2) x[0][i] = ru[pe], x[1][i] = ru[cw + po], x[2][i] = ru[8 * cw + pe], x[3][i] = ru[9 * cw + po];
+                kvq_mma_vcodes(x[0][i], x[1][i], sel, m0, m1, &a[0], &a[1]);
+                kvq_mma_vcodes(x[2][i], x[3][i], sel, m0, m1, &a[2], &a[3]);
+                kvq_mma_m16n8k16(acc[i], a, b);
             }
         }
-#pragma unroll
-        for (int i = 0; i < KVQ_MMA_MPW; i++) {
-            const int mb = warp * KVQ_MMA_MPW + i;
-            const int wo = bits == 2 ? mb : 2 * mb + (g >> 2);
-            /* the value group of the block: the warp's MPW blocks share one where groups hold them all (one load) */
-            const int gi = hidden ? 0 : group % (16 * KVQ_MMA_MPW) == 0 ? warp * KVQ_MMA_MPW * 16 / group : mb * 16 / group;
-            const uint2 bw = bcol ? *(const uint2 *)(bp + u * 64 + gi * nks * 64) : make_uint2(0u, 0u);
-            const unsigned b[2] = {bw.x, bw.y};
-            unsigned a[4];
-            const int pe = KVQ_MMA_PW(2 * t, wo), po = cw <= 16 ? pe : KVQ_MMA_PW(2 * t + 1, wo);
-            const unsigned *ru = rp + u * 16 * cw;
-            if (!w2) x[0][i] = ru[pe], x[1][i] = ru[cw + po], x[2][i] = ru[8 * cw + pe], x[3][i] = ru[9 * cw + po];
-            kvq_mma_vcodes(x[0][i], x[1][i], sel, m0, m1, &a[0], &a[1]);
-            kvq_mma_vcodes(x[2][i], x[3][i], sel, m0, m1, &a[2], &a[3]);
-            kvq_mma_m16n8k16(acc[i], a, b);
-        }
-    }
-    rp += 32 * cw, bp += 128; /* a line of its own, run once an iteration (the loop's line also counts its exit) */
+        rp += 32 * cw, bp += 128; /* a line of its own, run once an iteration (the loop's line also counts its exit) */
     }
 #undef KVQ_MMA_PW
 }
@@ -2481,11 +2484,13 @@ KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b
          * 256), and page i's lands at i (D eb + 64) (kvq_raw_page; D eb is a multiple of 16): both addresses
          * advance by constants (35 instructions a copy at KIVI-2 where the index was divided each time); block
          * k = i P + r is still thread k mod THREADS's, the one that widens it below */
-        const int r = tid % P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes, di = KVQ_THREADS / P;
+        const int r = tid % P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes;
+        const int di = KVQ_THREADS / P, dstep = di * (KVQ_D * eb + 64);
         unsigned char *dst = (zs ? rz : sb->raw) + (tid / P) * (KVQ_D * eb + 64) + 16 * c;
-        const unsigned char *src = b + (tid / P) * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c;
+        const unsigned char *src =
+            b + (tid / P) * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c;
 #pragma unroll 1
-        for (int i = tid / P; i < np; i += di, dst += di * (KVQ_D * eb + 64), src += di * stride) kvq_cp_async16(dst, src);
+        for (int i = tid / P; i < np; i += di, dst += dstep, src += di * stride) kvq_cp_async16(dst, src);
         return;
     }
 #pragma unroll 1
@@ -2952,8 +2957,8 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
 /* Phase 2: p = 2^(s - m) of this lane's own tokens (written by itself in phase 1), d += p. When the tile's values
  * take the tensor-core path, the lane takes two adjacent tokens instead (any lane may: phase 1's maximum put a
  * barrier after every score) and writes their weights w = p s_t as p.V's B fragments (kvq_mma.cuh), both tokens'
- * halves of a register in one 32-bit store (0 for the tokens from n up to the next 32: p.V takes blocks in pairs), and keeps sum p z_t per
- * head and value group in oz (the per-token zeros, added at the end of the chunk). */
+ * halves of a register in one 32-bit store (0 for the tokens from n up to the next 32: p.V takes blocks in pairs),
+ * and keeps sum p z_t per head and value group in oz (the per-token zeros, added at the end of the chunk). */
 KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, const float m[KVQ_GQA], int n,
                        int part0, int lane1, int p1, int tid, int nks, unsigned short *wb, float dl[KVQ_GQA],
                        float oz[KVQ_GQA][4], int vslot, int vcap, int hk)
