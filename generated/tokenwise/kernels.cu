@@ -1965,6 +1965,15 @@ KVQ_DEV void kvq_mma_split(float x, unsigned short *hi, unsigned short *lo)
     *lo = kvq_f2h((x - kvq_h2f(h)) * KVQ_MMA_LO).bits;
 }
 
+/* (x0, x1) -> the half2 registers (x0_hi, x1_hi) and (x0_lo, x1_lo): kvq_mma_split of a pair, one
+ * cvt.rn.f16x2.f32 for each register (the fold's query, the weights of two tokens) */
+KVQ_DEV void kvq_mma_split2(float x0, float x1, unsigned *hi, unsigned *lo)
+{
+    const kvq_half2 h = kvq_f2h2(x0, x1);
+    *hi = kvq_h2_bits(h);
+    *lo = kvq_h2_bits(kvq_f2h2((x0 - kvq_h2f(h.x)) * KVQ_MMA_LO, (x1 - kvq_h2f(h.y)) * KVQ_MMA_LO));
+}
+
 /* ---- q.K: A = 16 tokens x 16 channels of key codes, B = 16 channels x (4 heads x hi/lo) of the query ---- */
 
 /* The channel order inside a 16-channel k-block is the one the unpacking gives (B follows it): lane t's
@@ -2027,12 +2036,8 @@ KVQ_DEV void kvq_fold_item_page(int j, const int cs[4], const float qv[4][KVQ_GQ
     for (int h = 0; h < KVQ_GQA; h++) {
         unsigned hi[2], lo[2];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const float x0 = qv[2 * r][h] * s[2 * r], x1 = qv[2 * r + 1][h] * s[2 * r + 1];
-            const kvq_half2 xh = kvq_f2h2(x0, x1);
-            hi[r] = kvq_h2_bits(xh);
-            lo[r] = kvq_h2_bits(kvq_f2h2((x0 - kvq_h2f(xh.x)) * KVQ_MMA_LO, (x1 - kvq_h2f(xh.y)) * KVQ_MMA_LO));
-        }
+        for (int r = 0; r < 2; r++)
+            kvq_mma_split2(qv[2 * r][h] * s[2 * r], qv[2 * r + 1][h] * s[2 * r + 1], &hi[r], &lo[r]);
         dst[8 * h] = make_uint2(hi[0], hi[1]);
         dst[8 * h + 4] = make_uint2(lo[0], lo[1]);
     }
@@ -2179,11 +2184,8 @@ KVQ_DEV void kvq_mma_put_w2(unsigned short *wb, int nks, int gi, int tt, int h, 
 {
     const int ks = tt >> 4, k = tt & 15;
     const int base = ((gi * nks + ks) * 32 + ((k & 7) >> 1)) * 2 + (k >> 3);
-    const kvq_half2 hi = kvq_f2h2(w0, w1);
-    const kvq_half2 lo = kvq_f2h2((w0 - kvq_h2f(hi.x)) * KVQ_MMA_LO, (w1 - kvq_h2f(hi.y)) * KVQ_MMA_LO);
     unsigned *w = (unsigned *)wb + base + 16 * h;
-    w[0] = kvq_h2_bits(hi);
-    w[8] = kvq_h2_bits(lo);
+    kvq_mma_split2(w0, w1, &w[0], &w[8]);
 }
 
 /* The value codes of the lane's channels 2g, 2g + 1 of a 16-channel block for two tokens: prmt brings the byte
