@@ -416,7 +416,8 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
      * warps) are written by phase 2 and read by phase 3: a barrier separates phase 1 from phase 2 (the tile's
      * maximum) and phase 3 from the next tile's fold (the top of the tile loop), so they share one part, as large
      * as the larger (KIVI-2 at head_dim 128: 8 KB saved). */
-    int qkb = align16(D * (c->mma_k ? 4 : G) * 4 * KP); /* a page's B fragments: 4 D words (kvq_fold_k_mma) */
+    /* a page's B fragments: D / 16 k-blocks of 34 8-byte entries (KVQ_MMA_KBS, kvq_mma.cuh) */
+    int qkb = align16((c->mma_k ? D / 16 * 34 * 8 : D * G * 4) * KP);
     if (c->mma_v) qkb = max_i(qkb, align16(max_i(T * wgroups * 16, (p->threads / 32) * G * 4 * 4)));
     c->so_q = o, o += align16(D * G * 4);
     c->so_qk = o, o += qkb;

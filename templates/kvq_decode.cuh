@@ -440,8 +440,13 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
         }
     if (f.gran == 0) {
         /* one item a (page, eighth of the channels) for all heads: the query row of a channel in one load */
-        for (int i = tid; i < np * 8; i += KVQ_THREADS) {
-            const int pg = i / 8, part = i % 8;
+        /* items in groups of 64: eight neighbouring lanes take one part of eight pages and read the same query
+         * row (a broadcast), where lanes of one page's eight parts read rows D / 8 channels apart, all in one bank
+         * group (8-way: 32 wavefronts a 16-byte load on the H200); the pages' zeros, 2 or 4 bytes a lane, cost
+         * about the same either way. Slots past the last page are skipped */
+        for (int i = tid; i < ((np + 7) >> 3) * 64; i += KVQ_THREADS) {
+            const int part = (i >> 3) & 7, pg = (i & 7) | (i >> 6) << 3;
+            if (pg >= np) continue;
             const float *z = kb->z + pg * D;
             float acc[KVQ_GQA];
 #pragma unroll
@@ -705,12 +710,27 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
 #pragma unroll 1
         for (int t = part0 ? 2 * lane1 : n; t < n; t += 2 * p1) {
             const int live1 = t + 1 < n;
-            float pr[2][KVQ_GQA];
+            float pr[2][KVQ_GQA], sc[2 * KVQ_GQA];
+            /* both tokens' scores in 8- or 16-byte loads (t is even: 8 G-byte aligned), not 2 G loads of 4 bytes at a
+             * 32-byte lane stride (8-way at GQA 4); token t + 1 past n reads a slot of the tile's scores (n <= the
+             * tile, an even count) and is replaced below */
+            if (G % 2 == 0)
+#pragma unroll
+                for (int i = 0; i < 2 * G; i += 4) {
+                    const float4 x = *(const float4 *)(ps + t * G + i);
+                    sc[i] = x.x, sc[i + 1] = x.y, sc[i + 2] = x.z, sc[i + 3] = x.w;
+                }
+            else
+#pragma unroll
+                for (int i = 0; i < 2 * G; i += 2) {
+                    const float2 x = *(const float2 *)(ps + t * G + i);
+                    sc[i] = x.x, sc[i + 1] = x.y;
+                }
 #pragma unroll
             for (int u = 0; u < 2; u++)
 #pragma unroll
                 for (int h = 0; h < KVQ_GQA; h++) {
-                    const float x = u == 0 || live1 ? ps[(t + u) * G + h] : KVQ_NEG_INF;
+                    const float x = u == 0 || live1 ? sc[u * G + h] : KVQ_NEG_INF;
                     pr[u][h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
                     dl[h] += pr[u][h]; /* p goes to p.V as weights only: nothing reads ps after this pass */
                 }

@@ -1950,7 +1950,13 @@ KVQ_DEV void kvq_unpack8_f32(const unsigned char *p, float *cv)
 #define KVQ_MMA_LO_INV 4.8828125e-4f /* 2^-11 */
 #define KVQ_MMA_NW (KVQ_THREADS / 32)
 /* 32-bit words of one page's q.K B fragments: D / 16 k-blocks x 32 lanes x 2 registers, whatever the GQA */
-#define KVQ_MMA_QPAGE (4 * KVQ_D)
+#define KVQ_MMA_QPAGE (KVQ_D / 16 * KVQ_MMA_KBS * 2)
+/* A k-block's 32 lanes of B fragments (8-byte entries) take KVQ_MMA_KBS entries: 2 more than 32, so that the fold's
+ * items (kb, t) of a warp, which store entry 8 h + t (+ 4 for the low part) of their blocks, reach every bank pair
+ * twice (the least for 256 bytes: 2 wavefronts) instead of the same four pairs from all eight k-blocks 256 bytes
+ * apart (8-way, as ncu counted on the H200). The reads of a block take 32 consecutive entries: conflict-free at any
+ * offset (test_cuda_banks). compiler/plan.c sizes a page at D / 16 x KVQ_MMA_KBS x 8 bytes. */
+#define KVQ_MMA_KBS 34
 /* 16-channel blocks of p.V per warp (at least 1 so that the unit compiles for every plan) */
 #define KVQ_MMA_MPW ((KVQ_D / 16 + KVQ_MMA_NW - 1) / KVQ_MMA_NW)
 
@@ -1995,8 +2001,8 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
 
 /* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the per-channel scales of
  * np pages: widened at ks + page D, or, kraw not null, where cp.async landed them, eb bytes each, kvq_kpar_raw),
- * high and low parts, as [page][D/16 k-blocks][32 lanes][2 registers] of half2 at qb (KVQ_MMA_QPAGE words a page;
- * lanes from 8 GQA are not written: kvq_scores_mma loads 0 there). qscale (a power of two from the chunk's max |q|,
+ * high and low parts, as [page][D/16 k-blocks][KVQ_MMA_KBS entries: 32 lanes, 2 unused][2 registers] of half2 at
+ * qb (KVQ_MMA_QPAGE words a page; lanes from 8 GQA are not written: kvq_scores_mma loads 0 there). qscale (a power of two from the chunk's max |q|,
  * kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. One item is a (k-block, t): the four channels of lane t's
  * two registers (r) and halves (h) for every head, i.e. the high pair of lane 8 head + t and the low pair of lane
  * 8 head + 4 + t, each one 8-byte store; the two halves of a register convert in one cvt.rn.f16x2.f32. The item
@@ -2004,9 +2010,17 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
  * of one head at KIVI-2's GQA 4, where this takes 114 for four), and where the items divide the block
  * (head_dim 64, 128, 256) a thread keeps its item's query (2^-k qscale q: powers of two, the same product) in
  * registers over the pages it folds. */
+/* The k-block of fold item j (its t is j & 3). Where the k-blocks come in eights, the four items of a half-warp's
+ * 16 lanes (j >> 2 = 4a .. 4a + 3) take k-blocks of one parity, 2 apart: their stores (entry 8 h + t of a block
+ * KVQ_MMA_KBS = 34 entries long) then land on 16 different bank pairs, where consecutive k-blocks overlap (2-way). */
+KVQ_DEV int kvq_fold_item_kb(int j)
+{
+    const int q = j >> 2;
+    return KVQ_D % 128 == 0 ? (q & ~7) | (q & 3) << 1 | (q >> 2 & 1) : q;
+}
 KVQ_DEV void kvq_fold_item_q(int bits, int j, const float *qs, float qscale, int cs[4], float qv[4][KVQ_GQA])
 {
-    const int kb = j >> 2, t = j & 3;
+    const int kb = kvq_fold_item_kb(j), t = j & 3;
     const int k = bits == 2 ? 2 * t : 4 * (t & 1);
     const float sc = __uint_as_float((unsigned)(127 - k) << 23) * qscale; /* 2^-k qscale: a power of two */
 #pragma unroll
@@ -2020,7 +2034,7 @@ KVQ_DEV void kvq_fold_item_q(int bits, int j, const float *qs, float qscale, int
 KVQ_DEV void kvq_fold_item_page(int j, const int cs[4], const float qv[4][KVQ_GQA], const float *ks,
                                 const unsigned char *kraw, int eb, unsigned *qb, int pg)
 {
-    const int kb = j >> 2, t = j & 3;
+    const int kb = kvq_fold_item_kb(j), t = j & 3;
     float s[4];
     if (kraw) {
         /* the scales where cp.async landed them (kvq_kpar_raw) */
@@ -2031,7 +2045,7 @@ KVQ_DEV void kvq_fold_item_page(int j, const int cs[4], const float qv[4][KVQ_GQ
 #pragma unroll
         for (int e = 0; e < 4; e++) s[e] = ks[pg * KVQ_D + cs[e]];
     }
-    uint2 *dst = (uint2 *)qb + pg * (KVQ_MMA_QPAGE / 2) + kb * 32 + t;
+    uint2 *dst = (uint2 *)qb + pg * (KVQ_MMA_QPAGE / 2) + kb * KVQ_MMA_KBS + t;
 #pragma unroll
     for (int h = 0; h < KVQ_GQA; h++) {
         unsigned hi[2], lo[2];
@@ -2109,7 +2123,7 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
             const uint2 *qp = (const uint2 *)(qb + pg * KVQ_MMA_QPAGE);
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
-                const uint2 x = lane < 8 * G ? qp[kb * 32 + lane] : make_uint2(0u, 0u); /* columns past 2 GQA: 0 */
+                const uint2 x = lane < 8 * G ? qp[kb * KVQ_MMA_KBS + lane] : make_uint2(0u, 0u); /* columns past 2 GQA: 0 */
                 b[kb][0] = x.x, b[kb][1] = x.y;
             }
             /* the page's bias q . z of head t: the fold's eight partial sums in order (kvq_fold_k), added here
@@ -2713,8 +2727,13 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
         }
     if (f.gran == 0) {
         /* one item a (page, eighth of the channels) for all heads: the query row of a channel in one load */
-        for (int i = tid; i < np * 8; i += KVQ_THREADS) {
-            const int pg = i / 8, part = i % 8;
+        /* items in groups of 64: eight neighbouring lanes take one part of eight pages and read the same query
+         * row (a broadcast), where lanes of one page's eight parts read rows D / 8 channels apart, all in one bank
+         * group (8-way: 32 wavefronts a 16-byte load on the H200); the pages' zeros, 2 or 4 bytes a lane, cost
+         * about the same either way. Slots past the last page are skipped */
+        for (int i = tid; i < ((np + 7) >> 3) * 64; i += KVQ_THREADS) {
+            const int part = (i >> 3) & 7, pg = (i & 7) | (i >> 6) << 3;
+            if (pg >= np) continue;
             const float *z = kb->z + pg * D;
             float acc[KVQ_GQA];
 #pragma unroll
@@ -2978,12 +2997,27 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
 #pragma unroll 1
         for (int t = part0 ? 2 * lane1 : n; t < n; t += 2 * p1) {
             const int live1 = t + 1 < n;
-            float pr[2][KVQ_GQA];
+            float pr[2][KVQ_GQA], sc[2 * KVQ_GQA];
+            /* both tokens' scores in 8- or 16-byte loads (t is even: 8 G-byte aligned), not 2 G loads of 4 bytes at a
+             * 32-byte lane stride (8-way at GQA 4); token t + 1 past n reads a slot of the tile's scores (n <= the
+             * tile, an even count) and is replaced below */
+            if (G % 2 == 0)
+#pragma unroll
+                for (int i = 0; i < 2 * G; i += 4) {
+                    const float4 x = *(const float4 *)(ps + t * G + i);
+                    sc[i] = x.x, sc[i + 1] = x.y, sc[i + 2] = x.z, sc[i + 3] = x.w;
+                }
+            else
+#pragma unroll
+                for (int i = 0; i < 2 * G; i += 2) {
+                    const float2 x = *(const float2 *)(ps + t * G + i);
+                    sc[i] = x.x, sc[i + 1] = x.y;
+                }
 #pragma unroll
             for (int u = 0; u < 2; u++)
 #pragma unroll
                 for (int h = 0; h < KVQ_GQA; h++) {
-                    const float x = u == 0 || live1 ? ps[(t + u) * G + h] : KVQ_NEG_INF;
+                    const float x = u == 0 || live1 ? sc[u * G + h] : KVQ_NEG_INF;
                     pr[u][h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
                     dl[h] += pr[u][h]; /* p goes to p.V as weights only: nothing reads ps after this pass */
                 }

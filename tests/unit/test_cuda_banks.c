@@ -270,9 +270,90 @@ static void test_hot_loops(void)
     th_end();
 }
 
+/* The query's per-page work on the tensor-core path, found conflicting by ncu on the H200 (docs/gpu-results.md,
+ * 2026-11-27 run 4: 8-way stores, 8-way 16-byte loads, 8-way 4-byte loads) and laid out again since:
+ * - kvq_fold_item_page's stores: lane l of a warp is fold item j = l of a page; its store for head h, part lo (0
+ *   high, 1 low) goes to entry kb KBS + 8 h + 4 lo + t of the page (8 bytes an entry; kb = kvq_fold_item_kb(j),
+ *   t = j & 3), KBS = KVQ_MMA_KBS (34; 32 before, and kb = j >> 2);
+ * - kvq_fold_k's bias partials: thread i takes (page, part) = ((i & 7) | (i >> 6) << 3, (i >> 3) & 7) (before:
+ *   (i / 8, i % 8)) and reads the query rows c = part D / 8 + k, G floats each (16-byte loads at GQA 4);
+ * - kvq_probs on the tensor-core path: lane l takes tokens t = 2 (32 w + l) and t + 1 and reads their 2 G scores
+ *   as 16-byte loads (before: 2 G loads of 4 bytes). Its 16-byte loads at a 32-byte lane stride stay 2-way: a
+ *   phase's 8 lanes span 256 bytes, and only loading the halves in a lane-dependent order (8 selects a pair)
+ *   would separate them. */
+static int fold_kb(int j, int D, int perm)
+{
+    const int q = j >> 2; /* kvq_fold_item_kb */
+    return perm && D % 128 == 0 ? (q & ~7) | (q & 3) << 1 | (q >> 2 & 1) : q;
+}
+
+static void test_query_fold(void)
+{
+    th_begin("decode per-page query work on the tensor-core path: the fold's stores and bias loads conflict-free, "
+             "the probabilities' score loads 2-way (8-way each before)");
+    static const int dims[] = {64, 128, 256};
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        const int D = dims[di], G = 4;
+        int st[2] = {0, 0}, bias[2] = {0, 0};
+        for (int now = 0; now < 2; now++) {
+            /* the fold's stores, each page's items in turn (NI = D / 4 items; a warp is 32 of them) */
+            const int ni = D / 16 * 4, kbs = now ? 34 : 32;
+            for (int j0 = 0; j0 < ni; j0 += 32)
+                for (int h = 0; h < G; h++)
+                    for (int lo = 0; lo < 2; lo++) {
+                        long long a[32];
+                        for (int l = 0; l < 32; l++) {
+                            const int j = j0 + l;
+                            a[l] = j < ni ? 8LL * (fold_kb(j, D, now) * kbs + 8 * h + 4 * lo + (j & 3)) : -1;
+                        }
+                        const int d = load_degree(a, 8);
+                        st[now] = d > st[now] ? d : st[now];
+                    }
+            /* the bias partials of 9 pages (a 256-token tile over 32-token pages, unaligned) */
+            const int np = 9;
+            for (int w = 0; w < 4; w++)
+                for (int k = 0; k < D / 8; k++) {
+                    long long a[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int i = 32 * w + l;
+                        const int pg = now ? (i & 7) | (i >> 6) << 3 : i / 8, part = now ? (i >> 3) & 7 : i % 8;
+                        a[l] = pg < np ? 4LL * G * (part * (D / 8) + k) : -1;
+                    }
+                    const int d = load_degree(a, 16);
+                    bias[now] = d > bias[now] ? d : bias[now];
+                }
+        }
+        printf("  head_dim %d, GQA 4: fold stores degree %d -> %d, bias loads %d -> %d\n", D, st[0], st[1], bias[0], bias[1]);
+        TH_CHECK(st[1] == (D % 128 == 0 ? 1 : 2) && st[0] >= 4, "head_dim %d: fold stores %d -> %d", D, st[0], st[1]);
+        TH_CHECK(bias[1] == 1 && bias[0] == 8, "head_dim %d: bias loads %d -> %d", D, bias[0], bias[1]);
+    }
+    /* the probabilities' score loads at the tensor-core path's GQA 1, 2 and 4 (plan.c mma_shape_ok) */
+    for (int G = 1; G <= 4; G *= 2) {
+        int before = 0, after = 0;
+        for (int w = 0; w < 4; w++) {
+            long long a[32];
+            for (int x = 0; x < 2 * G; x++) { /* before: one 4-byte load per score */
+                for (int l = 0; l < 32; l++) a[l] = 4LL * (2 * (32 * w + l) * G + x);
+                const int d = load_degree(a, 4);
+                before = d > before ? d : before;
+            }
+            const int wb = G % 2 == 0 ? 16 : 8;
+            for (int x = 0; x < 2 * G; x += wb / 4) {
+                for (int l = 0; l < 32; l++) a[l] = 4LL * (2 * (32 * w + l) * G + x);
+                const int d = load_degree(a, wb);
+                after = d > after ? d : after;
+            }
+        }
+        printf("  GQA %d: probabilities' score loads degree %d -> %d\n", G, before, after);
+        TH_CHECK(after <= 2 && after < before, "GQA %d: score loads %d -> %d", G, before, after);
+    }
+    th_end();
+}
+
 int main(void)
 {
     test_swizzle_is_a_permutation();
     test_hot_loops();
+    test_query_fold();
     return th_summary();
 }
