@@ -418,7 +418,8 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
      * as the larger (KIVI-2 at head_dim 128: 8 KB saved). */
     /* a page's B fragments: D / 16 k-blocks of 34 8-byte entries (KVQ_MMA_KBS, kvq_mma.cuh) */
     int qkb = align16((c->mma_k ? D / 16 * 34 * 8 : D * G * 4) * KP);
-    if (c->mma_v) qkb = max_i(qkb, align16(max_i(T * wgroups * 16, (p->threads / 32) * G * 4 * 4)));
+    /* p.V's B fragments: per 16-token block, the groups' 64 words and 8 more (KVQ_MMA_WKS, kvq_mma.cuh) */
+    if (c->mma_v) qkb = max_i(qkb, align16(max_i(T / 16 * (wgroups * 64 + 8) * 4, (p->threads / 32) * G * 4 * 4)));
     c->so_q = o, o += align16(D * G * 4);
     c->so_qk = o, o += qkb;
     c->so_w = c->mma_v ? c->so_qk : 0;

@@ -260,12 +260,16 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
 /* ---- p.V: A = 16 channels x 16 tokens of value codes, B = 16 tokens x (4 heads x hi/lo) of weights ---- */
 
 /* The weights w = p s_t of token tt (one per value group gi and head h) as B fragments at wb, laid out
- * [groups][tile / 16 blocks][32 lanes][2 registers] of half2: token k of a block sits at register k >> 3, half
- * k & 1 of lane 4n + ((k & 7) >> 1) for column n (2h high, 2h + 1 low). */
-KVQ_DEV void kvq_mma_put_w(unsigned short *wb, int nks, int gi, int tt, int h, float w)
+ * [tile / 16 blocks][groups][32 lanes][2 registers] of half2, a block's groups KVQ_MMA_WKS(ngv) words apart with 8
+ * words after them: token k of a block sits at register k >> 3, half k & 1 of lane 4n + ((k & 7) >> 1) for column n
+ * (2h high, 2h + 1 low). kvq_probs' lane l stores tokens 2l, 2l + 1 of block l / 8: without the 8 words the four
+ * blocks of a warp's stores lay 64 words apart, in the same 8 banks (4-way, as ncu counted on the H200); with them
+ * every lane of a store has a bank of its own. p.V's loads of a block's 32 lanes stay consecutive. */
+#define KVQ_MMA_WKS(ngv) ((ngv) * 64 + 8)
+KVQ_DEV void kvq_mma_put_w(unsigned short *wb, int wks, int gi, int tt, int h, float w)
 {
     const int ks = tt >> 4, k = tt & 15;
-    const int base = ((gi * nks + ks) * 32 + ((k & 7) >> 1)) * 2 + (k >> 3);
+    const int base = ks * wks + gi * 64 + ((k & 7) >> 1) * 2 + (k >> 3);
     unsigned short hi, lo;
     kvq_mma_split(w, &hi, &lo);
     wb[(base + 8 * (2 * h)) * 2 + (k & 1)] = hi;
@@ -274,10 +278,10 @@ KVQ_DEV void kvq_mma_put_w(unsigned short *wb, int nks, int gi, int tt, int h, f
 
 /* kvq_mma_put_w for the even token tt and tt + 1, which share each 32-bit register: one store of the pair for
  * the high parts and one for the low parts */
-KVQ_DEV void kvq_mma_put_w2(unsigned short *wb, int nks, int gi, int tt, int h, float w0, float w1)
+KVQ_DEV void kvq_mma_put_w2(unsigned short *wb, int wks, int gi, int tt, int h, float w0, float w1)
 {
     const int ks = tt >> 4, k = tt & 15;
-    const int base = ((gi * nks + ks) * 32 + ((k & 7) >> 1)) * 2 + (k >> 3);
+    const int base = ks * wks + gi * 64 + ((k & 7) >> 1) * 2 + (k >> 3);
     unsigned *w = (unsigned *)wb + base + 16 * h;
     kvq_mma_split2(w0, w1, &w[0], &w[8]);
 }
@@ -298,9 +302,10 @@ KVQ_DEV void kvq_mma_vcodes(unsigned x0, unsigned x1, unsigned sel, unsigned m0,
  * lane's (head t; channel 2g hi, lo; channel 2g + 1 hi, lo) of block i. Two 16-token blocks an iteration: the loop's
  * own instructions once for both (26 instructions a block at KIVI-2 one at a time), and no remainder copy of the
  * body, so every copy of a line the cost model maps (compiler/sass_cost.c) is the same length. */
-KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char *rows, const unsigned *wb, int nks,
-                            int n, int tid, float acc[KVQ_MMA_MPW][4], int sw)
+KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char *rows, const unsigned *wb, int n,
+                            int tid, float acc[KVQ_MMA_MPW][4], int sw)
 {
+    const int wks = KVQ_MMA_WKS(hidden ? 1 : KVQ_D / group); /* kvq_mma_put_w's layout */
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int cbpt = kvq_fmt_cbpt(bits, KVQ_D), cw = cbpt / 4;
     const unsigned byte = bits == 2 ? (unsigned)(g >> 1) : (unsigned)(g & 3);
@@ -340,7 +345,7 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
                 const int gi = hidden ? 0
                                : group % (16 * KVQ_MMA_MPW) == 0 ? warp * KVQ_MMA_MPW * 16 / group
                                : mb * 16 / group;
-                const uint2 bw = bcol ? *(const uint2 *)(bp + u * 64 + gi * nks * 64) : make_uint2(0u, 0u);
+                const uint2 bw = bcol ? *(const uint2 *)(bp + u * wks + gi * 64) : make_uint2(0u, 0u);
                 const unsigned b[2] = {bw.x, bw.y};
                 unsigned a[4];
                 const int pe = KVQ_MMA_PW(2 * t, wo), po = cw <= 16 ? pe : KVQ_MMA_PW(2 * t + 1, wo);
@@ -351,7 +356,7 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
                 kvq_mma_m16n8k16(acc[i], a, b);
             }
         }
-        rp += 32 * cw, bp += 128; /* a line of its own, run once an iteration (the loop's line also counts its exit) */
+        rp += 32 * cw, bp += 2 * wks; /* a line of its own, run once an iteration (the loop's line also counts its exit) */
     }
 #undef KVQ_MMA_PW
 }

@@ -2180,12 +2180,16 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
 /* ---- p.V: A = 16 channels x 16 tokens of value codes, B = 16 tokens x (4 heads x hi/lo) of weights ---- */
 
 /* The weights w = p s_t of token tt (one per value group gi and head h) as B fragments at wb, laid out
- * [groups][tile / 16 blocks][32 lanes][2 registers] of half2: token k of a block sits at register k >> 3, half
- * k & 1 of lane 4n + ((k & 7) >> 1) for column n (2h high, 2h + 1 low). */
-KVQ_DEV void kvq_mma_put_w(unsigned short *wb, int nks, int gi, int tt, int h, float w)
+ * [tile / 16 blocks][groups][32 lanes][2 registers] of half2, a block's groups KVQ_MMA_WKS(ngv) words apart with 8
+ * words after them: token k of a block sits at register k >> 3, half k & 1 of lane 4n + ((k & 7) >> 1) for column n
+ * (2h high, 2h + 1 low). kvq_probs' lane l stores tokens 2l, 2l + 1 of block l / 8: without the 8 words the four
+ * blocks of a warp's stores lay 64 words apart, in the same 8 banks (4-way, as ncu counted on the H200); with them
+ * every lane of a store has a bank of its own. p.V's loads of a block's 32 lanes stay consecutive. */
+#define KVQ_MMA_WKS(ngv) ((ngv) * 64 + 8)
+KVQ_DEV void kvq_mma_put_w(unsigned short *wb, int wks, int gi, int tt, int h, float w)
 {
     const int ks = tt >> 4, k = tt & 15;
-    const int base = ((gi * nks + ks) * 32 + ((k & 7) >> 1)) * 2 + (k >> 3);
+    const int base = ks * wks + gi * 64 + ((k & 7) >> 1) * 2 + (k >> 3);
     unsigned short hi, lo;
     kvq_mma_split(w, &hi, &lo);
     wb[(base + 8 * (2 * h)) * 2 + (k & 1)] = hi;
@@ -2194,10 +2198,10 @@ KVQ_DEV void kvq_mma_put_w(unsigned short *wb, int nks, int gi, int tt, int h, f
 
 /* kvq_mma_put_w for the even token tt and tt + 1, which share each 32-bit register: one store of the pair for
  * the high parts and one for the low parts */
-KVQ_DEV void kvq_mma_put_w2(unsigned short *wb, int nks, int gi, int tt, int h, float w0, float w1)
+KVQ_DEV void kvq_mma_put_w2(unsigned short *wb, int wks, int gi, int tt, int h, float w0, float w1)
 {
     const int ks = tt >> 4, k = tt & 15;
-    const int base = ((gi * nks + ks) * 32 + ((k & 7) >> 1)) * 2 + (k >> 3);
+    const int base = ks * wks + gi * 64 + ((k & 7) >> 1) * 2 + (k >> 3);
     unsigned *w = (unsigned *)wb + base + 16 * h;
     kvq_mma_split2(w0, w1, &w[0], &w[8]);
 }
@@ -2218,9 +2222,10 @@ KVQ_DEV void kvq_mma_vcodes(unsigned x0, unsigned x1, unsigned sel, unsigned m0,
  * lane's (head t; channel 2g hi, lo; channel 2g + 1 hi, lo) of block i. Two 16-token blocks an iteration: the loop's
  * own instructions once for both (26 instructions a block at KIVI-2 one at a time), and no remainder copy of the
  * body, so every copy of a line the cost model maps (compiler/sass_cost.c) is the same length. */
-KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char *rows, const unsigned *wb, int nks,
-                            int n, int tid, float acc[KVQ_MMA_MPW][4], int sw)
+KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char *rows, const unsigned *wb, int n,
+                            int tid, float acc[KVQ_MMA_MPW][4], int sw)
 {
+    const int wks = KVQ_MMA_WKS(hidden ? 1 : KVQ_D / group); /* kvq_mma_put_w's layout */
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int cbpt = kvq_fmt_cbpt(bits, KVQ_D), cw = cbpt / 4;
     const unsigned byte = bits == 2 ? (unsigned)(g >> 1) : (unsigned)(g & 3);
@@ -2260,7 +2265,7 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
                 const int gi = hidden ? 0
                                : group % (16 * KVQ_MMA_MPW) == 0 ? warp * KVQ_MMA_MPW * 16 / group
                                : mb * 16 / group;
-                const uint2 bw = bcol ? *(const uint2 *)(bp + u * 64 + gi * nks * 64) : make_uint2(0u, 0u);
+                const uint2 bw = bcol ? *(const uint2 *)(bp + u * wks + gi * 64) : make_uint2(0u, 0u);
                 const unsigned b[2] = {bw.x, bw.y};
                 unsigned a[4];
                 const int pe = KVQ_MMA_PW(2 * t, wo), po = cw <= 16 ? pe : KVQ_MMA_PW(2 * t + 1, wo);
@@ -2271,7 +2276,7 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
                 kvq_mma_m16n8k16(acc[i], a, b);
             }
         }
-        rp += 32 * cw, bp += 128; /* a line of its own, run once an iteration (the loop's line also counts its exit) */
+        rp += 32 * cw, bp += 2 * wks; /* a line of its own, run once an iteration (the loop's line also counts its exit) */
     }
 #undef KVQ_MMA_PW
 }
@@ -2681,6 +2686,26 @@ KVQ_DEV float kvq_vpar_raw(const kvq_stage_buf *vb, kvq_fmt f, int zs, long long
     return kvq_ld_par(vb->raw + (zs ? vb->raws : 0) + (int)((first * eb) & 15), e, eb);
 }
 
+/* n fp16 values (2, 4 or 8) from p, 2 n-byte aligned, in one load */
+KVQ_DEV void kvq_ld_halves(const unsigned char *p, int n, float *out)
+{
+    unsigned w[4] = {0u, 0u, 0u, 0u};
+    if (n == 8) {
+        const uint4 x = *(const uint4 *)p;
+        w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+    } else if (n == 4) {
+        const uint2 x = *(const uint2 *)p;
+        w[0] = x.x, w[1] = x.y;
+    } else
+        w[0] = *(const unsigned *)p;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (2 * i < n) {
+            const kvq_half2 h = kvq_bits_h2(w[i]);
+            out[2 * i] = kvq_h2f(h.x), out[2 * i + 1] = kvq_h2f(h.y);
+        }
+}
+
 /* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
 KVQ_DEV int kvq_k_runs(kvq_fmt f) { return f.bits < 16 && f.gran != 0 && (f.hidden || f.group % KVQ_VEC == 0); }
 /* Codes that are pre-shifted (kvq_unpack8_ps): the operand they multiply raw, the folded query, carries 2^-k. */
@@ -2975,16 +3000,83 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
                 o[i][v] = fmaf(oz[i], psh && f.sep ? vf[v] / kvq_preshift_inv(f.bits, v) : vf[v], o[i][v]);
 }
 
+/* kvq_probs' tensor-core pass over the lane's token pairs t0, t0 + step, ...: vec (a constant after inlining: the
+ * caller calls it once with 1 and once with 0) says the pair's scales and zeros load as one fp16 vector each
+ * (kvq_ld_halves), so the loop holds only one way of loading them. */
+KVQ_DEV void kvq_probs_pairs(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, const float m[KVQ_GQA], int n, int t0,
+                             int step, long long first, int vec, unsigned short *wb, float dl[KVQ_GQA],
+                             float oz[KVQ_GQA][4])
+{
+    const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D), wks = KVQ_MMA_WKS(ngv);
+#pragma unroll 1
+    for (int t = t0; t < n; t += step) {
+        const int live1 = t + 1 < n;
+        float pr[2][KVQ_GQA], sc[2 * KVQ_GQA];
+        /* both tokens' scores in 8- or 16-byte loads (t is even: 8 G-byte aligned), not 2 G loads of 4 bytes at a
+         * 32-byte lane stride (8-way at GQA 4); token t + 1 past n reads a slot of the tile's scores (n <= the
+         * tile, an even count) and is replaced below */
+        if (G % 2 == 0)
+#pragma unroll
+            for (int i = 0; i < 2 * G; i += 4) {
+                const float4 x = *(const float4 *)(ps + t * G + i);
+                sc[i] = x.x, sc[i + 1] = x.y, sc[i + 2] = x.z, sc[i + 3] = x.w;
+            }
+        else
+#pragma unroll
+            for (int i = 0; i < 2 * G; i += 2) {
+                const float2 x = *(const float2 *)(ps + t * G + i);
+                sc[i] = x.x, sc[i + 1] = x.y;
+            }
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+#pragma unroll
+            for (int h = 0; h < KVQ_GQA; h++) {
+                const float x = u == 0 || live1 ? sc[u * G + h] : KVQ_NEG_INF;
+                pr[u][h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
+                dl[h] += pr[u][h]; /* p goes to p.V as weights only: nothing reads ps after this pass */
+            }
+        /* both tokens' scales and zeros: where they lie aligned as fp16 (KIVI's), one load each (16 bytes at 4
+         * groups, lanes 16 bytes apart: no bank conflict) instead of 4 ngv loads of 2 bytes (4-way) */
+        float sv[8] = {0.0f}, zv[8] = {0.0f}; /* [u ngv + gi] */
+        if (vec) {
+            const unsigned char *sr = vb->raw + (int)((first * 2) & 15) + 4 * (t >> 1) * ngv;
+            kvq_ld_halves(sr, 2 * ngv, sv);
+            kvq_ld_halves(sr + vb->raws, 2 * ngv, zv);
+        }
+#pragma unroll
+        for (int gi = 0; gi < 4; gi++)
+            if (gi < ngv) {
+                /* token t + 1 past n: weight 0 (its staged parameters may be anything, even not finite) */
+                const int e0 = t * ngv + gi, e1 = e0 + ngv;
+                const float s0 = vec ? sv[gi] : vb->praw ? kvq_vpar_raw(vb, f, 0, first, e0) : vb->s[e0];
+                const float z0 = vec ? zv[gi] : vb->praw ? kvq_vpar_raw(vb, f, 1, first, e0) : vb->z[e0];
+                const float s1 = !live1 ? 0.0f
+                                 : vec ? sv[ngv + gi]
+                                 : vb->praw ? kvq_vpar_raw(vb, f, 0, first, e1)
+                                            : vb->s[e1];
+                const float z1 = !live1 ? 0.0f
+                                 : vec ? zv[ngv + gi]
+                                 : vb->praw ? kvq_vpar_raw(vb, f, 1, first, e1)
+                                            : vb->z[e1];
+#pragma unroll
+                for (int h = 0; h < KVQ_GQA; h++) {
+                    kvq_mma_put_w2(wb, wks, gi, t, h, pr[0][h] * s0, pr[1][h] * s1);
+                    oz[h][gi] = fmaf(pr[1][h], z1, fmaf(pr[0][h], z0, oz[h][gi]));
+                }
+            }
+    }
+}
+
 /* Phase 2: p = 2^(s - m) of this lane's own tokens (written by itself in phase 1), d += p. When the tile's values
  * take the tensor-core path, the lane takes two adjacent tokens instead (any lane may: phase 1's maximum put a
  * barrier after every score) and writes their weights w = p s_t as p.V's B fragments (kvq_mma.cuh), both tokens'
  * halves of a register in one 32-bit store (0 for the tokens from n up to the next 32: p.V takes blocks in pairs),
  * and keeps sum p z_t per head and value group in oz (the per-token zeros, added at the end of the chunk). */
 KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, const float m[KVQ_GQA], int n,
-                       int part0, int lane1, int p1, int tid, int nks, unsigned short *wb, float dl[KVQ_GQA],
+                       int part0, int lane1, int p1, int tid, unsigned short *wb, float dl[KVQ_GQA],
                        float oz[KVQ_GQA][4], int vslot, int vcap, int hk)
 {
-    const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D);
+    const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D), wks = KVQ_MMA_WKS(ngv);
     if (mma) {
         /* parameters read from raw (vb->praw): the tile's first element in its value page's section, as
          * kvq_stage_page computes it */
@@ -2994,52 +3086,17 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
             kvq_divmod(vslot, vcap, &sl);
             first = f.hidden ? sl : ((long long)hk * vcap + sl) * ngv;
         }
-#pragma unroll 1
-        for (int t = part0 ? 2 * lane1 : n; t < n; t += 2 * p1) {
-            const int live1 = t + 1 < n;
-            float pr[2][KVQ_GQA], sc[2 * KVQ_GQA];
-            /* both tokens' scores in 8- or 16-byte loads (t is even: 8 G-byte aligned), not 2 G loads of 4 bytes at a
-             * 32-byte lane stride (8-way at GQA 4); token t + 1 past n reads a slot of the tile's scores (n <= the
-             * tile, an even count) and is replaced below */
-            if (G % 2 == 0)
-#pragma unroll
-                for (int i = 0; i < 2 * G; i += 4) {
-                    const float4 x = *(const float4 *)(ps + t * G + i);
-                    sc[i] = x.x, sc[i + 1] = x.y, sc[i + 2] = x.z, sc[i + 3] = x.w;
-                }
-            else
-#pragma unroll
-                for (int i = 0; i < 2 * G; i += 2) {
-                    const float2 x = *(const float2 *)(ps + t * G + i);
-                    sc[i] = x.x, sc[i + 1] = x.y;
-                }
-#pragma unroll
-            for (int u = 0; u < 2; u++)
-#pragma unroll
-                for (int h = 0; h < KVQ_GQA; h++) {
-                    const float x = u == 0 || live1 ? sc[u * G + h] : KVQ_NEG_INF;
-                    pr[u][h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
-                    dl[h] += pr[u][h]; /* p goes to p.V as weights only: nothing reads ps after this pass */
-                }
-#pragma unroll
-            for (int gi = 0; gi < 4; gi++)
-                if (gi < ngv) {
-                    /* token t + 1 past n: weight 0 (its staged parameters may be anything, even not finite) */
-                    const int e0 = t * ngv + gi, e1 = e0 + ngv;
-                    const float s0 = vb->praw ? kvq_vpar_raw(vb, f, 0, first, e0) : vb->s[e0];
-                    const float z0 = vb->praw ? kvq_vpar_raw(vb, f, 1, first, e0) : vb->z[e0];
-                    const float s1 = !live1 ? 0.0f : vb->praw ? kvq_vpar_raw(vb, f, 0, first, e1) : vb->s[e1];
-                    const float z1 = !live1 ? 0.0f : vb->praw ? kvq_vpar_raw(vb, f, 1, first, e1) : vb->z[e1];
-#pragma unroll
-                    for (int h = 0; h < KVQ_GQA; h++) {
-                        kvq_mma_put_w2(wb, nks, gi, t, h, pr[0][h] * s0, pr[1][h] * s1);
-                        oz[h][gi] = fmaf(pr[1][h], z1, fmaf(pr[0][h], z0, oz[h][gi]));
-                    }
-                }
-        }
+        /* fp16 scales and zeros with a token pair's 2 ngv values 4 ngv-byte aligned in both sections */
+        const int pvec = vb->praw && f.sbytes == 2 && f.zbytes == 2 && ((first * 2) & (4 * ngv - 1)) == 0 &&
+                         (vb->raws & 15) == 0;
+        const int t0 = part0 ? 2 * lane1 : n;
+        if (pvec)
+            kvq_probs_pairs(f, vb, ps, m, n, t0, 2 * p1, first, 1, wb, dl, oz);
+        else
+            kvq_probs_pairs(f, vb, ps, m, n, t0, 2 * p1, first, 0, wb, dl, oz);
         for (int t = ((n + 1) & ~1) + tid; t < ((n + 31) & ~31); t += KVQ_THREADS) /* p.V reads 32-token pairs */
             for (int gi = 0; gi < ngv; gi++)
-                for (int h = 0; h < KVQ_GQA; h++) kvq_mma_put_w(wb, nks, gi, t, h, 0.0f);
+                for (int h = 0; h < KVQ_GQA; h++) kvq_mma_put_w(wb, wks, gi, t, h, 0.0f);
         return;
     }
 #pragma unroll 1
@@ -3154,7 +3211,6 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     }
 #endif
     unsigned short *wb = (unsigned short *)(smem + g.so_w);
-    const int nks = g.tile / 16;
     float macc[KVQ_MMA_MPW][4], oz[KVQ_GQA][4];
 #pragma unroll
     for (int i = 0; i < KVQ_MMA_MPW; i++)
@@ -3281,7 +3337,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
                 for (int gi = 0; gi < 4; gi++) oz[h][gi] *= a[h];
         /* p = 2^(s - m) of this lane's own tokens (written by itself in phase 1) */
         KVQ_BY_KIND(vk, vhi, vlo, g.mv, vsw,
-                    kvq_probs(F_, M_, &vb, ps, m, n, part == 0, lane1, g.p1, tid, nks, wb, dl, oz, T.v_slot, T.v_cap,
+                    kvq_probs(F_, M_, &vb, ps, m, n, part == 0, lane1, g.p1, tid, wb, dl, oz, T.v_slot, T.v_cap,
                               hk));
         __syncthreads();
 
@@ -3303,7 +3359,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
                 for (int e = 0; e < 4; e++) macc[i][e] *= ai;
         }
         KVQ_BY_KIND(vk, vhi, vlo, g.mv, vsw,
-                    if (M_) kvq_values_mma(F_.bits, F_.group, F_.hidden, vb.rows, (const unsigned *)wb, nks, n, tid,
+                    if (M_) kvq_values_mma(F_.bits, F_.group, F_.hidden, vb.rows, (const unsigned *)wb, n, tid,
                                            macc, S_);
                     else if (act) kvq_values(F_, &vb, ps, n, c0, hl0, tz, o, S_));
     }

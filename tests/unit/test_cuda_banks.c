@@ -280,7 +280,9 @@ static void test_hot_loops(void)
  * - kvq_probs on the tensor-core path: lane l takes tokens t = 2 (32 w + l) and t + 1 and reads their 2 G scores
  *   as 16-byte loads (before: 2 G loads of 4 bytes). Its 16-byte loads at a 32-byte lane stride stay 2-way: a
  *   phase's 8 lanes span 256 bytes, and only loading the halves in a lane-dependent order (8 selects a pair)
- *   would separate them. */
+ *   would separate them. It reads the pair's fp16 value scales and zeros in one load each (before: 2-byte loads,
+ *   4-way) and stores their weights, 4 bytes a lane, into blocks 8 words longer than their groups (4-way before:
+ *   a warp's four blocks 64 words apart). Found in the second H200 run (run 5), after the first three were fixed. */
 static int fold_kb(int j, int D, int perm)
 {
     const int q = j >> 2; /* kvq_fold_item_kb */
@@ -289,8 +291,8 @@ static int fold_kb(int j, int D, int perm)
 
 static void test_query_fold(void)
 {
-    th_begin("decode per-page query work on the tensor-core path: the fold's stores and bias loads conflict-free, "
-             "the probabilities' score loads 2-way (8-way each before)");
+    th_begin("decode per-page work on the tensor-core path: the fold's stores and bias loads, p.V's weights and the "
+             "value parameters conflict-free, the probabilities' score loads 2-way (4- to 8-way each before)");
     static const int dims[] = {64, 128, 256};
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
         const int D = dims[di], G = 4;
@@ -326,6 +328,57 @@ static void test_query_fold(void)
         printf("  head_dim %d, GQA 4: fold stores degree %d -> %d, bias loads %d -> %d\n", D, st[0], st[1], bias[0], bias[1]);
         TH_CHECK(st[1] == (D % 128 == 0 ? 1 : 2) && st[0] >= 4, "head_dim %d: fold stores %d -> %d", D, st[0], st[1]);
         TH_CHECK(bias[1] == 1 && bias[0] == 8, "head_dim %d: bias loads %d -> %d", D, bias[0], bias[1]);
+    }
+    /* p.V's weight fragments (kvq_mma_put_w2 from kvq_probs: lane l stores the 32-bit pair of tokens 2l, 2l + 1 for
+     * head h, part lo, group gi; kvq_values_mma: lane l loads 8 bytes at entry l of a block), 4 groups, 16 blocks:
+     * blocks KVQ_MMA_WKS(4) = 264 words apart, groups 64 (before: [group][block], 64 words a block) */
+    {
+        int st_deg[2] = {0, 0}, ld_deg[2] = {0, 0};
+        const int ngv = 4, nks = 16, wks = ngv * 64 + 8;
+        for (int now = 0; now < 2; now++)
+            for (int w = 0; w < 4; w++)
+                for (int gi = 0; gi < ngv; gi++)
+                    for (int h = 0; h < 4; h++)
+                        for (int lo = 0; lo < 2; lo++) {
+                            long long a[32];
+                            for (int l = 0; l < 32; l++) {
+                                const int t = (2 * (32 * w + l)) % (16 * nks), ks = t >> 4, k = t & 15;
+                                const int in = ((k & 7) >> 1) * 2 + (k >> 3) + 16 * h + 8 * lo;
+                                a[l] = 4LL * (now ? ks * wks + gi * 64 + in : (gi * nks + ks) * 64 + in);
+                            }
+                            const int d = load_degree(a, 4);
+                            st_deg[now] = d > st_deg[now] ? d : st_deg[now];
+                        }
+        for (int now = 0; now < 2; now++)
+            for (int ks = 0; ks < nks; ks++)
+                for (int gi = 0; gi < ngv; gi++) {
+                    long long a[32];
+                    for (int l = 0; l < 32; l++)
+                        a[l] = 4LL * ((now ? ks * wks + gi * 64 : (gi * nks + ks) * 64) + 2 * l);
+                    const int d = load_degree(a, 8);
+                    ld_deg[now] = d > ld_deg[now] ? d : ld_deg[now];
+                }
+        printf("  p.V's weights: stores degree %d -> %d, loads %d -> %d\n", st_deg[0], st_deg[1], ld_deg[0], ld_deg[1]);
+        TH_CHECK(st_deg[1] == 1 && st_deg[0] == 4 && ld_deg[1] == 1, "weights: stores %d -> %d, loads %d -> %d",
+                 st_deg[0], st_deg[1], ld_deg[0], ld_deg[1]);
+    }
+    /* the value parameters kvq_probs_pairs reads for a token pair (fp16 scales, then zeros, 4 groups): 16 bytes a
+     * lane at a 16-byte stride (before: 2-byte loads, element 2 t ngv + gi + u ngv) */
+    {
+        int before = 0, after = 0;
+        for (int w = 0; w < 4; w++) {
+            long long a[32];
+            for (int e = 0; e < 8; e++) {
+                for (int l = 0; l < 32; l++) a[l] = 2LL * (8 * (32 * w + l) + e);
+                const int d = load_degree(a, 2);
+                before = d > before ? d : before;
+            }
+            for (int l = 0; l < 32; l++) a[l] = 16LL * (32 * w + l);
+            const int d = load_degree(a, 16);
+            after = d > after ? d : after;
+        }
+        printf("  value scales and zeros of a token pair: loads degree %d -> %d\n", before, after);
+        TH_CHECK(after == 1 && before == 4, "value parameters: %d -> %d", before, after);
     }
     /* the probabilities' score loads at the tensor-core path's GQA 1, 2 and 4 (plan.c mma_shape_ok) */
     for (int G = 1; G <= 4; G *= 2) {
