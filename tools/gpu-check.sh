@@ -23,7 +23,9 @@
 #   bench-policies.md OTT, TailorKV (dense and sparse retrieval) and ZipCache at 32k tokens, batch 8
 #   ncu-deep.txt      Nsight Compute's speed-of-light, memory, warp-state (stall reasons), scheduler and occupancy
 #                     sections on the same decode kernels
-# Usage: ./gpu-check.sh [--dry-run] [--deep] [--out DIR] [--budget SECONDS]
+#   --pack            at the end, the results folder packed as DIR.tar.gz and removed (one file to carry back:
+#                     the device tool returns a bounded number of files, and run 4 lost its 40)
+# Usage: ./gpu-check.sh [--dry-run] [--deep] [--pack] [--out DIR] [--budget SECONDS]
 # --dry-run does everything but the GPU steps: checks the bundle (files, that every binary loads without LLVM,
 # kvq and kvqc run, every spec checks) and writes the summary with the commands it would run. CI runs it
 # (tests/sh/test_gpu_bundle.sh). Exit status: 0 when every step that ran passed, 1 otherwise.
@@ -31,15 +33,17 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 dry=0
 deep=0
+pack=0
 out=""
 budget=480
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) dry=1 ;;
         --deep) deep=1 ;;
+        --pack) pack=1 ;;
         --out) out=$2; shift ;;
         --budget) budget=$2; shift ;;
-        *) echo "usage: $0 [--dry-run] [--deep] [--out DIR] [--budget SECONDS]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--dry-run] [--deep] [--pack] [--out DIR] [--budget SECONDS]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -281,6 +285,13 @@ else
                 >"$out/ncu-pc-$s.csv" 2>>"$out/ncu-pc-$s.log" || status=1
         fi
         note "- $s: exit $rc, $(wc -l <"$out/ncu-pc-$s.csv" 2>/dev/null || echo 0) CSV lines (ncu-pc-$s.csv; the report ncu-pc-$s.ncu-rep)"
+        # the kernel's shared-memory bank conflicts, instruction by instruction (docs/cuda.md "Bank conflicts")
+        if [ "$dry" = 0 ] && [ -s "$out/ncu-pc-$s.csv" ] && have python3 && [ -f "$here/cost-vs-ncu.py" ]; then
+            note ""
+            note '```'
+            python3 "$here/cost-vs-ncu.py" "$out/ncu-pc-$s.csv" - --conflicts 8 >>"$sum" 2>&1
+            note '```'
+        fi
         i=$((i + 1))
     done
     # GQA 1 (8 heads / 8 kv heads): the KIVI kernels' fp32 paths, which the model counted 4x lower before its fix
@@ -326,6 +337,14 @@ if [ "$deep" = 1 ]; then
     [ "$dry" = 1 ] || sed -n '/^kvq GPU decode/,$p' "$out/bench-policies.md" >>"$sum"
     [ "$rc" -ne 0 ] && status=1
     if [ "$dry" = 1 ] || have ncu; then
+        # batch 1: the latency-bound case (run 4 needed a call of its own for it)
+        step ncu-deep-b1 45 "$out/ncu-deep-b1.txt" ncu --clock-control none --kernel-name regex:kvq_decode_c \
+            --launch-count 3 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+            --section Occupancy --section LaunchStats \
+            "$bin/bench_gpu_decode" --ctx 32k --batch 1 --steps 1 --warmup 0 --hbm-mib 0 --no-graph
+        note ""
+        note "ncu sections on the decode kernels at batch 1: ncu-deep-b1.txt (exit $rc)"
+        [ "$rc" -ne 0 ] && status=1
         step ncu-deep 80 "$out/ncu-deep.txt" ncu --clock-control none --kernel-name regex:kvq_decode_c --launch-count 6 \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
             --section Occupancy --section LaunchStats \
@@ -337,5 +356,15 @@ if [ "$deep" = 1 ]; then
     note ""
 fi
 note "Results: $out (steps.txt has each step's exit and time); total $(($(date +%s) - start)) s of a $budget s budget."
+if [ "$pack" = 1 ]; then
+    if tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"; then
+        cat "$sum"
+        echo "packed: $out.tar.gz"
+        rm -rf "$out"
+        exit $status
+    fi
+    echo "gpu-check: packing $out failed; the folder stays" >&2
+    status=1
+fi
 cat "$sum"
 exit $status

@@ -16,14 +16,14 @@ block 2 ins 5..5 n 1 reach 1 count 4 est 4 addr 50..50 [40:4]
 M
 cat >"$d/ncu.csv" <<'C'
 ==PROF== Connected to process 1 (bench_gpu_decode)
-"# Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","Thread Instructions Executed"
-"0x7f1200000000","MOV R1, c[0x0][0x28]","3","4","128"
-"0x7f1200000010","S2R R0, SR_TID.X","1","4","128"
-"0x7f1200000020","@P0 BRA 0x7f1200000050","0","4","128"
-"0x7f1200000030","FFMA R3, R3, R3, R3","9","30","960"
-"0x7f1200000040","@!P1 BRA 0x7f1200000030","2","31","992"
-"0x7f1200000050","EXIT","0","4","128"
-"0x7f1200000060","NOP","0","0","0"
+"# Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","Thread Instructions Executed","L1 Wavefronts Shared Excessive","L1 Wavefronts Shared"
+"0x7f1200000000","MOV R1, c[0x0][0x28]","3","4","128","0","0"
+"0x7f1200000010","S2R R0, SR_TID.X","1","4","128","0","0"
+"0x7f1200000020","@P0 BRA 0x7f1200000050","0","4","128","0","0"
+"0x7f1200000030","LDS.128 R4, [R2]","9","30","960","90","120"
+"0x7f1200000040","@!P1 BRA 0x7f1200000030","2","31","992","0","0"
+"0x7f1200000050","EXIT","0","4","128","0","0"
+"0x7f1200000060","NOP","0","0","0","0","0"
 C
 out=$(python3 tools/cost-vs-ncu.py "$d/ncu.csv" "$d/model.txt" --top 5 2>&1)
 st=$?
@@ -33,6 +33,13 @@ echo "$out" | grep -q "^model 96 warp-instructions, measured 77 (ncu), model / m
 # the first row after the header: block 1, model 40, measured 30.5 a run of its instructions, spread 30..31
 row=$(echo "$out" | sed -n '3p')
 echo "$row" | grep -Eq '^ +1 +30\.\.40 +2 +40 +30 +80 +61 30\.\.31$' || fail="$fail; block row '$row'"
+# --conflicts: the shared-memory totals and the instruction with the excess wavefronts, its block and lines
+out2=$(python3 tools/cost-vs-ncu.py "$d/ncu.csv" "$d/model.txt" --top 0 --conflicts 3 2>&1)
+echo "$out2" | grep -q "^shared memory: 120 wavefronts, 90 of them excess (75.0 %)" || fail="$fail; conflict totals"
+echo "$out2" | grep -Eq '^ +30 +90 +30 +4\.0 +1  LDS\.128 R4, \[R2\] +20$' || fail="$fail; conflict row: $out2"
+[ "$(echo "$out2" | wc -l)" -eq 5 ] || fail="$fail; instructions without excess listed" # totals, 2 headers, 1 row
+python3 tools/cost-vs-ncu.py "$d/ncu.csv" "$d/model.txt" --conflicts x >/dev/null 2>&1
+[ $? -eq 2 ] || fail="$fail; --conflicts x was accepted"
 # bad input: no block lines
 python3 tools/cost-vs-ncu.py "$d/ncu.csv" "$d/ncu.csv" >/dev/null 2>&1
 [ $? -eq 2 ] || fail="$fail; a model list without blocks was accepted"

@@ -25,14 +25,16 @@ nollvm=0
 for p in "$b"/bin/*; do ldd "$p" 2>/dev/null | grep -qi llvm && nollvm=1; done
 check gpu_bundle_without_llvm "$nollvm" "a program of the bundle links libLLVM"
 # from another directory, as on the GPU machine: the bundle finds everything relative to itself
-(cd "$work" && sh "$b/gpu-check.sh" --dry-run --out "$work/results") >"$work/check.log" 2>&1
+# --deep --pack: every step's command, and the results as one file (results.tar.gz), the folder removed
+(cd "$work" && sh "$b/gpu-check.sh" --dry-run --deep --pack --out "$work/results") >"$work/check.log" 2>&1
 st=$?
+[ "$st" -eq 0 ] && [ ! -d "$work/results" ] && tar -xzf "$work/results.tar.gz" -C "$work" || st=1
 check gpu_check_dry_run "$st" "$(cat "$work/check.log")"
 s="$work/results/summary.md"
 ok=1
 grep -q 'all pass' "$s" && grep -q 'without LLVM or missing libraries: yes' "$s" && grep -q '^| test_gpu_backend ' "$s" &&
     grep -q '^| memcheck ' "$s" && grep -q '^| racecheck ' "$s" && grep -q 'bench_gpu_decode --ctx 4k,32k --batch 32' "$s" &&
-    grep -q '^    dry run: ncu ' "$s" && ! grep -q 'without a driver exited' "$s" && ok=0
+    grep -q '^    dry run: ncu ' "$s" && grep -q 'ncu-deep-b1.txt' "$s" && ! grep -q 'without a driver exited' "$s" && ok=0
 check gpu_check_summary "$ok" "$(cat "$s" 2>/dev/null)"
 # The bundle's benchmark against the recording fake driver (tests/fakecuda, built by `make gpu-bundle` beside the
 # bundle's programs): its own driver calls (events, the bandwidth copy) must follow the driver's rules as the
