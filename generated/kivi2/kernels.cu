@@ -1949,13 +1949,15 @@ KVQ_DEV void kvq_unpack8_f32(const unsigned char *p, float *cv)
 #define KVQ_MMA_LO 2048.0f        /* the low part's scale 2^11 */
 #define KVQ_MMA_LO_INV 4.8828125e-4f /* 2^-11 */
 #define KVQ_MMA_NW (KVQ_THREADS / 32)
-/* 32-bit words of one page's q.K B fragments: D / 16 k-blocks x 32 lanes x 2 registers, whatever the GQA */
+/* 32-bit words of one page's q.K B fragments: D / 16 k-blocks x KVQ_MMA_KBS entries (32 lanes) x 2 registers,
+ * whatever the GQA */
 #define KVQ_MMA_QPAGE (KVQ_D / 16 * KVQ_MMA_KBS * 2)
-/* A k-block's 32 lanes of B fragments (8-byte entries) take KVQ_MMA_KBS entries: 2 more than 32, so that the fold's
- * items (kb, t) of a warp, which store entry 8 h + t (+ 4 for the low part) of their blocks, reach every bank pair
- * twice (the least for 256 bytes: 2 wavefronts) instead of the same four pairs from all eight k-blocks 256 bytes
- * apart (8-way, as ncu counted on the H200). The reads of a block take 32 consecutive entries: conflict-free at any
- * offset (test_cuda_banks). compiler/plan.c sizes a page at D / 16 x KVQ_MMA_KBS x 8 bytes. */
+/* A k-block's 32 lanes of B fragments (8-byte entries) take KVQ_MMA_KBS entries, 2 more than 32: the fold's items
+ * (kb, t) of a half-warp, which store entry 8 h + t (+ 4 for the low part) of k-blocks of one parity
+ * (kvq_fold_item_kb), then reach 16 different bank pairs, one wavefront a phase, instead of the same four pairs from
+ * all their k-blocks 256 bytes apart (8 wavefronts an instruction, as ncu counted on the H200). The reads of a block
+ * take 32 consecutive entries: conflict-free at any offset (test_cuda_banks). compiler/plan.c sizes a page at D / 16
+ * x KVQ_MMA_KBS x 8 bytes. */
 #define KVQ_MMA_KBS 34
 /* 16-channel blocks of p.V per warp (at least 1 so that the unit compiles for every plan) */
 #define KVQ_MMA_MPW ((KVQ_D / 16 + KVQ_MMA_NW - 1) / KVQ_MMA_NW)
@@ -1999,17 +2001,6 @@ KVQ_DEV void kvq_mma_kpos(int bits, int j, int *t, int *r, int *h, int *k)
     }
 }
 
-/* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the per-channel scales of
- * np pages: widened at ks + page D, or, kraw not null, where cp.async landed them, eb bytes each, kvq_kpar_raw),
- * high and low parts, as [page][D/16 k-blocks][KVQ_MMA_KBS entries: 32 lanes, 2 unused][2 registers] of half2 at
- * qb (KVQ_MMA_QPAGE words a page; lanes from 8 GQA are not written: kvq_scores_mma loads 0 there). qscale (a power of two from the chunk's max |q|,
- * kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. One item is a (k-block, t): the four channels of lane t's
- * two registers (r) and halves (h) for every head, i.e. the high pair of lane 8 head + t and the low pair of lane
- * 8 head + 4 + t, each one 8-byte store; the two halves of a register convert in one cvt.rn.f16x2.f32. The item
- * loads its four scales once for all heads (an item a head loaded them GQA times: 39 instructions a page and item
- * of one head at KIVI-2's GQA 4, where this takes 114 for four), and where the items divide the block
- * (head_dim 64, 128, 256) a thread keeps its item's query (2^-k qscale q: powers of two, the same product) in
- * registers over the pages it folds. */
 /* The k-block of fold item j (its t is j & 3). Where the k-blocks come in eights, the four items of a half-warp's
  * 16 lanes (j >> 2 = 4a .. 4a + 3) take k-blocks of one parity, 2 apart: their stores (entry 8 h + t of a block
  * KVQ_MMA_KBS = 34 entries long) then land on 16 different bank pairs, where consecutive k-blocks overlap (2-way). */
@@ -2018,6 +2009,18 @@ KVQ_DEV int kvq_fold_item_kb(int j)
     const int q = j >> 2;
     return KVQ_D % 128 == 0 ? (q & ~7) | (q & 3) << 1 | (q >> 2 & 1) : q;
 }
+
+/* The per-tile fold for q.K: B fragments of qk = q s_c 2^-k(c) qscale (qs pre-scaled, s the per-channel scales of
+ * np pages: widened at ks + page D, or, kraw not null, where cp.async landed them, eb bytes each, kvq_kpar_raw),
+ * high and low parts, as [page][D/16 k-blocks][KVQ_MMA_KBS entries: 32 lanes, 2 unused][2 registers] of half2 at qb
+ * (KVQ_MMA_QPAGE words a page; lanes from 8 GQA are not written: kvq_scores_mma loads 0 there). qscale (a power of
+ * two from the chunk's max |q|, kvq_mma_qscale) keeps |qk| < 2^15 for any fp16 scale. One item is a (k-block, t):
+ * the four channels of lane t's two registers (r) and halves (h) for every head, i.e. the high pair of lane 8 head
+ * + t and the low pair of lane 8 head + 4 + t, each one 8-byte store; the two halves of a register convert in one
+ * cvt.rn.f16x2.f32. The item loads its four scales once for all heads (an item a head loaded them GQA times: 39
+ * instructions a page and item of one head at KIVI-2's GQA 4, where this takes 114 for four), and where the items
+ * divide the block (head_dim 64, 128, 256) a thread keeps its item's query (2^-k qscale q: powers of two, the same
+ * product) in registers over the pages it folds. */
 KVQ_DEV void kvq_fold_item_q(int bits, int j, const float *qs, float qscale, int cs[4], float qv[4][KVQ_GQA])
 {
     const int kb = kvq_fold_item_kb(j), t = j & 3;
@@ -2123,7 +2126,8 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
             const uint2 *qp = (const uint2 *)(qb + pg * KVQ_MMA_QPAGE);
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
-                const uint2 x = lane < 8 * G ? qp[kb * KVQ_MMA_KBS + lane] : make_uint2(0u, 0u); /* columns past 2 GQA: 0 */
+                /* columns past 2 GQA: 0 */
+                const uint2 x = lane < 8 * G ? qp[kb * KVQ_MMA_KBS + lane] : make_uint2(0u, 0u);
                 b[kb][0] = x.x, b[kb][1] = x.y;
             }
             /* the page's bias q . z of head t: the fold's eight partial sums in order (kvq_fold_k), added here
@@ -2276,7 +2280,7 @@ KVQ_DEV void kvq_values_mma(int bits, int group, int hidden, const unsigned char
                 kvq_mma_m16n8k16(acc[i], a, b);
             }
         }
-        rp += 32 * cw, bp += 2 * wks; /* a line of its own, run once an iteration (the loop's line also counts its exit) */
+        rp += 32 * cw, bp += 2 * wks; /* a line of its own, run once an iteration (the loop's line counts its exit) */
     }
 #undef KVQ_MMA_PW
 }
