@@ -2690,21 +2690,25 @@ KVQ_DEV float kvq_vpar_raw(const kvq_stage_buf *vb, kvq_fmt f, int zs, long long
     return kvq_ld_par(vb->raw + (zs ? vb->raws : 0) + (int)((first * eb) & 15), e, eb);
 }
 
-/* n fp16 values (2, 4 or 8) from p, 2 n-byte aligned, in one load (8: kvq_unpack8_half) */
+/* n fp16 values (2, 4 or 8) from p, 2 n-byte aligned, in one load */
 KVQ_DEV void kvq_ld_halves(const unsigned char *p, int n, float *out)
 {
+    unsigned w[4] = {0u, 0u, 0u, 0u};
     if (n == 8) {
-        kvq_unpack8_half(p, out);
-        return;
-    }
-    const uint2 u = n == 4 ? *(const uint2 *)p : make_uint2(*(const unsigned *)p, 0u);
-    const float2 a = kvq_h22f2(kvq_bits_h2(u.x)), b = kvq_h22f2(kvq_bits_h2(u.y));
-    out[0] = a.x, out[1] = a.y;
-    if (n == 4) out[2] = b.x, out[3] = b.y;
+        const uint4 x = *(const uint4 *)p;
+        w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+    } else if (n == 4) {
+        const uint2 x = *(const uint2 *)p;
+        w[0] = x.x, w[1] = x.y;
+    } else
+        w[0] = *(const unsigned *)p;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (2 * i < n) {
+            const kvq_half2 h = kvq_bits_h2(w[i]);
+            out[2 * i] = kvq_h2f(h.x), out[2 * i + 1] = kvq_h2f(h.y);
+        }
 }
-
-/* Value groups a token: 1 for hidden (one group of all channels), else D / group */
-KVQ_DEV int kvq_vgroups(kvq_fmt f) { return f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D); }
 
 /* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
 KVQ_DEV int kvq_k_runs(kvq_fmt f) { return f.bits < 16 && f.gran != 0 && (f.hidden || f.group % KVQ_VEC == 0); }
@@ -3007,7 +3011,7 @@ KVQ_DEV void kvq_probs_pairs(kvq_fmt f, const kvq_stage_buf *vb, const float *ps
                              int step, long long first, int vec, unsigned short *wb, float dl[KVQ_GQA],
                              float oz[KVQ_GQA][4])
 {
-    const int G = KVQ_GQA, ngv = kvq_vgroups(f), wks = KVQ_MMA_WKS(ngv);
+    const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D), wks = KVQ_MMA_WKS(ngv);
 #pragma unroll 1
     for (int t = t0; t < n; t += step) {
         const int live1 = t + 1 < n;
@@ -3035,27 +3039,29 @@ KVQ_DEV void kvq_probs_pairs(kvq_fmt f, const kvq_stage_buf *vb, const float *ps
                 pr[u][h] = x == KVQ_NEG_INF ? 0.0f : kvq_ex2(x - m[h]);
                 dl[h] += pr[u][h]; /* p goes to p.V as weights only: nothing reads ps after this pass */
             }
-        /* both tokens' scales and zeros, [u ngv + gi]: where they lie aligned as fp16 (KIVI's), one load each (16
-         * bytes at 4 groups, lanes 16 bytes apart: no bank conflict) instead of 4 ngv loads of 2 bytes (4-way) */
-        float sv[8], zv[8];
+        /* both tokens' scales and zeros: where they lie aligned as fp16 (KIVI's), one load each (16 bytes at 4
+         * groups, lanes 16 bytes apart: no bank conflict) instead of 4 ngv loads of 2 bytes (4-way) */
+        float sv[8] = {0.0f}, zv[8] = {0.0f}; /* [u ngv + gi] */
         if (vec) {
             const unsigned char *sr = vb->raw + (int)((first * 2) & 15) + 4 * (t >> 1) * ngv;
             kvq_ld_halves(sr, 2 * ngv, sv);
             kvq_ld_halves(sr + vb->raws, 2 * ngv, zv);
-        } else
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                if (k < 2 * ngv && (k < ngv || live1)) {
-                    const int e = t * ngv + k;
-                    sv[k] = vb->praw ? kvq_vpar_raw(vb, f, 0, first, e) : vb->s[e];
-                    zv[k] = vb->praw ? kvq_vpar_raw(vb, f, 1, first, e) : vb->z[e];
-                }
+        }
 #pragma unroll
         for (int gi = 0; gi < 4; gi++)
             if (gi < ngv) {
                 /* token t + 1 past n: weight 0 (its staged parameters may be anything, even not finite) */
-                const float s0 = sv[gi], z0 = zv[gi];
-                const float s1 = live1 ? sv[ngv + gi] : 0.0f, z1 = live1 ? zv[ngv + gi] : 0.0f;
+                const int e0 = t * ngv + gi, e1 = e0 + ngv;
+                const float s0 = vec ? sv[gi] : vb->praw ? kvq_vpar_raw(vb, f, 0, first, e0) : vb->s[e0];
+                const float z0 = vec ? zv[gi] : vb->praw ? kvq_vpar_raw(vb, f, 1, first, e0) : vb->z[e0];
+                const float s1 = !live1 ? 0.0f
+                                 : vec ? sv[ngv + gi]
+                                 : vb->praw ? kvq_vpar_raw(vb, f, 0, first, e1)
+                                            : vb->s[e1];
+                const float z1 = !live1 ? 0.0f
+                                 : vec ? zv[ngv + gi]
+                                 : vb->praw ? kvq_vpar_raw(vb, f, 1, first, e1)
+                                            : vb->z[e1];
 #pragma unroll
                 for (int h = 0; h < KVQ_GQA; h++) {
                     kvq_mma_put_w2(wb, wks, gi, t, h, pr[0][h] * s0, pr[1][h] * s1);
@@ -3074,7 +3080,7 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
                        int part0, int lane1, int p1, int tid, unsigned short *wb, float dl[KVQ_GQA],
                        float oz[KVQ_GQA][4], int vslot, int vcap, int hk)
 {
-    const int G = KVQ_GQA, ngv = kvq_vgroups(f), wks = KVQ_MMA_WKS(ngv);
+    const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D), wks = KVQ_MMA_WKS(ngv);
     if (mma) {
         /* parameters read from raw (vb->praw): the tile's first element in its value page's section, as
          * kvq_stage_page computes it */
