@@ -2690,25 +2690,27 @@ KVQ_DEV float kvq_vpar_raw(const kvq_stage_buf *vb, kvq_fmt f, int zs, long long
     return kvq_ld_par(vb->raw + (zs ? vb->raws : 0) + (int)((first * eb) & 15), e, eb);
 }
 
-/* n fp16 values (2, 4 or 8) from p, 2 n-byte aligned, in one load */
+/* Per-token value parameter e of a tile wherever it was staged: raw (kvq_vpar_raw) or converted (s, z) */
+KVQ_DEV float kvq_vpar(const kvq_stage_buf *vb, kvq_fmt f, int zs, long long first, int e)
+{
+    return vb->praw ? kvq_vpar_raw(vb, f, zs, first, e) : zs ? vb->z[e] : vb->s[e];
+}
+
+/* n fp16 values (2, 4 or 8) from p, 2 n-byte aligned, in one load (8: kvq_unpack8_half) */
 KVQ_DEV void kvq_ld_halves(const unsigned char *p, int n, float *out)
 {
-    unsigned w[4] = {0u, 0u, 0u, 0u};
     if (n == 8) {
-        const uint4 x = *(const uint4 *)p;
-        w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
-    } else if (n == 4) {
-        const uint2 x = *(const uint2 *)p;
-        w[0] = x.x, w[1] = x.y;
-    } else
-        w[0] = *(const unsigned *)p;
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        if (2 * i < n) {
-            const kvq_half2 h = kvq_bits_h2(w[i]);
-            out[2 * i] = kvq_h2f(h.x), out[2 * i + 1] = kvq_h2f(h.y);
-        }
+        kvq_unpack8_half(p, out);
+        return;
+    }
+    const uint2 u = n == 4 ? *(const uint2 *)p : make_uint2(*(const unsigned *)p, 0u);
+    const float2 a = kvq_h22f2(kvq_bits_h2(u.x)), b = kvq_h22f2(kvq_bits_h2(u.y));
+    out[0] = a.x, out[1] = a.y;
+    if (n == 4) out[2] = b.x, out[3] = b.y;
 }
+
+/* Value groups a token: 1 for hidden (one group of all channels), else D / group */
+KVQ_DEV int kvq_vgroups(kvq_fmt f) { return f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D); }
 
 /* Per-token key groups that cover whole runs of 8 channels use s_t (q . codes) + z_t sum(q) per group run. */
 KVQ_DEV int kvq_k_runs(kvq_fmt f) { return f.bits < 16 && f.gran != 0 && (f.hidden || f.group % KVQ_VEC == 0); }
@@ -2924,7 +2926,7 @@ KVQ_DEV void kvq_values(kvq_fmt f, const kvq_stage_buf *vb, const float *ps, int
     /* two tokens an iteration, the second with weight 0 past the end (0 c + o is o: codes are finite), so that
      * no remainder copy of the body follows the loop; pointers advance by the step (addressing is otherwise a
      * sixth of the loop) */
-    const int ngv = runs ? (f.hidden ? 1 : D / f.group) : 0, gv = runs && !f.hidden ? c0 / f.group : 0;
+    const int ngv = runs ? kvq_vgroups(f) : 0, gv = runs && !f.hidden ? c0 / f.group : 0;
     const unsigned char *rp = vb->rows + tz * cbpt;
     /* the lane's channels lie in one 16-byte chunk of a row (8 codes or 8 halves at c0), moved by the row's
      * swizzle: fixed for the loop's rows when a step of 2 TZ rows is a multiple of its period, 8 */
@@ -3011,7 +3013,7 @@ KVQ_DEV void kvq_probs_pairs(kvq_fmt f, const kvq_stage_buf *vb, const float *ps
                              int step, long long first, int vec, unsigned short *wb, float dl[KVQ_GQA],
                              float oz[KVQ_GQA][4])
 {
-    const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D), wks = KVQ_MMA_WKS(ngv);
+    const int G = KVQ_GQA, ngv = kvq_vgroups(f), wks = KVQ_MMA_WKS(ngv);
 #pragma unroll 1
     for (int t = t0; t < n; t += step) {
         const int live1 = t + 1 < n;
@@ -3052,16 +3054,12 @@ KVQ_DEV void kvq_probs_pairs(kvq_fmt f, const kvq_stage_buf *vb, const float *ps
             if (gi < ngv) {
                 /* token t + 1 past n: weight 0 (its staged parameters may be anything, even not finite) */
                 const int e0 = t * ngv + gi, e1 = e0 + ngv;
-                const float s0 = vec ? sv[gi] : vb->praw ? kvq_vpar_raw(vb, f, 0, first, e0) : vb->s[e0];
-                const float z0 = vec ? zv[gi] : vb->praw ? kvq_vpar_raw(vb, f, 1, first, e0) : vb->z[e0];
-                const float s1 = !live1 ? 0.0f
-                                 : vec ? sv[ngv + gi]
-                                 : vb->praw ? kvq_vpar_raw(vb, f, 0, first, e1)
-                                            : vb->s[e1];
-                const float z1 = !live1 ? 0.0f
-                                 : vec ? zv[ngv + gi]
-                                 : vb->praw ? kvq_vpar_raw(vb, f, 1, first, e1)
-                                            : vb->z[e1];
+                /* the non-vector loads stay here, next to their use: loading all 4 ngv first (one array either way)
+                 * holds them live across the group loop, and KIVI-4's kernel then spills */
+                const float s0 = vec ? sv[gi] : kvq_vpar(vb, f, 0, first, e0);
+                const float z0 = vec ? zv[gi] : kvq_vpar(vb, f, 1, first, e0);
+                const float s1 = !live1 ? 0.0f : vec ? sv[ngv + gi] : kvq_vpar(vb, f, 0, first, e1);
+                const float z1 = !live1 ? 0.0f : vec ? zv[ngv + gi] : kvq_vpar(vb, f, 1, first, e1);
 #pragma unroll
                 for (int h = 0; h < KVQ_GQA; h++) {
                     kvq_mma_put_w2(wb, wks, gi, t, h, pr[0][h] * s0, pr[1][h] * s1);
@@ -3080,7 +3078,7 @@ KVQ_DEV void kvq_probs(kvq_fmt f, int mma, const kvq_stage_buf *vb, float *ps, c
                        int part0, int lane1, int p1, int tid, unsigned short *wb, float dl[KVQ_GQA],
                        float oz[KVQ_GQA][4], int vslot, int vcap, int hk)
 {
-    const int G = KVQ_GQA, ngv = f.hidden ? 1 : KVQ_D / (f.group > 0 ? f.group : KVQ_D), wks = KVQ_MMA_WKS(ngv);
+    const int G = KVQ_GQA, ngv = kvq_vgroups(f), wks = KVQ_MMA_WKS(ngv);
     if (mma) {
         /* parameters read from raw (vb->praw): the tile's first element in its value page's section, as
          * kvq_stage_page computes it */
