@@ -318,6 +318,18 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     }
 }
 
+/* kvq_stage_page with the capacity a constant where it is the format's group: per-channel pages of one group (every
+ * full KIVI key page), whose tiles then stage with the page layout, the page stride and the slot arithmetic
+ * folded (the general copy computes them from the tile's capacity each tile) */
+KVQ_DEV void kvq_stage_page_cap(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
+                                int h, int tid, int fin)
+{
+    if (f.bits < 16 && f.gran == 0 && f.group > 0 && cap == f.group)
+        kvq_stage_page(sb, b, f, slot, f.group, n, h, tid, fin);
+    else
+        kvq_stage_page(sb, b, f, slot, cap, n, h, tid, fin);
+}
+
 KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot, int cap, int n, int h,
                        kvq_fmt hi, kvq_fmt lo, int tid, int fin)
 {
@@ -326,9 +338,9 @@ KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot
         if (!fin)
             kvq_stage_rows(sb->rows, 0, 2 * KVQ_D, b + ((long long)h * cap + slot) * (2 * KVQ_D), n, tid, 1);
     } else if (kind == KVQ_SRC_HI && hi.bits)
-        kvq_stage_page(sb, b, hi, slot, cap, n, h, tid, fin);
+        kvq_stage_page_cap(sb, b, hi, slot, cap, n, h, tid, fin);
     else if (kind == KVQ_SRC_LO && lo.bits)
-        kvq_stage_page(sb, b, lo, slot, cap, n, h, tid, fin);
+        kvq_stage_page_cap(sb, b, lo, slot, cap, n, h, tid, fin);
 }
 
 /* Decode geometry of a layer class (kvq_class.cuh passes constants, folded after inlining): tile tokens, phase-1
@@ -497,18 +509,20 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
     }
 }
 
-/* Phase 1: the scores of tokens [0, n) for every query head of the kv head, each code unpacked once. Lane
- * group `split` adjacent lanes per token, each a run of head_dim / split channels, reduced by shuffles; the
+/* Phase 1: the scores of tokens [0, n) for every query head of the kv head, each code unpacked once. split
+ * lanes per token, 8 apart (kvq_p1_lane), each a run of head_dim / split channels, reduced by shuffles; the
  * part-0 lane writes the token's scores (-inf for masked slots) to ps[t][GQA] and every lane keeps the maxima. */
 KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, const float *qk, const float *qsum,
                         int n, int s0, int kcap, int tid, int split, int p1, float *ps, float mloc[KVQ_GQA], int sw)
 {
     const int G = KVQ_GQA, D = KVQ_D;
-    const int part = tid % split, lane1 = tid / split, cp = D / split, cbeg = part * cp;
+    int part, lane1;
+    kvq_p1_lane(tid, split, &part, &lane1);
+    const int cp = D / split, cbeg = part * cp;
     const int cbpt = kvq_fmt_cbpt(f.bits, D);
     const float *qv = kvq_k_folds(f) ? qk : qs;
     const float *bias = qsum + (D / 8) * G;
-    const int runs = kvq_k_runs(f), grp = f.hidden ? D : f.group;
+    const int runs = kvq_k_runs(f), grp = f.hidden ? D : f.group, rot = runs ? 0 : part & 1;
     /* a lane's runs within one 128-byte line of its row (fp16 at split 2, every code row): the swizzle's XOR,
      * which depends on the row and the line only (kvq_row_swz), is the token's, computed once a token */
     const int oneline = cp * f.bits <= 1024 && (cbeg * f.bits) % 1024 == 0;
@@ -526,7 +540,10 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         for (int h = 0; h < KVQ_GQA; h++) sc[h] = 0.0f, acc[h] = 0.0f, zacc[h] = 0.0f;
         /* runs of 8 channels, not unrolled: unrolled, the compiler hoists every run's query loads and spills */
 #pragma unroll 2
-        for (int j = 0; j < cp / KVQ_VEC; j++) {
+        for (int j0 = 0; j0 < cp / KVQ_VEC; j0++) {
+            /* part 1 starts one run later (not where runs sum per group: their ends go in order): at GQA 1 and 2
+             * the query loads are 4 bytes, a whole warp a phase, and rows D / 2 channels apart shared banks */
+            const int j = j0 + rot < cp / KVQ_VEC ? j0 + rot : 0;
             const int c0 = cbeg + j * KVQ_VEC, ch = c0 * f.bits / 128; /* the 16-byte chunk of the run's codes */
             const int x = !sw ? 0 : oneline ? xt : kvq_row_swz(tt, cbpt, ch); /* the row's swizzle (kvq_layout.cuh) */
             const unsigned char *rj = row + 16 * ((ch ^ x) - ch);  /* where it put the chunk */
@@ -574,7 +591,7 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) {
             float x = runs ? sc[h] : acc[h];
-            for (int off = split / 2; off > 0; off >>= 1) x += __shfl_xor_sync(KVQ_FULL_MASK, x, off);
+            for (int off = 4 * split; off >= 8; off >>= 1) x += __shfl_xor_sync(KVQ_FULL_MASK, x, off); /* the parts */
             if (f.bits < 16 && f.gran == 0) x += bias[pg * G + h];
 #if KVQ_TQ_ANY
             if (f.tq == 2) x += kb->s[tt * G + h]; /* TurboQuant prod keys: the QJL term (kvq_turboquant.cuh) */
@@ -591,8 +608,9 @@ KVQ_DEV void kvq_warp_max(float mloc[KVQ_GQA], int split, int tid, float *wmax)
 {
 #pragma unroll
     for (int h = 0; h < KVQ_GQA; h++) {
-        for (int off = 16; off >= split; off >>= 1)
-            mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(KVQ_FULL_MASK, mloc[h], off));
+        for (int off = 16; off > 0; off >>= 1)
+            if (off < 8 || off > 4 * split) /* not between a token's parts (kvq_p1_lane): they agree already */
+                mloc[h] = fmaxf(mloc[h], __shfl_xor_sync(KVQ_FULL_MASK, mloc[h], off));
         if ((tid & 31) == 0) wmax[(tid >> 5) * KVQ_GQA + h] = mloc[h];
     }
 }
@@ -871,7 +889,8 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     const int t1 = min(st.n_tiles, t0 + tpc);
     if (t0 >= t1 && t0 > 0) return; /* a chunk past this sequence's tiles: kvq_merge ignores it */
     const int c0 = tx * KVQ_VEC, act = c0 < D, hl0 = ty * KVQ_HPT;
-    const int part = tid % g.split, lane1 = tid / g.split;
+    int part, lane1;
+    kvq_p1_lane(tid, g.split, &part, &lane1);
 
     float *qs = (float *)(smem + g.so_q), *qk = (float *)(smem + g.so_qk), *qsum = (float *)(smem + g.so_qsum);
     float *ps = (float *)(smem + g.so_p), *red = (float *)(smem + g.so_red);

@@ -132,4 +132,17 @@ KVQ_HD int kvq_row_byte(int t, int R, int b, int sw)
     return t * R + (sw ? (((b >> 4) ^ kvq_row_swz(t, R, b >> 4)) << 4) + (b & 15) : b);
 }
 
+/* Phase 1's lanes (kvq_scores, kvq_probs): thread tid's part of its token (channels [part D / split, ...)) and
+ * its token lane, split 1, 2 or 4 lanes a token. A token's parts are lanes 8 apart (bits 3 and 4), not
+ * neighbours: a quarter-warp's eight lanes (one phase of a 16-byte load) take eight tokens of one part, so they
+ * read one query row (a broadcast) and one chunk of eight rows (the swizzle's case), where neighbouring parts
+ * read query rows D / split channels apart, in one bank group (2-way: the fp16 classes' fp32 score loop, ncu
+ * run 4). test_cuda_banks derives that loop's loads from this function. */
+KVQ_HD void kvq_p1_lane(int tid, int split, int *part, int *lane1)
+{
+    const int l = tid & 31;
+    *part = (l >> 3) & (split - 1);
+    *lane1 = (tid >> 5) * (32 / split) + ((l & 7) | ((l >> 3) / split) << 3);
+}
+
 #endif

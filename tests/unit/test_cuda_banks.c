@@ -111,9 +111,9 @@ static void run_load(int bits, int c0, int *off, int *w)
     else *off = (c0 * bits / 8) & ~3, *w = 4;
 }
 
-/* kvq_scores: lane l of warp w takes token base + (32 w + l) / split, channels part D / split + 8 j (part = l mod
- * split) of all heads, run after run. */
-static loop_cost qk_f32(const kvq_plan *p, const plan_class *cl, long long base, int R, int bits, int tile)
+/* kvq_scores: thread tid takes token lane1 and the channels part D / split + 8 j of all heads, run after run
+ * (kvq_p1_lane). */
+static loop_cost qk_f32(const kvq_plan *p, const plan_class *cl, long long base, int R, int bits, int tile, int rot)
 {
     loop_cost c = {{0, 0}, 0};
     const int D = p->head_dim, split = cl->split, cp = D / split;
@@ -123,7 +123,10 @@ static loop_cost qk_f32(const kvq_plan *p, const plan_class *cl, long long base,
                 long long a[32];
                 int w = 4;
                 for (int l = 0; l < 32; l++) {
-                    const int tid = 32 * warp + l, t = (tid / split) % tile, c0 = (tid % split) * cp + 8 * j;
+                    int part, lane1;
+                    kvq_p1_lane(32 * warp + l, split, &part, &lane1);
+                    const int jr = rot && (part & 1) ? (j + 1) % (cp / 8) : j; /* part 1 a run later */
+                    const int t = lane1 % tile, c0 = part * cp + 8 * jr;
                     int off;
                     run_load(bits, c0, &off, &w);
                     a[l] = base + kvq_row_byte(t, R, off, sw);
@@ -198,7 +201,8 @@ static int check_spec(const char *path, int heads, int kv_heads, int D, int *n_c
             check(what, c, 1, n_checked);
             fixed += c.degree[0] > 1;
         } else if (kint && ks->bits < 16) {
-            c = qk_f32(p, cl, kb, plan_row_bytes(D, kbits), kbits, cl->tile);
+            const int runs = ks->gran != 0 && (ks->group == 0 || ks->group % 8 == 0); /* kvq_k_runs */
+            c = qk_f32(p, cl, kb, plan_row_bytes(D, kbits), kbits, cl->tile, !runs);
             snprintf(what, sizeof what, "stage %d q.K fp32, %d-bit rows", st, kbits);
             check(what, c, kbits >= 16, n_checked);
         }
@@ -214,7 +218,7 @@ static int check_spec(const char *path, int heads, int kv_heads, int D, int *n_c
         }
         /* fp16 rows: the fp16 pages of an fp16 class, or a quantized class's sinks, windows and pools */
         const int t16k = plan_tile_tokens(cl, 1, 0), t16v = plan_tile_tokens(cl, 0, 1);
-        c = qk_f32(p, cl, kb, plan_row_bytes(D, 16), 16, t16k);
+        c = qk_f32(p, cl, kb, plan_row_bytes(D, 16), 16, t16k, 1);
         snprintf(what, sizeof what, "stage %d q.K fp32, fp16 rows (%d tokens)", st, t16k);
         check(what, c, 1, n_checked);
         fixed += c.degree[0] > 1;
@@ -403,10 +407,74 @@ static void test_query_fold(void)
     th_end();
 }
 
+/* kvq_scores' query loads: for channel c of its run, a lane loads the row [c][GQA] of the query (kvq_ld_qrow: 16
+ * bytes a load at GQA % 4 == 0, else 4) at qs + 4 c GQA. Before kvq_p1_lane a token's parts were neighbouring
+ * lanes (part = tid mod split), whose rows D / split channels apart fell in one bank group: 2-way at split 2 (the
+ * fp16 classes' 64-token tiles; ncu, H200 run 4: fp16's 38 % excess load wavefronts). 4-byte loads (GQA 1, 2)
+ * take a whole warp a phase, both parts: part 1 now starts one run (8 channels) later, off the other's banks
+ * (not where runs sum per key group; the fp16 rows always). Returns the worst degree over the loop's query loads,
+ * mapping now (1) or before (0). */
+static int qrow_degree(int split, int D, int G, int now)
+{
+    const int cp = D / split, w = G % 4 == 0 ? 16 : 4;
+    int worst = 0;
+    for (int warp = 0; warp < 4; warp++)
+        for (int j = 0; j < cp / 8; j++)
+            for (int v = 0; v < 8; v++)
+                for (int h = 0; h < G; h += w / 4) {
+                    long long a[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int tid = 32 * warp + l;
+                        int part = tid % split, lane1, jr = j;
+                        if (now) kvq_p1_lane(tid, split, &part, &lane1), jr = part & 1 ? (j + 1) % (cp / 8) : j;
+                        a[l] = 4LL * ((part * cp + 8 * jr + v) * G + h);
+                    }
+                    const int d = load_degree(a, w);
+                    worst = d > worst ? d : worst;
+                }
+    return worst;
+}
+
+static void test_score_query_rows(void)
+{
+    th_begin("fp32 score loop: the query rows conflict-free at every split the plan makes (fp16 classes 2-way before), "
+             "and phase 1's lanes cover each token's parts once");
+    static const int dims[] = {64, 96, 128, 256};
+    for (int split = 1; split <= 2; split *= 2) /* T >= 32, 2 split T <= 128 threads: plan.c tile_mapping */
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (int G = 1; G <= 8; G *= 2) {
+                const int D = dims[di];
+                if (D % (16 * split)) continue; /* plan.c tile_mapping */
+                const int before = qrow_degree(split, D, G, 0), after = qrow_degree(split, D, G, 1);
+                if ((G == 4 || (G == 1 && split == 2)) && (D == 128 || split == 1))
+                    printf("  split %d, head_dim %d, GQA %d: query loads degree %d -> %d\n", split, D, G, before, after);
+                TH_CHECK(after == 1, "split %d, head_dim %d, GQA %d: query loads %d-way", split, D, G, after);
+                if (split > 1 && D % 128 == 0 && G >= 4)
+                    TH_CHECK(before > 1, "split %d, head_dim %d, GQA %d: no conflict before (the check proves nothing)",
+                             split, D, G);
+            }
+    /* the mapping is a bijection of the block's threads onto (token lane, part), THREADS / split token lanes */
+    for (int split = 1; split <= 4; split *= 2) {
+        int seen[128] = {0}, bad = 0;
+        for (int tid = 0; tid < 128; tid++) {
+            int part, lane1;
+            kvq_p1_lane(tid, split, &part, &lane1);
+            if (part < 0 || part >= split || lane1 < 0 || lane1 >= 128 / split || seen[lane1 * split + part]++) bad++;
+            /* a token's parts lie in one warp, 8 lanes apart (the shuffles reduce over those offsets) */
+            int p0, l0;
+            kvq_p1_lane(tid ^ 8 * part, split, &p0, &l0);
+            if (l0 != lane1 || p0 != 0) bad++;
+        }
+        TH_CHECK(bad == 0, "split %d: %d threads misplaced", split, bad);
+    }
+    th_end();
+}
+
 int main(void)
 {
     test_swizzle_is_a_permutation();
     test_hot_loops();
+    test_score_query_rows();
     test_query_fold();
     return th_summary();
 }
