@@ -2831,7 +2831,7 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
     const int cbpt = kvq_fmt_cbpt(f.bits, D);
     const float *qv = kvq_k_folds(f) ? qk : qs;
     const float *bias = qsum + (D / 8) * G;
-    const int runs = kvq_k_runs(f), grp = f.hidden ? D : f.group, rot = runs ? 0 : part & 1;
+    const int runs = kvq_k_runs(f), grp = f.hidden ? D : f.group;
     /* a lane's runs within one 128-byte line of its row (fp16 at split 2, every code row): the swizzle's XOR,
      * which depends on the row and the line only (kvq_row_swz), is the token's, computed once a token */
     const int oneline = cp * f.bits <= 1024 && (cbeg * f.bits) % 1024 == 0;
@@ -2849,10 +2849,7 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
         for (int h = 0; h < KVQ_GQA; h++) sc[h] = 0.0f, acc[h] = 0.0f, zacc[h] = 0.0f;
         /* runs of 8 channels, not unrolled: unrolled, the compiler hoists every run's query loads and spills */
 #pragma unroll 2
-        for (int j0 = 0; j0 < cp / KVQ_VEC; j0++) {
-            /* part 1 starts one run later (not where runs sum per group: their ends go in order): at GQA 1 and 2
-             * the query loads are 4 bytes, a whole warp a phase, and rows D / 2 channels apart shared banks */
-            const int j = j0 + rot < cp / KVQ_VEC ? j0 + rot : 0;
+        for (int j = 0; j < cp / KVQ_VEC; j++) {
             const int c0 = cbeg + j * KVQ_VEC, ch = c0 * f.bits / 128; /* the 16-byte chunk of the run's codes */
             const int x = !sw ? 0 : oneline ? xt : kvq_row_swz(tt, cbpt, ch); /* the row's swizzle (kvq_layout.cuh) */
             const unsigned char *rj = row + 16 * ((ch ^ x) - ch);  /* where it put the chunk */
@@ -2874,12 +2871,28 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
                     cv[v] = fmaf(kb->s[tt * ng + g], cv[v], kb->z[tt * ng + g]);
                 }
             }
+            if (KVQ_GQA % 4 == 0) {
 #pragma unroll
-            for (int v = 0; v < KVQ_VEC; v++) {
-                float q[KVQ_GQA];
-                kvq_ld_qrow(qvp, c0 + v, q);
+                for (int v = 0; v < KVQ_VEC; v++) {
+                    float q[KVQ_GQA];
+                    kvq_ld_qrow(qvp, c0 + v, q);
 #pragma unroll
-                for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(q[h], cv[v], acc[h]);
+                    for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(q[h], cv[v], acc[h]);
+                }
+            } else {
+                /* GQA 1 and 2: the run's 8 G query values in 16-byte loads (32 G bytes, 16-byte aligned), so that a
+                 * phase is a quarter-warp of one part (kvq_p1_lane), not the whole warp of 4-byte loads over both
+                 * parts' rows D / 2 channels apart (2-way) */
+                float qr[KVQ_VEC * KVQ_GQA];
+#pragma unroll
+                for (int k = 0; k < KVQ_VEC * KVQ_GQA; k += 4) {
+                    const float4 x = *(const float4 *)(qvp + c0 * KVQ_GQA + k);
+                    qr[k] = x.x, qr[k + 1] = x.y, qr[k + 2] = x.z, qr[k + 3] = x.w;
+                }
+#pragma unroll
+                for (int v = 0; v < KVQ_VEC; v++)
+#pragma unroll
+                    for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(qr[v * KVQ_GQA + h], cv[v], acc[h]);
             }
             if (runs) {
 #pragma unroll

@@ -171,10 +171,13 @@ int main(int argc, char **argv)
                  "row %s %s", x->fn, x->arch);
         TH_CHECK(x->per_byte > 0 && x->per_byte - x->per_tok / x->bytes < 1e-3 && x->per_tok / x->bytes - x->per_byte < 1e-3,
                  "per_byte %.3f", x->per_byte);
-        /* the verdict is the comparison with the scheme's bound (fp16 0.2, quantized at GQA 4 0.35) */
-        const double bound = si == 0 ? 0.35 : 0.2;
+        /* the verdict is the comparison with the scheme's bound (fp16 0.2, quantized at GQA 4 0.35); the row's
+         * figures are rounded (per_token to 0.1), so within that of the bound either verdict is the row's */
+        const double bound = si == 0 ? 0.35 : 0.2, pb = x->per_tok / x->bytes, round = 0.05 / x->bytes + 1e-9;
         TH_CHECK(!strncmp(x->target, targets[si], 5) &&
-                     !strcmp(x->target + 5, x->per_tok / x->bytes <= bound ? "pass" : "FAIL"),
+                     (!strcmp(x->target + 5, pb <= bound ? "pass" : "FAIL") ||
+                      (pb > bound - round && pb < bound + round &&
+                       (!strcmp(x->target + 5, "pass") || !strcmp(x->target + 5, "FAIL")))),
                  "target %s at %.3f / B", x->target, x->per_byte);
         TH_CHECK(!strcmp(x->fl, x->inflight >= 24576 ? "pass" : "FAIL"), "in flight %.0f: %s", x->inflight, x->fl);
         int nt = 0, toks = 0;
