@@ -2481,16 +2481,23 @@ KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char 
                                 int cap, int n, int tid)
 {
     const int C = R >> 4, c = tid % C;
+    if (s0 + n <= cap) { /* the tile in one page: no division (see kvq_stage_page), a step of THREADS / C rows */
+        const unsigned char *s = src + 16 * c + (long long)(s0 + tid / C) * R;
+        unsigned char *d = rows + kvq_row_byte(tid / C, R, 16 * c, 1);
+#pragma unroll 1
+        for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS, s += (long long)(KVQ_THREADS / C) * R)
+            kvq_cp_async16(d, s);
+        return;
+    }
     int ds, sl;
     const int dp = kvq_divmod(KVQ_THREADS / C, cap, &ds); /* a step: dp pages and ds slots */
     const int pg = kvq_divmod(s0 + tid / C, cap, &sl);
     const long long jump = (long long)ds * R + dp * stride, wrap = stride - (long long)cap * R;
     const unsigned char *s = src + 16 * c + pg * stride + (long long)sl * R;
     unsigned char *d = rows + kvq_row_byte(tid / C, R, 16 * c, 1);
-    if (ds == 0 || s0 + n <= cap) {
-        /* no step passes a page's end (whole pages a step, as KIVI's 32-token key pages at 64 rows a step; or the
-         * tile in one page, as its value pages): the source advances by the constant jump (18 instructions a
-         * copy with the test, 12 without) */
+    if (ds == 0) {
+        /* no step passes a page's end (whole pages a step, as KIVI's 32-token key pages at 64 rows a step): the
+         * source advances by the constant jump (18 instructions a copy with the test, 12 without) */
 #pragma unroll 1
         for (int k = tid; k < n * C; k += KVQ_THREADS) {
             kvq_cp_async16(d, s);
@@ -2583,9 +2590,13 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
 #endif
     kvq_page_off o = kvq_page_offsets(f, KVQ_HKV, KVQ_D, cap);
     const long long stride = kvq_page_stride(o.total);
-    int s0, np = 1, rn;
-    const int pg0 = kvq_divmod(slot, cap, &s0);
-    if (n > 0) np = kvq_divmod(s0 + n + cap - 1, cap, &rn);
+    /* a tile inside one page (every value page tile; a key tile of one page) needs no division: the general
+     * capacity (the prefill's value page, 32,640 slots at 32k) takes the divisions' slow path */
+    int s0 = slot, np = 1, rn, pg0 = 0;
+    if (slot + n > cap) {
+        pg0 = kvq_divmod(slot, cap, &s0);
+        if (n > 0) np = kvq_divmod(s0 + n + cap - 1, cap, &rn);
+    }
     unsigned char *rz = sb->raw + sb->raws, *rf = sb->raw + 2 * sb->raws, *rm = rf + sb->rawf;
     b += pg0 * stride;
     /* per-channel parameters of fp16 or fp32 scales and zeros: all pages in one pass */
