@@ -55,6 +55,10 @@ static const emu_case cases[] = {
     {"specs/ott.kvq", "ott", 2, 2, 128},
     {"specs/zipcache.kvq", "zipcache", 2, 2, 256},
     {"specs/kivi4.kvq", "kivi4", 8, 1, 64},
+    /* fp16's fp32 score loop at split 2 (64-token tiles) with its parts 8 lanes apart (kvq_p1_lane): GQA 1 at
+     * head_dim 96 (the run's query floats as 16-byte loads, 6 runs a part) and GQA 8 at 128 (two loads a row) */
+    {"specs/fp16.kvq", "fp16", 2, 2, 96},
+    {"specs/fp16.kvq", "fp16", 8, 1, 128},
     /* GQA 4: q.K and p.V on tensor cores (kvq_mma.cuh) at head_dim 64 (one 16-channel block a warp), 128 and
      * 256 (four a warp, tiles of 64; KIVI-4's value groups of 32 are 8 a token: p.V stays fp32) */
     {"specs/kivi2.kvq", "kivi2", 8, 2, 64},
