@@ -2481,36 +2481,33 @@ KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char 
                                 int cap, int n, int tid)
 {
     const int C = R >> 4, c = tid % C;
-    if (s0 + n <= cap) { /* the tile in one page: no division (see kvq_stage_page), a step of THREADS / C rows */
-        const unsigned char *s = src + 16 * c + (long long)(s0 + tid / C) * R;
-        unsigned char *d = rows + kvq_row_byte(tid / C, R, 16 * c, 1);
-#pragma unroll 1
-        for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS, s += (long long)(KVQ_THREADS / C) * R)
-            kvq_cp_async16(d, s);
-        return;
-    }
-    int ds, sl;
-    const int dp = kvq_divmod(KVQ_THREADS / C, cap, &ds); /* a step: dp pages and ds slots */
-    const int pg = kvq_divmod(s0 + tid / C, cap, &sl);
-    const long long jump = (long long)ds * R + dp * stride, wrap = stride - (long long)cap * R;
-    const unsigned char *s = src + 16 * c + pg * stride + (long long)sl * R;
     unsigned char *d = rows + kvq_row_byte(tid / C, R, 16 * c, 1);
-    if (ds == 0) {
-        /* no step passes a page's end (whole pages a step, as KIVI's 32-token key pages at 64 rows a step): the
-         * source advances by the constant jump (18 instructions a copy with the test, 12 without) */
+    const unsigned char *s;
+    long long jump;
+    if (s0 + n <= cap) { /* the tile in one page: no division (see kvq_stage_page), a step of THREADS / C rows */
+        s = src + 16 * c + (long long)(s0 + tid / C) * R;
+        jump = (long long)(KVQ_THREADS / C) * R;
+    } else {
+        int ds, sl;
+        const int dp = kvq_divmod(KVQ_THREADS / C, cap, &ds); /* a step: dp pages and ds slots */
+        const int pg = kvq_divmod(s0 + tid / C, cap, &sl);
+        s = src + 16 * c + pg * stride + (long long)sl * R;
+        jump = (long long)ds * R + dp * stride;
+        if (ds != 0) { /* a step may pass a page's end: at most one more page (ds < cap) */
+            const long long wrap = stride - (long long)cap * R;
 #pragma unroll 1
-        for (int k = tid; k < n * C; k += KVQ_THREADS) {
-            kvq_cp_async16(d, s);
-            d += 16 * KVQ_THREADS, s += jump;
+            for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS) {
+                kvq_cp_async16(d, s);
+                sl += ds, s += jump;
+                if (sl >= cap) sl -= cap, s += wrap;
+            }
+            return;
         }
-        return;
     }
+    /* no step passes a page's end (the tile in one page, or whole pages a step, as KIVI's 32-token key pages at 64
+     * rows a step): the source advances by the constant jump (18 instructions a copy with the test, 12 without) */
 #pragma unroll 1
-    for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS) {
-        kvq_cp_async16(d, s);
-        sl += ds, s += jump;
-        if (sl >= cap) sl -= cap, s += wrap; /* ds < cap: at most one more page */
-    }
+    for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS, s += jump) kvq_cp_async16(d, s);
 }
 
 /* Per-channel scales and zeros of kv head h on np pages of a page run (page i at b + i stride), in one pass: item
