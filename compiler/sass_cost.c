@@ -169,6 +169,17 @@ static int op_in(const char *op, const char *const *d, size_t n)
     return 0;
 }
 
+/* Instructions that decide a branch: the comparisons and predicate logic that feed it, and the conditional branch
+ * itself. On an if's line they run whenever their block does, while the profile counts that line only in the
+ * emulated blocks that start there: the condition's body (`if (pg >= np) continue;` ran 2,128 times a step
+ * and its `continue` 96), so the line's count does not bound their block. */
+static int is_decision_op(const char *op)
+{
+    static const char *const d[] = {"ISETP", "FSETP", "DSETP", "HSETP2", "PLOP3", "R2P", "VOTE", "VOTEU", "UISETP",
+                                    "UPLOP3", "BSSY", "BSYNC"};
+    return op_in(op, d, sizeof d / sizeof d[0]) || !strcmp(op, "BRA") || !strncmp(op, "BRA.", 4);
+}
+
 /* Data instructions: one per source operation a copy of an unrolled body repeats (not the loop's own control) */
 static int is_data_op(const char *op)
 {
@@ -516,6 +527,12 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
                 if (f.in[i].loc < 0) continue;
                 double lc = loc_count[f.in[i].loc];
                 if (f.in[i].pred && !f.in[i].branch) continue; /* its line may run less often than the block */
+                {
+                    const int l = f.locs[f.in[i].loc].line[0];
+                    if (lc >= 0 && prof->bb_line && l > 0 && l < prof->n_lines && prof->bb_line[l] == 3 &&
+                        is_decision_op(f.in[i].op))
+                        continue; /* a condition's decision: its line counts the body (is_decision_op) */
+                }
                 /* a line the profile does not hold: the emulator counts a basic block under its first line, and
                  * code it never ran has no count either. A block none of whose lines ran, one of them the first
                  * line of an emulated basic block, never ran; otherwise such lines say nothing (the GPU compiler
@@ -530,7 +547,7 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
                      * through the flow, -25 % against ncu). A shorter chain the SASS has is another real path
                      * (a helper called directly by another copy): it says nothing of this one */
                     if (truncated_chain_ran(prof, &f, &f.locs[f.in[i].loc])) continue;
-                    if (prof->bb_line[l] == 1) { /* a plain statement (no condition) that never ran */
+                    if (prof->bb_line[l] != 2) { /* a line with a condition that never ran */
                         never = 1;
                         continue;
                     }

@@ -22,7 +22,9 @@ typedef struct {
      * no condition (if, ?:, &&, ||, a loop header): absent from the profile, such a line never ran, and its block
      * did not either; a line with a condition may share its block with code that ran (the GPU compiler computes
      * `if (c) x = y;` without a branch), so it says so only of a block none of whose lines ran. Another absent
-     * line is inside a block the profile counts under its first line: it says nothing. */
+     * line is inside a block the profile counts under its first line: it says nothing. 3: a line whose condition
+     * is an if's or a ?:'s (not a loop's): its count is that of the blocks that start there, the condition's body,
+     * which its comparisons and branch (they run with their block) may exceed. */
     const unsigned char *bb_line;
     int n_lines;
     /* lines of a loop under `#pragma unroll 1` (rolled[l] != 0, l < n_lines; may be NULL): the SASS loop whose

@@ -78,6 +78,17 @@ static const char sass_remat[] = "//--------------------- .text.k --------------
                                  F(40) I("0080", "EXIT")
                                  "\t.section\t.text.other,\"ax\",@progbits\n";
 
+/* a loop (lines 70-73) whose body starts with an `if (...) continue;` (line 70: its comparison and branch) that
+ * skips a store (72) */
+static const char sass_cond[] = "//--------------------- .text.k --------------------------\n"
+                                "\t.section\t.text.k,\"ax\",@progbits\n"
+                                ".text.k:\n" F(10) I("0000", "MOV R1, c[0x0][0x28]")
+                                ".L_x_30:\n" F(71) I("0010", "FFMA R3, R3, R3, R3") F(70) I("0020", "ISETP.GE.AND P0, PT, R2, R6, PT")
+                                I("0030", "@P0 BRA `(.L_x_31)") F(72) I("0040", "STS [R5], R3")
+                                ".L_x_31:\n" F(73) I("0050", "ISETP.GE.AND P1, PT, R2, R4, PT") I("0060", "@!P1 BRA `(.L_x_30)")
+                                F(40) I("0070", "EXIT")
+                                "\t.section\t.text.other,\"ax\",@progbits\n";
+
 int main(void)
 {
     /* 4 warps; the loop runs 10 times in each; one warp stores */
@@ -196,6 +207,21 @@ int main(void)
         sass_profile pr = {lr, kr, 4, NULL, 64, rolled};
         TH_CHECK(sass_cost_function(sass_remat, "k", &pr, &c) == 0, "function not found");
         TH_CHECK(c.executed == 252.0, "executed %.1f, expected 252 (the entry's count: 36)", c.executed);
+    }
+    th_end();
+
+    th_begin("sass cost: a condition's comparison and branch run as often as their block, not as its body");
+    {
+        /* 4 warps, 10 trips each: the `continue` (line 70's emulated block) ran 8 times, the store 32. The block of
+         * lines 71 and 70 runs every trip: 4 + 3 x 40 + 32 + 2 x 40 + 4 = 240; line 70's 8 bounding it gave
+         * 4 + 3 x 8 + ... (KIVI-2's bias partials: 96 counted where ncu ran 2,128) */
+        sass_loc lc[6] = {{{10}, 1}, {{70}, 1}, {{71}, 1}, {{72}, 1}, {{73}, 1}, {{40}, 1}};
+        double kc[6] = {4, 8, 40, 32, 40, 4};
+        unsigned char bbc[80] = {0};
+        bbc[70] = 3, bbc[71] = 2, bbc[72] = 2, bbc[73] = 1; /* 70: an if, 73: a loop's condition */
+        sass_profile pc = {lc, kc, 6, bbc, 80, NULL};
+        TH_CHECK(sass_cost_function(sass_cond, "k", &pc, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 240.0, "executed %.1f, expected 240", c.executed);
     }
     th_end();
 

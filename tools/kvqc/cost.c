@@ -419,7 +419,7 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
         (void)n_sites;
         kvq_free(sites);
         kvq_free(bbs);
-        /* 2: lines without a condition of their own */
+        /* 2: lines without a condition of their own; 3: lines whose condition is an if's or a ?:'s */
         int line = 1;
         for (const char *c = src; *c && pb->bb_line; line++) {
             const char *e = strchr(c, '\n');
@@ -430,6 +430,9 @@ static int read_profile(const char *path, const char *src, profile_buf *pb, char
                 !strstr(text, "for (") && !strstr(text, "while") && !strstr(text, "&&") && !strstr(text, "||") &&
                 !strstr(text, "KVQ_BY_KIND") && !strstr(text, "#"))
                 pb->bb_line[line] = 2;
+            else if (line < pb->n_lines && pb->bb_line[line] && (strstr(text, "if (") || strchr(text, '?')) &&
+                     !strstr(text, "for (") && !strstr(text, "while"))
+                pb->bb_line[line] = 3; /* a branch's condition, no loop's */
             c = e ? e + 1 : c + len;
         }
     }
