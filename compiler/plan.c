@@ -428,7 +428,8 @@ static void tile_mapping(const kvq_plan *p, plan_class *c)
         c->so_p = c->so_kpar;
     else
         c->so_p = o, o += align16(T * G * 4);
-    c->so_red = o, o += align16((p->threads / 32 + 8 * KP + 2) * G * 4); /* warp maxima, bias partials, a and m */
+    /* warp maxima, bias partials (kvq_bred_page floats a page), a and m */
+    c->so_red = o, o += align16(((p->threads / 32 + 2) * G + KP * kvq_bred_page(G)) * 4);
     c->smem = o;
 }
 

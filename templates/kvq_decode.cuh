@@ -461,7 +461,8 @@ KVQ_DEV void kvq_ld_qrow(const float *q, int c, float *out)
 
 /* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
  * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[GQA][8] = eight partial
- * sums of q . z in channel order (per-channel zeros; a head's eight side by side, two 16-byte loads for the sum).
+ * sums of q . z in channel order (per-channel zeros; a head's eight side by side, two 16-byte loads for the sum;
+ * pages kvq_bred_page apart).
  * Per-channel keys of a tile that spans np pages of a page run fold once per page: qk + i D GQA and red + i 8 GQA
  * from the page's scales and zeros at kb->s + i D. Every thread takes items. */
 KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *kb, const float *qs, float *qk,
@@ -501,7 +502,7 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
                 for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(q[h], zc, acc[h]);
             }
 #pragma unroll
-            for (int h = 0; h < KVQ_GQA; h++) red[(pg * G + h) * 8 + part] = acc[h];
+            for (int h = 0; h < KVQ_GQA; h++) red[kvq_bred_at(G, pg, h) + part] = acc[h];
         }
     } else if (kvq_k_runs(f)) {
         for (int i = tid; i < (D / 8) * G; i += KVQ_THREADS) {
@@ -915,14 +916,31 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 
     float *qs = (float *)(smem + g.so_q), *qk = (float *)(smem + g.so_qk), *qsum = (float *)(smem + g.so_qsum);
     float *ps = (float *)(smem + g.so_p), *red = (float *)(smem + g.so_red);
-    float *wmax = red, *bred = red + NW * G, *sa = red + (NW + 8 * g.kpages) * G, *sm = sa + G;
+    float *wmax = red, *bred = red + NW * G, *sa = bred + g.kpages * kvq_bred_page(G), *sm = sa + G;
     kvq_stage_buf kb, vb;
 
     /* the group's queries, [D][GQA], in the log2 domain: four channels of one head a 16-byte load where the rows
      * allow (once a chunk, but at 4k tokens a chunk is 2 tiles: element by element it was ~6 instructions a token) */
     float qmax = 0.0f;
     const float *qg = (const float *)p->q + ((long long)b * KVQ_HQ + hk * G) * D;
-    if (D % 4 == 0 && ((kvq_u64)qg & 15) == 0) {
+    if (D % 4 == 0 && ((kvq_u64)qg & 15) == 0 && G % 4 == 0) {
+        for (int i = tid; i < D * G / 4; i += KVQ_THREADS) {
+            int h, c, rot;
+            kvq_q_copy_item(i, G, &h, &c, &rot); /* heads first, stores rotated: no bank conflict */
+            const float4 x = *(const float4 *)(qg + h * D + c);
+            float y[4] = {x.x * p->scale, x.y * p->scale, x.z * p->scale, x.w * p->scale};
+#pragma unroll
+            for (int v = 0; v < 4; v++) qmax = fmaxf(qmax, fabsf(y[v]));
+            /* y rotated by rot in registers (selects: an index by rot would put y in local memory) */
+            float r[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) r[k] = rot & 1 ? y[(k + 1) & 3] : y[k];
+#pragma unroll
+            for (int k = 0; k < 4; k++) y[k] = rot & 2 ? r[(k + 2) & 3] : r[k];
+#pragma unroll
+            for (int k = 0; k < 4; k++) qs[(c + ((k + rot) & 3)) * G + h] = y[k];
+        }
+    } else if (D % 4 == 0 && ((kvq_u64)qg & 15) == 0) {
         for (int i = tid; i < D * G / 4; i += KVQ_THREADS) {
             const int h = i / (D / 4), c = 4 * (i - h * (D / 4));
             const float4 x = *(const float4 *)(qg + h * D + c);
@@ -1028,7 +1046,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             for (int i = tid; i < knp * G; i += KVQ_THREADS) {
                 const int pg = i / G, h = i % G;
                 float acc = 0.0f;
-                for (int k = 0; k < 8; k++) acc += bred[i * 8 + k]; /* i = pg G + h */
+                for (int k = 0; k < 8; k++) acc += bred[kvq_bred_at(G, pg, h) + k];
                 qsum[(D / 8) * G + i] = acc;
             }
             __syncthreads();

@@ -145,4 +145,21 @@ KVQ_HD void kvq_p1_lane(int tid, int split, int *part, int *lane1)
     *lane1 = (tid >> 5) * (32 / split) + ((l & 7) | ((l >> 3) / split) << 3);
 }
 
+/* The decode prologue's query copy (GQA % 4 == 0, 16-byte aligned rows): item i loads channels [c, c + 4) of
+ * head h in one 16-byte load and stores them to the [D][GQA] rows in the order c + ((k + rot) & 3), k = 0..3.
+ * Items go heads first and rotate by the channel quad, so that a warp's 4-byte stores hit 32 banks; channels
+ * first (32 lanes of one head) they hit 2 (16-way: ncu, H200 run 6). */
+KVQ_HD void kvq_q_copy_item(int i, int gqa, int *h, int *c, int *rot)
+{
+    const int cq = i / gqa;
+    *h = i - cq * gqa, *c = 4 * cq, *rot = (gqa == 4 ? cq >> 1 : cq) & 3;
+}
+
+/* The bias partials of per-channel keys (kvq_fold_k: red, [page][GQA][8] floats, eight partial sums of q . z a
+ * head): a page's block 8 GQA + 4 floats long, an odd multiple of 4 words, so that the fold's stores (one head
+ * at a time, lanes over eight pages and four parts) fall in 32 banks, where blocks of 8 GQA words put a warp's
+ * eight pages in one bank (8-way: ncu, H200 run 6). Still 16-byte aligned (two 16-byte loads a head). */
+KVQ_HD int kvq_bred_page(int gqa) { return 8 * gqa + 4; }
+KVQ_HD int kvq_bred_at(int gqa, int pg, int h) { return pg * kvq_bred_page(gqa) + 8 * h; }
+
 #endif

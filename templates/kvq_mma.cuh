@@ -212,7 +212,7 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
             }
             /* the page's bias q . z of head t: the fold's eight partial sums in order (kvq_fold_k), added here
              * where the fragments reload instead of in a pass of warp 0 and a barrier of its own */
-            const float4 *z4 = (const float4 *)(bred + (pg * G + (t & (G - 1))) * 8); /* 16-byte aligned (plan.c) */
+            const float4 *z4 = (const float4 *)(bred + kvq_bred_at(G, pg, t & (G - 1))); /* 16-byte aligned (plan.c) */
             const float4 za = z4[0], zc = z4[1];
             bh = 0.0f + za.x + za.y + za.z + za.w + zc.x + zc.y + zc.z + zc.w;
             cur = pg;

@@ -778,6 +778,23 @@ KVQ_HD void kvq_p1_lane(int tid, int split, int *part, int *lane1)
     *lane1 = (tid >> 5) * (32 / split) + ((l & 7) | ((l >> 3) / split) << 3);
 }
 
+/* The decode prologue's query copy (GQA % 4 == 0, 16-byte aligned rows): item i loads channels [c, c + 4) of
+ * head h in one 16-byte load and stores them to the [D][GQA] rows in the order c + ((k + rot) & 3), k = 0..3.
+ * Items go heads first and rotate by the channel quad, so that a warp's 4-byte stores hit 32 banks; channels
+ * first (32 lanes of one head) they hit 2 (16-way: ncu, H200 run 6). */
+KVQ_HD void kvq_q_copy_item(int i, int gqa, int *h, int *c, int *rot)
+{
+    const int cq = i / gqa;
+    *h = i - cq * gqa, *c = 4 * cq, *rot = (gqa == 4 ? cq >> 1 : cq) & 3;
+}
+
+/* The bias partials of per-channel keys (kvq_fold_k: red, [page][GQA][8] floats, eight partial sums of q . z a
+ * head): a page's block 8 GQA + 4 floats long, an odd multiple of 4 words, so that the fold's stores (one head
+ * at a time, lanes over eight pages and four parts) fall in 32 banks, where blocks of 8 GQA words put a warp's
+ * eight pages in one bank (8-way: ncu, H200 run 6). Still 16-byte aligned (two 16-byte loads a head). */
+KVQ_HD int kvq_bred_page(int gqa) { return 8 * gqa + 4; }
+KVQ_HD int kvq_bred_at(int gqa, int pg, int h) { return pg * kvq_bred_page(gqa) + 8 * h; }
+
 #endif
 /* ======== templates/kvq_types.cuh ======== */
 /* Device helpers shared by every kvq kernel: element loads of the three input dtypes, parameter loads and
@@ -2145,7 +2162,7 @@ KVQ_DEV void kvq_scores_mma(int bits, const unsigned char *rows, const unsigned 
             }
             /* the page's bias q . z of head t: the fold's eight partial sums in order (kvq_fold_k), added here
              * where the fragments reload instead of in a pass of warp 0 and a barrier of its own */
-            const float4 *z4 = (const float4 *)(bred + (pg * G + (t & (G - 1))) * 8); /* 16-byte aligned (plan.c) */
+            const float4 *z4 = (const float4 *)(bred + kvq_bred_at(G, pg, t & (G - 1))); /* 16-byte aligned (plan.c) */
             const float4 za = z4[0], zc = z4[1];
             bh = 0.0f + za.x + za.y + za.z + za.w + zc.x + zc.y + zc.z + zc.w;
             cur = pg;
@@ -2770,7 +2787,8 @@ KVQ_DEV void kvq_ld_qrow(const float *q, int c, float *out)
 
 /* Per-tile fold of the query (layout [D][GQA], pre-scaled) into the key format: qk = q * (scale or factor) per
  * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[GQA][8] = eight partial
- * sums of q . z in channel order (per-channel zeros; a head's eight side by side, two 16-byte loads for the sum).
+ * sums of q . z in channel order (per-channel zeros; a head's eight side by side, two 16-byte loads for the sum;
+ * pages kvq_bred_page apart).
  * Per-channel keys of a tile that spans np pages of a page run fold once per page: qk + i D GQA and red + i 8 GQA
  * from the page's scales and zeros at kb->s + i D. Every thread takes items. */
 KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *kb, const float *qs, float *qk,
@@ -2810,7 +2828,7 @@ KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *k
                 for (int h = 0; h < KVQ_GQA; h++) acc[h] = fmaf(q[h], zc, acc[h]);
             }
 #pragma unroll
-            for (int h = 0; h < KVQ_GQA; h++) red[(pg * G + h) * 8 + part] = acc[h];
+            for (int h = 0; h < KVQ_GQA; h++) red[kvq_bred_at(G, pg, h) + part] = acc[h];
         }
     } else if (kvq_k_runs(f)) {
         for (int i = tid; i < (D / 8) * G; i += KVQ_THREADS) {
@@ -3224,14 +3242,31 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 
     float *qs = (float *)(smem + g.so_q), *qk = (float *)(smem + g.so_qk), *qsum = (float *)(smem + g.so_qsum);
     float *ps = (float *)(smem + g.so_p), *red = (float *)(smem + g.so_red);
-    float *wmax = red, *bred = red + NW * G, *sa = red + (NW + 8 * g.kpages) * G, *sm = sa + G;
+    float *wmax = red, *bred = red + NW * G, *sa = bred + g.kpages * kvq_bred_page(G), *sm = sa + G;
     kvq_stage_buf kb, vb;
 
     /* the group's queries, [D][GQA], in the log2 domain: four channels of one head a 16-byte load where the rows
      * allow (once a chunk, but at 4k tokens a chunk is 2 tiles: element by element it was ~6 instructions a token) */
     float qmax = 0.0f;
     const float *qg = (const float *)p->q + ((long long)b * KVQ_HQ + hk * G) * D;
-    if (D % 4 == 0 && ((kvq_u64)qg & 15) == 0) {
+    if (D % 4 == 0 && ((kvq_u64)qg & 15) == 0 && G % 4 == 0) {
+        for (int i = tid; i < D * G / 4; i += KVQ_THREADS) {
+            int h, c, rot;
+            kvq_q_copy_item(i, G, &h, &c, &rot); /* heads first, stores rotated: no bank conflict */
+            const float4 x = *(const float4 *)(qg + h * D + c);
+            float y[4] = {x.x * p->scale, x.y * p->scale, x.z * p->scale, x.w * p->scale};
+#pragma unroll
+            for (int v = 0; v < 4; v++) qmax = fmaxf(qmax, fabsf(y[v]));
+            /* y rotated by rot in registers (selects: an index by rot would put y in local memory) */
+            float r[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) r[k] = rot & 1 ? y[(k + 1) & 3] : y[k];
+#pragma unroll
+            for (int k = 0; k < 4; k++) y[k] = rot & 2 ? r[(k + 2) & 3] : r[k];
+#pragma unroll
+            for (int k = 0; k < 4; k++) qs[(c + ((k + rot) & 3)) * G + h] = y[k];
+        }
+    } else if (D % 4 == 0 && ((kvq_u64)qg & 15) == 0) {
         for (int i = tid; i < D * G / 4; i += KVQ_THREADS) {
             const int h = i / (D / 4), c = 4 * (i - h * (D / 4));
             const float4 x = *(const float4 *)(qg + h * D + c);
@@ -3337,7 +3372,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             for (int i = tid; i < knp * G; i += KVQ_THREADS) {
                 const int pg = i / G, h = i % G;
                 float acc = 0.0f;
-                for (int k = 0; k < 8; k++) acc += bred[i * 8 + k]; /* i = pg G + h */
+                for (int k = 0; k < 8; k++) acc += bred[kvq_bred_at(G, pg, h) + k];
                 qsum[(D / 8) * G + i] = acc;
             }
             __syncthreads();
@@ -3943,7 +3978,7 @@ KVQ_KERNEL_EXPORT(kvq_params_sig);
 #define KVQ_C_KPAGES 1
 #define KVQ_C_VOFF 16384
 #define KVQ_C_MINB 3
-#define KVQ_C_SMEM 71200 /* dynamic shared memory: rows 0, kpar 65536, vpar 66560, kmask 66592, q 66608, qk 68656, qsum 70704, p 65536, red 70976 */
+#define KVQ_C_SMEM 71216 /* dynamic shared memory: rows 0, kpar 65536, vpar 66560, kmask 66592, q 66608, qk 68656, qsum 70704, p 65536, red 70976 */
 #define KVQ_C_SO_KPAR 65536
 #define KVQ_C_SO_VPAR 66560
 #define KVQ_C_SO_KMASK 66592

@@ -293,8 +293,8 @@ static int fold_kb(int j, int D, int perm)
 
 static void test_query_fold(void)
 {
-    th_begin("decode per-page work on the tensor-core path: the fold's stores and bias loads, p.V's weights and the "
-             "value parameters conflict-free, the probabilities' score loads 2-way (4- to 8-way each before)");
+    th_begin("decode per-page work on the tensor-core path: the fold's stores, bias loads and bias partials' "
+             "stores, p.V's weights and the value parameters conflict-free, the probabilities' score loads 2-way (4- to 8-way each before)");
     static const int dims[] = {64, 128, 256};
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
         const int D = dims[di], G = 4;
@@ -331,6 +331,53 @@ static void test_query_fold(void)
         TH_CHECK(st[1] == (D % 128 == 0 ? 1 : 2) && st[0] >= 4, "head_dim %d: fold stores %d -> %d", D, st[0], st[1]);
         TH_CHECK(bias[1] == 1 && bias[0] == 8, "head_dim %d: bias loads %d -> %d", D, bias[0], bias[1]);
     }
+    /* the bias partials' stores (kvq_fold_k: item i of the per-page loop stores head h's partial of part (i >> 3) & 7
+     * of page (i & 7) | (i >> 6) << 3 as one float, red + kvq_bred_at), 9 pages; before, pages 8 GQA floats apart */
+    for (int G = 1; G <= 8; G *= 2) {
+        int before = 0, after = 0;
+        const int np = 9;
+        for (int now = 0; now < 2; now++)
+            for (int w = 0; w < 4; w++)
+                for (int h = 0; h < G; h++) {
+                    long long a[32];
+                    for (int l = 0; l < 32; l++) {
+                        const int i = 32 * w + l, part = (i >> 3) & 7, pg = (i & 7) | (i >> 6) << 3;
+                        a[l] = pg < np ? 4LL * ((now ? kvq_bred_at(G, pg, h) : (pg * G + h) * 8) + part) : -1;
+                    }
+                    const int d = load_degree(a, 4);
+                    if (now) after = d > after ? d : after;
+                    else before = d > before ? d : before;
+                }
+        printf("  GQA %d: bias partials' stores degree %d -> %d\n", G, before, after);
+        TH_CHECK(after == 1 && before == (2 * G < 8 ? 2 * G : 8), "GQA %d: bias partials' stores %d -> %d", G, before, after);
+        TH_CHECK(kvq_bred_page(G) % 4 == 0, "GQA %d: a page's partials not 16-byte aligned", G);
+    }
+    /* the prologue's query copy (kvq_decode_body at GQA % 4 == 0: kvq_q_copy_item), its four 4-byte stores an item;
+     * before, items went channels first (32 lanes of one head) and stored in channel order */
+    for (int G = 4; G <= 16; G *= 2)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            const int D = dims[di];
+            int deg[2] = {0, 0}, seen_bad = 0;
+            char hit[256 * 16] = {0};
+            for (int now = 0; now < 2; now++)
+                for (int i0 = 0; i0 < D * G / 4; i0 += 32)
+                    for (int k = 0; k < 4; k++) {
+                        long long a[32];
+                        for (int l = 0; l < 32; l++) {
+                            const int i = i0 + l;
+                            int h = i / (D / 4), c = 4 * (i % (D / 4)), rot = 0;
+                            if (now) kvq_q_copy_item(i, G, &h, &c, &rot);
+                            const int ch = c + (now ? (k + rot) & 3 : k);
+                            a[l] = i < D * G / 4 ? 4LL * (ch * G + h) : -1;
+                            if (now && i < D * G / 4 && hit[ch * G + h]++) seen_bad++; /* each float once */
+                        }
+                        const int d = load_degree(a, 4);
+                        deg[now] = d > deg[now] ? d : deg[now];
+                    }
+            if (D == 128) printf("  GQA %d, head_dim %d: the prologue's query stores degree %d -> %d\n", G, D, deg[0], deg[1]);
+            TH_CHECK(deg[1] == 1 && deg[0] >= 8 && seen_bad == 0, "GQA %d, head_dim %d: query stores %d -> %d (%d twice)",
+                     G, D, deg[0], deg[1], seen_bad);
+        }
     /* p.V's weight fragments (kvq_mma_put_w2 from kvq_probs: lane l stores the 32-bit pair of tokens 2l, 2l + 1 for
      * head h, part lo, group gi; kvq_values_mma: lane l loads 8 bytes at entry l of a block), 4 groups, 16 blocks:
      * blocks KVQ_MMA_WKS(4) = 264 words apart, groups 64 (before: [group][block], 64 words a block) */

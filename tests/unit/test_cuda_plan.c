@@ -297,12 +297,13 @@ static void test_in_flight(void)
          * 16; p.V's weight fragments share the folded query's part (8 pages' folds of 8 k-blocks x 34 8-byte entries,
          * kvq_mma.cuh KVQ_MMA_KBS: 17,408 bytes); unmasked: 16
          * bytes of mask, no raw mask blocks (docs/cuda.md "Where KIVI-2's shared memory goes"): rows 16,384 + raw
-         * 2 x 2,560 + 2 x 2,112 = 25,728 a stage, 76,544 bytes in all: 3 CTAs an SM on sm_90, 2 on sm_80 */
+         * 2 x 2,560 + 2 x 2,112 = 25,728 a stage, 76,672 bytes in all (the bias partials 8 pages of 36 floats,
+         * kvq_bred_page: 128 more than 32): 3 CTAs an SM on sm_90, 2 on sm_80 */
         TH_CHECK(c->kpraw && c->vpraw && c->par_step == 0 && c->so_kpar == c->stages * c->stage_bytes &&
                      c->so_p == c->so_kpar && c->stage_bytes == 16384 + 2 * c->kraws + 2 * c->vraws &&
                      c->stage_bytes == 25728 && c->so_vpar - c->so_kpar == 256 * 4 * 4 &&
                      c->so_kmask - c->so_vpar == 16 && c->so_q == c->so_kmask + 16 && c->so_w == c->so_qk &&
-                     c->so_qsum - c->so_qk == 128 / 16 * 34 * 8 * 8 && c->smem == 76544 && plan_decode_min_blocks(p, c) == 3,
+                     c->so_qsum - c->so_qk == 128 / 16 * 34 * 8 * 8 && c->smem == 76672 && plan_decode_min_blocks(p, c) == 3,
                  "par_step %d kpar %d vpar %d kmask %d q %d qk %d w %d smem %d minb %d", c->par_step, c->so_kpar,
                  c->so_vpar, c->so_kmask, c->so_q, c->so_qk, c->so_w, c->smem, plan_decode_min_blocks(p, c));
         TH_CHECK(plan_decode_ctas_per_sm(p, c, 90, 160) == 3 && plan_decode_ctas_per_sm(p, c, 90, 96) == 3 &&
