@@ -317,11 +317,17 @@ out:
 static int same_loc(const sass_loc *a, const sass_loc *b);
 
 /* Whether the profile holds `want`'s line with a positive count under a chain that is `want`'s with some of its
- * call sites left out (the same first and last lines) and that no instruction of the function has. */
+ * call sites left out (the same first and last lines) and that no instruction of the function has; or under a
+ * chain that `want` is the start of: ptxas left the outer call sites off (a convergence BSYNC labelled with the
+ * bare line 3500 of the decode epilogue's `if (tx == 0)` store, whose "never ran" zeroed KIVI-2's whole epilogue
+ * through the flow: 1.2 warp-instructions a token, ncu run 6). */
 static int truncated_chain_ran(const sass_profile *prof, const fn_text *f, const sass_loc *want)
 {
     for (int j = 0; j < prof->n; j++) {
         const sass_loc *h = &prof->loc[j];
+        if (prof->count[j] > 0 && h->depth > want->depth &&
+            !memcmp(h->line, want->line, sizeof want->line[0] * (size_t)want->depth))
+            return 1;
         if (prof->count[j] <= 0 || h->depth >= want->depth || h->depth < 1 || h->line[0] != want->line[0] ||
             h->line[h->depth - 1] != want->line[want->depth - 1])
             continue;

@@ -191,6 +191,20 @@ int main(void)
         sass_profile pt = {lt, kt, 4, bbt, 64, NULL};
         TH_CHECK(sass_cost_function(sass_trunc, "k", &pt, &c) == 0, "function not found");
         TH_CHECK(c.executed == 16.0, "executed %.1f, expected 16 (the store's block zeroed: 12)", c.executed);
+        /* the store labelled with its bare line 31 (ptxas left the call sites off: the decode epilogue's BSYNC of
+         * `if (tx == 0)`) while the profile holds (31, 45, 50): it ran, its block is not zeroed */
+        {
+            static const char bare[] = "//--------------------- .text.k --------------------------\n"
+                                       "\t.section\t.text.k,\"ax\",@progbits\n"
+                                       ".text.k:\n" F(10) I("0000", "MOV R1, c[0x0][0x28]") F(30) I("0010", "@P1 BRA `(.L_x_2)")
+                                       F(31) I("0020", "STG.E [R4.64], R3")
+                                       ".L_x_2:\n" F(40) I("0030", "EXIT")
+                                       "\t.section\t.text.other,\"ax\",@progbits\n";
+            sass_loc lb[4] = {{{10}, 1}, {{30}, 1}, {{31, 45, 50}, 3}, {{40}, 1}};
+            sass_profile pb = {lb, kt, 4, bbt, 64, NULL};
+            TH_CHECK(sass_cost_function(bare, "k", &pb, &c) == 0, "function not found");
+            TH_CHECK(c.executed == 16.0, "executed %.1f, expected 16 (a bare line's block zeroed: 12)", c.executed);
+        }
         /* held nowhere: it never ran */
         lt[2] = (sass_loc){{41}, 1};
         TH_CHECK(sass_cost_function(sass_trunc, "k", &pt, &c) == 0, "function not found");
