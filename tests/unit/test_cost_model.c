@@ -16,6 +16,7 @@
 #include "harness.h"
 #include "kvq.h"
 #include "rt_internal.h"
+#include "sass_cost.h"
 
 #define TOKENS 300
 
@@ -171,14 +172,18 @@ int main(int argc, char **argv)
                  "row %s %s", x->fn, x->arch);
         TH_CHECK(x->per_byte > 0 && x->per_byte - x->per_tok / x->bytes < 1e-3 && x->per_tok / x->bytes - x->per_byte < 1e-3,
                  "per_byte %.3f", x->per_byte);
-        /* the verdict is the comparison with the scheme's bound (fp16 0.2, quantized at GQA 4 0.35); the row's
-         * figures are rounded (per_token to 0.1), so within that of the bound either verdict is the row's */
+        /* the verdict is the comparison with the scheme's bound (fp16 0.2, quantized at GQA 4 0.35): FAIL over it,
+         * near under it by less than the model's margin (SASS_COST_MARGIN), else pass; the row's figures are
+         * rounded (per_token to 0.1), so within that of either edge both verdicts beside it are the row's */
         const double bound = si == 0 ? 0.35 : 0.2, pb = x->per_tok / x->bytes, round = 0.05 / x->bytes + 1e-9;
+        const char *want = pb > bound ? "FAIL" : pb * SASS_COST_MARGIN > bound ? "near" : "pass";
+        const int edge_fail = pb > bound - round && pb < bound + round;
+        const int edge_near = pb * SASS_COST_MARGIN > bound - round && pb * SASS_COST_MARGIN < bound + round;
         TH_CHECK(!strncmp(x->target, targets[si], 5) &&
-                     (!strcmp(x->target + 5, pb <= bound ? "pass" : "FAIL") ||
-                      (pb > bound - round && pb < bound + round &&
-                       (!strcmp(x->target + 5, "pass") || !strcmp(x->target + 5, "FAIL")))),
-                 "target %s at %.3f / B", x->target, x->per_byte);
+                     (!strcmp(x->target + 5, want) ||
+                      (edge_fail && (!strcmp(x->target + 5, "near") || !strcmp(x->target + 5, "FAIL"))) ||
+                      (edge_near && (!strcmp(x->target + 5, "pass") || !strcmp(x->target + 5, "near")))),
+                 "target %s at %.3f / B (%s)", x->target, x->per_byte, want);
         TH_CHECK(!strcmp(x->fl, x->inflight >= 24576 ? "pass" : "FAIL"), "in flight %.0f: %s", x->inflight, x->fl);
         int nt = 0, toks = 0;
         setenv("KVQ_EMU_SMS", "132", 1);

@@ -678,7 +678,12 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
         const int gqa = p->heads / p->kv_heads, f16 = pc->k_hi.bits == 16 && pc->v_hi.bits == 16;
         const double target = f16 ? 0.2 : gqa >= 4 ? 0.35 : gqa == 1 ? 0.5 : 0.0;
         char tgt[16] = "-", fl[16] = "-";
-        if (target > 0) snprintf(tgt, sizeof tgt, "%.2f:%s", target, per_tok / bytes <= target ? "pass" : "FAIL");
+        /* "near": under the bound, but not by the model's margin against the machine (SASS_COST_MARGIN) */
+        if (target > 0)
+            snprintf(tgt, sizeof tgt, "%.2f:%s", target,
+                     per_tok / bytes > target                      ? "FAIL"
+                     : per_tok / bytes * SASS_COST_MARGIN > target ? "near"
+                                                                   : "pass");
         if (sm >= 90) snprintf(fl, sizeof fl, "%s", inflight >= 24576 ? "pass" : "FAIL");
         emit_buf_printf(out,
                         "%-16s %-6s %5d %3d %6d %9.1f %7.2f %8.3f %-9s %5d %7d %4d %9.0f %-4s %9.1f %9.1f %6.1f %12.0f "
@@ -708,7 +713,8 @@ void kvqc_cost_header(const kvqc_cost_args *a, emit_buf *out)
                     "# Cost model (docs/cuda.md, \"Cost model\"): warp-instructions a real decode step executes, counted\n"
                     "# under the emulator and mapped onto the shipped cubin's SASS by line; %d tokens + 1 a sequence.\n"
                     "# per_token: per token of one kv head; target: issue 22's per-byte bound and whether the row meets it\n"
-                    "# (fp16 0.2, quantized 0.35 at GQA >= 4, 0.5 at GQA 1); inflight: cache bytes in flight per SM, fl: at\n"
+                    "# (fp16 0.2, quantized 0.35 at GQA >= 4, 0.5 at GQA 1; near: met, but by less than the model's margin\n"
+                    "# against the GPU, which counted up to 20 %% more); inflight: cache bytes in flight per SM, fl: at\n"
                     "# least 24 KiB (sm_90); tiles, tile_tok: tiles per (sequence, kv head) and their mean tokens; merge:\n"
                     "# kvq_merge per token; unknown: SASS of lines the profile did not place\n",
                     a->tokens);
