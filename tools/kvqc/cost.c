@@ -714,7 +714,7 @@ void kvqc_cost_header(const kvqc_cost_args *a, emit_buf *out)
                     "# under the emulator and mapped onto the shipped cubin's SASS by line; %d tokens + 1 a sequence.\n"
                     "# per_token: per token of one kv head; target: issue 22's per-byte bound and whether the row meets it\n"
                     "# (fp16 0.2, quantized 0.35 at GQA >= 4, 0.5 at GQA 1; near: met, but by less than the model's margin\n"
-                    "# against the GPU, which counted up to 20 %% more); inflight: cache bytes in flight per SM, fl: at\n"
+                    "# against the GPU, which counted up to 40 %% more); inflight: cache bytes in flight per SM, fl: at\n"
                     "# least 24 KiB (sm_90); tiles, tile_tok: tiles per (sequence, kv head) and their mean tokens; merge:\n"
                     "# kvq_merge per token; unknown: SASS of lines the profile did not place\n",
                     a->tokens);
