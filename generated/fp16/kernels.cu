@@ -2951,6 +2951,38 @@ KVQ_DEV void kvq_scores(kvq_fmt f, const kvq_stage_buf *kb, const float *qs, con
     }
 }
 
+/* Sums each of n values (n a power of two, at most 32) over the warp's 32 lanes in n - 1 + 5 shuffles, where a
+ * butterfly a value takes 5 n: while a lane holds several, each step with offset `off` halves them, the lane
+ * keeping the half its bit `off` selects and sending the other to its partner, which keeps that one. The pairs
+ * and their order are the butterflies' (own + partner's, offsets 16 down to 1), so each sum is bit-identical.
+ * Returns the sum of value lane >> (5 - log2 n); v is overwritten. */
+KVQ_DEV float kvq_warp_sum_spread(float *v, int n, int lane)
+{
+    int m = n;
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) {
+        if (m > 1) {
+            const int hi = (lane & off) != 0;
+            m >>= 1;
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                if (i < m) {
+                    const float send = hi ? v[i] : v[i + m], keep = hi ? v[i + m] : v[i];
+                    v[i] = keep + __shfl_xor_sync(KVQ_FULL_MASK, send, off);
+                }
+        } else
+            v[0] += __shfl_xor_sync(KVQ_FULL_MASK, v[0], off);
+    }
+    return v[0];
+}
+/* The shift of kvq_warp_sum_spread's value index: 5 - log2 n (a constant after inlining) */
+KVQ_DEV int kvq_spread_shift(int n)
+{
+    int sh = 5;
+    for (int k = n; k > 1; k >>= 1) sh--;
+    return sh;
+}
+
 /* The warp's maxima per head of phase 1's lanes (the split lanes of a token agree already) to wmax[warp][GQA]. */
 KVQ_DEV void kvq_warp_max(float mloc[KVQ_GQA], int split, int tid, float *wmax)
 {
@@ -3461,11 +3493,19 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
      * warp's lanes by shuffles (lanes that are not a token's part 0 hold 0), then the warps' sums in order; it
      * was [P1][GQA] summed serially by every output thread, 128 loads and adds a head. */
     float *so = (float *)smem, *dred = so + KVQ_TZ * G * D;
+    const int lane = tid & 31, gpow = (G & (G - 1)) == 0;
+    float dsum = 0.0f; /* gpow: the warp's d of head lane >> dsh (kvq_warp_sum_spread) */
+    const int dsh = kvq_spread_shift(G);
+    if (gpow)
+        dsum = kvq_warp_sum_spread(dl, G, lane);
+    else
 #pragma unroll
-    for (int h = 0; h < KVQ_GQA; h++)
-        for (int off = 16; off > 0; off >>= 1) dl[h] += __shfl_xor_sync(KVQ_FULL_MASK, dl[h], off);
+        for (int h = 0; h < KVQ_GQA; h++)
+            for (int off = 16; off > 0; off >>= 1) dl[h] += __shfl_xor_sync(KVQ_FULL_MASK, dl[h], off);
     __syncthreads();
-    if ((tid & 31) == 0)
+    if (gpow) {
+        if ((lane & ((1 << dsh) - 1)) == 0) dred[(tid >> 5) * G + (lane >> dsh)] = dsum;
+    } else if (lane == 0)
 #pragma unroll
         for (int h = 0; h < KVQ_GQA; h++) dred[(tid >> 5) * G + h] = dl[h];
     if (act)
@@ -3480,14 +3520,24 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     if (g.mv) {
         /* the tensor-core accumulators and the zero sums join the o partials of token lane 0 */
         float *ozs = (float *)wb; /* [warps][GQA][4] */
+        if (4 * G <= 32 && gpow) { /* the tensor-core path's GQA 1, 2, 4: 4 GQA values, 4 GQA - 1 + 5 shuffles */
+            float v[4 * KVQ_GQA];
 #pragma unroll
-        for (int h = 0; h < KVQ_GQA; h++)
+            for (int h = 0; h < KVQ_GQA; h++)
 #pragma unroll
-            for (int gi = 0; gi < 4; gi++) {
-                float x = oz[h][gi];
-                for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(KVQ_FULL_MASK, x, off);
-                if ((tid & 31) == 0) ozs[((tid >> 5) * G + h) * 4 + gi] = x;
-            }
+                for (int gi = 0; gi < 4; gi++) v[h * 4 + gi] = oz[h][gi];
+            const float x = kvq_warp_sum_spread(v, 4 * G, lane);
+            const int sh = kvq_spread_shift(4 * G);
+            if ((lane & ((1 << sh) - 1)) == 0) ozs[(tid >> 5) * G * 4 + (lane >> sh)] = x;
+        } else
+#pragma unroll
+            for (int h = 0; h < KVQ_GQA; h++)
+#pragma unroll
+                for (int gi = 0; gi < 4; gi++) {
+                    float x = oz[h][gi];
+                    for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(KVQ_FULL_MASK, x, off);
+                    if ((tid & 31) == 0) ozs[((tid >> 5) * G + h) * 4 + gi] = x;
+                }
         __syncthreads();
         /* one shift pattern and one grouping: the plan puts both page classes on tensor cores only when their
          * bits and groups agree */
