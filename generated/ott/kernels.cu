@@ -2789,8 +2789,8 @@ KVQ_DEV void kvq_ld_qrow(const float *q, int c, float *out)
  * channel; qsum = sum of the folded query over each 8 channels (per-token groups); red[GQA][8] = eight partial
  * sums of q . z in channel order (per-channel zeros; a head's eight side by side, two 16-byte loads for the sum;
  * pages kvq_bred_page apart).
- * Per-channel keys of a tile that spans np pages of a page run fold once per page: qk + i D GQA and red + i 8 GQA
- * from the page's scales and zeros at kb->s + i D. Every thread takes items. */
+ * Per-channel keys of a tile that spans np pages of a page run fold once per page: qk + i D GQA and red +
+ * kvq_bred_at(GQA, i, 0) from the page's scales and zeros at kb->s + i D. Every thread takes items. */
 KVQ_DEV void kvq_fold_k(kvq_fmt f, int mma, float qscale, const kvq_stage_buf *kb, const float *qs, float *qk,
                         float *qsum, float *red, int np, int tid)
 {
