@@ -145,14 +145,16 @@ KVQ_HD void kvq_p1_lane(int tid, int split, int *part, int *lane1)
     *lane1 = (tid >> 5) * (32 / split) + ((l & 7) | ((l >> 3) / split) << 3);
 }
 
-/* The decode prologue's query copy (GQA % 4 == 0, 16-byte aligned rows): item i loads channels [c, c + 4) of
- * head h in one 16-byte load and stores them to the [D][GQA] rows in the order c + ((k + rot) & 3), k = 0..3.
- * Items go heads first and rotate by the channel quad, so that a warp's 4-byte stores hit 32 banks; channels
- * first (32 lanes of one head) they hit 2 (16-way: ncu, H200 run 6). */
+/* The decode prologue's query copy (16-byte aligned rows): item i loads channels [c, c + 4) of head h in one
+ * 16-byte load and stores them to the [D][GQA] rows in the order c + ((k + rot) & 3), k = 0..3. Items go heads
+ * first and rotate by the channel quad cq: a store's word is 4 GQA cq + GQA ((k + rot) & 3) + h, so the banks the
+ * warp's 32 lanes hit are distinct when rot takes the bits of cq above the 32 / (4 GQA) quads one bank row holds
+ * (cq GQA / 8 up to GQA 8, cq beyond: powers of two; other GQA are correct, with conflicts). Channels first (32
+ * lanes of one head) the stores hit 2 banks at GQA 4 (16-way: ncu, H200 run 6). */
 KVQ_HD void kvq_q_copy_item(int i, int gqa, int *h, int *c, int *rot)
 {
     const int cq = i / gqa;
-    *h = i - cq * gqa, *c = 4 * cq, *rot = (gqa == 4 ? cq >> 1 : cq) & 3;
+    *h = i - cq * gqa, *c = 4 * cq, *rot = (gqa <= 8 ? cq * gqa / 8 : cq) & 3;
 }
 
 /* The bias partials of per-channel keys (kvq_fold_k: red, [page][GQA][8] floats, eight partial sums of q . z a

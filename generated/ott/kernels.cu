@@ -778,14 +778,16 @@ KVQ_HD void kvq_p1_lane(int tid, int split, int *part, int *lane1)
     *lane1 = (tid >> 5) * (32 / split) + ((l & 7) | ((l >> 3) / split) << 3);
 }
 
-/* The decode prologue's query copy (GQA % 4 == 0, 16-byte aligned rows): item i loads channels [c, c + 4) of
- * head h in one 16-byte load and stores them to the [D][GQA] rows in the order c + ((k + rot) & 3), k = 0..3.
- * Items go heads first and rotate by the channel quad, so that a warp's 4-byte stores hit 32 banks; channels
- * first (32 lanes of one head) they hit 2 (16-way: ncu, H200 run 6). */
+/* The decode prologue's query copy (16-byte aligned rows): item i loads channels [c, c + 4) of head h in one
+ * 16-byte load and stores them to the [D][GQA] rows in the order c + ((k + rot) & 3), k = 0..3. Items go heads
+ * first and rotate by the channel quad cq: a store's word is 4 GQA cq + GQA ((k + rot) & 3) + h, so the banks the
+ * warp's 32 lanes hit are distinct when rot takes the bits of cq above the 32 / (4 GQA) quads one bank row holds
+ * (cq GQA / 8 up to GQA 8, cq beyond: powers of two; other GQA are correct, with conflicts). Channels first (32
+ * lanes of one head) the stores hit 2 banks at GQA 4 (16-way: ncu, H200 run 6). */
 KVQ_HD void kvq_q_copy_item(int i, int gqa, int *h, int *c, int *rot)
 {
     const int cq = i / gqa;
-    *h = i - cq * gqa, *c = 4 * cq, *rot = (gqa == 4 ? cq >> 1 : cq) & 3;
+    *h = i - cq * gqa, *c = 4 * cq, *rot = (gqa <= 8 ? cq * gqa / 8 : cq) & 3;
 }
 
 /* The bias partials of per-channel keys (kvq_fold_k: red, [page][GQA][8] floats, eight partial sums of q . z a
@@ -3281,7 +3283,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
      * allow (once a chunk, but at 4k tokens a chunk is 2 tiles: element by element it was ~6 instructions a token) */
     float qmax = 0.0f;
     const float *qg = (const float *)p->q + ((long long)b * KVQ_HQ + hk * G) * D;
-    if (D % 4 == 0 && ((kvq_u64)qg & 15) == 0 && G % 4 == 0) {
+    if (D % 4 == 0 && ((kvq_u64)qg & 15) == 0) {
         for (int i = tid; i < D * G / 4; i += KVQ_THREADS) {
             int h, c, rot;
             kvq_q_copy_item(i, G, &h, &c, &rot); /* heads first, stores rotated: no bank conflict */
@@ -3297,14 +3299,6 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
             for (int k = 0; k < 4; k++) y[k] = rot & 2 ? r[(k + 2) & 3] : r[k];
 #pragma unroll
             for (int k = 0; k < 4; k++) qs[(c + ((k + rot) & 3)) * G + h] = y[k];
-        }
-    } else if (D % 4 == 0 && ((kvq_u64)qg & 15) == 0) {
-        for (int i = tid; i < D * G / 4; i += KVQ_THREADS) {
-            const int h = i / (D / 4), c = 4 * (i - h * (D / 4));
-            const float4 x = *(const float4 *)(qg + h * D + c);
-            const float y[4] = {x.x * p->scale, x.y * p->scale, x.z * p->scale, x.w * p->scale};
-#pragma unroll
-            for (int v = 0; v < 4; v++) qs[(c + v) * G + h] = y[v], qmax = fmaxf(qmax, fabsf(y[v]));
         }
     } else {
         for (int i = tid; i < D * G; i += KVQ_THREADS) {
@@ -3520,24 +3514,16 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     if (g.mv) {
         /* the tensor-core accumulators and the zero sums join the o partials of token lane 0 */
         float *ozs = (float *)wb; /* [warps][GQA][4] */
-        if (4 * G <= 32 && gpow) { /* the tensor-core path's GQA 1, 2, 4: 4 GQA values, 4 GQA - 1 + 5 shuffles */
-            float v[4 * KVQ_GQA];
+        /* 4 GQA values, 4 GQA - 1 + 5 shuffles: the plan takes p.V to the tensor cores at GQA 1, 2 and 4 only
+         * (plan.c mma_shape_ok), so 4 GQA is a power of two up to 16 wherever this runs */
+        float v[4 * KVQ_GQA];
 #pragma unroll
-            for (int h = 0; h < KVQ_GQA; h++)
+        for (int h = 0; h < KVQ_GQA; h++)
 #pragma unroll
-                for (int gi = 0; gi < 4; gi++) v[h * 4 + gi] = oz[h][gi];
-            const float x = kvq_warp_sum_spread(v, 4 * G, lane);
-            const int sh = kvq_spread_shift(4 * G);
-            if ((lane & ((1 << sh) - 1)) == 0) ozs[(tid >> 5) * G * 4 + (lane >> sh)] = x;
-        } else
-#pragma unroll
-            for (int h = 0; h < KVQ_GQA; h++)
-#pragma unroll
-                for (int gi = 0; gi < 4; gi++) {
-                    float x = oz[h][gi];
-                    for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(KVQ_FULL_MASK, x, off);
-                    if ((tid & 31) == 0) ozs[((tid >> 5) * G + h) * 4 + gi] = x;
-                }
+            for (int gi = 0; gi < 4; gi++) v[h * 4 + gi] = oz[h][gi];
+        const float x = kvq_warp_sum_spread(v, 4 * G, lane);
+        const int sh = kvq_spread_shift(4 * G);
+        if ((lane & ((1 << sh) - 1)) == 0) ozs[(tid >> 5) * G * 4 + (lane >> sh)] = x;
         __syncthreads();
         /* one shift pattern and one grouping: the plan puts both page classes on tensor cores only when their
          * bits and groups agree */
