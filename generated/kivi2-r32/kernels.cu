@@ -2366,6 +2366,32 @@ typedef struct {
                           * (plan.c, par_raw_ok: per-channel integer keys, per-token values on the tensor cores) */
 } kvq_stage_buf;
 
+/* count 16-byte copies, copy i from s + i js to d + i jd, four an iteration: where the steps are constants both
+ * addresses then take immediate offsets, about 4.5 instructions a copy (LDGSTS, the predicated-off LDS that ptxas
+ * puts before a group of them, the loop's own) where the rolled loop took 12 (its index, two 64-bit moves and
+ * adds, compare, branch). Each body starts with its step, a line of its own that runs once an iteration (the cost
+ * model counts a loop's line with its exit, compiler/sass_cost.c). */
+KVQ_DEV void kvq_cp_async16_run(unsigned char *d, const unsigned char *s, int count, int jd, long long js)
+{
+    int i = 0;
+#pragma unroll 1
+    while (i + 4 <= count) {
+        i += 4, d += 4 * jd, s += 4 * js;
+        kvq_cp_async16(d - 4 * jd, s - 4 * js);
+        kvq_cp_async16(d - 3 * jd, s - 3 * js);
+        kvq_cp_async16(d - 2 * jd, s - 2 * js);
+        kvq_cp_async16(d - jd, s - js);
+    }
+#pragma unroll 1
+    while (i < count) {
+        i++, d += jd, s += js;
+        kvq_cp_async16(d - jd, s - js);
+    }
+}
+
+/* The copies thread tid of nt takes of blocks [0, nb) (blocks tid, tid + nt, ...). */
+KVQ_DEV int kvq_copies_of(int nb, int tid, int nt) { return tid < nb ? (nb - tid + nt - 1) / nt : 0; }
+
 /* Block k of kvq_stage_par's range (r = src & 15, src16 = src - r): issue its copy (fin 0) or widen it (fin 1). */
 KVQ_DEV void kvq_par_block(int fin, float *out, unsigned char *dst, const unsigned char *src16, int r, int n, int eb,
                            int k)
@@ -2397,20 +2423,22 @@ KVQ_DEV void kvq_par_block(int fin, float *out, unsigned char *dst, const unsign
 /* The parameters of a tile move as whole 16-byte blocks: [src, src + n eb) is covered by the aligned blocks from
  * src & ~15, landed at dst (16-aligned), so element j sits at dst + (src & 15) + j eb. A page's sections start
  * 16-byte aligned and their sizes are multiples of 16 (kvq_page_offsets), so every covering block lies inside
- * the page. fin 0 issues the copies (cp.async 16 B, thread tid takes blocks tid, tid + THREADS, ...); fin 1, after
+ * the page. fin 0 issues the copies (cp.async 16 B, thread tid of the nt staging the tensor takes blocks tid,
+ * tid + nt, ...); fin 1, after
  * the thread's cp.async.wait_group, widens the elements of the same blocks (the thread's own copies: no barrier
  * between) into out[0, n) as floats. */
-KVQ_DEV void kvq_stage_par(int fin, float *out, unsigned char *dst, const unsigned char *src, int n, int eb, int tid)
+KVQ_DEV void kvq_stage_par(int fin, float *out, unsigned char *dst, const unsigned char *src, int n, int eb, int tid,
+                           int nt)
 {
     const int r = (int)((kvq_u64)src & 15), nb = n > 0 ? (r + n * eb + 15) >> 4 : 0;
 #pragma unroll 1
-    for (int k = tid; k < nb; k += KVQ_THREADS) kvq_par_block(fin, out, dst, src - r, r, n, eb, k);
+    for (int k = tid; k < nb; k += nt) kvq_par_block(fin, out, dst, src - r, r, n, eb, k);
 }
 
 /* Two ranges of n elements each (a per-token page's scales and zeros) as kvq_stage_par does each, in one pass:
  * one loop's set-up instead of two, the threads taking the blocks of both. */
 KVQ_DEV void kvq_stage_par2(int fin, float *out0, unsigned char *dst0, const unsigned char *src0, int eb0, float *out1,
-                            unsigned char *dst1, const unsigned char *src1, int eb1, int n, int tid)
+                            unsigned char *dst1, const unsigned char *src1, int eb1, int n, int tid, int nt)
 {
     const int r0 = (int)((kvq_u64)src0 & 15), nb0 = n > 0 ? (r0 + n * eb0 + 15) >> 4 : 0;
     const int r1 = (int)((kvq_u64)src1 & 15), nb1 = n > 0 ? (r1 + n * eb1 + 15) >> 4 : 0;
@@ -2419,13 +2447,13 @@ KVQ_DEV void kvq_stage_par2(int fin, float *out0, unsigned char *dst0, const uns
          * blocks of the combined index k it widens at fin 1 (its own copies: no barrier between) */
         int k = tid;
 #pragma unroll 1
-        for (; k < nb0; k += KVQ_THREADS) kvq_cp_async16(dst0 + 16 * k, src0 - r0 + 16 * k);
+        for (; k < nb0; k += nt) kvq_cp_async16(dst0 + 16 * k, src0 - r0 + 16 * k);
 #pragma unroll 1
-        for (; k < nb0 + nb1; k += KVQ_THREADS) kvq_cp_async16(dst1 + 16 * (k - nb0), src1 - r1 + 16 * (k - nb0));
+        for (; k < nb0 + nb1; k += nt) kvq_cp_async16(dst1 + 16 * (k - nb0), src1 - r1 + 16 * (k - nb0));
         return;
     }
 #pragma unroll 1
-    for (int k = tid; k < nb0 + nb1; k += KVQ_THREADS) {
+    for (int k = tid; k < nb0 + nb1; k += nt) {
         if (k < nb0)
             kvq_par_block(fin, out0, dst0, src0 - r0, r0, n, eb0, k);
         else
@@ -2435,16 +2463,16 @@ KVQ_DEV void kvq_stage_par2(int fin, float *out0, unsigned char *dst0, const uns
 
 /* Mask bits [bit0, bit0 + m) from src (bit0 < 8) the same way: out[t] = bit bit0 + t. */
 KVQ_DEV void kvq_stage_mask(int fin, unsigned char *out, unsigned char *dst, const unsigned char *src, int bit0, int m,
-                            int tid)
+                            int tid, int nt)
 {
     const int r = (int)((kvq_u64)src & 15), nb = m > 0 ? (r + ((bit0 + m + 7) >> 3) + 15) >> 4 : 0;
     if (!fin) {
 #pragma unroll 1
-        for (int k = tid; k < nb; k += KVQ_THREADS) kvq_cp_async16(dst + 16 * k, src - r + 16 * k);
+        for (int k = tid; k < nb; k += nt) kvq_cp_async16(dst + 16 * k, src - r + 16 * k);
         return;
     }
 #pragma unroll 1
-    for (int k = tid; k < nb; k += KVQ_THREADS) {
+    for (int k = tid; k < nb; k += nt) {
         const int t0 = max(0, 8 * (16 * k - r) - bit0), t1 = min(m, 8 * (16 * k + 16 - r) - bit0);
         for (int t = t0; t < t1; t++) out[t] = (dst[r + ((bit0 + t) >> 3)] >> ((bit0 + t) & 7)) & 1;
     }
@@ -2452,70 +2480,68 @@ KVQ_DEV void kvq_stage_mask(int fin, unsigned char *out, unsigned char *dst, con
 
 /* Rows of m tokens (R bytes each, R % 16 == 0 when sw) from src into rows t0 .. t0 + m - 1 of a tile's rows, each
  * 16-byte chunk to its place under the XOR swizzle when sw (kvq_row_swz, kvq_layout.cuh), else back to back
- * (kvq_stage_bytes). The swizzle repeats every 8 rows, so where a step of THREADS chunks is a multiple of 8 rows
- * (C = R / 16 chunks a row, THREADS % 8 C == 0) a thread's destination advances by the same 16 THREADS bytes as
- * its source and its place in a row is computed once. A source not 16-byte aligned (none in practice: pages,
- * pools and their sections are 16-byte aligned) moves by 4-byte copies to the same places. */
-KVQ_DEV void kvq_stage_rows(unsigned char *rows, int t0, int R, const unsigned char *src, int m, int tid, int sw)
+ * (kvq_stage_bytes). The swizzle repeats every 8 rows, so where a step of nt chunks (the threads staging the tensor)
+ * is a multiple of 8 rows (C = R / 16 chunks a row, nt % 8 C == 0) a thread's destination advances by the same 16 nt
+ * bytes as its source and its place in a row is computed once. A source not 16-byte aligned (none in practice:
+ * pages, pools and their sections are 16-byte aligned) moves by 4-byte copies to the same places. */
+KVQ_DEV void kvq_stage_rows(unsigned char *rows, int t0, int R, const unsigned char *src, int m, int tid, int nt, int sw)
 {
     if (!sw || !kvq_row_swz_ok(R)) {
-        kvq_stage_bytes(rows + t0 * R, src, m * R, tid, KVQ_THREADS);
+        kvq_stage_bytes(rows + t0 * R, src, m * R, tid, nt);
         return;
     }
     const int C = R >> 4, n16 = m * C;
     if ((kvq_u64)src & 15) {
 #pragma unroll 1
-        for (int i = tid; i < m * (R >> 2); i += KVQ_THREADS) {
+        for (int i = tid; i < m * (R >> 2); i += nt) {
             const int t = i / (R >> 2), b = 4 * (i - t * (R >> 2));
             kvq_cp_async4(rows + kvq_row_byte(t0 + t, R, b, 1), src + 4 * i);
         }
-    } else if (KVQ_THREADS % (8 * C) == 0) {
+    } else if (nt % (8 * C) == 0) {
         unsigned char *d = rows + kvq_row_byte(t0 + tid / C, R, 16 * (tid % C), 1);
-        const unsigned char *s = src + 16 * tid;
-#pragma unroll 1
-        for (int i = tid; i < n16; i += KVQ_THREADS, d += 16 * KVQ_THREADS, s += 16 * KVQ_THREADS)
-            kvq_cp_async16(d, s);
+        kvq_cp_async16_run(d, src + 16 * tid, kvq_copies_of(n16, tid, nt), 16 * nt, 16 * nt);
     } else {
 #pragma unroll 1
-        for (int i = tid; i < n16; i += KVQ_THREADS)
+        for (int i = tid; i < n16; i += nt)
             kvq_cp_async16(rows + kvq_row_byte(t0 + i / C, R, 16 * (i % C), 1), src + 16 * i);
     }
 }
 
 /* Whether kvq_stage_run_rows can stage rows of R bytes from src (a page's codes of a kv head, pages `stride` bytes
- * apart): swizzled rows whose 16-byte chunks a step of THREADS chunks advances by whole 8-row periods, 16-byte
+ * apart): swizzled rows whose 16-byte chunks a step of nt chunks advances by whole 8-row periods, 16-byte
  * aligned sources. */
-KVQ_DEV int kvq_run_rows_ok(int R, const unsigned char *src, long long stride)
+KVQ_DEV int kvq_run_rows_ok(int R, const unsigned char *src, long long stride, int nt)
 {
-    return kvq_row_swz_ok(R) && KVQ_THREADS % (8 * (R >> 4)) == 0 && (((kvq_u64)src | (kvq_u64)stride) & 15) == 0;
+    return kvq_row_swz_ok(R) && nt % (8 * (R >> 4)) == 0 && (((kvq_u64)src | (kvq_u64)stride) & 15) == 0;
 }
 
 /* Rows of tokens [0, n) of a tile whose token t sits at slot s0 + t of a page run (page (s0 + t) / cap at `stride`
  * bytes a page, slot (s0 + t) % cap; one page when the tile stays in it), src = the kv head's row 0 of the first
  * page, into the tile's swizzled rows (kvq_stage_rows). One pass over the tile's chunks for all its pages, with
- * no set-up a page: a thread's destination advances by 16 THREADS bytes (whole 8-row periods of the swizzle),
- * its source by THREADS / C rows: a fixed number of whole pages and slots, and one page more when the slot passes the
+ * no set-up a page: a thread's destination advances by 16 nt bytes (whole 8-row periods of the swizzle),
+ * its source by nt / C rows: a fixed number of whole pages and slots, and one page more when the slot passes the
  * capacity (kvq_divmod once a call, no test a page). Needs kvq_run_rows_ok. */
 KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char *src, long long stride, int s0,
-                                int cap, int n, int tid)
+                                int cap, int n, int tid, int nt)
 {
     const int C = R >> 4, c = tid % C;
     unsigned char *d = rows + kvq_row_byte(tid / C, R, 16 * c, 1);
     const unsigned char *s;
     long long jump;
-    if (s0 + n <= cap) { /* the tile in one page: no division (see kvq_stage_page), a step of THREADS / C rows */
+    if (s0 + n <= cap) { /* the tile in one page: no division (see kvq_stage_page), a step of nt / C rows */
         s = src + 16 * c + (long long)(s0 + tid / C) * R;
-        jump = (long long)(KVQ_THREADS / C) * R;
+        kvq_cp_async16_run(d, s, kvq_copies_of(n * C, tid, nt), 16 * nt, (long long)(nt / C) * R);
+        return;
     } else {
         int ds, sl;
-        const int dp = kvq_divmod(KVQ_THREADS / C, cap, &ds); /* a step: dp pages and ds slots */
+        const int dp = kvq_divmod(nt / C, cap, &ds); /* a step: dp pages and ds slots */
         const int pg = kvq_divmod(s0 + tid / C, cap, &sl);
         s = src + 16 * c + pg * stride + (long long)sl * R;
         jump = (long long)ds * R + dp * stride;
         if (ds != 0) { /* a step may pass a page's end: at most one more page (ds < cap) */
             const long long wrap = stride - (long long)cap * R;
 #pragma unroll 1
-            for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS) {
+            for (int k = tid; k < n * C; k += nt, d += 16 * nt) {
                 kvq_cp_async16(d, s);
                 sl += ds, s += jump;
                 if (sl >= cap) sl -= cap, s += wrap;
@@ -2523,39 +2549,37 @@ KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char 
             return;
         }
     }
-    /* no step passes a page's end (the tile in one page, or whole pages a step, as KIVI's 32-token key pages at 64
-     * rows a step): the source advances by the constant jump (18 instructions a copy with the test, 12 without) */
-#pragma unroll 1
-    for (int k = tid; k < n * C; k += KVQ_THREADS, d += 16 * KVQ_THREADS, s += jump) kvq_cp_async16(d, s);
+    /* no step passes a page's end (whole pages a step, as KIVI's 32-token key pages at 32 or 64 rows a step): the
+     * source advances by a constant (18 instructions a copy with the test) */
+    kvq_cp_async16_run(d, s, kvq_copies_of(n * C, tid, nt), 16 * nt, jump);
 }
 
 /* Per-channel scales and zeros of kv head h on np pages of a page run (page i at b + i stride), in one pass: item
  * k is a 16-byte block of page k / P (P = the scale's nbs blocks and the zero's nbz of a page), landed where
  * kvq_stage_par puts it (s at raw + al16(i D sbytes) + 64 i, z at rz + ...), and after the wait widened by the
  * same thread into s / z + i D. A head's section starts 16-byte aligned when D sbytes and D zbytes are multiples
- * of 16 (the caller's condition): every block is whole. One set-up and THREADS-wide passes for the whole run
+ * of 16 (the caller's condition): every block is whole. One set-up and nt-wide passes for the whole run
  * instead of two calls a page (a 128-token KIVI tile over 4 pages: 128 blocks, one pass). */
 KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b, long long stride, kvq_page_off o,
-                                 kvq_fmt f, int h, int np, int tid, int fin)
+                                 kvq_fmt f, int h, int np, int tid, int nt, int fin)
 {
     const int nbs = KVQ_D * f.sbytes / 16, nbz = KVQ_D * f.zbytes / 16, P = nbs + nbz;
     unsigned char *rz = sb->raw + sb->raws;
-    if (!fin && KVQ_THREADS % P == 0) {
+    if (!fin && nt % P == 0) {
         /* a thread's block of a page is the same on every page it takes (P divides the block: head_dim 64, 128,
          * 256), and page i's lands at i (D eb + 64) (kvq_raw_page; D eb is a multiple of 16): both addresses
          * advance by constants (35 instructions a copy at KIVI-2 where the index was divided each time); block
-         * k = i P + r is still thread k mod THREADS's, the one that widens it below */
+         * k = i P + r is still thread k mod nt's, the one that widens it below */
         const int r = tid % P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes;
-        const int di = KVQ_THREADS / P, dstep = di * (KVQ_D * eb + 64);
+        const int di = nt / P, dstep = di * (KVQ_D * eb + 64);
         unsigned char *dst = (zs ? rz : sb->raw) + (tid / P) * (KVQ_D * eb + 64) + 16 * c;
         const unsigned char *src =
             b + (tid / P) * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c;
-#pragma unroll 1
-        for (int i = tid / P; i < np; i += di, dst += dstep, src += di * stride) kvq_cp_async16(dst, src);
+        kvq_cp_async16_run(dst, src, kvq_copies_of(np, tid / P, di), dstep, di * stride);
         return;
     }
 #pragma unroll 1
-    for (int k = tid; k < np * P; k += KVQ_THREADS) {
+    for (int k = tid; k < np * P; k += nt) {
         const int i = k / P, r = k - i * P, zs = r >= nbs, c = zs ? r - nbs : r, eb = zs ? f.zbytes : f.sbytes;
         unsigned char *dst = (zs ? rz : sb->raw) + kvq_raw_page(i * KVQ_D * eb, i) + 16 * c;
         if (!fin) {
@@ -2584,11 +2608,11 @@ KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b
  * the thread's own parameter blocks into floats and mask bytes. Page i's raw parameter bytes sit at
  * al16(its first element's offset) + 64 i (plan.c, store_raw: the 16-byte blocks' slack). */
 KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
-                            int h, int tid, int fin)
+                            int h, int tid, int nt, int fin)
 {
 #if KVQ_TQ_ANY
     if (kvq_tq_is(f)) { /* TurboQuant pages (kvq_turboquant.cuh): fp32 rows by plain loads and stores, as below */
-        if (!fin) kvq_tq_stage_page(sb->rows, sb->s, sb->sq, b, f, slot, cap, n, h, tid, KVQ_THREADS);
+        if (!fin) kvq_tq_stage_page(sb->rows, sb->s, sb->sq, b, f, slot, cap, n, h, tid, nt);
         return;
     }
 #endif
@@ -2598,9 +2622,9 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
                           * publishes them); nothing to widen afterwards */
         if (fin) return;
         if (kvq_fmt_linear(f.kind))
-            kvq_fmt_stage_linear(sb->rows, sb->s, sb->z, b, f, slot, cap, n, h, tid, KVQ_THREADS);
+            kvq_fmt_stage_linear(sb->rows, sb->s, sb->z, b, f, slot, cap, n, h, tid, nt);
         else
-            kvq_fmt_stage_page(sb->rows, b, f, slot, cap, n, h, tid, KVQ_THREADS);
+            kvq_fmt_stage_page(sb->rows, b, f, slot, cap, n, h, tid, nt);
         return;
     }
 #endif
@@ -2618,39 +2642,39 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     /* per-channel parameters of fp16 or fp32 scales and zeros: all pages in one pass */
     const int chan1 = f.bits < 16 && f.gran == 0 && (f.sbytes == 2 || f.sbytes == 4) &&
                       (f.zbytes == 2 || f.zbytes == 4) && KVQ_D % 8 == 0;
-    if (chan1 && !(fin && sb->praw)) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, fin);
+    if (chan1 && !(fin && sb->praw)) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, nt, fin);
     /* the codes of all the tile's pages in one pass where the rows allow (every KIVI page) */
     const unsigned char *c0 = b + o.codes + (long long)h * cap * o.cbpt;
-    const int run = !fin && kvq_run_rows_ok(o.cbpt, c0, stride);
-    if (run) kvq_stage_run_rows(sb->rows, o.cbpt, c0, stride, s0, cap, n, tid);
+    const int run = !fin && kvq_run_rows_ok(o.cbpt, c0, stride, nt);
+    if (run) kvq_stage_run_rows(sb->rows, o.cbpt, c0, stride, s0, cap, n, tid, nt);
     /* nothing left a page: rows staged, per-channel parameters of all pages staged, no factors or mask bits */
     if ((run || fin) && (f.bits >= 16 || (chan1 && !f.sep && !f.masked))) return;
 #pragma unroll 1
     for (int i = 0; i < np; i++, b += stride) {
         const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
         if (!fin && !run)
-            kvq_stage_rows(sb->rows, t0, o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m, tid, 1);
+            kvq_stage_rows(sb->rows, t0, o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m, tid, nt, 1);
         if (f.bits >= 16) continue;
         if (f.gran == 0) {
             const long long e = (long long)h * KVQ_D;
             if (!chan1) {
                 kvq_stage_par(fin, sb->s + i * KVQ_D, sb->raw + kvq_raw_page(i * KVQ_D * f.sbytes, i),
-                              b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid);
+                              b + o.scale + e * f.sbytes, KVQ_D, f.sbytes, tid, nt);
                 kvq_stage_par(fin, sb->z + i * KVQ_D, rz + kvq_raw_page(i * KVQ_D * f.zbytes, i),
-                              b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid);
+                              b + o.zero + e * f.zbytes, KVQ_D, f.zbytes, tid, nt);
             }
         } else if (!(fin && sb->praw)) {
             const long long first = f.hidden ? sl : ((long long)h * cap + sl) * o.n_groups;
             const int e0 = t0 * o.n_groups;
             kvq_stage_par2(fin, sb->s + e0, sb->raw + kvq_raw_page(e0 * f.sbytes, i), b + o.scale + first * f.sbytes,
                            f.sbytes, sb->z + e0, rz + kvq_raw_page(e0 * f.zbytes, i), b + o.zero + first * f.zbytes,
-                           f.zbytes, m * o.n_groups, tid);
+                           f.zbytes, m * o.n_groups, tid, nt);
         }
         if (f.sep) /* channel-separable pages never form runs (kvq_page_run_ok): one page */
-            kvq_stage_par(fin, sb->f, rf, b + o.factor + (long long)h * KVQ_D * f.sbytes, KVQ_D, f.sbytes, tid);
+            kvq_stage_par(fin, sb->f, rf, b + o.factor + (long long)h * KVQ_D * f.sbytes, KVQ_D, f.sbytes, tid, nt);
         if (f.masked)
             kvq_stage_mask(fin, sb->mask + t0, rm + kvq_raw_page(t0 >> 3, i),
-                           b + o.mask + (long long)h * o.mask_stride + (sl >> 3), sl & 7, m, tid);
+                           b + o.mask + (long long)h * o.mask_stride + (sl >> 3), sl & 7, m, tid, nt);
     }
 }
 
@@ -2658,25 +2682,25 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
  * full KIVI key page), whose tiles then stage with the page layout, the page stride and the slot arithmetic
  * folded (the general copy computes them from the tile's capacity each tile) */
 KVQ_DEV void kvq_stage_page_cap(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
-                                int h, int tid, int fin)
+                                int h, int tid, int nt, int fin)
 {
     if (f.bits < 16 && f.gran == 0 && f.group > 0 && cap == f.group)
-        kvq_stage_page(sb, b, f, slot, f.group, n, h, tid, fin);
+        kvq_stage_page(sb, b, f, slot, f.group, n, h, tid, nt, fin);
     else
-        kvq_stage_page(sb, b, f, slot, cap, n, h, tid, fin);
+        kvq_stage_page(sb, b, f, slot, cap, n, h, tid, nt, fin);
 }
 
 KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot, int cap, int n, int h,
-                       kvq_fmt hi, kvq_fmt lo, int tid, int fin)
+                       kvq_fmt hi, kvq_fmt lo, int tid, int nt, int fin)
 {
     const unsigned char *b = (const unsigned char *)base;
     if (kind == KVQ_SRC_F16) {
         if (!fin)
-            kvq_stage_rows(sb->rows, 0, 2 * KVQ_D, b + ((long long)h * cap + slot) * (2 * KVQ_D), n, tid, 1);
+            kvq_stage_rows(sb->rows, 0, 2 * KVQ_D, b + ((long long)h * cap + slot) * (2 * KVQ_D), n, tid, nt, 1);
     } else if (kind == KVQ_SRC_HI && hi.bits)
-        kvq_stage_page_cap(sb, b, hi, slot, cap, n, h, tid, fin);
+        kvq_stage_page_cap(sb, b, hi, slot, cap, n, h, tid, nt, fin);
     else if (kind == KVQ_SRC_LO && lo.bits)
-        kvq_stage_page_cap(sb, b, lo, slot, cap, n, h, tid, fin);
+        kvq_stage_page_cap(sb, b, lo, slot, cap, n, h, tid, nt, fin);
 }
 
 /* Decode geometry of a layer class (kvq_class.cuh passes constants, folded after inlining): tile tokens, phase-1
@@ -2716,13 +2740,30 @@ KVQ_DEV int kvq_tile_n(const kvq_tile *T, int hk)
     return n;
 }
 
-/* Issues (fin 0) or finishes (fin 1) the staging of tile T into stage buffers kb, vb. */
+/* Issues (fin 0) or finishes (fin 1) the staging of tile T into stage buffers kb, vb. Warps [0, NW / 2) stage the
+ * keys and the others the values: the set-up (page geometry, slots, the parameters' ranges, every stream's
+ * addresses), which was most of the staging's instructions when every thread took part in both (6.3 a token of
+ * KIVI-2 on the H200, 0.19 of them LDGSTS: docs/cuda.md "Load path"), runs in half the warps for each tensor. A
+ * tile of fp16 rows on both sides (windows, sinks, pools, fp16 layers) keeps the whole block for each: its copies
+ * dominate, and only a step of 128 threads is whole 8-row periods of the fp16 rows' swizzle (kvq_stage_rows). A
+ * thread widens (fin 1) the blocks it issued (fin 0): the same split both times. */
 KVQ_DEV void kvq_stage_tile(const kvq_tile *T, int kk, int vk, int n, int hk, const kvq_stage_buf *kb,
                             const kvq_stage_buf *vb, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi, kvq_fmt vlo, int tid,
                             int fin)
 {
-    kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, fin);
-    kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, fin);
+    if (kk == KVQ_SRC_F16 && vk == KVQ_SRC_F16) { /* the kinds as constants: only the rows' copy is compiled here */
+        kvq_stage(kb, T->k, KVQ_SRC_F16, T->k_slot, T->k_cap, n, hk, khi, klo, tid, KVQ_THREADS, fin);
+        kvq_stage(vb, T->v, KVQ_SRC_F16, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, KVQ_THREADS, fin);
+    } else if (KVQ_THREADS % 64 == 0) {
+        const int nh = KVQ_THREADS / 2; /* whole warps */
+        if (tid < nh)
+            kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, nh, fin);
+        else
+            kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid - nh, nh, fin);
+    } else {
+        kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, KVQ_THREADS, fin);
+        kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, KVQ_THREADS, fin);
+    }
 }
 
 /* Per-channel parameter c of page pg of a tile (zs: the zero, else the scale) where cp.async landed it: page pg's
@@ -3279,6 +3320,26 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     float *wmax = red, *bred = red + NW * G, *sa = bred + g.kpages * kvq_bred_page(G), *sm = sa + G;
     kvq_stage_buf kb, vb;
 
+    /* The chunk's first tile into stage 0 (the load pipeline below): issued first, so that its copies fly while
+     * the query is loaded and scaled, and where few values are live (after the query's set-up, the halves' two
+     * staging paths made KIVI-4's kernel spill 56 bytes at 128 registers). TurboQuant prod keys stage their QJL
+     * terms from the query's sketch (kvq_tq_stage_page reads kb.sq): after it. */
+#define KVQ_STAGE_T0()                                                                                               \
+    do {                                                                                                             \
+        const kvq_tile T0 = ((const kvq_tile *)st.tiles)[t0];                                                        \
+        kvq_stage_bufs(smem, &g, 0, &kb, &vb);                                                                       \
+        kvq_stage_tile(&T0, KVQ_TILE_KK(T0), KVQ_TILE_VK(T0), kvq_tile_n(&T0, hk), hk, &kb, &vb, skhi, sklo, svhi,  \
+                       svlo, tid, 0);                                                                                \
+    } while (0)
+#define KVQ_TILE_KK(T) ((T).kinds & 255)
+#define KVQ_TILE_VK(T) (((T).kinds >> 8) & 255)
+#if KVQ_TQ_ANY
+    const int t0_early = !(kvq_tq_is(skhi) && skhi.tq == 2);
+#else
+    const int t0_early = 1;
+#endif
+    if (t0_early && t0 < t1) KVQ_STAGE_T0();
+
     /* the group's queries, [D][GQA], in the log2 domain: four channels of one head a 16-byte load where the rows
      * allow (once a chunk, but at 4k tokens a chunk is 2 tiles: element by element it was ~6 instructions a token) */
     float qmax = 0.0f;
@@ -3344,18 +3405,11 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 #pragma unroll
         for (int v = 0; v < KVQ_VEC; v++) o[i][v] = 0.0f;
 
-#define KVQ_TILE_KK(T) ((T).kinds & 255)
-#define KVQ_TILE_VK(T) (((T).kinds >> 8) & 255)
     /* The load pipeline (docs/cuda.md "Load path"): two stages; tile i waits for its group (cp.async.wait_group
      * 0, issued a tile ago), widens its parameters, and after the barrier that publishes them issues tile i + 1's
      * copies (codes, parameters, masks, cp.async) as one group, in flight during tile i's math. Prologue: tile t0
      * into stage 0. */
-    if (t0 < t1) {
-        const kvq_tile T0 = ((const kvq_tile *)st.tiles)[t0];
-        kvq_stage_bufs(smem, &g, 0, &kb, &vb);
-        kvq_stage_tile(&T0, KVQ_TILE_KK(T0), KVQ_TILE_VK(T0), kvq_tile_n(&T0, hk), hk, &kb, &vb, skhi, sklo, svhi,
-                       svlo, tid, 0);
-    }
+    if (!t0_early && t0 < t1) KVQ_STAGE_T0();
     kvq_cp_async_commit();
     int pvm = 0; /* the previous tile's values took the tensor cores: its phase 3 read its rows and p.V's fragments */
 #pragma unroll 1
