@@ -38,6 +38,12 @@ typedef struct {
                           * (plan.c, par_raw_ok: per-channel integer keys, per-token values on the tensor cores) */
 } kvq_stage_buf;
 
+/* What a call of kvq_stage stages of a tensor's tile: its rows (codes or fp16), its parameters (scales, zeros,
+ * factors, mask bits), or both. */
+#define KVQ_PART_ROWS 1
+#define KVQ_PART_PARS 2
+#define KVQ_PART_ALL 3
+
 /* count 16-byte copies, copy i from s + i js to d + i jd, four an iteration: where the steps are constants both
  * addresses then take immediate offsets, about 4.5 instructions a copy (LDGSTS, the predicated-off LDS that ptxas
  * puts before a group of them, the loop's own) where the rolled loop took 12 (its index, two 64-bit moves and
@@ -59,6 +65,23 @@ KVQ_DEV void kvq_cp_async16_run(unsigned char *d, const unsigned char *s, int co
         i++, d += jd, s += js;
         kvq_cp_async16(d - jd, s - js);
     }
+}
+
+/* count 16-byte copies whose sources run through pages m steps a page: copy i from s + (i / m) ps + (i % m) js to
+ * d + i jd (m 2 or 4, a constant after inlining), four an iteration at immediate offsets where the steps are
+ * constants, as kvq_cp_async16_run. */
+KVQ_DEV void kvq_cp_async16_pages(unsigned char *d, const unsigned char *s, int count, int jd, long long js, int m,
+                                  long long ps)
+{
+    int i = 0;
+#pragma unroll 1
+    while (i + 4 <= count) {
+        i += 4, d += 4 * jd, s += (4 / m) * ps;
+#pragma unroll
+        for (int j = 0; j < 4; j++) kvq_cp_async16(d + (j - 4) * jd, s + (j / m - 4 / m) * ps + (j % m) * js);
+    }
+#pragma unroll 1
+    for (int j = 0; i < count; i++, j++) kvq_cp_async16(d + j * jd, s + (j / m) * ps + (j % m) * js);
 }
 
 /* The copies thread tid of nt takes of blocks [0, nb) (blocks tid, tid + nt, ...). */
@@ -115,13 +138,11 @@ KVQ_DEV void kvq_stage_par2(int fin, float *out0, unsigned char *dst0, const uns
     const int r0 = (int)((kvq_u64)src0 & 15), nb0 = n > 0 ? (r0 + n * eb0 + 15) >> 4 : 0;
     const int r1 = (int)((kvq_u64)src1 & 15), nb1 = n > 0 ? (r1 + n * eb1 + 15) >> 4 : 0;
     if (!fin) {
-        /* the copies: two plain loops (one with a test a block took 20 instructions a copy), each thread on the
-         * blocks of the combined index k it widens at fin 1 (its own copies: no barrier between) */
-        int k = tid;
-#pragma unroll 1
-        for (; k < nb0; k += nt) kvq_cp_async16(dst0 + 16 * k, src0 - r0 + 16 * k);
-#pragma unroll 1
-        for (; k < nb0 + nb1; k += nt) kvq_cp_async16(dst1 + 16 * (k - nb0), src1 - r1 + 16 * (k - nb0));
+        /* the copies: two runs (one loop with a test a block took 20 instructions a copy), each thread on the blocks
+         * of the combined index k it widens at fin 1 (its own copies: no barrier between) */
+        const int c0 = kvq_copies_of(nb0, tid, nt), k1 = tid + c0 * nt - nb0; /* the thread's first of the second */
+        kvq_cp_async16_run(dst0 + 16 * tid, src0 - r0 + 16 * tid, c0, 16 * nt, 16 * nt);
+        kvq_cp_async16_run(dst1 + 16 * k1, src1 - r1 + 16 * k1, kvq_copies_of(nb1, k1, nt), 16 * nt, 16 * nt);
         return;
     }
 #pragma unroll 1
@@ -194,7 +215,7 @@ KVQ_DEV int kvq_run_rows_ok(int R, const unsigned char *src, long long stride, i
  * its source by nt / C rows: a fixed number of whole pages and slots, and one page more when the slot passes the
  * capacity (kvq_divmod once a call, no test a page). Needs kvq_run_rows_ok. */
 KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char *src, long long stride, int s0,
-                                int cap, int n, int tid, int nt)
+                                int cap, int n, int tid, int nt, int capk)
 {
     const int C = R >> 4, c = tid % C;
     unsigned char *d = rows + kvq_row_byte(tid / C, R, 16 * c, 1);
@@ -211,6 +232,13 @@ KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char 
         s = src + 16 * c + pg * stride + (long long)sl * R;
         jump = (long long)ds * R + dp * stride;
         if (ds != 0) { /* a step may pass a page's end: at most one more page (ds < cap) */
+            if (capk && cap % ds == 0 && (cap / ds == 2 || cap / ds == 4) && sl < ds) {
+                /* whole pages in 2 or 4 steps from the page's first step (KIVI's 32-token key pages at 16 or 8 rows a
+                 * step, a warp staging them; capk: the capacity is a constant, so are the steps): copy i at page
+                 * pg + i / m, slot sl + (i % m) ds */
+                kvq_cp_async16_pages(d, s, kvq_copies_of(n * C, tid, nt), 16 * nt, (long long)ds * R, cap / ds, stride);
+                return;
+            }
             const long long wrap = stride - (long long)cap * R;
 #pragma unroll 1
             for (int k = tid; k < n * C; k += nt, d += 16 * nt) {
@@ -280,11 +308,11 @@ KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b
  * the thread's own parameter blocks into floats and mask bytes. Page i's raw parameter bytes sit at
  * al16(its first element's offset) + 64 i (plan.c, store_raw: the 16-byte blocks' slack). */
 KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
-                            int h, int tid, int nt, int fin)
+                            int h, int tid, int nt, int fin, int part, int capk)
 {
 #if KVQ_TQ_ANY
     if (kvq_tq_is(f)) { /* TurboQuant pages (kvq_turboquant.cuh): fp32 rows by plain loads and stores, as below */
-        if (!fin) kvq_tq_stage_page(sb->rows, sb->s, sb->sq, b, f, slot, cap, n, h, tid, nt);
+        if (!fin && (part & KVQ_PART_ROWS)) kvq_tq_stage_page(sb->rows, sb->s, sb->sq, b, f, slot, cap, n, h, tid, nt);
         return;
     }
 #endif
@@ -292,7 +320,7 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     if (kvq_fmt_is(f)) { /* element formats (kvq_format.cuh): integer codes and parameters, or fp16 rows, staged by
                           * plain loads and stores when the copies are issued (fin 0; the barrier after the wait
                           * publishes them); nothing to widen afterwards */
-        if (fin) return;
+        if (fin || !(part & KVQ_PART_ROWS)) return;
         if (kvq_fmt_linear(f.kind))
             kvq_fmt_stage_linear(sb->rows, sb->s, sb->z, b, f, slot, cap, n, h, tid, nt);
         else
@@ -314,19 +342,22 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
     /* per-channel parameters of fp16 or fp32 scales and zeros: all pages in one pass */
     const int chan1 = f.bits < 16 && f.gran == 0 && (f.sbytes == 2 || f.sbytes == 4) &&
                       (f.zbytes == 2 || f.zbytes == 4) && KVQ_D % 8 == 0;
-    if (chan1 && !(fin && sb->praw)) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, nt, fin);
+    const int rows = part & KVQ_PART_ROWS, pars = part & KVQ_PART_PARS;
+    if (pars && chan1 && !(fin && sb->praw)) kvq_stage_chan_pars(sb, b, stride, o, f, h, np, tid, nt, fin);
     /* the codes of all the tile's pages in one pass where the rows allow (every KIVI page) */
     const unsigned char *c0 = b + o.codes + (long long)h * cap * o.cbpt;
-    const int run = !fin && kvq_run_rows_ok(o.cbpt, c0, stride, nt);
-    if (run) kvq_stage_run_rows(sb->rows, o.cbpt, c0, stride, s0, cap, n, tid, nt);
-    /* nothing left a page: rows staged, per-channel parameters of all pages staged, no factors or mask bits */
-    if ((run || fin) && (f.bits >= 16 || (chan1 && !f.sep && !f.masked))) return;
+    const int run = !fin && rows && kvq_run_rows_ok(o.cbpt, c0, stride, nt);
+    if (run) kvq_stage_run_rows(sb->rows, o.cbpt, c0, stride, s0, cap, n, tid, nt, capk);
+    /* nothing left a page: rows staged (or not this part's), per-channel parameters of all pages staged, no factors
+     * or mask bits; or the rows were this part's only work */
+    if ((run || fin || !rows) && (f.bits >= 16 || (chan1 && !f.sep && !f.masked))) return;
+    if (run && !pars) return;
 #pragma unroll 1
     for (int i = 0; i < np; i++, b += stride) {
         const int sl = i ? 0 : s0, t0 = i ? i * cap - s0 : 0, m = min(n - t0, cap - sl);
-        if (!fin && !run)
+        if (!fin && !run && rows)
             kvq_stage_rows(sb->rows, t0, o.cbpt, b + o.codes + ((long long)h * cap + sl) * o.cbpt, m, tid, nt, 1);
-        if (f.bits >= 16) continue;
+        if (f.bits >= 16 || !pars) continue;
         if (f.gran == 0) {
             const long long e = (long long)h * KVQ_D;
             if (!chan1) {
@@ -354,25 +385,25 @@ KVQ_DEV void kvq_stage_page(const kvq_stage_buf *sb, const unsigned char *b, kvq
  * full KIVI key page), whose tiles then stage with the page layout, the page stride and the slot arithmetic
  * folded (the general copy computes them from the tile's capacity each tile) */
 KVQ_DEV void kvq_stage_page_cap(const kvq_stage_buf *sb, const unsigned char *b, kvq_fmt f, int slot, int cap, int n,
-                                int h, int tid, int nt, int fin)
+                                int h, int tid, int nt, int fin, int part)
 {
     if (f.bits < 16 && f.gran == 0 && f.group > 0 && cap == f.group)
-        kvq_stage_page(sb, b, f, slot, f.group, n, h, tid, nt, fin);
+        kvq_stage_page(sb, b, f, slot, f.group, n, h, tid, nt, fin, part, 1);
     else
-        kvq_stage_page(sb, b, f, slot, cap, n, h, tid, nt, fin);
+        kvq_stage_page(sb, b, f, slot, cap, n, h, tid, nt, fin, part, 0);
 }
 
 KVQ_DEV void kvq_stage(const kvq_stage_buf *sb, kvq_u64 base, int kind, int slot, int cap, int n, int h,
-                       kvq_fmt hi, kvq_fmt lo, int tid, int nt, int fin)
+                       kvq_fmt hi, kvq_fmt lo, int tid, int nt, int fin, int part)
 {
     const unsigned char *b = (const unsigned char *)base;
     if (kind == KVQ_SRC_F16) {
-        if (!fin)
+        if (!fin && (part & KVQ_PART_ROWS))
             kvq_stage_rows(sb->rows, 0, 2 * KVQ_D, b + ((long long)h * cap + slot) * (2 * KVQ_D), n, tid, nt, 1);
     } else if (kind == KVQ_SRC_HI && hi.bits)
-        kvq_stage_page_cap(sb, b, hi, slot, cap, n, h, tid, nt, fin);
+        kvq_stage_page_cap(sb, b, hi, slot, cap, n, h, tid, nt, fin, part);
     else if (kind == KVQ_SRC_LO && lo.bits)
-        kvq_stage_page_cap(sb, b, lo, slot, cap, n, h, tid, nt, fin);
+        kvq_stage_page_cap(sb, b, lo, slot, cap, n, h, tid, nt, fin, part);
 }
 
 /* Decode geometry of a layer class (kvq_class.cuh passes constants, folded after inlining): tile tokens, phase-1
@@ -412,6 +443,15 @@ KVQ_DEV int kvq_tile_n(const kvq_tile *T, int hk)
     return n;
 }
 
+/* Whether pages of format f stage in a warp a stream (kvq_stage_tile): integer codes whose rows a step of 32
+ * chunks advances by whole 8-row periods of the swizzle (kvq_run_rows_ok at 32 threads: rows of at most 64 bytes,
+ * 4 bits at head_dim 128), or no pages of that class. */
+KVQ_DEV int kvq_stage_quarters_ok(kvq_fmt f)
+{
+    const int R = kvq_fmt_cbpt(f.bits, KVQ_D);
+    return f.bits == 0 || f.bits >= 16 || (!kvq_fmt_is(f) && !kvq_tq_is(f) && (R == 16 || R == 32 || R == 64));
+}
+
 /* Issues (fin 0) or finishes (fin 1) the staging of tile T into stage buffers kb, vb. Warps [0, NW / 2) stage the
  * keys and the others the values: the set-up (page geometry, slots, the parameters' ranges, every stream's
  * addresses), which was most of the staging's instructions when every thread took part in both (6.3 a token of
@@ -424,17 +464,25 @@ KVQ_DEV void kvq_stage_tile(const kvq_tile *T, int kk, int vk, int n, int hk, co
                             int fin)
 {
     if (kk == KVQ_SRC_F16 && vk == KVQ_SRC_F16) { /* the kinds as constants: only the rows' copy is compiled here */
-        kvq_stage(kb, T->k, KVQ_SRC_F16, T->k_slot, T->k_cap, n, hk, khi, klo, tid, KVQ_THREADS, fin);
-        kvq_stage(vb, T->v, KVQ_SRC_F16, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, KVQ_THREADS, fin);
+        kvq_stage(kb, T->k, KVQ_SRC_F16, T->k_slot, T->k_cap, n, hk, khi, klo, tid, KVQ_THREADS, fin, KVQ_PART_ALL);
+        kvq_stage(vb, T->v, KVQ_SRC_F16, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, KVQ_THREADS, fin, KVQ_PART_ALL);
+    } else if (KVQ_THREADS == 128 && kvq_stage_quarters_ok(khi) && kvq_stage_quarters_ok(klo) &&
+               kvq_stage_quarters_ok(vhi) && kvq_stage_quarters_ok(vlo)) {
+        /* a warp a stream: the keys' rows, the keys' parameters, the values' rows, the values' parameters */
+        const int w = tid >> 5, part = w & 1 ? KVQ_PART_PARS : KVQ_PART_ROWS;
+        if (w < 2)
+            kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid & 31, 32, fin, part);
+        else
+            kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid & 31, 32, fin, part);
     } else if (KVQ_THREADS % 64 == 0) {
         const int nh = KVQ_THREADS / 2; /* whole warps */
         if (tid < nh)
-            kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, nh, fin);
+            kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, nh, fin, KVQ_PART_ALL);
         else
-            kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid - nh, nh, fin);
+            kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid - nh, nh, fin, KVQ_PART_ALL);
     } else {
-        kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, KVQ_THREADS, fin);
-        kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, KVQ_THREADS, fin);
+        kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, KVQ_THREADS, fin, KVQ_PART_ALL);
+        kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, KVQ_THREADS, fin, KVQ_PART_ALL);
     }
 }
 
