@@ -248,7 +248,10 @@ static void test_bad_options(void)
 
 static void test_membw(void)
 {
-    th_begin("membw --json: bandwidth for 1 and 2 threads, positive, the loop faster in L2");
+    /* the L2 loop's figure is only reported, not compared with the DRAM one: that is a timing, and on a loaded or
+     * wide machine the loop over L2 measured slower (CI, 2026-11-28: 15.5 against 15.7 GB/s with two test programs
+     * beside it); membw warns itself when the loop is not well above the memory */
+    th_begin("membw --json: bandwidth for 1 and 2 threads, positive, the L2 loop measured");
     const char *a[] = {"membw", "--threads", "1,2", "--passes", "2", "--json", NULL};
     run_result r = run(a);
     check_clean(&r);
@@ -256,7 +259,7 @@ static void test_membw(void)
     const char *b1 = strstr(r.out, "{\"threads\": 1"), *b2 = strstr(r.out, "{\"threads\": 2");
     TH_CHECK(b1 && b2, "no entries for 1 and 2 threads:\n%s", r.out);
     if (b1 && b2)
-        TH_CHECK(field(b1, "gbps") > 0 && field(b2, "gbps") > 0 && field(b1, "loop_gbps") > field(b1, "gbps") &&
+        TH_CHECK(field(b1, "gbps") > 0 && field(b2, "gbps") > 0 && field(b1, "loop_gbps") > 0 && field(b2, "loop_gbps") > 0 &&
                      field(b1, "buffer_bytes") >= 256.0 * 1048576,
                  "figures:\n%s", r.out);
     run_free(&r);
