@@ -2446,10 +2446,9 @@ KVQ_DEV void kvq_par_block(int fin, float *out, unsigned char *dst, const unsign
 /* The parameters of a tile move as whole 16-byte blocks: [src, src + n eb) is covered by the aligned blocks from
  * src & ~15, landed at dst (16-aligned), so element j sits at dst + (src & 15) + j eb. A page's sections start
  * 16-byte aligned and their sizes are multiples of 16 (kvq_page_offsets), so every covering block lies inside
- * the page. fin 0 issues the copies (cp.async 16 B, thread tid of the nt staging the tensor takes blocks tid,
- * tid + nt, ...); fin 1, after
- * the thread's cp.async.wait_group, widens the elements of the same blocks (the thread's own copies: no barrier
- * between) into out[0, n) as floats. */
+ * the page. fin 0 issues the copies (cp.async 16 B, thread tid of the nt staging the stream takes blocks tid,
+ * tid + nt, ...); fin 1, after the thread's cp.async.wait_group, widens the elements of the same blocks (the
+ * thread's own copies: no barrier between) into out[0, n) as floats. */
 KVQ_DEV void kvq_stage_par(int fin, float *out, unsigned char *dst, const unsigned char *src, int n, int eb, int tid,
                            int nt)
 {
@@ -2578,7 +2577,7 @@ KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char 
         }
     }
     /* no step passes a page's end (whole pages a step, as KIVI's 32-token key pages at 32 or 64 rows a step): the
-     * source advances by a constant (18 instructions a copy with the test) */
+     * source advances by a constant, four copies a trip */
     kvq_cp_async16_run(d, s, kvq_copies_of(n * C, tid, nt), 16 * nt, jump);
 }
 
@@ -2780,13 +2779,14 @@ KVQ_DEV int kvq_stage_quarters_ok(kvq_fmt f)
     return f.bits == 0 || f.bits >= 16 || (!kvq_fmt_is(f) && !kvq_tq_is(f) && (R == 16 || R == 32 || R == 64));
 }
 
-/* Issues (fin 0) or finishes (fin 1) the staging of tile T into stage buffers kb, vb. Warps [0, NW / 2) stage the
- * keys and the others the values: the set-up (page geometry, slots, the parameters' ranges, every stream's
- * addresses), which was most of the staging's instructions when every thread took part in both (6.3 a token of
- * KIVI-2 on the H200, 0.19 of them LDGSTS: docs/cuda.md "Load path"), runs in half the warps for each tensor. A
- * tile of fp16 rows on both sides (windows, sinks, pools, fp16 layers) keeps the whole block for each: its copies
- * dominate, and only a step of 128 threads is whole 8-row periods of the fp16 rows' swizzle (kvq_stage_rows). A
- * thread widens (fin 1) the blocks it issued (fin 0): the same split both times. */
+/* Issues (fin 0) or finishes (fin 1) the staging of tile T into stage buffers kb, vb, a stream a warp where the
+ * formats allow (kvq_stage_quarters_ok: the keys' rows, their parameters, the values' rows, theirs), else K on warps
+ * [0, NW / 2) and V on the others: the set-up (page geometry, slots, the parameters' ranges, every stream's
+ * addresses), which was most of the staging's instructions when every thread took part in every stream (6.3 a token
+ * of KIVI-2 on the H200, 0.19 of them LDGSTS: docs/cuda.md "Load path"), runs once a stream. A tile of fp16 rows on
+ * both sides (windows, sinks, pools, fp16 layers) keeps the whole block for each tensor: its copies dominate, and
+ * only a step of 128 threads is whole 8-row periods of the fp16 rows' swizzle (kvq_stage_rows). A thread widens
+ * (fin 1) the blocks it issued (fin 0): the same split both times. */
 KVQ_DEV void kvq_stage_tile(const kvq_tile *T, int kk, int vk, int n, int hk, const kvq_stage_buf *kb,
                             const kvq_stage_buf *vb, kvq_fmt khi, kvq_fmt klo, kvq_fmt vhi, kvq_fmt vlo, int tid,
                             int fin)
@@ -3369,9 +3369,9 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
     kvq_stage_buf kb, vb;
 
     /* The chunk's first tile into stage 0 (the load pipeline below): issued first, so that its copies fly while
-     * the query is loaded and scaled, and where few values are live (after the query's set-up, the halves' two
-     * staging paths made KIVI-4's kernel spill 56 bytes at 128 registers). TurboQuant prod keys stage their QJL
-     * terms from the query's sketch (kvq_tq_stage_page reads kb.sq): after it. */
+     * the query is loaded and scaled, and where few values are live (after the query's set-up, the split staging
+     * paths made KIVI-4's kernel spill 56 bytes at 128 registers). TurboQuant prod keys stage their QJL terms from
+     * the query's sketch (kvq_tq_stage_page reads kb.sq): after it. */
 #define KVQ_STAGE_T0()                                                                                               \
     do {                                                                                                             \
         const kvq_tile T0 = ((const kvq_tile *)st.tiles)[t0];                                                        \
@@ -3584,6 +3584,7 @@ KVQ_DEV void kvq_decode_body(const kvq_decode_params *p, unsigned char *smem, kv
 
 #undef KVQ_TILE_KK
 #undef KVQ_TILE_VK
+#undef KVQ_STAGE_T0
     /* End of the chunk: o summed over the TZ token lanes and d over the phase-1 lanes, in a fixed order,
      * through the stages' buffers (scratch [TZ][GQA][D] then [warps][GQA] from 0; every copy has landed). d: a
      * warp's lanes by shuffles (lanes that are not a token's part 0 hold 0), then the warps' sums in order; it
