@@ -44,34 +44,14 @@ typedef struct {
 #define KVQ_PART_PARS 2
 #define KVQ_PART_ALL 3
 
-/* count 16-byte copies, copy i from s + i js to d + i jd, four an iteration: where the steps are constants both
- * addresses then take immediate offsets, about 4.5 instructions a copy (LDGSTS, the predicated-off LDS that ptxas
- * puts before a group of them, the loop's own) where the rolled loop took 12 (its index, two 64-bit moves and
- * adds, compare, branch). Each body starts with its step, a line of its own that runs once an iteration (the cost
- * model counts a loop's line with its exit, compiler/sass_cost.c). */
-KVQ_DEV void kvq_cp_async16_run(unsigned char *d, const unsigned char *s, int count, int jd, long long js)
-{
-    int i = 0;
-#pragma unroll 1
-    while (i + 4 <= count) {
-        i += 4, d += 4 * jd, s += 4 * js;
-        kvq_cp_async16(d - 4 * jd, s - 4 * js);
-        kvq_cp_async16(d - 3 * jd, s - 3 * js);
-        kvq_cp_async16(d - 2 * jd, s - 2 * js);
-        kvq_cp_async16(d - jd, s - js);
-    }
-#pragma unroll 1
-    while (i < count) {
-        i++, d += jd, s += js;
-        kvq_cp_async16(d - jd, s - js);
-    }
-}
-
-/* count 16-byte copies whose sources run through pages m steps a page: copy i from s + (i / m) ps + (i % m) js to
- * d + i jd (m 2 or 4, a constant after inlining), four an iteration at immediate offsets where the steps are
- * constants, as kvq_cp_async16_run. */
-KVQ_DEV void kvq_cp_async16_pages(unsigned char *d, const unsigned char *s, int count, int jd, long long js, int m,
-                                  long long ps)
+/* count 16-byte copies whose sources may run through pages m steps a page: copy i from s + (i / m) ps + (i % m) js
+ * to d + i jd (m 1, 2 or 4, a constant after inlining; m 1 is a plain run with ps = js). Four an iteration: where
+ * the steps are constants both addresses then take immediate offsets, about 4.5 instructions a copy (LDGSTS, the
+ * predicated-off LDS that ptxas puts before a group of them, the loop's own) where a rolled loop took 12 (its
+ * index, two 64-bit moves and adds, compare, branch). Each body starts with a line of its own that runs once an
+ * iteration (the cost model counts a loop's line with its exit, compiler/sass_cost.c). */
+KVQ_DEV void kvq_cp_async16_run(unsigned char *d, const unsigned char *s, int count, int jd, long long js, int m,
+                                long long ps)
 {
     int i = 0;
 #pragma unroll 1
@@ -81,7 +61,10 @@ KVQ_DEV void kvq_cp_async16_pages(unsigned char *d, const unsigned char *s, int 
         for (int j = 0; j < 4; j++) kvq_cp_async16(d + (j - 4) * jd, s + (j / m - 4 / m) * ps + (j % m) * js);
     }
 #pragma unroll 1
-    for (int j = 0; i < count; i++, j++) kvq_cp_async16(d + j * jd, s + (j / m) * ps + (j % m) * js);
+    while (i < count) {
+        const int j = i++ & 3; /* the copy's place in its group of four (i left the loop a multiple of 4) */
+        kvq_cp_async16(d + j * jd, s + (j / m) * ps + (j % m) * js);
+    }
 }
 
 /* The copies thread tid of nt takes of blocks [0, nb) (blocks tid, tid + nt, ...). */
@@ -140,8 +123,9 @@ KVQ_DEV void kvq_stage_par2(int fin, float *out0, unsigned char *dst0, const uns
         /* the copies: two runs (one loop with a test a block took 20 instructions a copy), each thread on the blocks
          * of the combined index k it widens at fin 1 (its own copies: no barrier between) */
         const int c0 = kvq_copies_of(nb0, tid, nt), k1 = tid + c0 * nt - nb0; /* the thread's first of the second */
-        kvq_cp_async16_run(dst0 + 16 * tid, src0 - r0 + 16 * tid, c0, 16 * nt, 16 * nt);
-        kvq_cp_async16_run(dst1 + 16 * k1, src1 - r1 + 16 * k1, kvq_copies_of(nb1, k1, nt), 16 * nt, 16 * nt);
+        kvq_cp_async16_run(dst0 + 16 * tid, src0 - r0 + 16 * tid, c0, 16 * nt, 16 * nt, 1, 16 * nt);
+        kvq_cp_async16_run(dst1 + 16 * k1, src1 - r1 + 16 * k1, kvq_copies_of(nb1, k1, nt), 16 * nt, 16 * nt, 1,
+                           16 * nt);
         return;
     }
 #pragma unroll 1
@@ -191,7 +175,7 @@ KVQ_DEV void kvq_stage_rows(unsigned char *rows, int t0, int R, const unsigned c
         }
     } else if (nt % (8 * C) == 0) {
         unsigned char *d = rows + kvq_row_byte(t0 + tid / C, R, 16 * (tid % C), 1);
-        kvq_cp_async16_run(d, src + 16 * tid, kvq_copies_of(n16, tid, nt), 16 * nt, 16 * nt);
+        kvq_cp_async16_run(d, src + 16 * tid, kvq_copies_of(n16, tid, nt), 16 * nt, 16 * nt, 1, 16 * nt);
     } else {
 #pragma unroll 1
         for (int i = tid; i < n16; i += nt)
@@ -222,7 +206,8 @@ KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char 
     long long jump;
     if (s0 + n <= cap) { /* the tile in one page: no division (see kvq_stage_page), a step of nt / C rows */
         s = src + 16 * c + (long long)(s0 + tid / C) * R;
-        kvq_cp_async16_run(d, s, kvq_copies_of(n * C, tid, nt), 16 * nt, (long long)(nt / C) * R);
+        const long long js = (long long)(nt / C) * R;
+        kvq_cp_async16_run(d, s, kvq_copies_of(n * C, tid, nt), 16 * nt, js, 1, js);
         return;
     } else {
         int ds, sl;
@@ -235,7 +220,7 @@ KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char 
                 /* whole pages in 2 or 4 steps from the page's first step (KIVI's 32-token key pages at 16 or 8 rows a
                  * step, a warp staging them; capk: the capacity is a constant, so are the steps): copy i at page
                  * pg + i / m, slot sl + (i % m) ds */
-                kvq_cp_async16_pages(d, s, kvq_copies_of(n * C, tid, nt), 16 * nt, (long long)ds * R, cap / ds, stride);
+                kvq_cp_async16_run(d, s, kvq_copies_of(n * C, tid, nt), 16 * nt, (long long)ds * R, cap / ds, stride);
                 return;
             }
             const long long wrap = stride - (long long)cap * R;
@@ -250,7 +235,7 @@ KVQ_DEV void kvq_stage_run_rows(unsigned char *rows, int R, const unsigned char 
     }
     /* no step passes a page's end (whole pages a step, as KIVI's 32-token key pages at 32 or 64 rows a step): the
      * source advances by a constant, four copies a trip */
-    kvq_cp_async16_run(d, s, kvq_copies_of(n * C, tid, nt), 16 * nt, jump);
+    kvq_cp_async16_run(d, s, kvq_copies_of(n * C, tid, nt), 16 * nt, jump, 1, jump);
 }
 
 /* Per-channel scales and zeros of kv head h on np pages of a page run (page i at b + i stride), in one pass: item
@@ -274,7 +259,7 @@ KVQ_DEV void kvq_stage_chan_pars(const kvq_stage_buf *sb, const unsigned char *b
         unsigned char *dst = (zs ? rz : sb->raw) + (tid / P) * (KVQ_D * eb + 64) + 16 * c;
         const unsigned char *src =
             b + (tid / P) * stride + (zs ? o.zero : o.scale) + (long long)h * KVQ_D * eb + 16 * c;
-        kvq_cp_async16_run(dst, src, kvq_copies_of(np, tid / P, di), dstep, di * stride);
+        kvq_cp_async16_run(dst, src, kvq_copies_of(np, tid / P, di), dstep, di * stride, 1, di * stride);
         return;
     }
 #pragma unroll 1
@@ -466,21 +451,18 @@ KVQ_DEV void kvq_stage_tile(const kvq_tile *T, int kk, int vk, int n, int hk, co
     if (kk == KVQ_SRC_F16 && vk == KVQ_SRC_F16) { /* the kinds as constants: only the rows' copy is compiled here */
         kvq_stage(kb, T->k, KVQ_SRC_F16, T->k_slot, T->k_cap, n, hk, khi, klo, tid, KVQ_THREADS, fin, KVQ_PART_ALL);
         kvq_stage(vb, T->v, KVQ_SRC_F16, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, KVQ_THREADS, fin, KVQ_PART_ALL);
-    } else if (KVQ_THREADS == 128 && kvq_stage_quarters_ok(khi) && kvq_stage_quarters_ok(klo) &&
-               kvq_stage_quarters_ok(vhi) && kvq_stage_quarters_ok(vlo)) {
-        /* a warp a stream: the keys' rows, the keys' parameters, the values' rows, the values' parameters */
-        const int w = tid >> 5, part = w & 1 ? KVQ_PART_PARS : KVQ_PART_ROWS;
-        if (w < 2)
-            kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid & 31, 32, fin, part);
-        else
-            kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid & 31, 32, fin, part);
     } else if (KVQ_THREADS % 64 == 0) {
-        const int nh = KVQ_THREADS / 2; /* whole warps */
-        if (tid < nh)
-            kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, nh, fin, KVQ_PART_ALL);
+        /* quarters: a warp a stream (the keys' rows, the keys' parameters, the values' rows, theirs); else halves,
+         * K then V (whole warps) */
+        const int q = KVQ_THREADS == 128 && kvq_stage_quarters_ok(khi) && kvq_stage_quarters_ok(klo) &&
+                      kvq_stage_quarters_ok(vhi) && kvq_stage_quarters_ok(vlo);
+        const int nt = q ? 32 : KVQ_THREADS / 2, w = tid / nt, t = tid % nt;
+        const int part = !q ? KVQ_PART_ALL : w & 1 ? KVQ_PART_PARS : KVQ_PART_ROWS, vals = q ? w >> 1 : w;
+        if (!vals)
+            kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, t, nt, fin, part);
         else
-            kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid - nh, nh, fin, KVQ_PART_ALL);
-    } else {
+            kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, t, nt, fin, part);
+    } else { /* a block that is not whole pairs of warps (96 threads: GQA 12 at head_dim 128) */
         kvq_stage(kb, T->k, kk, T->k_slot, T->k_cap, n, hk, khi, klo, tid, KVQ_THREADS, fin, KVQ_PART_ALL);
         kvq_stage(vb, T->v, vk, T->v_slot, T->v_cap, n, hk, vhi, vlo, tid, KVQ_THREADS, fin, KVQ_PART_ALL);
     }

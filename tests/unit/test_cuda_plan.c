@@ -298,7 +298,7 @@ static void test_in_flight(void)
          * kvq_mma.cuh KVQ_MMA_KBS: 17,408 bytes); unmasked: 16
          * bytes of mask, no raw mask blocks (docs/cuda.md "Where KIVI-2's shared memory goes"): rows 16,384 + raw
          * 2 x 2,560 + 2 x 2,112 = 25,728 a stage, 76,672 bytes in all (the bias partials 8 pages of 36 floats,
-         * kvq_bred_page: 128 more than 32): 3 CTAs an SM on sm_90, 2 on sm_80 */
+         * kvq_bred_page: 128 bytes more than at 32 floats a page): 3 CTAs an SM on sm_90, 2 on sm_80 */
         TH_CHECK(c->kpraw && c->vpraw && c->par_step == 0 && c->so_kpar == c->stages * c->stage_bytes &&
                      c->so_p == c->so_kpar && c->stage_bytes == 16384 + 2 * c->kraws + 2 * c->vraws &&
                      c->stage_bytes == 25728 && c->so_vpar - c->so_kpar == 256 * 4 * 4 &&
