@@ -11,7 +11,8 @@ MODEL_LIST: the stderr of `KVQ_COST_DEBUG=kvq_decode_c0 kvqc build SPEC --arch s
 --cost-tokens 32768` for the same cubin and workload: one line per SASS basic block, "block K ins A..B n N reach R
 count C est E addr X..Y [line:count]...", X and Y the offsets of its first and last instruction.
 
-Prints the totals (model, measured, their ratio) and the N blocks whose executed instructions differ most
+Prints the totals (model, measured, their ratio), the code the launch ran (distinct instructions executed) with its
+no-instruction stalls where the CSV has ncu's stall sampling columns, and the N blocks whose executed instructions differ most
 (count x instructions, model against measured), with the instructions' measured executions within the block
 (a basic block's instructions run equally often; a spread says the model's block boundaries are wrong there).
 Addresses: ncu's may be absolute; they are taken relative to the first instruction. Exit status 0, 2 on bad
@@ -64,6 +65,8 @@ def read_ncu(path):
     e_col = next(i for i, c in enumerate(h) if c in ("Instructions Executed", "inst_executed"))
     s_col = next((i for i, c in enumerate(h) if c == "Source"), None)
     w_col = next((i for i, c in enumerate(h) if c == "L1 Wavefronts Shared"), None)
+    t_col = next((i for i, c in enumerate(h) if c == "Warp Stall Sampling (All Samples)"), None)
+    n_col = next((i for i, c in enumerate(h) if c == "stall_no_inst"), None)
     x_col = next((i for i, c in enumerate(h) if c == "L1 Wavefronts Shared Excessive"), None)
 
     def num(r, col):
@@ -84,11 +87,26 @@ def read_ncu(path):
         except ValueError:
             continue  # a units row or a second table's header
         out[addr] = (executed, r[s_col].strip() if s_col is not None and s_col < len(r) else "", num(r, w_col),
-                     num(r, x_col))
+                     num(r, x_col), num(r, t_col), num(r, n_col))
     if not out:
         raise ValueError("no instruction rows")
     base = min(out)
     return {a - base: v for a, v in out.items()}
+
+
+def fetch_line(pcs):
+    """The code the launch ran (distinct instructions executed, 16 bytes each) and the samples of warps stalled for
+    want of their next instruction (ncu's stall_no_inst, "no instruction"), when the CSV has the sampling columns:
+    docs/gpu-results.md run 7 found these rise together when a change made the step run more distinct code."""
+    code = [v for v in pcs.values() if not v[1].startswith("NOP")]
+    ran = sum(1 for v in code if v[0] > 0)
+    line = "code executed: %d of %d instructions (%.1f KiB)" % (ran, len(code), ran * 16 / 1024.0)
+    if all(v[4] is not None and v[5] is not None for v in code) and code:
+        total = sum(v[4] for v in code)
+        noinst = sum(v[5] for v in code)
+        line += "; no-instruction stalls: %.0f of %.0f samples (%.1f %%)" % (noinst, total,
+                                                                          100.0 * noinst / total if total else 0.0)
+    return line
 
 
 def main(argv):
@@ -129,6 +147,7 @@ def main(argv):
         return 2
     if no_model:
         print("measured %.0f warp-instructions (ncu)" % sum(v[0] for v in pcs.values()))
+        print(fetch_line(pcs))
     else:
         model_total = measured_total = 0.0
         rows = []
@@ -147,6 +166,7 @@ def main(argv):
         print("model %.0f warp-instructions, measured %.0f (ncu), model / measured %.3f; measured outside the model's "
               "blocks %.0f" % (model_total, measured_total, model_total / measured_total if measured_total else float("nan"),
                                outside))
+        print(fetch_line(pcs))
         last = max(a for a, v in pcs.items() if not v[1].startswith("NOP"))
         if max(b["last"] for b in blocks) != last:
             print("note: the model's last instruction is at 0x%x, ncu's at 0x%x (another cubin?)" % (
