@@ -16,3 +16,12 @@ gpu-bundle:
 	@$(MAKE) --no-print-directory BUILD=$(GPU_BUNDLE_BUILD) SAN=0 LLVM_CONFIG= CI= gpu-bundle-bins
 	@sh tools/gpu-bundle.sh $(GPU_BUNDLE_BUILD) $(GPU_BUNDLE) $(GPU_BUNDLE_PREFILL)
 gpu-bundle-bins: $(BUILD)/kvq $(BUILD)/kvqc $(GPU_TEST_BIN) $(BENCH_GPU) $(FAKECUDA_SO)
+
+# `make gpu-ab GPU_AB="base=REV new=."`: the decode benchmark of several revisions (or the checkout as it is, ".")
+# with their NVRTC caches, for one GPU machine to time them in one call (tools/gpu-ab.sh, docs/gpu.md "Same
+# machine, several builds"): build/gpu-ab/ab.sh there.
+GPU_AB ?= base=HEAD new=.
+GPU_AB_OUT ?= build/gpu-ab
+.PHONY: gpu-ab
+gpu-ab:
+	@sh tools/gpu-ab.sh $(GPU_AB_OUT) $(GPU_AB)
