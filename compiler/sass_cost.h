@@ -43,8 +43,9 @@ typedef struct {
 
 /* The model's margin against the GPU: ncu counted up to 1.4 times the model's executed warp-instructions (H200,
  * docs/gpu-results.md run 6: the model read 0.93 of KIVI-2's, 0.86 of KIVI-4's, 0.84 of fp16's count at batch 1;
- * 0.84, 0.71 and 0.83 at batch 32), so kvqc's cost row under a per-byte bound by less than that reads "near", not
- * "pass" (docs/cuda.md, "Cost model"). */
+ * 0.84, 0.71 and 0.83 at batch 32; run 7 with the sibling calls' rule: 0.95, 0.87, 1.04 at batch 1, 0.92, 0.79,
+ * 1.04 at batch 32), so kvqc's cost row under a per-byte bound by less than that reads "near", not "pass"
+ * (docs/cuda.md, "Cost model"). */
 #define SASS_COST_MARGIN 1.4
 
 /* The count of every basic block of `fn` in `sass` (nvdisasm -gi -c text): the smallest profile count among the

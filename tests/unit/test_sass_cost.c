@@ -212,6 +212,34 @@ int main(void)
     }
     th_end();
 
+    th_begin("sass cost: code two sibling calls share counts the runs of the call ptxas did not name");
+    {
+        /* the store (line 31 inlined at 45, at 50) is one copy for the calls at lines 45 and 46 (ptxas named 45),
+         * and only the call at 46 ran it: the profile holds (31, 46, 50), a chain no instruction has. It ran (4
+         * warps): 16, where "never ran" gave 12 (KIVI-2's value parameters, staged through kvq_stage_tile's second
+         * call and labelled with its first: 1,243 instructions counted 0, ncu run 7) */
+        sass_loc ls[5] = {{{10}, 1}, {{30}, 1}, {{31, 46, 50}, 3}, {{40}, 1}, {{31, 47, 50}, 3}};
+        double ks[5] = {4, 4, 4, 4, 4};
+        unsigned char bbs[64] = {0};
+        bbs[31] = 2;
+        sass_profile ps = {ls, ks, 4, bbs, 64, NULL};
+        TH_CHECK(sass_cost_function(sass_trunc, "k", &ps, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 16.0, "executed %.1f, expected 16 (never ran: 12)", c.executed);
+        /* two such chains: one of them is this copy's (separate copies each named after a third call), not both */
+        ps.n = 5;
+        TH_CHECK(sass_cost_function(sass_trunc, "k", &ps, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 16.0, "executed %.1f, expected 16 (the sum: 20)", c.executed);
+        /* the named call ran it too (2 warps): its own count is this code's, 4 + 4 + 2 + 4 */
+        ls[4] = (sass_loc){{31, 45, 50}, 3}, ks[4] = 2;
+        TH_CHECK(sass_cost_function(sass_trunc, "k", &ps, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 14.0, "executed %.1f, expected 14 (the sibling's count: 16)", c.executed);
+        /* a chain two call sites away (the outermost differs) says nothing: never ran */
+        ls[2] = (sass_loc){{31, 46, 51}, 3}, ps.n = 4;
+        TH_CHECK(sass_cost_function(sass_trunc, "k", &ps, &c) == 0, "function not found");
+        TH_CHECK(c.executed == 12.0, "executed %.1f, expected 12 (line 31 never ran)", c.executed);
+    }
+    th_end();
+
     th_begin("sass cost: an entry line ptxas recomputes inside a loop does not bound the loop's count");
     {
         /* 2 x 4 (entry) + 6 x 40 (the loop with its S2R and LOP3 of line 10, counted 4) + 1 x 4 (exit) = 252; the
