@@ -673,6 +673,7 @@ int sass_cost_function(const char *sass, const char *fn, const sass_profile *pro
         }
         out->executed += b[k].count * n;
         out->blocks_run += b[k].count > 0;
+        if (b[k].count > 0) out->instr_run += n;
     }
     out->blocks = nb;
     kvq_free(first_est);

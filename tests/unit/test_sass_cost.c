@@ -225,6 +225,7 @@ int main(void)
         sass_profile ps = {ls, ks, 4, bbs, 64, NULL};
         TH_CHECK(sass_cost_function(sass_trunc, "k", &ps, &c) == 0, "function not found");
         TH_CHECK(c.executed == 16.0, "executed %.1f, expected 16 (never ran: 12)", c.executed);
+        TH_CHECK(c.instr_run == 4, "%d instructions run, expected all 4", c.instr_run);
         /* two such chains: one of them is this copy's (separate copies each named after a third call), not both */
         ps.n = 5;
         TH_CHECK(sass_cost_function(sass_trunc, "k", &ps, &c) == 0, "function not found");
@@ -237,6 +238,7 @@ int main(void)
         ls[2] = (sass_loc){{31, 46, 51}, 3}, ps.n = 4;
         TH_CHECK(sass_cost_function(sass_trunc, "k", &ps, &c) == 0, "function not found");
         TH_CHECK(c.executed == 12.0, "executed %.1f, expected 12 (line 31 never ran)", c.executed);
+        TH_CHECK(c.instr_run == 3, "%d instructions run, expected 3 (not the store)", c.instr_run);
     }
     th_end();
 

@@ -687,10 +687,10 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
         if (sm >= 90) snprintf(fl, sizeof fl, "%s", inflight >= 24576 ? "pass" : "FAIL");
         emit_buf_printf(out,
                         "%-16s %-6s %5d %3d %6d %9.1f %7.2f %8.3f %-9s %5d %7d %4d %9.0f %-4s %9.1f %9.1f %6.1f %12.0f "
-                        "%3.0f%%\n",
+                        "%3.0f%% %8.1f\n",
                         fn, arch, a->batch, gqa, a->tokens, per_tok, bytes, per_tok / bytes, tgt, regs, pc->smem, ctas,
                         inflight, fl, tiles / ((double)a->batch * p->kv_heads), tile_tok, mc.executed / toks,
-                        sc.executed, sc.instructions ? 100.0 * sc.instr_unknown / sc.instructions : 0.0);
+                        sc.executed, sc.instructions ? 100.0 * sc.instr_unknown / sc.instructions : 0.0, sc.instr_run * 16 / 1024.0);
     }
     rc = out->failed ? -1 : 0;
 done:
@@ -716,9 +716,10 @@ void kvqc_cost_header(const kvqc_cost_args *a, emit_buf *out)
                     "# (fp16 0.2, quantized 0.35 at GQA >= 4, 0.5 at GQA 1; near: met, but by less than the model's margin\n"
                     "# against the GPU, which counted up to 40 %% more); inflight: cache bytes in flight per SM, fl: at\n"
                     "# least 24 KiB (sm_90); tiles, tile_tok: tiles per (sequence, kv head) and their mean tokens; merge:\n"
-                    "# kvq_merge per token; unknown: SASS of lines the profile did not place\n",
+                    "# kvq_merge per token; unknown: SASS of lines the profile did not place; code_kib: the code the step\n"
+                    "# runs (its blocks counted run, 16 bytes an instruction), cold in a chunk of few tiles\n",
                     a->tokens);
-    emit_buf_printf(out, "%-16s %-6s %5s %3s %6s %9s %7s %8s %-9s %5s %7s %4s %9s %-4s %9s %9s %6s %12s %4s\n", "kernel",
+    emit_buf_printf(out, "%-16s %-6s %5s %3s %6s %9s %7s %8s %-9s %5s %7s %4s %9s %-4s %9s %9s %6s %12s %4s %8s\n", "kernel",
                     "arch", "batch", "gqa", "tokens", "per_token", "bytes", "per_byte", "target", "regs", "smem", "ctas",
-                    "inflight", "fl", "tiles", "tile_tok", "merge", "executed", "unknown");
+                    "inflight", "fl", "tiles", "tile_tok", "merge", "executed", "unknown", "code_kib");
 }
