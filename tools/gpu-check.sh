@@ -20,6 +20,8 @@
 #   summary.md        all of it in one page, printed at the end (paste into docs/gpu-results.md)
 #   with --deep, after those (each within what is left of the budget):
 #   bench-128k.md     the benchmark at 128k tokens, batch 1 (fp16, KIVI-2, KIVI-4)
+#   bench-layers.md   batch 1 at 32k tokens, 32 layers a step run back to back (a layer's share): the kernels' code
+#                     stays in L2 from one layer to the next, as in a model's decode (one layer a step flushes it)
 #   bench-policies.md OTT, TailorKV (dense and sparse retrieval) and ZipCache at 32k tokens, batch 8
 #   ncu-deep.txt      Nsight Compute's speed-of-light, memory, warp-state (stall reasons), scheduler and occupancy
 #                     sections on the same decode kernels
@@ -328,6 +330,13 @@ if [ "$deep" = 1 ]; then
     note "Batch 1 at 128k tokens (exit $rc):"
     note ""
     [ "$dry" = 1 ] || sed -n '/^kvq GPU decode/,$p' "$out/bench-128k.md" >>"$sum"
+    [ "$rc" -ne 0 ] && status=1
+    step bench-layers 60 "$out/bench-layers.md" "$bin/bench_gpu_decode" --ctx 32k --batch 1 --steps 10 --hbm-mib 0 \
+        --layers 32
+    note ""
+    note "Batch 1 at 32k tokens, 32 layers a step, a layer's share (exit $rc):"
+    note ""
+    [ "$dry" = 1 ] || sed -n '/^kvq GPU decode/,$p' "$out/bench-layers.md" >>"$sum"
     [ "$rc" -ne 0 ] && status=1
     step bench-policies 90 "$out/bench-policies.md" "$bin/bench_gpu_decode" --ctx 32k --batch 8 --steps 10 --hbm-mib 0 \
         specs/ott.kvq specs/tailorkv2.kvq tailorkv2-sparse specs/zipcache.kvq

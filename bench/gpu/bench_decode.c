@@ -30,6 +30,9 @@
  *                    [--ctx 4k,32k | --max-k 32] [--hbm-mib 1024 (0: not measured)] [--bandwidth-only]
  *                    [--compile-only (engines created and freed: their kernels compiled into the cache)]
  *                    [--no-graph (eager steps only: a profiler then sees one decode launch a scheme and step)]
+ *                    [--layers 1 (layers a step, each its own cache, queued back to back after one cold-L2 write,
+ *                     as a model's decode runs them: the kernels' code stays in L2 from one layer to the next;
+ *                     rows report a layer's share, the step over the layers)]
  *                    [--tune M/W[/T],... (each scheme but fp16 once per item, its engine made with
  *                     KVQ_DECODE_MINB=M KVQ_DECODE_WAVES=W [KVQ_DECODE_TILE=T]: docs/cuda.md "Tuning knobs";
  *                     0/0 the defaults)]
@@ -117,6 +120,7 @@ static int cmp_float(const void *a, const void *b)
 
 typedef struct {
     int heads, kv_heads, head_dim, batch, steps, warmup, no_graph;
+    int layers; /* layers a step (--layers): each its own cache, run back to back after one cold-L2 write */
 } bench_cfg;
 
 /* One scheme at one context: eager steps (kvq_decode_device; device and host ms) and planned steps replayed as a
@@ -198,14 +202,16 @@ static int timed(bench_gpu *g, int cold, int (*fn)(void *), void *arg, float *ms
 typedef struct {
     kvq_engine *e;
     kvq_dev_decode *dd;
+    int layers;
 } step_arg;
 static int one_step(void *a)
 {
     step_arg *sa = a;
-    if (kvq_decode_device(sa->e, 0, sa->dd) != KVQ_OK) {
-        fprintf(stderr, "decode: %s\n", kvq_engine_errmsg(sa->e));
-        return -1;
-    }
+    for (int l = 0; l < sa->layers; l++)
+        if (kvq_decode_device(sa->e, l, sa->dd) != KVQ_OK) {
+            fprintf(stderr, "decode: %s\n", kvq_engine_errmsg(sa->e));
+            return -1;
+        }
     return 0;
 }
 
@@ -226,7 +232,8 @@ static int one_planned(void *a)
 
 /* Planned steps replayed as a CUDA graph (kvq.h "Planned decode steps"): the step tables reserved, one step run
  * eagerly (warm-up), one captured and launched, then `steps` timed steps of plan + graph launch. The graph holds
- * this one layer's run. 0 with *g_med = 0 when the driver has no graph API or the scheme refuses planning. */
+ * the step's runs of every layer, in order. 0 with *g_med = 0 when the driver has no graph API or the scheme
+ * refuses planning. */
 static int time_graph(kvq_engine *e, kvq_dev_decode *dd, const bench_cfg *b, int ctx, bench_gpu *g, float *ts,
                       bench_row *r)
 {
@@ -239,11 +246,13 @@ static int time_graph(kvq_engine *e, kvq_dev_decode *dd, const bench_cfg *b, int
     }
     char err[512];
     void *graph = NULL, *exec = NULL;
-    int rc = kvq_decode_plan(e, dd->seqs, dd->n_seqs, dd->stream) != KVQ_OK || kvq_decode_run(e, 0, dd) != KVQ_OK;
+    int rc = kvq_decode_plan(e, dd->seqs, dd->n_seqs, dd->stream) != KVQ_OK;
+    for (int l = 0; !rc && l < b->layers; l++) rc = kvq_decode_run(e, l, dd) != KVQ_OK;
     if (!rc) rc = kvq_decode_plan(e, dd->seqs, dd->n_seqs, dd->stream) != KVQ_OK;
     if (!rc) rc = drv.capture_begin(dd->stream, 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */) != 0;
     if (!rc) {
-        int run = kvq_decode_run(e, 0, dd) != KVQ_OK;
+        int run = 0;
+        for (int l = 0; !run && l < b->layers; l++) run = kvq_decode_run(e, l, dd) != KVQ_OK;
         rc = drv.capture_end(dd->stream, &graph) != 0 || run;
     }
     if (!rc) rc = drv.graph_inst(&exec, graph, 0) != 0 || drv.graph_launch(exec, dd->stream) != 0;
@@ -267,7 +276,7 @@ static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, bench_gpu *
     memset(r, 0, sizeof *r);
     kvq_engine_config cfg;
     kvq_engine_config_init(&cfg);
-    cfg.dims = (kvq_dims){1, b->heads, b->kv_heads, b->head_dim};
+    cfg.dims = (kvq_dims){b->layers, b->heads, b->kv_heads, b->head_dim};
     cfg.backend = KVQ_BACKEND_CUDA;
     cfg.dtype = KVQ_F16; /* the prompt as a serving host holds it: no conversion on the host */
     kvq_engine *e = NULL;
@@ -296,10 +305,11 @@ static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, bench_gpu *
         kvq_prefill_item it = {NULL, ctx, in->k, in->v, kvq_prefill_needs_queries(e, 0) == 1 ? in->q : NULL};
         if (kvq_seq_create(e, &seq[i]) != KVQ_OK) rc = -1;
         it.seq = seq[i];
-        if (!rc && kvq_prefill(e, 0, &it, 1) != KVQ_OK) {
-            fprintf(stderr, "prefill: %s\n", kvq_engine_errmsg(e));
-            rc = -1;
-        }
+        for (int l = 0; !rc && l < b->layers; l++) /* every layer the same prompt: the timing does not read it */
+            if (kvq_prefill(e, l, &it, 1) != KVQ_OK) {
+                fprintf(stderr, "prefill: %s\n", kvq_engine_errmsg(e));
+                rc = -1;
+            }
     }
     uint16_t *base = (uint16_t *)(uintptr_t)din;
     kvq_dev_decode dd;
@@ -310,7 +320,7 @@ static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, bench_gpu *
     dd.v = (kvq_dev_tensor){base + (size_t)B * (Hq + H) * D, KVQ_F16, (long long)H * D, D};
     dd.out = (kvq_dev_tensor){(void *)(uintptr_t)dout, KVQ_F32, (long long)Hq * D, D};
     dd.stream = cu_dev_stream(g->dev);
-    step_arg sa = {e, &dd};
+    step_arg sa = {e, &dd, b->layers};
     for (int st = 0; !rc && st < b->warmup; st++) rc = one_step(&sa);
     if (!rc && cu_dev_sync(g->dev, err, sizeof err) != KVQ_OK) rc = -1;
     for (int st = 0; !rc && st < b->steps; st++) {
@@ -327,6 +337,9 @@ static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, bench_gpu *
         kvq_engine_stats(e, &ms);
         r->bytes = (double)ms.device_bytes;
         if (!b->no_graph && time_graph(e, &dd, b, ctx, g, ts, r) != 0) r->g_med = r->g_min = 0; /* eager stands */
+        /* a layer's share of the step: times and bytes over the layers (every layer the same scheme and tokens) */
+        r->t_med /= b->layers, r->t_min /= b->layers, r->h_med /= b->layers;
+        r->g_med /= b->layers, r->g_min /= b->layers, r->bytes /= b->layers;
     }
     for (int i = 0; i < B && seq; i++)
         if (seq[i]) kvq_seq_free(e, seq[i]);
@@ -460,7 +473,7 @@ static void print_row(const char *name, const bench_cfg *b, int ctx, const bench
 
 int main(int argc, char **argv)
 {
-    bench_cfg b = {32, 8, 128, 1, 20, 3, 0};
+    bench_cfg b = {32, 8, 128, 1, 20, 3, 0, 1};
     int max_k = 32, ctxs[32], n_ctx = 0, bw_only = 0, hbm_mib = 1024, compile_only = 0;
     const char *specs[32];
     int n_specs = 0, n_tune = 0, tune_m[16], tune_w[16], tune_t[16];
@@ -473,6 +486,7 @@ int main(int argc, char **argv)
                    : !strcmp(argv[i], "--warmup")   ? &b.warmup
                    : !strcmp(argv[i], "--max-k")    ? &max_k
                    : !strcmp(argv[i], "--hbm-mib")  ? &hbm_mib
+                   : !strcmp(argv[i], "--layers")   ? &b.layers
                                                     : NULL;
         if (dst && i + 1 < argc) {
             *dst = atoi(argv[++i]);
@@ -521,6 +535,10 @@ int main(int argc, char **argv)
     if (b.steps < 1) b.steps = 1;
     if (b.batch < 1) b.batch = 1;
     if (b.warmup < 0) b.warmup = 0;
+    if (b.layers < 1 || b.layers > 256) {
+        fprintf(stderr, "--layers: 1 to 256\n");
+        return 2;
+    }
     char why[1024];
     bench_gpu g;
     memset(&g, 0, sizeof g);
@@ -562,9 +580,15 @@ int main(int argc, char **argv)
            "read + write), nominal peak %.0f GB/s\n",
            date, cu_dev_arch(g.dev), cu_dev_sm_count(g.dev), hbm, hbm_mib, peak);
     if (bw_only) goto done;
-    printf("%d heads / %d kv heads, head_dim %d, batch %d, one layer; step time by CUDA events, median and minimum of "
-           "%d steps after %d warm-up, L2 cold (256 MiB written on the stream before each step)\n\n",
-           b.heads, b.kv_heads, b.head_dim, b.batch, b.steps, b.warmup);
+    if (b.layers == 1)
+        printf("%d heads / %d kv heads, head_dim %d, batch %d, one layer; step time by CUDA events, median and minimum "
+               "of %d steps after %d warm-up, L2 cold (256 MiB written on the stream before each step)\n\n",
+               b.heads, b.kv_heads, b.head_dim, b.batch, b.steps, b.warmup);
+    else
+        printf("%d heads / %d kv heads, head_dim %d, batch %d, %d layers a step, each its own cache, run back to back; "
+               "a layer's share of the step (times and cache bytes over %d) by CUDA events, median and minimum of %d "
+               "steps after %d warm-up, L2 cold before each step, not between its layers\n\n",
+               b.heads, b.kv_heads, b.head_dim, b.batch, b.layers, b.layers, b.steps, b.warmup);
     printf("| scheme           | batch | context | median us | min us    | host us  | graph us | cache MiB  | GB/s     "
            "| %% HBM    | %% peak   | vs fp16 | graph %% HBM | graph vs fp16 |\n");
     printf("|------------------|-------|---------|-----------|-----------|----------|----------|------------|----------"

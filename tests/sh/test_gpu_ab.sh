@@ -3,7 +3,7 @@
 # refused before any build; the checkout as it is (".") builds into a folder with its benchmark, specs and an
 # NVRTC cache filled through the fake driver; that folder's ab.sh then runs on the recording fake driver with a
 # stand-in ncu (a script printing a fabricated raw CSV of ncu's columns), two rounds, and its summary reads the
-# kernel rows and the batch-32 graph figure of each round. One PASS/FAIL line per case.
+# kernel rows, the batch-32 graph figure and a layer's share of a 2-layer step of each round. One PASS/FAIL line per case.
 cd "$(dirname "$0")/../.." || exit 1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -47,17 +47,20 @@ echo '"0","kvq_decode_c0","50.11","123","5.49","0.41","23,267,064"'
 N
 chmod +x "$work/bin/ncu"
 fake="$ab/src/work/build/gpu-nollvm/tests/fakecuda/libcuda.so.1"
-(cd "$work" && PATH="$work/bin:$PATH" KVQ_LIBCUDA="$fake" timeout 300 "$ab/ab.sh" --rounds 2 --batch32 --out "$work/res") \
+(cd "$work" && PATH="$work/bin:$PATH" KVQ_LIBCUDA="$fake" timeout 300 "$ab/ab.sh" --rounds 2 --batch32 --layers 2 --out "$work/res") \
     >"$work/run.log" 2>&1
 st=$?
 ok=1
 s="$work/res/summary.md"
 [ "$st" -eq 0 ] && [ -f "$work/res.tar.gz" ] && grep -q '^| work | fp16 | 1 | 50.11 | 23267064 | 5.49 | 0.41 | 123 | ' "$s" &&
-    grep -q '^| work | fp16 | 2 | 50.11 | ' "$s" && grep -Eq '^\| work \| fp16 \| 2 \| .* \| [0-9.]+ \|$' "$s" && ok=0
+    grep -q '^| work | fp16 | 2 | 50.11 | ' "$s" && grep -Eq '^\| work \| fp16 \| 2 \| .* \| [0-9.]+ \| [0-9.]+ \|$' "$s" && ok=0
 check gpu_ab_runs_and_summarises "$ok" "exit $st: $(cat "$work/run.log")"
 # bad options of ab.sh
 "$ab/ab.sh" --rounds 0 --out "$work/x" >/dev/null 2>&1
 r1=$?
 "$ab/ab.sh" --rounds 1 >/dev/null 2>&1
 r2=$?
-check gpu_ab_run_options "$( [ "$r1" = 2 ] && [ "$r2" = 2 ]; echo $?)" "--rounds 0: exit $r1, no --out: exit $r2"
+"$ab/ab.sh" --layers x --out "$work/x" >/dev/null 2>&1
+r3=$?
+check gpu_ab_run_options "$( [ "$r1" = 2 ] && [ "$r2" = 2 ] && [ "$r3" = 2 ]; echo $?)" \
+    "--rounds 0: exit $r1, no --out: exit $r2, --layers x: exit $r3"

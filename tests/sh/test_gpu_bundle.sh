@@ -48,3 +48,20 @@ st=$?
 ok=1
 [ "$st" -eq 0 ] && ! grep -q 'fakecuda: violation' "$work/bench.log" && grep -q '^| fp16 *| *2 |' "$work/bench.log" && ok=0
 check gpu_bench_on_fake_driver "$ok" "exit $st: $(grep -m 5 'violation\|skipped\|rror' "$work/bench.log" | tr '\n' ' ')"
+# --layers: a step of several layers, each its own cache (kvq_decode_device and the captured kvq_decode_run of
+# every layer), on the fake driver: the rules hold, the header says so, and the rows report a layer's share (the
+# cache bytes of one layer, as at --layers 1); a layer count out of range is refused
+(cd "$b/share/kvq" && KVQ_LIBCUDA="$fake" FAKECUDA_VERBOSE=1 KVQ_SRCDIR="$b/share/kvq" \
+    timeout 300 "$b/bin/bench_gpu_decode" --ctx 1k --batch 2 --steps 1 --warmup 1 --hbm-mib 0 specs/kivi2.kvq) \
+    >"$work/bench1.log" 2>&1
+(cd "$b/share/kvq" && KVQ_LIBCUDA="$fake" FAKECUDA_VERBOSE=1 KVQ_SRCDIR="$b/share/kvq" \
+    timeout 300 "$b/bin/bench_gpu_decode" --ctx 1k --batch 2 --steps 1 --warmup 1 --hbm-mib 0 --layers 3 \
+    specs/kivi2.kvq) >"$work/bench3.log" 2>&1
+st=$?
+mib() { sed -n 's/^| kivi2 *| *2 | *1k |[^|]*|[^|]*|[^|]*|[^|]*| *\([0-9.]*\) |.*/\1/p' "$1"; }
+ok=1
+[ "$st" -eq 0 ] && ! grep -q 'fakecuda: violation' "$work/bench3.log" && grep -q '3 layers a step' "$work/bench3.log" &&
+    [ -n "$(mib "$work/bench3.log")" ] && [ "$(mib "$work/bench3.log")" = "$(mib "$work/bench1.log")" ] && ok=0
+"$b/bin/bench_gpu_decode" --layers 0 >/dev/null 2>&1
+[ $? -eq 2 ] || ok=1
+check gpu_bench_layers "$ok" "exit $st, a layer's MiB $(mib "$work/bench3.log") against $(mib "$work/bench1.log"): $(grep -m 5 'violation\|layers\|rror' "$work/bench3.log" | tr '\n' ' ')"
