@@ -69,7 +69,8 @@ if [ "$dry" = 0 ] && command -v python3 >/dev/null 2>&1; then
 import csv, os, re, sys
 out, builds, specs, rounds = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), int(sys.argv[4])
 schemes = ["fp16"] + [os.path.basename(s).rsplit(".", 1)[0] for s in specs]
-print("| build | scheme | round | kernel us | warp-instr | cycles an issue | no-instruction stall | regs | graph us, batch 32 | graph us a layer, batch 1, layers |")
+print("| build | scheme | round | kernel us | warp-instr | cycles an issue | no-instruction stall | regs "
+      "| graph us, batch 32 | graph us a layer, batch 1, layers |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for b in builds:
     for r in range(1, rounds + 1):

@@ -690,7 +690,8 @@ int kvqc_cost(const kvqc_cost_args *a, const kvq_scheme *sch, const kvq_plan *p,
                         "%3.0f%% %8.1f\n",
                         fn, arch, a->batch, gqa, a->tokens, per_tok, bytes, per_tok / bytes, tgt, regs, pc->smem, ctas,
                         inflight, fl, tiles / ((double)a->batch * p->kv_heads), tile_tok, mc.executed / toks,
-                        sc.executed, sc.instructions ? 100.0 * sc.instr_unknown / sc.instructions : 0.0, sc.instr_run * 16 / 1024.0);
+                        sc.executed, sc.instructions ? 100.0 * sc.instr_unknown / sc.instructions : 0.0,
+                        sc.instr_run * 16 / 1024.0);
     }
     rc = out->failed ? -1 : 0;
 done:
