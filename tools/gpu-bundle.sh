@@ -36,6 +36,7 @@ find "$out/share/kvq/generated" \( -name '*.cubin' -o -name '*.ptx' -o -name '*.
     -o -name cpu.json \) -exec rm -f {} +
 cp tools/gpu-check.sh "$out/gpu-check.sh" && chmod +x "$out/gpu-check.sh" || die "copy gpu-check.sh"
 cp tools/cost-vs-ncu.py "$out/cost-vs-ncu.py" || die "copy cost-vs-ncu.py" # the summary's bank conflicts
+cp tools/ncu-step.py "$out/ncu-step.py" || die "copy ncu-step.py"             # the summary's step kernels
 cp docs/gpu.md "$out/README.md" || die "copy docs/gpu.md"
 
 cubins=0 prefilled="none"

@@ -30,6 +30,8 @@
  *                    [--ctx 4k,32k | --max-k 32] [--hbm-mib 1024 (0: not measured)] [--bandwidth-only]
  *                    [--compile-only (engines created and freed: their kernels compiled into the cache)]
  *                    [--no-graph (eager steps only: a profiler then sees one decode launch a scheme and step)]
+ *                    [--profile-steps (each timed eager step inside cuProfilerStart / cuProfilerStop: `ncu
+ *                     --profile-from-start off` then sees the steps' kernels, not the prompts' prefill)]
  *                    [--layers 1 (layers a step, each its own cache, queued back to back after one cold-L2 write,
  *                     as a model's decode runs them: the kernels' code stays in L2 from one layer to the next;
  *                     rows report a layer's share, the step over the layers)]
@@ -67,6 +69,9 @@ static struct {
     CUres (*graph_launch)(void *, void *);
     CUres (*graph_exec_destroy)(void *);
     CUres (*graph_destroy)(void *);
+    /* --profile-steps: a profiler's collection range (optional) */
+    CUres (*profiler_start)(void);
+    CUres (*profiler_stop)(void);
 } drv;
 
 static int load_driver_calls(char *why, size_t n)
@@ -99,6 +104,8 @@ static int load_driver_calls(char *why, size_t n)
     *(void **)&drv.graph_launch = dlsym(h, "cuGraphLaunch");
     *(void **)&drv.graph_exec_destroy = dlsym(h, "cuGraphExecDestroy");
     *(void **)&drv.graph_destroy = dlsym(h, "cuGraphDestroy");
+    *(void **)&drv.profiler_start = dlsym(h, "cuProfilerStart");
+    *(void **)&drv.profiler_stop = dlsym(h, "cuProfilerStop");
     return 0;
 }
 
@@ -121,6 +128,7 @@ static int cmp_float(const void *a, const void *b)
 typedef struct {
     int heads, kv_heads, head_dim, batch, steps, warmup, no_graph;
     int layers; /* layers a step (--layers): each its own cache, run back to back after one cold-L2 write */
+    int profile_steps; /* --profile-steps */
 } bench_cfg;
 
 /* One scheme at one context: eager steps (kvq_decode_device; device and host ms) and planned steps replayed as a
@@ -203,16 +211,20 @@ typedef struct {
     kvq_engine *e;
     kvq_dev_decode *dd;
     int layers;
+    int profile; /* --profile-steps: the step inside the profiler's collection range (ncu --profile-from-start off) */
 } step_arg;
 static int one_step(void *a)
 {
     step_arg *sa = a;
-    for (int l = 0; l < sa->layers; l++)
+    if (sa->profile && drv.profiler_start) drv.profiler_start();
+    int rc = 0;
+    for (int l = 0; !rc && l < sa->layers; l++)
         if (kvq_decode_device(sa->e, l, sa->dd) != KVQ_OK) {
             fprintf(stderr, "decode: %s\n", kvq_engine_errmsg(sa->e));
-            return -1;
+            rc = -1;
         }
-    return 0;
+    if (sa->profile && drv.profiler_stop) drv.profiler_stop();
+    return rc;
 }
 
 typedef struct {
@@ -320,9 +332,10 @@ static int run_one(const kvq_scheme *s, const bench_cfg *b, int ctx, bench_gpu *
     dd.v = (kvq_dev_tensor){base + (size_t)B * (Hq + H) * D, KVQ_F16, (long long)H * D, D};
     dd.out = (kvq_dev_tensor){(void *)(uintptr_t)dout, KVQ_F32, (long long)Hq * D, D};
     dd.stream = cu_dev_stream(g->dev);
-    step_arg sa = {e, &dd, b->layers};
+    step_arg sa = {e, &dd, b->layers, 0};
     for (int st = 0; !rc && st < b->warmup; st++) rc = one_step(&sa);
     if (!rc && cu_dev_sync(g->dev, err, sizeof err) != KVQ_OK) rc = -1;
+    sa.profile = b->profile_steps; /* the timed eager steps only */
     for (int st = 0; !rc && st < b->steps; st++) {
         rc = timed(g, 1, one_step, &sa, &ts[st]);
         hs[st] = host_ms;
@@ -473,7 +486,7 @@ static void print_row(const char *name, const bench_cfg *b, int ctx, const bench
 
 int main(int argc, char **argv)
 {
-    bench_cfg b = {32, 8, 128, 1, 20, 3, 0, 1};
+    bench_cfg b = {32, 8, 128, 1, 20, 3, 0, 1, 0};
     int max_k = 32, ctxs[32], n_ctx = 0, bw_only = 0, hbm_mib = 1024, compile_only = 0;
     const char *specs[32];
     int n_specs = 0, n_tune = 0, tune_m[16], tune_w[16], tune_t[16];
@@ -517,6 +530,8 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--no-graph")) {
             b.no_graph = 1;
+        } else if (!strcmp(argv[i], "--profile-steps")) {
+            b.profile_steps = 1;
         } else if (!strcmp(argv[i], "--compile-only")) {
             compile_only = 1;
         } else if (argv[i][0] == '-') {

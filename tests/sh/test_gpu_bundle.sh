@@ -19,7 +19,8 @@ size=$(du -sb "$b" | cut -f1)
 check gpu_bundle_size "$(test "$size" -le $((40 * 1024 * 1024)); echo $?)" "$size bytes, more than 40 MiB"
 check gpu_bundle_files "$(test -x "$b/gpu-check.sh" -a -x "$b/bin/test_gpu_backend" -a -x "$b/bin/test_gpu_replay" \
     -a -x "$b/bin/bench_gpu_decode" -a -x "$b/bin/kvq" -a -f "$b/share/kvq/specs/kivi2.kvq" \
-    -a -f "$b/share/kvq/generated/kivi2/kernels.cu" -a -f "$b/share/kvq/tests/emu/emu_cuda.h" -a -f "$b/MANIFEST"; echo $?)" \
+    -a -f "$b/share/kvq/generated/kivi2/kernels.cu" -a -f "$b/share/kvq/tests/emu/emu_cuda.h" -a -f "$b/MANIFEST" \
+    -a -f "$b/ncu-step.py" -a -f "$b/cost-vs-ncu.py"; echo $?)" \
     "$(cd "$b" && find . -maxdepth 3 | sort | tr '\n' ' ')"
 nollvm=0
 for p in "$b"/bin/*; do ldd "$p" 2>/dev/null | grep -qi llvm && nollvm=1; done
@@ -50,13 +51,14 @@ ok=1
 check gpu_bench_on_fake_driver "$ok" "exit $st: $(grep -m 5 'violation\|skipped\|rror' "$work/bench.log" | tr '\n' ' ')"
 # --layers: a step of several layers, each its own cache (kvq_decode_device and the captured kvq_decode_run of
 # every layer), on the fake driver: the rules hold, the header says so, and the rows report a layer's share (the
-# cache bytes of one layer, as at --layers 1); a layer count out of range is refused
+# cache bytes of one layer, as at --layers 1); a layer count out of range is refused. --profile-steps on a driver
+# without cuProfilerStart (the fake) leaves the steps as they are
 (cd "$b/share/kvq" && KVQ_LIBCUDA="$fake" FAKECUDA_VERBOSE=1 KVQ_SRCDIR="$b/share/kvq" \
     timeout 300 "$b/bin/bench_gpu_decode" --ctx 1k --batch 2 --steps 1 --warmup 1 --hbm-mib 0 specs/kivi2.kvq) \
     >"$work/bench1.log" 2>&1
 (cd "$b/share/kvq" && KVQ_LIBCUDA="$fake" FAKECUDA_VERBOSE=1 KVQ_SRCDIR="$b/share/kvq" \
     timeout 300 "$b/bin/bench_gpu_decode" --ctx 1k --batch 2 --steps 1 --warmup 1 --hbm-mib 0 --layers 3 \
-    specs/kivi2.kvq) >"$work/bench3.log" 2>&1
+    --profile-steps specs/kivi2.kvq) >"$work/bench3.log" 2>&1
 st=$?
 mib() { sed -n 's/^| kivi2 *| *2 | *1k |[^|]*|[^|]*|[^|]*|[^|]*| *\([0-9.]*\) |.*/\1/p' "$1"; }
 ok=1
