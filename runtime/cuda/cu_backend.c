@@ -373,6 +373,7 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
         if (st == KVQ_OK) st = cu_convert_qkv(c, dv, n, c->qbuf, c->kvin, msg, ms);
     }
     uint64_t outd = c->qbuf + qd * sizeof(float), lsed = outd + qd * sizeof(float);
+    const uint64_t outk = cu_out_direct(c, dv) ? cu_out_direct(c, dv) : outd; /* where the kernels write o */
     /* 2. append each sequence's token (quantize-and-append, flushes, policies) */
     for (int i = 0; i < n && st == KVQ_OK; i++) {
         cu_layer *L = items[i].seq->layers[layer];
@@ -431,7 +432,7 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
     if (st == KVQ_OK) st = cu_upload(c, c->seqs, sq, (size_t)n * sizeof *sq, msg, ms);
     /* 4. the fused decode kernel for the whole batch, then the merge of the chunks */
     if (st == KVQ_OK)
-        st = cu_decode_launch(c, cls, n, nch, tpc, c->qbuf, c->seqs, outd, lsed, c->part, c->tq_s ? c->tq_s[layer] : 0,
+        st = cu_decode_launch(c, cls, n, nch, tpc, c->qbuf, c->seqs, outk, lsed, c->part, c->tq_s ? c->tq_s[layer] : 0,
                               msg, ms);
     /* 5. ZipCache: probe rows over this step's tiles (its query on the device, docs/cuda.md "Determinism"),
      *    compression every W */
@@ -442,7 +443,7 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
         if (st != KVQ_OK) bad = i;
     }
     /* 6. device tensors: the outputs in the caller's dtype and strides; lse from base 2 to natural logarithms */
-    if (st == KVQ_OK && dv) st = cu_convert_out(c, dv, n, outd, lsed, msg, ms);
+    if (st == KVQ_OK && dv) st = cu_convert_out(c, dv, n, outk, lsed, msg, ms);
     /* 7. the host-pointer API: the outputs through the staging, and the step's one synchronisation */
     float *oh_pinned = NULL;
     if (st == KVQ_OK && download) {

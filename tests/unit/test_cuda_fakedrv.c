@@ -345,6 +345,55 @@ static void test_scratch(void)
     th_end();
 }
 
+/* The caller's fp32 output rows, [n][Hq][D] and 16-byte aligned, are written by the decode kernel and the merge
+ * themselves (cu_out_direct): a layer step converts q, k, v and lse but not the output, one launch fewer (at batch 1
+ * a layer step was nine launches, seven of them a few blocks: docs/gpu-results.md run 8). An output they cannot
+ * write in place (4 bytes off alignment, fp16) is converted as before. */
+static long conversions(void)
+{
+    long n = 0;
+    const char *l;
+    for (long i = 0; (l = fk.log_line(i)) != NULL; i++) n += !strncmp(l, "cuLaunchKernel kvq_convert_rows ", 32);
+    return n;
+}
+
+static void test_out_direct(void)
+{
+    th_begin("a device step writes the caller's fp32 output rows in place (no conversion launch); misaligned or "
+             "fp16 rows are converted");
+    char err[1024] = "";
+    void *ctx = NULL, *x = NULL;
+    dev_bufs bufs;
+    memset(&bufs, 0, sizeof bufs);
+    TH_CHECK(!drv.retain(&ctx, 0) && !drv.set_current(ctx) && !drv.stream_create(&x, 1) && bufs_alloc(&bufs),
+             "the caller's context, stream and buffers");
+    kvq_engine *e = engine(kvq_spec_scheme(kivi_spec, NULL), err, sizeof err);
+    TH_CHECK(e != NULL, "engine: %s", err);
+    kvq_seq *s[2] = {NULL, NULL};
+    for (int i = 0; e && i < 2; i++) TH_CHECK(kvq_seq_create(e, &s[i]) == KVQ_OK, "seq_create");
+    if (e && !th_failed() && prefill(e, s, 2, PROMPT) == KVQ_OK) {
+        static const char *const what[3] = {"fp32 rows, aligned", "fp32 rows 4 bytes off", "fp16 rows"};
+        const long want[3] = {4, 5, 5}; /* q, k, v, lse (+ the output) */
+        for (int k = 0; k < 3; k++) {
+            kvq_dev_decode d = dev_batch(&bufs, s, 2, x);
+            if (k == 1) d.out.data = (char *)d.out.data + 4;
+            if (k == 2) d.out.dtype = KVQ_F16;
+            fk.reset();
+            TH_CHECK(kvq_decode_device(e, 0, &d) == KVQ_OK, "%s: decode_device: %s", what[k], kvq_engine_errmsg(e));
+            TH_CHECK(conversions() == want[k], "%s: %ld conversion launches, expected %ld", what[k], conversions(),
+                     want[k]);
+            check_rules(what[k]);
+        }
+    }
+    drv.stream_sync(x);
+    kvq_engine_free(e);
+    bufs_free(&bufs);
+    if (x) drv.stream_destroy(x);
+    drv.release(0);
+    drv.set_current(NULL);
+    th_end();
+}
+
 /* 5. A driver older than NVRTC refuses its cubin: the engine loads the PTX retargeted to the driver's ISA; a
  *    driver too old for the device's PTX is an error naming the driver's version. */
 static void test_ptx_fallback(void)
@@ -630,6 +679,7 @@ int main(void)
         test_borrowed();
         test_streams();
         test_scratch();
+        test_out_direct();
         test_ptx_fallback();
         test_subnormal_probe();
     }
