@@ -169,6 +169,21 @@ static kvq_status decode_dev(kvq_engine *e, const dev_bufs *b, kvq_seq *const *s
     return st;
 }
 
+/* A caller as a serving host is one: its own retained primary context made current, a stream of its own and its
+ * tensors (caller_end releases them, after the test freed its engines: they live in that context). */
+static int caller_begin(void **ctx, void **x, dev_bufs *b)
+{
+    memset(b, 0, sizeof *b);
+    return !drv.retain(ctx, 0) && !drv.set_current(*ctx) && !drv.stream_create(x, 1) && bufs_alloc(b);
+}
+static void caller_end(void *x, dev_bufs *b)
+{
+    bufs_free(b);
+    if (x) drv.stream_destroy(x);
+    drv.release(0);
+    drv.set_current(NULL);
+}
+
 /* The calls of a step, since the last reset, that a device step must not make. */
 static void check_quiet(const char *what)
 {
@@ -267,10 +282,8 @@ static void test_streams(void)
     char err[1024] = "";
     void *ctx = NULL, *x = NULL;
     dev_bufs bufs;
-    memset(&bufs, 0, sizeof bufs);
     fk.reset();
-    TH_CHECK(!drv.retain(&ctx, 0) && !drv.set_current(ctx) && !drv.stream_create(&x, 1) && bufs_alloc(&bufs),
-             "the caller's context, stream and buffers");
+    TH_CHECK(caller_begin(&ctx, &x, &bufs), "the caller's context, stream and buffers");
     kvq_engine *e = engine(kvq_spec_scheme(kivi_spec, NULL), err, sizeof err);
     TH_CHECK(e, "engine: %s", err);
     for (int round = 0; e && round < 2 && !th_failed(); round++) {
@@ -287,10 +300,7 @@ static void test_streams(void)
     }
     drv.stream_sync(x);
     kvq_engine_free(e);
-    bufs_free(&bufs);
-    if (x) drv.stream_destroy(x);
-    drv.release(0);
-    drv.set_current(NULL);
+    caller_end(x, &bufs);
     th_end();
 }
 
@@ -303,10 +313,8 @@ static void test_scratch(void)
     char err[1024] = "";
     void *ctx = NULL, *x = NULL;
     dev_bufs bufs;
-    memset(&bufs, 0, sizeof bufs);
     fk.reset();
-    TH_CHECK(!drv.retain(&ctx, 0) && !drv.set_current(ctx) && !drv.stream_create(&x, 1) && bufs_alloc(&bufs),
-             "the caller's context, stream and buffers");
+    TH_CHECK(caller_begin(&ctx, &x, &bufs), "the caller's context, stream and buffers");
     const kvq_scheme *sch = kvq_spec_scheme(kivi_spec, NULL);
     kvq_engine *e = engine(sch, err, sizeof err), *g = e ? engine(sch, err, sizeof err) : NULL;
     TH_CHECK(e && g, "engine: %s", err);
@@ -338,10 +346,7 @@ static void test_scratch(void)
     drv.stream_sync(x);
     kvq_engine_free(e);
     kvq_engine_free(g);
-    bufs_free(&bufs);
-    if (x) drv.stream_destroy(x);
-    drv.release(0);
-    drv.set_current(NULL);
+    caller_end(x, &bufs);
     th_end();
 }
 
@@ -364,9 +369,7 @@ static void test_out_direct(void)
     char err[1024] = "";
     void *ctx = NULL, *x = NULL;
     dev_bufs bufs;
-    memset(&bufs, 0, sizeof bufs);
-    TH_CHECK(!drv.retain(&ctx, 0) && !drv.set_current(ctx) && !drv.stream_create(&x, 1) && bufs_alloc(&bufs),
-             "the caller's context, stream and buffers");
+    TH_CHECK(caller_begin(&ctx, &x, &bufs), "the caller's context, stream and buffers");
     kvq_engine *e = engine(kvq_spec_scheme(kivi_spec, NULL), err, sizeof err);
     TH_CHECK(e != NULL, "engine: %s", err);
     kvq_seq *s[2] = {NULL, NULL};
@@ -387,10 +390,7 @@ static void test_out_direct(void)
     }
     drv.stream_sync(x);
     kvq_engine_free(e);
-    bufs_free(&bufs);
-    if (x) drv.stream_destroy(x);
-    drv.release(0);
-    drv.set_current(NULL);
+    caller_end(x, &bufs);
     th_end();
 }
 
@@ -552,9 +552,7 @@ static void run_scheme(const char *file, const kvq_scheme *s)
     /* the caller's primary context current (as an inference engine's), its stream and tensors */
     void *ctx = NULL, *x = NULL;
     dev_bufs bufs;
-    memset(&bufs, 0, sizeof bufs);
-    TH_CHECK(!drv.retain(&ctx, 0) && !drv.set_current(ctx) && !drv.stream_create(&x, 1) && bufs_alloc(&bufs),
-             "the caller's context, stream and buffers");
+    TH_CHECK(caller_begin(&ctx, &x, &bufs), "the caller's context, stream and buffers");
     if (b && !th_failed()) {
         TH_CHECK(decode_dev(b, &bufs, sb, 1, x) == KVQ_OK, "decode_device: %s", kvq_engine_errmsg(b));
         fk.reset();
