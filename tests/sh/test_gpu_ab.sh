@@ -25,15 +25,15 @@ check gpu_ab_refuses_bad_lists "$bad" "${msg#; }"
 
 # the checkout, fp16's unit only (GPU_AB_SPECS empty: the fill compiles fp16 alone); its sources kept for the
 # build's own fake driver below
-GPU_AB_KEEP=1 GPU_AB_SPECS=" " sh tools/gpu-ab.sh "$work/ab" work=. >"$work/make.log" 2>&1
+GPU_AB_KEEP=1 GPU_AB_SPECS=" " sh tools/gpu-ab.sh "$work/ab" checkout=. >"$work/make.log" 2>&1
 st=$?
 check gpu_ab_builds "$st" "$(tail -n 20 "$work/make.log")"
 [ "$st" -eq 0 ] || exit 0
 ab="$work/ab"
 ok=1
-[ -x "$ab/ab.sh" ] && [ -x "$ab/work/bench_gpu_decode" ] && [ -f "$ab/work/specs/kivi2.kvq" ] &&
-    [ "$(find "$ab/work/cache" -type f | wc -l)" -ge 1 ] && grep -q '^work: the checkout at ' "$ab/MANIFEST" &&
-    [ "$(cat "$ab/BUILDS")" = work ] && ok=0
+[ -x "$ab/ab.sh" ] && [ -x "$ab/checkout/bench_gpu_decode" ] && [ -f "$ab/checkout/specs/kivi2.kvq" ] &&
+    [ "$(find "$ab/checkout/cache" -type f | wc -l)" -ge 1 ] && grep -q '^checkout: the checkout at ' "$ab/MANIFEST" &&
+    [ "$(cat "$ab/BUILDS")" = checkout ] && ok=0
 check gpu_ab_folder "$ok" "$(cd "$ab" && find . -maxdepth 2 | sort | tr '\n' ' '; cat "$ab/MANIFEST")"
 
 # ab.sh on the fake driver, with an ncu that prints ncu's raw CSV layout (banner, header, units row, one kernel)
@@ -46,14 +46,14 @@ echo '"","","us","register/thread","","",""'
 echo '"0","kvq_decode_c0","50.11","123","5.49","0.41","23,267,064"'
 N
 chmod +x "$work/bin/ncu"
-fake="$ab/src/work/build/gpu-nollvm/tests/fakecuda/libcuda.so.1"
+fake="$ab/src/checkout/build/gpu-nollvm/tests/fakecuda/libcuda.so.1"
 (cd "$work" && PATH="$work/bin:$PATH" KVQ_LIBCUDA="$fake" timeout 300 "$ab/ab.sh" --rounds 2 --batch32 --layers 2 --out "$work/res") \
     >"$work/run.log" 2>&1
 st=$?
 ok=1
 s="$work/res/summary.md"
-[ "$st" -eq 0 ] && [ -f "$work/res.tar.gz" ] && grep -q '^| work | fp16 | 1 | 50.11 | 23267064 | 5.49 | 0.41 | 123 | ' "$s" &&
-    grep -q '^| work | fp16 | 2 | 50.11 | ' "$s" && grep -Eq '^\| work \| fp16 \| 2 \| .* \| [0-9.]+ \| [0-9.]+ \|$' "$s" && ok=0
+[ "$st" -eq 0 ] && [ -f "$work/res.tar.gz" ] && grep -q '^| checkout | fp16 | 1 | 50.11 | 23267064 | 5.49 | 0.41 | 123 | ' "$s" &&
+    grep -q '^| checkout | fp16 | 2 | 50.11 | ' "$s" && grep -Eq '^\| checkout \| fp16 \| 2 \| .* \| [0-9.]+ \| [0-9.]+ \|$' "$s" && ok=0
 check gpu_ab_runs_and_summarises "$ok" "exit $st: $(cat "$work/run.log")"
 # bad options of ab.sh
 "$ab/ab.sh" --rounds 0 --out "$work/x" >/dev/null 2>&1
