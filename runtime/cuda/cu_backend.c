@@ -373,7 +373,7 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
         if (st == KVQ_OK) st = cu_convert_qkv(c, dv, n, c->qbuf, c->kvin, msg, ms);
     }
     uint64_t outd = c->qbuf + qd * sizeof(float), lsed = outd + qd * sizeof(float);
-    const uint64_t outk = cu_out_direct(c, dv) ? cu_out_direct(c, dv) : outd; /* where the kernels write o */
+    const uint64_t outk = cu_out_rows(c, dv, outd); /* where the kernels write o */
     /* 2. append each sequence's token (quantize-and-append, flushes, policies) */
     for (int i = 0; i < n && st == KVQ_OK; i++) {
         cu_layer *L = items[i].seq->layers[layer];

@@ -313,12 +313,13 @@ int cu_chunks_max(const kvq_backend_ctx *c, int cls, int n_items);
  * item), as the host path rounds them. */
 kvq_status cu_convert_qkv(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t q, uint64_t kv, char *msg,
                           size_t ms);
-/* The caller's output rows when the decode kernel and the merge can write them in place: fp32 [n][Hq][D] back to
- * back, 16-byte aligned (the epilogue's float4 stores); 0 otherwise. A layer step at batch 1 launched nine kernels,
- * seven of them a few blocks (docs/gpu-results.md run 8): this is one fewer. */
-uint64_t cu_out_direct(const kvq_backend_ctx *c, const kvq_dev_decode *dv);
+/* Where the decode kernel and the merge write the outputs: the caller's rows when they can take them in place
+ * (fp32 [n][Hq][D] back to back, 16-byte aligned: the epilogue's float4 stores), else `own` (the engine's fp32 rows,
+ * converted after). A layer step at batch 1 launched nine kernels, seven of them a few blocks (docs/gpu-results.md
+ * run 8): this is one fewer. */
+uint64_t cu_out_rows(const kvq_backend_ctx *c, const kvq_dev_decode *dv, uint64_t own);
 /* The batch's outputs (fp32 [n][Hq][D] at out, base-2 lse [n][Hq] at lse) into the caller's dtype and strides,
- * lse as natural logarithms; out the caller's own rows (cu_out_direct) converts only lse. */
+ * lse as natural logarithms; out the caller's own rows (cu_out_rows) converts only lse. */
 kvq_status cu_convert_out(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t out, uint64_t lse, char *msg,
                           size_t ms);
 /* The fused decode kernel of class cls over n sequences (their kvq_seq_tiles at seqs), split into nch chunks of

@@ -245,13 +245,13 @@ kvq_status cu_convert_qkv(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, u
     return st;
 }
 
-uint64_t cu_out_direct(const kvq_backend_ctx *c, const kvq_dev_decode *dv)
+uint64_t cu_out_rows(const kvq_backend_ctx *c, const kvq_dev_decode *dv, uint64_t own)
 {
     if (!dv || dv->out.dtype != KVQ_F32 || dv->out.head_stride != c->D ||
         dv->out.token_stride != (long long)c->Hq * c->D)
-        return 0;
+        return own;
     const uint64_t a = dev_addr(dv->out.data);
-    return (a & 15) == 0 ? a : 0;
+    return (a & 15) == 0 ? a : own;
 }
 
 kvq_status cu_convert_out(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t out, uint64_t lse, char *msg,
@@ -259,7 +259,7 @@ kvq_status cu_convert_out(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, u
 {
     int Hq = c->Hq, D = c->D;
     kvq_status st = KVQ_OK;
-    if (out != dev_addr(dv->out.data)) /* not written in place by the decode kernel or the merge (cu_out_direct) */
+    if (out != dev_addr(dv->out.data)) /* not written in place by the decode kernel or the merge (cu_out_rows) */
         st = cu_convert_rows(c, out, KVQ_F32, (long long)Hq * D, D, dev_addr(dv->out.data), dv->out.dtype,
                              dv->out.token_stride, dv->out.head_stride, n, Hq, D, 1.0f, msg, ms);
     if (st == KVQ_OK && dv->lse)

@@ -456,7 +456,7 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
     /* the decode kernel over the planned tiles, its chunks fixed by the capacity, and the merge */
     int nch = step_chunks(c, cls, n);
     /* tpc 1: each sequence's split is in the tables */
-    const uint64_t out = cu_out_direct(c, dv) ? cu_out_direct(c, dv) : S->out; /* the caller's rows, or ours */
+    const uint64_t out = cu_out_rows(c, dv, S->out); /* the caller's rows, or ours */
     if (st == KVQ_OK) st = cu_decode_launch(c, cls, n, nch, 1, S->q, base + o.seqs, out, S->lse, S->part, 0, msg, ms);
     /* ZipCache: probe rows and compressions after the attention, as decode_run orders them */
     uint64_t qp[CU_STEP_STORES];

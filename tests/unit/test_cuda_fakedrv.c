@@ -351,7 +351,7 @@ static void test_scratch(void)
 }
 
 /* The caller's fp32 output rows, [n][Hq][D] and 16-byte aligned, are written by the decode kernel and the merge
- * themselves (cu_out_direct): a layer step converts q, k, v and lse but not the output, one launch fewer (at batch 1
+ * themselves (cu_out_rows): a layer step converts q, k, v and lse but not the output, one launch fewer (at batch 1
  * a layer step was nine launches, seven of them a few blocks: docs/gpu-results.md run 8). An output they cannot
  * write in place (4 bytes off alignment, fp16) is converted as before. */
 static long conversions(void)
