@@ -137,10 +137,9 @@ typedef struct {
     kvq_i32 reserved;
 } kvq_list_params;
 
-/* kvq_tiles_patch (kvq_common.cuh), a planned step's changes to the sequences' tile lists on the device
- * (docs/cuda.md "Planned steps"): item blockIdx.z of kvq_list_params.items copies n tiles from src (the step
- * tables the plan uploaded) to dst (a run of one sequence's device tile list of one layer); n = 0 does nothing.
- * grid (1, 1, n_items), block 128. */
+/* A planned step's change to the sequences' tile lists on the device (docs/cuda.md "Planned steps"): kvq_step_in
+ * copies n tiles from src (the step tables the plan uploaded) to dst (a run of one sequence's device tile list of
+ * one layer); n = 0 does nothing. */
 typedef struct {
     kvq_u64 dst, src;
     kvq_i32 n;
@@ -158,6 +157,18 @@ typedef struct {
     float mul;
     kvq_i32 reserved;
 } kvq_convert_params;
+
+/* kvq_step_in (kvq_common.cuh): a device step's inputs in one launch. cv[0..2] convert q, k, v (cv[j].n tokens x
+ * heads[j] rows, as kvq_convert_rows; k and v into kvin, fp16 [n][2][kv_heads][D], K then V of each token); then
+ * n_stores kvq_store_params at `stores` (each over every kv head; a store whose rows lie in kvin reads the caller's
+ * rows through cv[1] or cv[2]) and n_patches kvq_tile_patch at `patches`. grid (the sum of those rows, items x
+ * kv_heads and patches), block 128. */
+typedef struct {
+    kvq_convert_params cv[3];
+    kvq_u64 stores, patches, kvin;
+    kvq_i32 heads[3];
+    kvq_i32 n_stores, n_patches, kv_heads;
+} kvq_step_in_params;
 
 /* ---- policy kernels (kvq_policy.cuh; docs/cuda.md "Policy kernels") ---- */
 
@@ -307,8 +318,9 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_convert_params, mul), (long long)sizeof(kvq_list_params),                \
         (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk), (long long)sizeof(kvq_tile_patch),       \
         (long long)KVQ_RT_OFFSETOF(kvq_tile_patch, n), (long long)sizeof(kvq_tamax_params),                  \
-        (long long)KVQ_RT_OFFSETOF(kvq_quant_params, tamax)
-#define KVQ_PARAMS_SIG_N 30
+        (long long)KVQ_RT_OFFSETOF(kvq_quant_params, tamax), (long long)sizeof(kvq_step_in_params),                 \
+        (long long)KVQ_RT_OFFSETOF(kvq_step_in_params, kv_heads)
+#define KVQ_PARAMS_SIG_N 32
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -337,7 +349,9 @@ KVQ_OFFSET_ASSERT(kvq_tk_params, n_ch, 56);
 KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
 KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
 KVQ_PARAMS_CHECK(kvq_convert_params, 72);
+KVQ_PARAMS_CHECK(kvq_step_in_params, 264);
 KVQ_OFFSET_ASSERT(kvq_convert_params, mul, 64);
+KVQ_OFFSET_ASSERT(kvq_step_in_params, kv_heads, 260);
 KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
 KVQ_PARAMS_CHECK(kvq_list_params, 16);
 KVQ_OFFSET_ASSERT(kvq_seq_tiles, tiles_per_chunk, 12);

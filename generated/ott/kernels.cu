@@ -422,10 +422,9 @@ typedef struct {
     kvq_i32 reserved;
 } kvq_list_params;
 
-/* kvq_tiles_patch (kvq_common.cuh), a planned step's changes to the sequences' tile lists on the device
- * (docs/cuda.md "Planned steps"): item blockIdx.z of kvq_list_params.items copies n tiles from src (the step
- * tables the plan uploaded) to dst (a run of one sequence's device tile list of one layer); n = 0 does nothing.
- * grid (1, 1, n_items), block 128. */
+/* A planned step's change to the sequences' tile lists on the device (docs/cuda.md "Planned steps"): kvq_step_in
+ * copies n tiles from src (the step tables the plan uploaded) to dst (a run of one sequence's device tile list of
+ * one layer); n = 0 does nothing. */
 typedef struct {
     kvq_u64 dst, src;
     kvq_i32 n;
@@ -443,6 +442,18 @@ typedef struct {
     float mul;
     kvq_i32 reserved;
 } kvq_convert_params;
+
+/* kvq_step_in (kvq_common.cuh): a device step's inputs in one launch. cv[0..2] convert q, k, v (cv[j].n tokens x
+ * heads[j] rows, as kvq_convert_rows; k and v into kvin, fp16 [n][2][kv_heads][D], K then V of each token); then
+ * n_stores kvq_store_params at `stores` (each over every kv head; a store whose rows lie in kvin reads the caller's
+ * rows through cv[1] or cv[2]) and n_patches kvq_tile_patch at `patches`. grid (the sum of those rows, items x
+ * kv_heads and patches), block 128. */
+typedef struct {
+    kvq_convert_params cv[3];
+    kvq_u64 stores, patches, kvin;
+    kvq_i32 heads[3];
+    kvq_i32 n_stores, n_patches, kv_heads;
+} kvq_step_in_params;
 
 /* ---- policy kernels (kvq_policy.cuh; docs/cuda.md "Policy kernels") ---- */
 
@@ -592,8 +603,9 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_convert_params, mul), (long long)sizeof(kvq_list_params),                \
         (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk), (long long)sizeof(kvq_tile_patch),       \
         (long long)KVQ_RT_OFFSETOF(kvq_tile_patch, n), (long long)sizeof(kvq_tamax_params),                  \
-        (long long)KVQ_RT_OFFSETOF(kvq_quant_params, tamax)
-#define KVQ_PARAMS_SIG_N 30
+        (long long)KVQ_RT_OFFSETOF(kvq_quant_params, tamax), (long long)sizeof(kvq_step_in_params),                 \
+        (long long)KVQ_RT_OFFSETOF(kvq_step_in_params, kv_heads)
+#define KVQ_PARAMS_SIG_N 32
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -622,7 +634,9 @@ KVQ_OFFSET_ASSERT(kvq_tk_params, n_ch, 56);
 KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
 KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
 KVQ_PARAMS_CHECK(kvq_convert_params, 72);
+KVQ_PARAMS_CHECK(kvq_step_in_params, 264);
 KVQ_OFFSET_ASSERT(kvq_convert_params, mul, 64);
+KVQ_OFFSET_ASSERT(kvq_step_in_params, kv_heads, 260);
 KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
 KVQ_PARAMS_CHECK(kvq_list_params, 16);
 KVQ_OFFSET_ASSERT(kvq_seq_tiles, tiles_per_chunk, 12);
@@ -4012,21 +4026,6 @@ extern "C" __global__ void __launch_bounds__(128) kvq_store_f16_list(const kvq_l
 }
 KVQ_KERNEL_EXPORT(kvq_store_f16_list);
 
-/* A planned step's tile patches (kvq_tile_patch): each sequence keeps its decode tiles on the device from step
- * to step, and the plan sends only the tiles that changed (the sinks' and pools', the tail after the last page
- * that can no longer change), copied here into place before the layer's decode launch. A tile is 6 words.
- * grid (1, 1, n_items). */
-extern "C" __global__ void __launch_bounds__(128) kvq_tiles_patch(const kvq_list_params p)
-{
-    if ((int)blockIdx.z >= p.n_items) return;
-    const kvq_tile_patch tp = ((const kvq_tile_patch *)p.items)[blockIdx.z];
-    const kvq_u64 *src = (const kvq_u64 *)tp.src;
-    kvq_u64 *dst = (kvq_u64 *)tp.dst;
-    const int words = tp.n * (int)(sizeof(kvq_tile) / sizeof(kvq_u64));
-    for (int i = (int)threadIdx.x; i < words; i += (int)blockDim.x) dst[i] = src[i];
-}
-KVQ_KERNEL_EXPORT(kvq_tiles_patch);
-
 /* Strided fp32/fp16/bf16 rows to strided fp32/fp16/bf16 rows (kvq_convert_params): the device-tensor entry
  * points' q, k, v in, outputs and lse out. The conversions are the host's (exact widening, round to nearest even
  * narrowing), so the device path stores and attends to what the host-pointer path does, bit for bit. */
@@ -4037,22 +4036,79 @@ static __device__ __forceinline__ float kvq_cvt_load(kvq_u64 base, int dtype, lo
     return ((const float *)base)[i];
 }
 
+/* Row (t, h) of a conversion, its elements strided over the block's threads. */
+KVQ_DEV void kvq_convert_row(const kvq_convert_params *p, long long t, long long h)
+{
+    for (int d = threadIdx.x; d < p->dim; d += blockDim.x) {
+        float x = kvq_cvt_load(p->src, p->src_dtype, t * p->src_ts + h * p->src_hs + d) * p->mul;
+        long long o = t * p->dst_ts + h * p->dst_hs + d;
+        if (p->dst_dtype == 1)
+            ((kvq_half *)p->dst)[o] = kvq_f2h(x);
+        else if (p->dst_dtype == 2)
+            ((kvq_bf16 *)p->dst)[o] = kvq_f2bf(x);
+        else
+            ((float *)p->dst)[o] = x;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(128) kvq_convert_rows(const kvq_convert_params p)
 {
-    const long long h = blockIdx.x;
-    for (long long t = blockIdx.y; t < p.n; t += gridDim.y)
-        for (int d = threadIdx.x; d < p.dim; d += blockDim.x) {
-            float x = kvq_cvt_load(p.src, p.src_dtype, t * p.src_ts + h * p.src_hs + d) * p.mul;
-            long long o = t * p.dst_ts + h * p.dst_hs + d;
-            if (p.dst_dtype == 1)
-                ((kvq_half *)p.dst)[o] = kvq_f2h(x);
-            else if (p.dst_dtype == 2)
-                ((kvq_bf16 *)p.dst)[o] = kvq_f2bf(x);
-            else
-                ((float *)p.dst)[o] = x;
-        }
+    for (long long t = blockIdx.y; t < p.n; t += gridDim.y) kvq_convert_row(&p, t, blockIdx.x);
 }
 KVQ_KERNEL_EXPORT(kvq_convert_rows);
+
+/* A device step's inputs in one launch (kvq_step_in_params): at batch 1 a layer step was nine launches, seven of
+ * them a few blocks each (docs/gpu-results.md run 8), and the conversions, the new tokens' stores and the tile
+ * patches depend on nothing of each other. One block a row: the conversions' rows (q, k, v: cv[j], n x heads[j]
+ * rows), then every kv head of the store items, then the tile patches. A store item whose rows lie in the
+ * converted k, v buffer (kvin, [n][2][kv_heads][D] fp16, which this launch writes) reads the caller's row through
+ * the same conversion instead: f2h(x) is what the stored row f2h(h2f(f2h(x))) would be, bit for bit. */
+KVQ_DEV void kvq_step_in_store(const kvq_step_in_params *p, const kvq_store_params *sp, int h)
+{
+    const long long kvin_elems = (long long)p->cv[1].n * 2 * p->kv_heads * KVQ_D;
+    for (int t = 0; t < sp->n; t++) {
+        long long r = sp->dst_ring ? ((long long)sp->slot + t) % sp->dst_ring : (long long)sp->slot + t;
+        kvq_half *dst = (kvq_half *)sp->dst + ((long long)h * sp->dst_cap + r) * KVQ_D;
+        const long long row0 = kvq_row_at(&sp->src, h, t, sp->n);
+        const long long e = sp->src.f16 && sp->src.base >= p->kvin ? (long long)(sp->src.base - p->kvin) / 2 + row0 : -1;
+        if (e >= 0 && e < kvin_elems) {
+            const long long R = e / KVQ_D; /* kvin row: token i = R / 2H, K or V = R / H mod 2, head R mod H */
+            const kvq_convert_params *cv = &p->cv[1 + (int)(R / p->kv_heads % 2)];
+            const long long i = R / (2 * p->kv_heads), hh = R % p->kv_heads;
+            for (int c = threadIdx.x; c < KVQ_D; c += blockDim.x)
+                dst[c] = kvq_f2h(kvq_cvt_load(cv->src, cv->src_dtype, i * cv->src_ts + hh * cv->src_hs + c) * cv->mul);
+        } else {
+            for (int c = threadIdx.x; c < KVQ_D; c += blockDim.x) dst[c] = kvq_f2h(kvq_src_ld(&sp->src, row0, c));
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) kvq_step_in(const kvq_step_in_params p)
+{
+    long long b = blockIdx.x;
+    for (int j = 0; j < 3; j++) {
+        const long long rows = (long long)p.cv[j].n * p.heads[j];
+        if (b < rows) {
+            kvq_convert_row(&p.cv[j], b / p.heads[j], b % p.heads[j]);
+            return;
+        }
+        b -= rows;
+    }
+    if (b < (long long)p.n_stores * p.kv_heads) {
+        const kvq_store_params sp = ((const kvq_store_params *)p.stores)[b / p.kv_heads];
+        if (sp.n > 0) kvq_step_in_store(&p, &sp, (int)(b % p.kv_heads));
+        return;
+    }
+    b -= (long long)p.n_stores * p.kv_heads;
+    if (b < p.n_patches) { /* a planned step's changes to the sequences' device tile lists (6 words a tile) */
+        const kvq_tile_patch tp = ((const kvq_tile_patch *)p.patches)[b];
+        const kvq_u64 *src = (const kvq_u64 *)tp.src;
+        kvq_u64 *dst = (kvq_u64 *)tp.dst;
+        const int words = tp.n * (int)(sizeof(kvq_tile) / sizeof(kvq_u64));
+        for (int i = (int)threadIdx.x; i < words; i += (int)blockDim.x) dst[i] = src[i];
+    }
+}
+KVQ_KERNEL_EXPORT(kvq_step_in);
 
 /* The prompt's absolute maxima of a tensor whose element format takes its tensor scale from the prompt
  * (kvq_tamax_params, kvq_format.cuh). grid (kv_heads), block 128. */

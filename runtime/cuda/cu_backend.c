@@ -370,7 +370,7 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
     } else {
         /* device tensors: q to fp32 [n][Hq][D], k and v to fp16 rows [n][2][H][D], as the host path rounds them */
         if (st == KVQ_OK) st = cu_scratch(c, &c->kvin, &c->kvin_bytes, (size_t)n * kvi, msg, ms);
-        if (st == KVQ_OK) st = cu_convert_qkv(c, dv, n, c->qbuf, c->kvin, msg, ms);
+        if (st == KVQ_OK) st = cu_step_in(c, dv, n, c->qbuf, c->kvin, 0, 0, 0, 0, msg, ms);
     }
     uint64_t outd = c->qbuf + qd * sizeof(float), lsed = outd + qd * sizeof(float);
     const uint64_t outk = cu_out_rows(c, dv, outd); /* where the kernels write o */

@@ -309,10 +309,12 @@ kvq_status cu_decode_enqueue(kvq_backend_ctx *c, int layer, const kvq_be_decode 
  * (the chunks are then at most cu_chunks_max(c, cls, n)). */
 int cu_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_tiles);
 int cu_chunks_max(const kvq_backend_ctx *c, int cls, int n_items);
-/* A device batch's q as fp32 [n][Hq][D] at q, its k and v as fp16 rows [n][2][H][D] at kv (K then V of each
- * item), as the host path rounds them. */
-kvq_status cu_convert_qkv(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t q, uint64_t kv, char *msg,
-                          size_t ms);
+/* A device batch's inputs in one launch (kvq_step_in): q as fp32 [n][Hq][D] at q, k and v as fp16 rows
+ * [n][2][H][D] at kv (K then V of each item), as the host path rounds them; with a planned step's n_stores new
+ * tokens' stores at `stores` (kvq_store_params whose rows are in kv: read from the caller's tensors) and its
+ * n_patches tile patches at `patches`, none of which depends on another. */
+kvq_status cu_step_in(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t q, uint64_t kv, uint64_t stores,
+                      int n_stores, uint64_t patches, int n_patches, char *msg, size_t ms);
 /* Where the decode kernel and the merge write the outputs: the caller's rows when they can take them in place
  * (fp32 [n][Hq][D] back to back, 16-byte aligned: the epilogue's float4 stores), else `own` (the engine's fp32 rows,
  * converted after). A layer step at batch 1 launched nine kernels, seven of them a few blocks (docs/gpu-results.md

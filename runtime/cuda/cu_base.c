@@ -230,19 +230,34 @@ int cu_tiles_per_chunk(const kvq_backend_ctx *c, int cls, int n_items, int max_t
 
 static uint64_t dev_addr(const void *p) { return (uint64_t)(uintptr_t)p; }
 
-kvq_status cu_convert_qkv(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t q, uint64_t kv, char *msg,
-                          size_t ms)
+static void convert_params(kvq_convert_params *p, const kvq_dev_tensor *src, uint64_t dst, int ddt, long long dts,
+                           int n, int dim)
 {
-    int H = c->H, Hq = c->Hq, D = c->D;
-    kvq_status st = cu_convert_rows(c, dev_addr(dv->q.data), dv->q.dtype, dv->q.token_stride, dv->q.head_stride, q,
-                                    KVQ_F32, (long long)Hq * D, D, n, Hq, D, 1.0f, msg, ms);
-    if (st == KVQ_OK)
-        st = cu_convert_rows(c, dev_addr(dv->k.data), dv->k.dtype, dv->k.token_stride, dv->k.head_stride, kv, KVQ_F16,
-                             2LL * H * D, D, n, H, D, 1.0f, msg, ms);
-    if (st == KVQ_OK)
-        st = cu_convert_rows(c, dev_addr(dv->v.data), dv->v.dtype, dv->v.token_stride, dv->v.head_stride,
-                             kv + (uint64_t)H * D * 2, KVQ_F16, 2LL * H * D, D, n, H, D, 1.0f, msg, ms);
-    return st;
+    memset(p, 0, sizeof *p);
+    p->src = dev_addr(src->data), p->dst = dst, p->src_ts = src->token_stride, p->src_hs = src->head_stride;
+    p->dst_ts = dts, p->dst_hs = dim, p->src_dtype = src->dtype, p->dst_dtype = ddt, p->n = n, p->dim = dim;
+    p->mul = 1.0f;
+}
+
+kvq_status cu_step_in(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint64_t q, uint64_t kv, uint64_t stores,
+                      int n_stores, uint64_t patches, int n_patches, char *msg, size_t ms)
+{
+    const int H = c->H, Hq = c->Hq, D = c->D;
+    kvq_step_in_params p;
+    memset(&p, 0, sizeof p);
+    convert_params(&p.cv[0], &dv->q, q, KVQ_F32, (long long)Hq * D, n, D);
+    convert_params(&p.cv[1], &dv->k, kv, KVQ_F16, 2LL * H * D, n, D);
+    convert_params(&p.cv[2], &dv->v, kv + (uint64_t)H * D * 2, KVQ_F16, 2LL * H * D, n, D);
+    p.heads[0] = Hq, p.heads[1] = p.heads[2] = H;
+    p.stores = stores, p.n_stores = n_stores, p.patches = patches, p.n_patches = n_patches;
+    p.kvin = kv, p.kv_heads = H;
+    const long long blocks = (long long)n * (Hq + 2 * H) + (long long)n_stores * H + n_patches;
+    if (blocks > 2147483647LL) { /* gridDim.x's limit */
+        snprintf(msg, ms, "a batch of %d needs %lld blocks for its inputs, more than gridDim.x's 2^31 - 1", n, blocks);
+        return KVQ_ERR_UNSUPPORTED;
+    }
+    const unsigned g[3] = {(unsigned)blocks, 1, 1}, b[3] = {128, 1, 1};
+    return cu_dev_launch(c->dev, c->mod, "kvq_step_in", g, b, &p, sizeof p, msg, ms);
 }
 
 uint64_t cu_out_rows(const kvq_backend_ctx *c, const kvq_dev_decode *dv, uint64_t own)

@@ -440,10 +440,11 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
     tbl_off o;
     tbl_layout(S, n, c->e.dims.layers, &o);
     uint64_t base = S->tables + (uint64_t)layer * o.layer;
-    /* q to fp32 [n][Hq][D], k and v to fp16 rows [n][2][H][D], as decode_run converts them */
-    kvq_status st = cu_convert_qkv(c, dv, n, S->q, S->kvin, msg, ms);
-    /* the new tokens into their sinks, windows or fp16 pages; then the flushes, which read the windows */
-    if (st == KVQ_OK) st = cu_list_launch(c, "kvq_store_f16_list", (unsigned)H, 1, base + o.st1, n * S->st1_cap, msg, ms);
+    /* one launch: q to fp32 [n][Hq][D], k and v to fp16 rows [n][2][H][D] as decode_run converts them, the new
+     * tokens into their sinks, windows or fp16 pages (the flushes after it read the windows), and the tiles that
+     * changed into the sequences' device lists, which the decode kernel reads */
+    kvq_status st = cu_step_in(c, dv, n, S->q, S->kvin, base + o.st1, n * S->st1_cap, base + o.patch,
+                               n * CU_STEP_PATCHES, msg, ms);
     /* the policy layers' retrievals or competitions, which read the windows the new tokens are in */
     if (st == KVQ_OK) st = cu_step_policy_run(c, layer, n, base + o.tk, base + o.tkst, base + o.ott, msg, ms);
     if (st == KVQ_OK && S->st2_cap)
@@ -451,8 +452,6 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
     for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++)
         if (S->q_cap[s] && store_quantized(class_store(c, cls, s)))
             st = cu_quant_lists(c, cls, s, base + o.q[s], n * S->q_cap[s], msg, ms);
-    /* the tiles that changed into the sequences' device lists, which the decode kernel then reads */
-    if (st == KVQ_OK) st = cu_list_launch(c, "kvq_tiles_patch", 1, 1, base + o.patch, n * CU_STEP_PATCHES, msg, ms);
     /* the decode kernel over the planned tiles, its chunks fixed by the capacity, and the merge */
     int nch = step_chunks(c, cls, n);
     /* tpc 1: each sequence's split is in the tables */

@@ -351,16 +351,19 @@ static void test_scratch(void)
 }
 
 /* The caller's fp32 output rows, [n][Hq][D] and 16-byte aligned, are written by the decode kernel and the merge
- * themselves (cu_out_rows): a layer step converts q, k, v and lse but not the output, one launch fewer (at batch 1
- * a layer step was nine launches, seven of them a few blocks: docs/gpu-results.md run 8). An output they cannot
- * write in place (4 bytes off alignment, fp16) is converted as before. */
-static long conversions(void)
+ * themselves (cu_out_rows): a layer step converts its inputs (one kvq_step_in) and lse but not the output, one
+ * launch fewer (at batch 1 a layer step was nine launches, seven of them a few blocks: docs/gpu-results.md run 8).
+ * An output they cannot write in place (4 bytes off alignment, fp16) is converted as before. */
+static long launches_of(const char *kernel)
 {
+    char pre[96];
+    snprintf(pre, sizeof pre, "cuLaunchKernel %s ", kernel);
     long n = 0;
     const char *l;
-    for (long i = 0; (l = fk.log_line(i)) != NULL; i++) n += !strncmp(l, "cuLaunchKernel kvq_convert_rows ", 32);
+    for (long i = 0; (l = fk.log_line(i)) != NULL; i++) n += !strncmp(l, pre, strlen(pre));
     return n;
 }
+static long conversions(void) { return launches_of("kvq_convert_rows"); }
 
 static void test_out_direct(void)
 {
@@ -376,7 +379,7 @@ static void test_out_direct(void)
     for (int i = 0; e && i < 2; i++) TH_CHECK(kvq_seq_create(e, &s[i]) == KVQ_OK, "seq_create");
     if (e && !th_failed() && prefill(e, s, 2, PROMPT) == KVQ_OK) {
         static const char *const what[3] = {"fp32 rows, aligned", "fp32 rows 4 bytes off", "fp16 rows"};
-        const long want[3] = {4, 5, 5}; /* q, k, v, lse (+ the output) */
+        const long want[3] = {1, 2, 2}; /* lse (+ the output); q, k, v in the step's kvq_step_in */
         for (int k = 0; k < 3; k++) {
             kvq_dev_decode d = dev_batch(&bufs, s, 2, x);
             if (k == 1) d.out.data = (char *)d.out.data + 4;
@@ -385,11 +388,68 @@ static void test_out_direct(void)
             TH_CHECK(kvq_decode_device(e, 0, &d) == KVQ_OK, "%s: decode_device: %s", what[k], kvq_engine_errmsg(e));
             TH_CHECK(conversions() == want[k], "%s: %ld conversion launches, expected %ld", what[k], conversions(),
                      want[k]);
+            TH_CHECK(launches_of("kvq_step_in") == 1, "%s: %ld kvq_step_in launches, expected 1", what[k],
+                     launches_of("kvq_step_in"));
             check_rules(what[k]);
         }
     }
     drv.stream_sync(x);
     kvq_engine_free(e);
+    caller_end(x, &bufs);
+    th_end();
+}
+
+/* The kernels a planned layer step launches, in order, at batch 1 (the serving loop's graph): its inputs in one
+ * kvq_step_in (q, k, v converted, the new tokens' window stores, the tile patches: they were five launches before,
+ * docs/gpu-results.md run 8), KIVI's flush and value quantization lists, the decode kernel and the merge of its
+ * chunks. The output is the caller's fp32 rows, written in place; no lse asked (one kvq_convert_rows more). */
+static void step_kernels(char *out, size_t cap)
+{
+    const char *l;
+    size_t at = 0;
+    out[0] = 0;
+    for (long i = 0; (l = fk.log_line(i)) != NULL; i++) {
+        if (strncmp(l, "cuLaunchKernel ", 15)) continue;
+        int len = (int)strcspn(l + 15, " ");
+        if (at + (size_t)len + 2 < cap) at += (size_t)snprintf(out + at, cap - at, "%s%.*s", at ? " " : "", len, l + 15);
+    }
+}
+
+static void test_step_launches(void)
+{
+    th_begin("a planned layer step at batch 1 launches kvq_step_in, the quantization lists, the decode kernel and "
+             "the merge: fp16 3 kernels, KIVI-2 5");
+    static const char *const want[2] = {"kvq_step_in kvq_decode_c0 kvq_merge",
+                                        "kvq_step_in kvq_quant_list_k_hi_c0 kvq_quant_list_v_hi_c0 kvq_decode_c0 "
+                                        "kvq_merge"};
+    char err[1024] = "";
+    void *ctx = NULL, *x = NULL;
+    dev_bufs bufs;
+    TH_CHECK(caller_begin(&ctx, &x, &bufs), "the caller's context, stream and buffers");
+    for (int k = 0; k < 2 && !th_failed(); k++) {
+        kvq_engine *e = engine(kvq_spec_scheme(k ? kivi_spec : fp16_spec, NULL), err, sizeof err);
+        TH_CHECK(e != NULL, "engine: %s", err);
+        kvq_seq *s = NULL;
+        if (e) TH_CHECK(kvq_seq_create(e, &s) == KVQ_OK, "seq_create");
+        if (e && !th_failed() && prefill(e, &s, 1, PROMPT) == KVQ_OK) {
+            TH_CHECK(kvq_engine_reserve_step(e, 1, 256) == KVQ_OK, "reserve_step: %s", kvq_engine_errmsg(e));
+            kvq_dev_decode d = dev_batch(&bufs, &s, 1, x);
+            d.lse = NULL;
+            char got[512];
+            for (int step = 0; step < 2 && !th_failed(); step++) { /* the first plan sends the lists whole */
+                TH_CHECK(kvq_decode_plan(e, &s, 1, x) == KVQ_OK, "plan: %s", kvq_engine_errmsg(e));
+                fk.reset();
+                TH_CHECK(kvq_decode_run(e, 0, &d) == KVQ_OK, "run: %s", kvq_engine_errmsg(e));
+                step_kernels(got, sizeof got);
+                TH_CHECK(!strcmp(got, want[k]), "%s, step %d: launched \"%s\", expected \"%s\"", k ? "KIVI-2" : "fp16",
+                         step, got, want[k]);
+                for (int l = 1; l < LAYERS; l++)
+                    TH_CHECK(kvq_decode_run(e, l, &d) == KVQ_OK, "run %d: %s", l, kvq_engine_errmsg(e));
+            }
+        }
+        drv.stream_sync(x);
+        kvq_engine_free(e);
+    }
     caller_end(x, &bufs);
     th_end();
 }
@@ -678,6 +738,7 @@ int main(void)
         test_streams();
         test_scratch();
         test_out_direct();
+        test_step_launches();
         test_ptx_fallback();
         test_subnormal_probe();
     }
