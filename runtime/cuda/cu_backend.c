@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "half.h"
 #include "cu_backend.h"
 #include "turboquant.h"
 #include "emit_cuda.h"
@@ -33,10 +34,14 @@ kvq_status cu_scratch_reserve(kvq_backend_ctx *c, int max_batch, const cu_step *
     /* a sequence's policy work (its kernels' outputs, reused item after item) and one token's rows */
     if (st == KVQ_OK && S->pol_seq) st = cu_scratch(c, &c->pol, &c->pol_bytes, S->pol_seq + S->zaux_seq, msg, ms);
     if (st == KVQ_OK) st = cu_scratch(c, &c->stage, &c->stage_bytes, 2 * H * D * 2 + 64, msg, ms);
-    /* the page-locked staging of two steps' host data (tiles, tables, queries, outputs, new rows, policy items):
-     * page-locked allocation synchronises too, and a capture refuses it */
+    /* an eager step's batched stores and quantizations (cu_batch.c): what a planned step's tables hold */
+    size_t items = n * (size_t)(S->st1_cap + S->st2_cap) * sizeof(kvq_store_params) + 16 * 6;
+    for (int s = 0; s < CU_STEP_STORES; s++) items += n * (size_t)S->q_cap[s] * sizeof(kvq_quant_params);
+    if (st == KVQ_OK) st = cu_scratch(c, &c->bitems, &c->bitems_bytes, items, msg, ms);
+    /* the page-locked staging of two steps' host data (tiles, tables, queries, outputs, new rows, policy items,
+     * batched items): page-locked allocation synchronises too, and a capture refuses it */
     size_t hst = 2 * (n * (size_t)tiles * sizeof(kvq_tile) + n * sizeof(kvq_seq_tiles) +
-                      2 * n * Hq * D * sizeof(float) + n * (4 * H * D * 2 + 4096));
+                      2 * n * Hq * D * sizeof(float) + n * (4 * H * D * 2 + 4096) + items);
     if (st == KVQ_OK && hst > c->hst_bytes) {
         size_t cap = c->hst_bytes ? c->hst_bytes : 65536;
         while (cap < hst) cap *= 2;
@@ -147,6 +152,7 @@ static void ctx_free(kvq_backend_ctx *c)
     cu_scratch_release(c);
     kvq_free(c->retired);
     cu_step_free(c);
+    cu_batch_free(c);
     cu_pool_free(c);
     cu_dev_free_host(c->dev, c->hst);
     cu_module_free(c->mod);
@@ -362,27 +368,43 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
     if (c->hst_synced) c->hst_used = 0; /* every copy from the staging has completed */
     c->hst_synced = 0;
     if (st == KVQ_OK) st = cu_scratch(c, &c->qbuf, &c->qbuf_bytes, (2 * qd + (size_t)n * Hq) * sizeof(float), msg, ms);
-    size_t kvi = (size_t)2 * H * D * 2; /* a device item's new K and V rows, fp16 */
+    /* the batch's new K and V rows, fp16 [n][2][H][D] (K then V of each item) */
+    size_t kvi = (size_t)2 * H * D * 2, hd = (size_t)H * D;
+    if (st == KVQ_OK) st = cu_scratch(c, &c->kvin, &c->kvin_bytes, (size_t)n * kvi, msg, ms);
     if (!dv) {
-        for (int i = 0; i < n && st == KVQ_OK; i++)
+        /* host rows: q as they are, k and v rounded to fp16 here; one copy each through the staging */
+        uint16_t *kv16 = st == KVQ_OK ? kvq_malloc((size_t)n * kvi) : NULL;
+        if (st == KVQ_OK && !kv16) st = KVQ_ERR_NOMEM;
+        for (int i = 0; i < n && st == KVQ_OK; i++) {
             memcpy(qh + (size_t)i * Hq * D, items[i].q, (size_t)Hq * D * sizeof *qh);
+            kvq_f16_from_f32_n(kv16 + 2 * i * hd, items[i].k, hd);
+            kvq_f16_from_f32_n(kv16 + (2 * i + 1) * hd, items[i].v, hd);
+        }
         if (st == KVQ_OK) st = cu_upload(c, c->qbuf, qh, qd * sizeof *qh, msg, ms);
+        if (st == KVQ_OK) st = cu_upload(c, c->kvin, kv16, (size_t)n * kvi, msg, ms);
+        kvq_free(kv16);
     } else {
-        /* device tensors: q to fp32 [n][Hq][D], k and v to fp16 rows [n][2][H][D], as the host path rounds them */
-        if (st == KVQ_OK) st = cu_scratch(c, &c->kvin, &c->kvin_bytes, (size_t)n * kvi, msg, ms);
+        /* device tensors: q to fp32 [n][Hq][D], k and v to the fp16 rows, rounded as the host path rounds them */
         if (st == KVQ_OK) st = cu_step_in(c, dv, n, c->qbuf, c->kvin, 0, 0, 0, 0, msg, ms);
     }
     uint64_t outd = c->qbuf + qd * sizeof(float), lsed = outd + qd * sizeof(float);
     const uint64_t outk = cu_out_rows(c, dv, outd); /* where the kernels write o */
-    /* 2. append each sequence's token (quantize-and-append, flushes, policies) */
+    /* 2. append each sequence's token (quantize-and-append, flushes, policies); layers without policies as list
+     *    launches over the batch (cu_batch.c) */
+    int batched = 1;
+    for (int i = 0; i < n; i++) {
+        const cu_layer *L = items[i].seq->layers[layer];
+        if (L->sparse || L->q.saliency || L->q.has_pool) batched = 0;
+    }
+    if (st == KVQ_OK && batched) st = cu_batch_begin(c, cls, c->kvin, c->kvin + (uint64_t)n * kvi, msg, ms);
     for (int i = 0; i < n && st == KVQ_OK; i++) {
         cu_layer *L = items[i].seq->layers[layer];
-        uint64_t kv = dv ? c->kvin + (uint64_t)i * kvi : 0;
-        st = L->sparse ? cu_slayer_append(c, &L->s, items[i].k, items[i].v, kv, c->qbuf + (uint64_t)i * Hq * D * 4,
-                                          msg, ms)
-                       : cu_qlayer_append(c, &L->q, items[i].k, items[i].v, kv, msg, ms);
+        uint64_t kv = c->kvin + (uint64_t)i * kvi;
+        st = L->sparse ? cu_slayer_append(c, &L->s, kv, c->qbuf + (uint64_t)i * Hq * D * 4, msg, ms)
+                       : cu_qlayer_append(c, &L->q, kv, msg, ms);
         if (st != KVQ_OK) bad = i;
     }
+    st = cu_batch_end(c, st, msg, ms);
     /* 3. tiles of every sequence, one upload */
     int nt = 0, max_tiles = 1;
     for (int i = 0; i < n && st == KVQ_OK; i++) {

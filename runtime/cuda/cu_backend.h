@@ -283,6 +283,13 @@ struct kvq_backend_ctx {
     /* where cu_launch sends a launch while rec is set: cu_step_record (a hook, so cu_base.c calls nothing above it) */
     kvq_status (*record)(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, const void *params,
                          size_t size, char *msg, size_t ms);
+    /* an eager step's batching (cu_batch.c): set while a step appends its sequences' tokens; cu_launch sends
+     * every launch to batch_take, which keeps the stores and quantizations as items of list launches */
+    struct cu_batch *batch, *batch_store; /* batch: the open one (NULL: none); batch_store: its memory */
+    kvq_status (*batch_take)(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, unsigned gz,
+                             unsigned bx, const void *params, size_t size, char *msg, size_t ms);
+    uint64_t bitems;
+    size_t bitems_bytes; /* the batch's items on the device */
 };
 
 /* cu_pool.c: zero-filled device memory from the engine's pool (cu_pool_put zeroes a block when it comes back). */
@@ -351,8 +358,9 @@ unsigned cu_grid_y(long long blocks);
 kvq_status cu_list_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, uint64_t items,
                           int n_items, char *msg, size_t ms);
 /* The factor and quantize list launches of store s (k_hi, k_lo, v_hi, v_lo) of class cls over n_items items at
- * `items`: the grids of the widest direct launch the step capacity allows. */
-kvq_status cu_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, int n_items, char *msg, size_t ms);
+ * `items`: the grids of the widest direct launch for items of up to maxn tokens. */
+kvq_status cu_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, int n_items, int maxn, char *msg,
+                          size_t ms);
 /* ZipCache's gather rows of a page in a plan: `bytes` of the recording sequence's region (c->rec), or 0 with msg
  * set. */
 uint64_t cu_rec_zaux_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t ms);
@@ -368,10 +376,8 @@ kvq_rows cu_rows_f16(uint64_t base, int head_stride, int first, int ring);
 
 /* cu_qlayer.c */
 kvq_status cu_qlayer_prefill(kvq_backend_ctx *c, cu_layer *L, int layer, const kvq_be_prefill *it, char *msg, size_t n);
-/* The step's new token: host fp32 rows k, v ([H][D], rounded to fp16 and staged here), or, when kv is set, fp16
- * rows already on the device (K [H][D] at kv, V after it). */
-kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, const float *k, const float *v, uint64_t kv, char *msg,
-                            size_t n);
+/* The step's new token: fp16 rows on the device, K [H][D] at kv, V after it. */
+kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, uint64_t kv, char *msg, size_t n);
 /* ZipCache layers with a window: after the step's attention (q: device [Hq][D] query rows; st: the sequence's tiles
  * of the step on the device), record the probe row when the step is a probe, then compress when the window is
  * full. */
@@ -429,9 +435,8 @@ kvq_status cu_sal_flush(kvq_backend_ctx *c, const cu_qlayer *L, int B, uint64_t 
 
 /* cu_slayer.c */
 kvq_status cu_slayer_prefill(kvq_backend_ctx *c, cu_layer *L, int layer, const kvq_be_prefill *it, char *msg, size_t n);
-/* q: the step's query on the device ([Hq][D] fp32). */
-kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, const float *k, const float *v, uint64_t kv, uint64_t q,
-                            char *msg, size_t n);
+/* kv: the new token's fp16 rows on the device (K [H][D], V after it); q: its query there ([Hq][D] fp32). */
+kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, uint64_t kv, uint64_t q, char *msg, size_t n);
 void cu_slayer_tiles(kvq_backend_ctx *c, const cu_slayer *L, int *nt);
 void cu_slayer_free(kvq_backend_ctx *c, cu_slayer *L);
 void cu_slayer_account(const kvq_backend_ctx *c, const cu_slayer *L, kvq_mem_stats *o);
@@ -445,6 +450,20 @@ kvq_status cu_step_reserve(kvq_backend_ctx *c, int max_batch, int max_tokens, ch
 kvq_status cu_step_plan(kvq_backend_ctx *c, kvq_backend_seq *const *seqs, int n, void *stream, char *msg, size_t ms);
 kvq_status cu_step_run(kvq_backend_ctx *c, int layer, kvq_backend_seq *const *seqs, int n, const kvq_dev_decode *d,
                        char *msg, size_t ms);
+/* cu_batch.c: an eager step's appends as list launches (docs/cuda.md "Eager steps"). The appends of a batch's
+ * sequences launched a store per new K and V row and a quantization per value token and flush, 3 launches a
+ * sequence for KIVI (99 at batch 32); between cu_batch_begin and cu_batch_end they are kept as the items of a planned
+ * step's list kernels and launched as the planned run orders them: the new rows' stores (their sources in
+ * [kvin, kvin_end)), the other stores (a flush's fp16 page writes, which read the windows the first ones wrote),
+ * then each store's factor and quantize lists. That order is the planned step's, which gives the same bits; a launch
+ * of any other kernel first sends what is pending, in that order. Layers with policies (ZipCache, OTT, TailorKV)
+ * are not batched. */
+typedef struct cu_batch cu_batch;
+kvq_status cu_batch_begin(kvq_backend_ctx *c, int cls, uint64_t kvin, uint64_t kvin_end, char *msg, size_t ms);
+/* Sends what is pending and ends the batching (also when st is not KVQ_OK: then nothing pending is sent). */
+kvq_status cu_batch_end(kvq_backend_ctx *c, kvq_status st, char *msg, size_t ms);
+void cu_batch_free(kvq_backend_ctx *c);
+
 /* A launch while a plan records (c->rec): the store or quantize item goes into the plan's tables. */
 kvq_status cu_step_record(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsigned gy, const void *params,
                           size_t size, char *msg, size_t ms);

@@ -49,6 +49,7 @@ kvq_status cu_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsign
                      const void *params, size_t size, char *msg, size_t n)
 {
     if (c->rec) return c->record(c, kernel, gx, gy, params, size, msg, n); /* a plan: into its tables */
+    if (c->batch) return c->batch_take(c, kernel, gx, gy, gz, bx, params, size, msg, n); /* an eager step's lists */
     const unsigned g[3] = {gx, gy, gz}, b[3] = {bx, 1, 1};
     return cu_dev_launch(c->dev, c->mod, kernel, g, b, params, size, msg, n);
 }
@@ -327,12 +328,13 @@ kvq_status cu_list_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, u
     return cu_dev_launch(c->dev, c->mod, kernel, g, b, &lp, sizeof lp, msg, ms);
 }
 
-kvq_status cu_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, int n_items, char *msg, size_t ms)
+kvq_status cu_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, int n_items, int maxn, char *msg,
+                          size_t ms)
 {
     static const char *const names[CU_STEP_STORES] = {"k_hi", "k_lo", "v_hi", "v_lo"};
     const plan_class *pc = &c->plan->cls[cls];
     const plan_store *ps = s == 0 ? &pc->k_hi : s == 1 ? &pc->k_lo : s == 2 ? &pc->v_hi : &pc->v_lo;
-    int maxn = c->step.q_maxn[cls][s] > 0 ? c->step.q_maxn[cls][s] : 1;
+    if (maxn < 1) maxn = 1;
     char name[48];
     kvq_status st = KVQ_OK;
     if (ps->sep) {

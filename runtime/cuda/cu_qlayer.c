@@ -393,19 +393,11 @@ kvq_status cu_qlayer_prefill(kvq_backend_ctx *c, cu_layer *RL, int layer, const 
 
 /* ---- decode step: the new token into its window or page, and the flushes it triggers (ref plan_step) ---- */
 
-kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, const float *k, const float *v, uint64_t kv, char *msg,
-                            size_t mn)
+kvq_status cu_qlayer_append(kvq_backend_ctx *c, cu_qlayer *L, uint64_t kv, char *msg, size_t mn)
 {
     int H = c->H, D = c->D, pos = L->length;
     size_t one = (size_t)H * D * 2;
     kvq_status st = KVQ_OK;
-    if (!kv) { /* host rows: rounded to fp16 here, staged */
-        st = cu_scratch(c, &c->stage, &c->stage_bytes, 2 * one + 64, msg, mn);
-        if (st == KVQ_OK) st = stage_rows(c, k, 1, c->stage, msg, mn);
-        if (st == KVQ_OK) st = stage_rows(c, v, 1, c->stage + one, msg, mn);
-        if (st != KVQ_OK) return st;
-        kv = c->stage;
-    }
     kvq_rows newr[2] = {cu_rows_f16(kv, 1, 0, 0), cu_rows_f16(kv + one, 1, 0, 0)};
     if (L->length < L->cfg->sinks) {
         for (int w = 0; w < 2 && st == KVQ_OK; w++) st = cu_win_push(c, &L->sink[w], &newr[w], 1, &pos, msg, mn);

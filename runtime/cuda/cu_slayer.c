@@ -79,8 +79,7 @@ kvq_status cu_slayer_prefill(kvq_backend_ctx *c, cu_layer *RL, int layer, const 
     return KVQ_OK;
 }
 
-kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, const float *k, const float *v, uint64_t kv, uint64_t q,
-                            char *msg, size_t mn)
+kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, uint64_t kv, uint64_t q, char *msg, size_t mn)
 {
     int H = c->H, D = c->D, pos = L->length, gen = L->length - L->T;
     kvq_status st = KVQ_OK;
@@ -103,22 +102,10 @@ kvq_status cu_slayer_append(kvq_backend_ctx *c, cu_slayer *L, const float *k, co
         }
         L->n_gen++;
     }
-    /* the new token: staged fp16 rows, then into the current page of generated tokens */
+    /* the new token (fp16 rows on the device) into the current page of generated tokens */
     int cap = L->cfg->sinks + L->cfg->recent, first = L->cfg->sinks, nc = L->T > cap ? L->T - cap : 0;
     int k_sel = L->cfg->topk, nf = k_sel < nc ? (k_sel > 0 ? k_sel : 0) : nc;
     size_t one = (size_t)H * D * 2;
-    if (!kv) { /* host rows: rounded to fp16 here, staged */
-        st = cu_scratch(c, &c->stage, &c->stage_bytes, 2 * one + 64, msg, mn);
-        uint16_t *h16 = kvq_malloc(2 * one);
-        if (st == KVQ_OK && !h16) st = KVQ_ERR_NOMEM;
-        if (st == KVQ_OK) {
-            kvq_f16_from_f32_n(h16, k, (size_t)H * D);
-            kvq_f16_from_f32_n(h16 + (size_t)H * D, v, (size_t)H * D);
-            st = cu_upload(c, c->stage, h16, 2 * one, msg, mn);
-        }
-        kvq_free(h16);
-        kv = c->stage;
-    }
     for (int w = 0; w < 2 && st == KVQ_OK; w++) {
         kvq_rows r;
         memset(&r, 0, sizeof r);

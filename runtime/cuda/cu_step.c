@@ -318,9 +318,9 @@ static kvq_status plan_layer(kvq_backend_ctx *c, int l, kvq_backend_seq *const *
         r.pol = S->pol + (uint64_t)i * S->pol_seq, r.pol_bytes = S->pol_seq;
         c->rec = &r;
         /* the step's query (TailorKV's retrieval reads it) is converted into S->q by the run */
-        st = L->sparse ? cu_slayer_append(c, &L->s, NULL, NULL, S->kvin + (uint64_t)i * kvi,
+        st = L->sparse ? cu_slayer_append(c, &L->s, S->kvin + (uint64_t)i * kvi,
                                           S->q + (uint64_t)i * c->Hq * D * sizeof(float), msg, ms)
-                       : cu_qlayer_append(c, &L->q, NULL, NULL, S->kvin + (uint64_t)i * kvi, msg, ms);
+                       : cu_qlayer_append(c, &L->q, S->kvin + (uint64_t)i * kvi, msg, ms);
         c->rec = NULL;
         if (st != KVQ_OK) {
             char tmp[512];
@@ -451,7 +451,7 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
         st = cu_list_launch(c, "kvq_store_f16_list", (unsigned)H, 1, base + o.st2, n * S->st2_cap, msg, ms);
     for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++)
         if (S->q_cap[s] && store_quantized(class_store(c, cls, s)))
-            st = cu_quant_lists(c, cls, s, base + o.q[s], n * S->q_cap[s], msg, ms);
+            st = cu_quant_lists(c, cls, s, base + o.q[s], n * S->q_cap[s], S->q_maxn[cls][s], msg, ms);
     /* the decode kernel over the planned tiles, its chunks fixed by the capacity, and the merge */
     int nch = step_chunks(c, cls, n);
     /* tpc 1: each sequence's split is in the tables */

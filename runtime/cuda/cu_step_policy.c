@@ -293,7 +293,7 @@ kvq_status cu_step_policy_post(kvq_backend_ctx *c, int layer, int n, uint64_t zn
     for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++) {
         const plan_store *ps = s == 0 ? &pc->k_hi : s == 1 ? &pc->k_lo : s == 2 ? &pc->v_hi : &pc->v_lo;
         if (S->qp_cap[s] && ps->bits >= 1 && ps->bits <= 8)
-            st = cu_quant_lists(c, cls, s, qp[s], n * S->qp_cap[s], msg, ms);
+            st = cu_quant_lists(c, cls, s, qp[s], n * S->qp_cap[s], S->q_maxn[cls][s], msg, ms);
     }
     return st;
 }

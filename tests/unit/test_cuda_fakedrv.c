@@ -454,6 +454,68 @@ static void test_step_launches(void)
     th_end();
 }
 
+/* An eager step (kvq_decode_device, and kvq_decode's host rows) at batch 4: the sequences' appends go out as list
+ * launches (cu_batch.c), not a store per new row and a quantization per value token and flush (3 launches a
+ * sequence for KIVI-2, 99 at batch 32): each kernel at most once whatever the batch, in the planned run's order.
+ * Which of KIVI's lists run depends on the step (a value leaving its window, a key flush), the merge on the split. */
+static int in_order(const char *got, const char *allowed)
+{
+    char g[512];
+    snprintf(g, sizeof g, "%s", got);
+    const char *at = allowed;
+    for (char *save = NULL, *w = strtok_r(g, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+        const char *f = strstr(at, w);
+        if (!f || (f[strlen(w)] != ' ' && f[strlen(w)] != 0)) return 0;
+        at = f + strlen(w);
+    }
+    return 1;
+}
+
+static void test_eager_launches(void)
+{
+    th_begin("an eager step at batch 4 launches each kernel at most once, in order: kvq_step_in (device rows), the "
+             "new rows' store list, KIVI's quantization lists, decode, merge");
+    static const char *const allowed[2] = {
+        "kvq_step_in kvq_store_f16_list kvq_decode_c0 kvq_merge",
+        "kvq_step_in kvq_store_f16_list kvq_quant_list_k_hi_c0 kvq_quant_list_v_hi_c0 kvq_decode_c0 kvq_merge"};
+    char err[1024] = "";
+    void *ctx = NULL, *x = NULL;
+    dev_bufs bufs;
+    TH_CHECK(caller_begin(&ctx, &x, &bufs), "the caller's context, stream and buffers");
+    for (int k = 0; k < 2 && !th_failed(); k++) {
+        kvq_engine *e = engine(kvq_spec_scheme(k ? kivi_spec : fp16_spec, NULL), err, sizeof err);
+        TH_CHECK(e != NULL, "engine: %s", err);
+        kvq_seq *s[4] = {NULL, NULL, NULL, NULL};
+        for (int i = 0; e && i < 4; i++) TH_CHECK(kvq_seq_create(e, &s[i]) == KVQ_OK, "seq_create");
+        if (e && !th_failed() && prefill(e, s, 4, PROMPT) == KVQ_OK) {
+            kvq_dev_decode d = dev_batch(&bufs, s, 4, x);
+            d.lse = NULL;
+            static float k_[KV_HEADS * 256], v_[KV_HEADS * 256], q_[HEADS * 256], out[4][HEADS * 256];
+            tu_fill(k_, KV_HEADS * 256, 3), tu_fill(v_, KV_HEADS * 256, 4), tu_fill(q_, HEADS * 256, 5);
+            kvq_decode_item it[4];
+            for (int i = 0; i < 4; i++) it[i] = (kvq_decode_item){s[i], k_, v_, q_, out[i]};
+            char got[512];
+            for (int step = 0; step < 4 && !th_failed(); step++) {
+                const int host = step % 2; /* kvq_decode's host rows on odd steps */
+                for (int l = 0; l < LAYERS && !th_failed(); l++) {
+                    fk.reset();
+                    TH_CHECK((host ? kvq_decode(e, l, it, 4) : kvq_decode_device(e, l, &d)) == KVQ_OK, "step: %s",
+                             kvq_engine_errmsg(e));
+                    step_kernels(got, sizeof got);
+                    const int need = !!strstr(got, "kvq_store_f16_list") && !!strstr(got, "kvq_decode_c0") &&
+                                     (strstr(got, "kvq_step_in") == NULL) == host;
+                    TH_CHECK(need && in_order(got, allowed[k]), "%s, %s step %d, layer %d: launched \"%s\"",
+                             k ? "KIVI-2" : "fp16", host ? "host-row" : "device", step, l, got);
+                }
+            }
+        }
+        drv.stream_sync(x);
+        kvq_engine_free(e);
+    }
+    caller_end(x, &bufs);
+    th_end();
+}
+
 /* 5. A driver older than NVRTC refuses its cubin: the engine loads the PTX retargeted to the driver's ISA; a
  *    driver too old for the device's PTX is an error naming the driver's version. */
 static void test_ptx_fallback(void)
@@ -739,6 +801,7 @@ int main(void)
         test_scratch();
         test_out_direct();
         test_step_launches();
+        test_eager_launches();
         test_ptx_fallback();
         test_subnormal_probe();
     }
