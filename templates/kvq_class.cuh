@@ -101,16 +101,8 @@ KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_sum_list));
     {                                                                                                          \
         KVQ_QUANT_SHARED;                                                                                      \
         if ((int)blockIdx.z >= lp.n_items) return;                                                             \
-        const kvq_quant_params p = ((const kvq_quant_params *)lp.items)[blockIdx.z];                           \
         const kvq_fmt f = FMT;                                                                                 \
-        if (p.n <= 0) return;                                                                                  \
-        if (f.gran == 0) {                                                                                     \
-            if (blockIdx.y == 0) kvq_quant_channel_body(&p, f, ps, pz, fill);                                  \
-        } else if (f.hidden) {                                                                                 \
-            if (blockIdx.x == 0) kvq_quant_hidden_body(&p, f, ps, ri);                                         \
-        } else {                                                                                               \
-            kvq_quant_token_body(&p, f, xs, ps, pz);                                                           \
-        }                                                                                                      \
+        kvq_quant_item((const kvq_quant_params *)lp.items + blockIdx.z, f, xs, ps, pz, fill, ri);              \
     }                                                                                                          \
     KVQ_KERNEL_EXPORT(KVQ_C(LNAME))
 #define KVQ_FACTOR_KERNEL(NAME, LNAME, FMT)                                                                    \
@@ -128,6 +120,39 @@ KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_sum_list));
         if (p.n > 0 && blockIdx.y == 0) kvq_factor_body(&p, f);                                                \
     }                                                                                                          \
     KVQ_KERNEL_EXPORT(KVQ_C(LNAME))
+
+#if KVQ_C_KHI_Q || KVQ_C_KLO_Q || KVQ_C_VHI_Q || KVQ_C_VLO_Q
+/* Every quantized store's list in one launch (kvq_quant_lists_params): item z of the stores' items in the order
+ * k_hi, k_lo, v_hi, v_lo, each on its list kernel's body. The stores write different pages and read rows no
+ * quantization writes, so their items need no order among them (a separable store's factor list runs before this
+ * launch). grid (the widest x and y of the stores' list grids, all the items), block KVQ_QTHREADS. */
+extern "C" __global__ void __launch_bounds__(KVQ_QTHREADS, 4) KVQ_C(kvq_quant_lists)(const kvq_quant_lists_params lp)
+{
+    KVQ_QUANT_SHARED;
+    int z = (int)blockIdx.z;
+#define KVQ_QUANT_LISTS_STORE(S, FMT)                                                                          \
+    if (z < lp.n_items[S]) {                                                                                   \
+        const kvq_fmt f = FMT;                                                                                 \
+        kvq_quant_item((const kvq_quant_params *)lp.items[S] + z, f, xs, ps, pz, fill, ri);                    \
+        return;                                                                                                \
+    }                                                                                                          \
+    z -= lp.n_items[S]
+#if KVQ_C_KHI_Q
+    KVQ_QUANT_LISTS_STORE(0, KVQ_C_KHI);
+#endif
+#if KVQ_C_KLO_Q
+    KVQ_QUANT_LISTS_STORE(1, KVQ_C_KLO);
+#endif
+#if KVQ_C_VHI_Q
+    KVQ_QUANT_LISTS_STORE(2, KVQ_C_VHI);
+#endif
+#if KVQ_C_VLO_Q
+    KVQ_QUANT_LISTS_STORE(3, KVQ_C_VLO);
+#endif
+#undef KVQ_QUANT_LISTS_STORE
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_quant_lists));
+#endif
 
 #if KVQ_C_KHI_Q
 KVQ_QUANT_KERNEL(kvq_quant_k_hi, kvq_quant_list_k_hi, KVQ_C_KHI);

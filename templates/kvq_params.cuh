@@ -137,6 +137,13 @@ typedef struct {
     kvq_i32 reserved;
 } kvq_list_params;
 
+/* kvq_quant_lists_c<k> (kvq_class.cuh): every quantized store's list of kvq_quant_params items in one launch,
+ * store s's n_items[s] items at items[s] (k_hi, k_lo, v_hi, v_lo; 0 items for a store the class lacks). */
+typedef struct {
+    kvq_u64 items[4];
+    kvq_i32 n_items[4];
+} kvq_quant_lists_params;
+
 /* A planned step's change to the sequences' tile lists on the device (docs/cuda.md "Planned steps"): kvq_step_in
  * copies n tiles from src (the step tables the plan uploaded) to dst (a run of one sequence's device tile list of
  * one layer); n = 0 does nothing. */
@@ -319,8 +326,8 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk), (long long)sizeof(kvq_tile_patch),       \
         (long long)KVQ_RT_OFFSETOF(kvq_tile_patch, n), (long long)sizeof(kvq_tamax_params),                  \
         (long long)KVQ_RT_OFFSETOF(kvq_quant_params, tamax), (long long)sizeof(kvq_step_in_params),                 \
-        (long long)KVQ_RT_OFFSETOF(kvq_step_in_params, kv_heads)
-#define KVQ_PARAMS_SIG_N 32
+        (long long)KVQ_RT_OFFSETOF(kvq_step_in_params, kv_heads), (long long)sizeof(kvq_quant_lists_params)
+#define KVQ_PARAMS_SIG_N 33
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -350,6 +357,7 @@ KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
 KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
 KVQ_PARAMS_CHECK(kvq_convert_params, 72);
 KVQ_PARAMS_CHECK(kvq_step_in_params, 264);
+KVQ_PARAMS_CHECK(kvq_quant_lists_params, 48);
 KVQ_OFFSET_ASSERT(kvq_convert_params, mul, 64);
 KVQ_OFFSET_ASSERT(kvq_step_in_params, kv_heads, 260);
 KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);

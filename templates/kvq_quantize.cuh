@@ -285,6 +285,23 @@ KVQ_DEV void kvq_factor_body(const kvq_quant_params *p, kvq_fmt f)
     }
 }
 
+/* One item of a quantize list (kvq_quant_list_<store>_c<k>, kvq_quant_lists_c<k>): the direct kernel's body,
+ * run by the list grid, the widest of the direct grids: a per-channel body on blockIdx.y 0 only, a hidden one on
+ * blockIdx.x 0 only; per-token bodies stride over the tokens whatever gridDim.y (each token its own groups). */
+KVQ_DEV void kvq_quant_item(const kvq_quant_params *it, kvq_fmt f, float *xs, float *ps, float *pz, float *fill,
+                            int *ri)
+{
+    const kvq_quant_params p = *it;
+    if (p.n <= 0) return;
+    if (f.gran == 0) {
+        if (blockIdx.y == 0) kvq_quant_channel_body(&p, f, ps, pz, fill);
+    } else if (f.hidden) {
+        if (blockIdx.x == 0) kvq_quant_hidden_body(&p, f, ps, ri);
+    } else {
+        kvq_quant_token_body(&p, f, xs, ps, pz);
+    }
+}
+
 /* fp16 rows: window slot (slot + t) mod dst_ring of kv head blockIdx.x; the blocks of gridDim.y stride over the
  * tokens t (gridDim.y <= 65535 whatever n). */
 KVQ_DEV void kvq_store_f16_body(const kvq_store_params *p)

@@ -14,8 +14,8 @@
 #   ncu-b1.csv, ncu-b32.csv  Nsight Compute on the decode kernel (32k tokens, batch 1 and 32): DRAM throughput,
 #                     achieved occupancy, issue-slot use, executed warp-instructions per token per kv head (the
 #                     cost model's unit), shared-memory bank conflicts
-#   ncu-step-b1.csv   every kernel of one eager decode step a scheme (32k tokens, batch 1) with its time
-#                     (tools/ncu-step.py): what the step spends beside the decode kernel
+#   ncu-step-b1.csv   every kernel of one eager decode step a scheme (32k tokens, batch 1; ncu-step-b32.csv:
+#                     batch 32) with its time (tools/ncu-step.py): what the step spends beside the decode kernel
 #   ncu-pc-<scheme>.csv (and .ncu-rep)  Nsight Compute's executed warp-instructions per SASS instruction of
 #                     kvq_decode_c0 (fp16, KIVI-2, KIVI-4; 32k tokens, batch 1): tools/cost-vs-ncu.py compares them
 #                     block by block with the cost model
@@ -267,30 +267,33 @@ EOF
 fi
 note ""
 
-# ---- 4a. every kernel of a decode step, batch 1 ----
+# ---- 4a. every kernel of a decode step, batches 1 and 32 ----
 # At batch 1 the decode kernel was about half of a layer's step (docs/gpu-results.md run 8: KIVI-2's kernel 30 of
-# the 59 us a layer takes in a 32-layer graph): the step's other kernels (the new token's append, flushes, the
+# the 59 us a layer takes in a 32-layer graph), and at batch 32 KIVI-2's graph step took 876 us around a 701-us
+# kernel (run 7): the step's other kernels (the inputs, the new token's stores and quantizations, flushes, the
 # merge) and the gaps between them are the rest. ncu times the kernels of one eager step a scheme after a warm-up
 # step (--profile-steps opens the profiler's range around the timed steps only; --profile-from-start off), and
 # tools/ncu-step.py lists each step's kernels.
-note "### Nsight Compute: every kernel of one decode step, 32k tokens, batch 1 (fp16, KIVI-2, KIVI-4)"
-note ""
-if [ "$dry" = 0 ] && ! have ncu; then
-    note "ncu not found"
-else
-    step ncu-step-b1 60 "$out/ncu-step-b1.log" ncu --clock-control none --profile-from-start off --csv --page raw \
-        --log-file "$out/ncu-step-b1.csv" --metrics gpu__time_duration.sum "$bin/bench_gpu_decode" --ctx 32k --batch 1 \
-        --steps 1 --warmup 1 --hbm-mib 0 --no-graph --profile-steps
-    if [ "$dry" = 1 ]; then
-        note "    $(cat "$out/ncu-step-b1.log")"
-    elif [ -s "$out/ncu-step-b1.csv" ] && have python3; then
-        python3 "$here/ncu-step.py" "$out/ncu-step-b1.csv" >>"$sum" 2>&1
+for B in 1 32; do
+    note "### Nsight Compute: every kernel of one decode step, 32k tokens, batch $B (fp16, KIVI-2, KIVI-4)"
+    note ""
+    if [ "$dry" = 0 ] && ! have ncu; then
+        note "ncu not found"
     else
-        note "ncu wrote no table (exit $rc): $(grep -m 3 -i 'error\|permission' "$out/ncu-step-b1.log" | tr '\n' ' ')"
+        step ncu-step-b$B 90 "$out/ncu-step-b$B.log" ncu --clock-control none --profile-from-start off --csv \
+            --page raw --log-file "$out/ncu-step-b$B.csv" --metrics gpu__time_duration.sum "$bin/bench_gpu_decode" \
+            --ctx 32k --batch $B --steps 1 --warmup 1 --hbm-mib 0 --no-graph --profile-steps
+        if [ "$dry" = 1 ]; then
+            note "    $(cat "$out/ncu-step-b$B.log")"
+        elif [ -s "$out/ncu-step-b$B.csv" ] && have python3; then
+            python3 "$here/ncu-step.py" "$out/ncu-step-b$B.csv" >>"$sum" 2>&1
+        else
+            note "ncu wrote no table (exit $rc): $(grep -m 3 -i 'error\|permission' "$out/ncu-step-b$B.log" | tr '\n' ' ')"
+        fi
+        [ "$rc" -ne 0 ] && status=1
     fi
-    [ "$rc" -ne 0 ] && status=1
-fi
-note ""
+    note ""
+done
 
 # ---- 4b. per-instruction executions of the decode kernel (the cost model's check, block by block) ----
 # ncu's SourceCounters at 32k tokens, batch 1: each SASS instruction's executed warp-instructions, for kvq_decode_c0

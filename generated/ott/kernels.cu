@@ -422,6 +422,13 @@ typedef struct {
     kvq_i32 reserved;
 } kvq_list_params;
 
+/* kvq_quant_lists_c<k> (kvq_class.cuh): every quantized store's list of kvq_quant_params items in one launch,
+ * store s's n_items[s] items at items[s] (k_hi, k_lo, v_hi, v_lo; 0 items for a store the class lacks). */
+typedef struct {
+    kvq_u64 items[4];
+    kvq_i32 n_items[4];
+} kvq_quant_lists_params;
+
 /* A planned step's change to the sequences' tile lists on the device (docs/cuda.md "Planned steps"): kvq_step_in
  * copies n tiles from src (the step tables the plan uploaded) to dst (a run of one sequence's device tile list of
  * one layer); n = 0 does nothing. */
@@ -604,8 +611,8 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk), (long long)sizeof(kvq_tile_patch),       \
         (long long)KVQ_RT_OFFSETOF(kvq_tile_patch, n), (long long)sizeof(kvq_tamax_params),                  \
         (long long)KVQ_RT_OFFSETOF(kvq_quant_params, tamax), (long long)sizeof(kvq_step_in_params),                 \
-        (long long)KVQ_RT_OFFSETOF(kvq_step_in_params, kv_heads)
-#define KVQ_PARAMS_SIG_N 32
+        (long long)KVQ_RT_OFFSETOF(kvq_step_in_params, kv_heads), (long long)sizeof(kvq_quant_lists_params)
+#define KVQ_PARAMS_SIG_N 33
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
 #define KVQ_PARAMS_CHECK(t, size) KVQ_STATIC_ASSERT(sizeof(t) == (size), #t " size")
@@ -635,6 +642,7 @@ KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
 KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
 KVQ_PARAMS_CHECK(kvq_convert_params, 72);
 KVQ_PARAMS_CHECK(kvq_step_in_params, 264);
+KVQ_PARAMS_CHECK(kvq_quant_lists_params, 48);
 KVQ_OFFSET_ASSERT(kvq_convert_params, mul, 64);
 KVQ_OFFSET_ASSERT(kvq_step_in_params, kv_heads, 260);
 KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
@@ -3986,6 +3994,23 @@ KVQ_DEV void kvq_factor_body(const kvq_quant_params *p, kvq_fmt f)
     }
 }
 
+/* One item of a quantize list (kvq_quant_list_<store>_c<k>, kvq_quant_lists_c<k>): the direct kernel's body,
+ * run by the list grid, the widest of the direct grids: a per-channel body on blockIdx.y 0 only, a hidden one on
+ * blockIdx.x 0 only; per-token bodies stride over the tokens whatever gridDim.y (each token its own groups). */
+KVQ_DEV void kvq_quant_item(const kvq_quant_params *it, kvq_fmt f, float *xs, float *ps, float *pz, float *fill,
+                            int *ri)
+{
+    const kvq_quant_params p = *it;
+    if (p.n <= 0) return;
+    if (f.gran == 0) {
+        if (blockIdx.y == 0) kvq_quant_channel_body(&p, f, ps, pz, fill);
+    } else if (f.hidden) {
+        if (blockIdx.x == 0) kvq_quant_hidden_body(&p, f, ps, ri);
+    } else {
+        kvq_quant_token_body(&p, f, xs, ps, pz);
+    }
+}
+
 /* fp16 rows: window slot (slot + t) mod dst_ring of kv head blockIdx.x; the blocks of gridDim.y stride over the
  * tokens t (gridDim.y <= 65535 whatever n). */
 KVQ_DEV void kvq_store_f16_body(const kvq_store_params *p)
@@ -5329,16 +5354,8 @@ KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_sum_list));
     {                                                                                                          \
         KVQ_QUANT_SHARED;                                                                                      \
         if ((int)blockIdx.z >= lp.n_items) return;                                                             \
-        const kvq_quant_params p = ((const kvq_quant_params *)lp.items)[blockIdx.z];                           \
         const kvq_fmt f = FMT;                                                                                 \
-        if (p.n <= 0) return;                                                                                  \
-        if (f.gran == 0) {                                                                                     \
-            if (blockIdx.y == 0) kvq_quant_channel_body(&p, f, ps, pz, fill);                                  \
-        } else if (f.hidden) {                                                                                 \
-            if (blockIdx.x == 0) kvq_quant_hidden_body(&p, f, ps, ri);                                         \
-        } else {                                                                                               \
-            kvq_quant_token_body(&p, f, xs, ps, pz);                                                           \
-        }                                                                                                      \
+        kvq_quant_item((const kvq_quant_params *)lp.items + blockIdx.z, f, xs, ps, pz, fill, ri);              \
     }                                                                                                          \
     KVQ_KERNEL_EXPORT(KVQ_C(LNAME))
 #define KVQ_FACTOR_KERNEL(NAME, LNAME, FMT)                                                                    \
@@ -5356,6 +5373,39 @@ KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_sum_list));
         if (p.n > 0 && blockIdx.y == 0) kvq_factor_body(&p, f);                                                \
     }                                                                                                          \
     KVQ_KERNEL_EXPORT(KVQ_C(LNAME))
+
+#if KVQ_C_KHI_Q || KVQ_C_KLO_Q || KVQ_C_VHI_Q || KVQ_C_VLO_Q
+/* Every quantized store's list in one launch (kvq_quant_lists_params): item z of the stores' items in the order
+ * k_hi, k_lo, v_hi, v_lo, each on its list kernel's body. The stores write different pages and read rows no
+ * quantization writes, so their items need no order among them (a separable store's factor list runs before this
+ * launch). grid (the widest x and y of the stores' list grids, all the items), block KVQ_QTHREADS. */
+extern "C" __global__ void __launch_bounds__(KVQ_QTHREADS, 4) KVQ_C(kvq_quant_lists)(const kvq_quant_lists_params lp)
+{
+    KVQ_QUANT_SHARED;
+    int z = (int)blockIdx.z;
+#define KVQ_QUANT_LISTS_STORE(S, FMT)                                                                          \
+    if (z < lp.n_items[S]) {                                                                                   \
+        const kvq_fmt f = FMT;                                                                                 \
+        kvq_quant_item((const kvq_quant_params *)lp.items[S] + z, f, xs, ps, pz, fill, ri);                    \
+        return;                                                                                                \
+    }                                                                                                          \
+    z -= lp.n_items[S]
+#if KVQ_C_KHI_Q
+    KVQ_QUANT_LISTS_STORE(0, KVQ_C_KHI);
+#endif
+#if KVQ_C_KLO_Q
+    KVQ_QUANT_LISTS_STORE(1, KVQ_C_KLO);
+#endif
+#if KVQ_C_VHI_Q
+    KVQ_QUANT_LISTS_STORE(2, KVQ_C_VHI);
+#endif
+#if KVQ_C_VLO_Q
+    KVQ_QUANT_LISTS_STORE(3, KVQ_C_VLO);
+#endif
+#undef KVQ_QUANT_LISTS_STORE
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_quant_lists));
+#endif
 
 #if KVQ_C_KHI_Q
 KVQ_QUANT_KERNEL(kvq_quant_k_hi, kvq_quant_list_k_hi, KVQ_C_KHI);
@@ -5587,16 +5637,8 @@ KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_sum_list));
     {                                                                                                          \
         KVQ_QUANT_SHARED;                                                                                      \
         if ((int)blockIdx.z >= lp.n_items) return;                                                             \
-        const kvq_quant_params p = ((const kvq_quant_params *)lp.items)[blockIdx.z];                           \
         const kvq_fmt f = FMT;                                                                                 \
-        if (p.n <= 0) return;                                                                                  \
-        if (f.gran == 0) {                                                                                     \
-            if (blockIdx.y == 0) kvq_quant_channel_body(&p, f, ps, pz, fill);                                  \
-        } else if (f.hidden) {                                                                                 \
-            if (blockIdx.x == 0) kvq_quant_hidden_body(&p, f, ps, ri);                                         \
-        } else {                                                                                               \
-            kvq_quant_token_body(&p, f, xs, ps, pz);                                                           \
-        }                                                                                                      \
+        kvq_quant_item((const kvq_quant_params *)lp.items + blockIdx.z, f, xs, ps, pz, fill, ri);              \
     }                                                                                                          \
     KVQ_KERNEL_EXPORT(KVQ_C(LNAME))
 #define KVQ_FACTOR_KERNEL(NAME, LNAME, FMT)                                                                    \
@@ -5614,6 +5656,39 @@ KVQ_KERNEL_EXPORT(KVQ_C(kvq_zip_norm_sum_list));
         if (p.n > 0 && blockIdx.y == 0) kvq_factor_body(&p, f);                                                \
     }                                                                                                          \
     KVQ_KERNEL_EXPORT(KVQ_C(LNAME))
+
+#if KVQ_C_KHI_Q || KVQ_C_KLO_Q || KVQ_C_VHI_Q || KVQ_C_VLO_Q
+/* Every quantized store's list in one launch (kvq_quant_lists_params): item z of the stores' items in the order
+ * k_hi, k_lo, v_hi, v_lo, each on its list kernel's body. The stores write different pages and read rows no
+ * quantization writes, so their items need no order among them (a separable store's factor list runs before this
+ * launch). grid (the widest x and y of the stores' list grids, all the items), block KVQ_QTHREADS. */
+extern "C" __global__ void __launch_bounds__(KVQ_QTHREADS, 4) KVQ_C(kvq_quant_lists)(const kvq_quant_lists_params lp)
+{
+    KVQ_QUANT_SHARED;
+    int z = (int)blockIdx.z;
+#define KVQ_QUANT_LISTS_STORE(S, FMT)                                                                          \
+    if (z < lp.n_items[S]) {                                                                                   \
+        const kvq_fmt f = FMT;                                                                                 \
+        kvq_quant_item((const kvq_quant_params *)lp.items[S] + z, f, xs, ps, pz, fill, ri);                    \
+        return;                                                                                                \
+    }                                                                                                          \
+    z -= lp.n_items[S]
+#if KVQ_C_KHI_Q
+    KVQ_QUANT_LISTS_STORE(0, KVQ_C_KHI);
+#endif
+#if KVQ_C_KLO_Q
+    KVQ_QUANT_LISTS_STORE(1, KVQ_C_KLO);
+#endif
+#if KVQ_C_VHI_Q
+    KVQ_QUANT_LISTS_STORE(2, KVQ_C_VHI);
+#endif
+#if KVQ_C_VLO_Q
+    KVQ_QUANT_LISTS_STORE(3, KVQ_C_VLO);
+#endif
+#undef KVQ_QUANT_LISTS_STORE
+}
+KVQ_KERNEL_EXPORT(KVQ_C(kvq_quant_lists));
+#endif
 
 #if KVQ_C_KHI_Q
 KVQ_QUANT_KERNEL(kvq_quant_k_hi, kvq_quant_list_k_hi, KVQ_C_KHI);

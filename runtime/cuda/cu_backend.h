@@ -361,6 +361,12 @@ kvq_status cu_list_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, u
  * `items`: the grids of the widest direct launch for items of up to maxn tokens. */
 kvq_status cu_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, int n_items, int maxn, char *msg,
                           size_t ms);
+/* Every quantized store's list in one launch (kvq_quant_lists_c<cls>): store s's n_items[s] items at items[s], of
+ * up to maxn[s] tokens (n_items 0: none), after the separable stores' factor lists; a launch a store when the items
+ * exceed gridDim.z. The stores' items are independent (different pages), so one launch gives the bits of one a
+ * store in turn. Nothing when no store has items. */
+kvq_status cu_quant_lists_all(kvq_backend_ctx *c, int cls, const uint64_t items[CU_STEP_STORES],
+                              const int n_items[CU_STEP_STORES], const int maxn[CU_STEP_STORES], char *msg, size_t ms);
 /* ZipCache's gather rows of a page in a plan: `bytes` of the recording sequence's region (c->rec), or 0 with msg
  * set. */
 uint64_t cu_rec_zaux_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t ms);
@@ -455,9 +461,9 @@ kvq_status cu_step_run(kvq_backend_ctx *c, int layer, kvq_backend_seq *const *se
  * sequence for KIVI (99 at batch 32); between cu_batch_begin and cu_batch_end they are kept as the items of a planned
  * step's list kernels and launched as the planned run orders them: the new rows' stores (their sources in
  * [kvin, kvin_end)), the other stores (a flush's fp16 page writes, which read the windows the first ones wrote),
- * then each store's factor and quantize lists. That order is the planned step's, which gives the same bits; a launch
- * of any other kernel first sends what is pending, in that order. Layers with policies (ZipCache, OTT, TailorKV)
- * are not batched. */
+ * then every store's quantizations (cu_quant_lists_all). That order is the planned step's, which gives the same
+ * bits; a launch of any other kernel first sends what is pending, in that order. Layers with policies (ZipCache,
+ * OTT, TailorKV) are not batched. */
 typedef struct cu_batch cu_batch;
 kvq_status cu_batch_begin(kvq_backend_ctx *c, int cls, uint64_t kvin, uint64_t kvin_end, char *msg, size_t ms);
 /* Sends what is pending and ends the batching (also when st is not KVQ_OK: then nothing pending is sent). */

@@ -352,6 +352,52 @@ kvq_status cu_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, in
     return st;
 }
 
+kvq_status cu_quant_lists_all(kvq_backend_ctx *c, int cls, const uint64_t items[CU_STEP_STORES],
+                              const int n_items[CU_STEP_STORES], const int maxn[CU_STEP_STORES], char *msg, size_t ms)
+{
+    static const char *const names[CU_STEP_STORES] = {"k_hi", "k_lo", "v_hi", "v_lo"};
+    const plan_class *pc = &c->plan->cls[cls];
+    const plan_store *stores[CU_STEP_STORES] = {&pc->k_hi, &pc->k_lo, &pc->v_hi, &pc->v_lo};
+    kvq_quant_lists_params lp;
+    memset(&lp, 0, sizeof lp);
+    long long total = 0;
+    unsigned gx = 1, gy = 1;
+    for (int s = 0; s < CU_STEP_STORES; s++) {
+        if (n_items[s] <= 0) continue;
+        const plan_store *ps = stores[s];
+        const int m = maxn[s] > 0 ? maxn[s] : 1;
+        /* store s's list grid (cu_quant_lists): the fused one is the widest */
+        unsigned x = (unsigned)c->H, y = 1;
+        if (ps->gran == KVQ_GRAN_TOKEN && ps->hidden)
+            x = 1, y = cu_grid_y(m);
+        else if (ps->gran == KVQ_GRAN_TOKEN)
+            y = cu_grid_y((m + 7) / 8);
+        if (x > gx) gx = x;
+        if (y > gy) gy = y;
+        lp.items[s] = items[s], lp.n_items[s] = n_items[s];
+        total += n_items[s];
+    }
+    if (total == 0) return KVQ_OK;
+    kvq_status st = KVQ_OK;
+    if (total > (long long)CU_GRID_YZ_MAX) { /* gridDim.z: a launch a store */
+        for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++)
+            if (n_items[s] > 0) st = cu_quant_lists(c, cls, s, items[s], n_items[s], maxn[s], msg, ms);
+        return st;
+    }
+    /* separable stores' factors first, over the same items (page_write's pair of launches) */
+    for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++)
+        if (n_items[s] > 0 && stores[s]->sep) {
+            char name[48];
+            snprintf(name, sizeof name, "kvq_factor_list_%s_c%d", names[s], cls);
+            st = cu_list_launch(c, name, (unsigned)c->H, 1, items[s], n_items[s], msg, ms);
+        }
+    char name[48];
+    snprintf(name, sizeof name, "kvq_quant_lists_c%d", cls);
+    const unsigned g[3] = {gx, gy, (unsigned)total}, b[3] = {128, 1, 1};
+    if (st == KVQ_OK) st = cu_dev_launch(c->dev, c->mod, name, g, b, &lp, sizeof lp, msg, ms);
+    return st;
+}
+
 uint64_t cu_rec_zaux_take(kvq_backend_ctx *c, size_t bytes, char *msg, size_t ms)
 {
     cu_rec *r = c->rec;

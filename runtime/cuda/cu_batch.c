@@ -5,8 +5,8 @@
  * (the new K and V rows into the windows, the value leaving its window), 99 a layer at batch 32. While a batch is
  * open, cu_launch hands those launches here; they become items of the list kernels a planned step launches
  * (kvq_store_f16_list, kvq_factor_list_*, kvq_quant_list_*: the same bodies over items), and are sent as the
- * planned run orders them (cu_step.c run_layer): the new rows' stores, the other stores, then per store its
- * factor list (a separable store's) and its quantize list. The planned steps give the eager steps' bits in that order
+ * planned run orders them (cu_step.c run_layer): the new rows' stores, the other stores, the separable stores'
+ * factor lists, then every store's quantizations in one launch (kvq_quant_lists_c<k>). The planned steps give the eager steps' bits in that order
  * (test_cuda_replay); the same holds here, for the layers the caller batches (no policy kernels). A launch of any
  * other kernel sends what is pending first, then goes to the device. */
 #include <stdio.h>
@@ -51,17 +51,14 @@ static void clear(cu_batch *b)
     for (int l = 0; l < B_LISTS; l++) b->n[l] = 0, b->maxn[l] = 0;
 }
 
-/* Launches of up to gridDim.z's limit of items each. */
+/* A store list's launches, up to gridDim.z's limit of items each. */
 static kvq_status list_launch(kvq_backend_ctx *c, const cu_batch *b, int list, uint64_t at, char *msg, size_t ms)
 {
     kvq_status st = KVQ_OK;
     for (int i0 = 0; i0 < b->n[list] && st == KVQ_OK; i0 += (int)CU_GRID_YZ_MAX) {
         int k = b->n[list] - i0 < (int)CU_GRID_YZ_MAX ? b->n[list] - i0 : (int)CU_GRID_YZ_MAX;
         uint64_t items = at + (uint64_t)i0 * item_size(list);
-        if (list < B_Q0)
-            st = cu_list_launch(c, "kvq_store_f16_list", (unsigned)c->H, cu_grid_y(b->maxn[list]), items, k, msg, ms);
-        else
-            st = cu_quant_lists(c, b->cls, list - B_Q0, items, k, b->maxn[list], msg, ms);
+        st = cu_list_launch(c, "kvq_store_f16_list", (unsigned)c->H, cu_grid_y(b->maxn[list]), items, k, msg, ms);
     }
     return st;
 }
@@ -78,13 +75,19 @@ static kvq_status send(kvq_backend_ctx *c, char *msg, size_t ms)
     kvq_status st = cu_scratch(c, &c->bitems, &c->bitems_bytes, bytes, msg, ms);
     if (st == KVQ_OK && !(h = kvq_malloc(bytes))) st = KVQ_ERR_NOMEM, snprintf(msg, ms, "out of memory");
     if (st == KVQ_OK) {
-        for (int l = 0; l < B_LISTS; l++) memcpy(h + off[l], b->item[l], (size_t)b->n[l] * item_size(l));
+        memset(h, 0, bytes); /* the alignment gaps too: the copy sends every byte */
+        for (int l = 0; l < B_LISTS; l++)
+            if (b->n[l]) memcpy(h + off[l], b->item[l], (size_t)b->n[l] * item_size(l));
         st = cu_upload(c, c->bitems, h, bytes, msg, ms);
     }
     kvq_free(h);
-    /* cu_quant_lists launches a separable store's factor list before its quantize list, over the same items */
-    for (int l = 0; l < B_LISTS && st == KVQ_OK; l++)
+    /* the new rows' stores, the other stores, then every store's quantizations in one launch (after the separable
+     * stores' factor lists, over the same items) */
+    for (int l = B_ST1; l <= B_ST2 && st == KVQ_OK; l++)
         if (b->n[l]) st = list_launch(c, b, l, c->bitems + off[l], msg, ms);
+    uint64_t qi[CU_STEP_STORES];
+    for (int q = 0; q < CU_STEP_STORES; q++) qi[q] = c->bitems + off[B_Q0 + q];
+    if (st == KVQ_OK) st = cu_quant_lists_all(c, b->cls, qi, b->n + B_Q0, b->maxn + B_Q0, msg, ms);
     clear(b);
     c->batch = b;
     return st;

@@ -449,9 +449,14 @@ static kvq_status run_layer(kvq_backend_ctx *c, int layer, int n, const kvq_dev_
     if (st == KVQ_OK) st = cu_step_policy_run(c, layer, n, base + o.tk, base + o.tkst, base + o.ott, msg, ms);
     if (st == KVQ_OK && S->st2_cap)
         st = cu_list_launch(c, "kvq_store_f16_list", (unsigned)H, 1, base + o.st2, n * S->st2_cap, msg, ms);
-    for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++)
-        if (S->q_cap[s] && store_quantized(class_store(c, cls, s)))
-            st = cu_quant_lists(c, cls, s, base + o.q[s], n * S->q_cap[s], S->q_maxn[cls][s], msg, ms);
+    /* every quantized store's items in one launch */
+    uint64_t qi[CU_STEP_STORES];
+    int qn[CU_STEP_STORES];
+    for (int s = 0; s < CU_STEP_STORES; s++) {
+        qi[s] = base + o.q[s];
+        qn[s] = S->q_cap[s] && store_quantized(class_store(c, cls, s)) ? n * S->q_cap[s] : 0;
+    }
+    if (st == KVQ_OK) st = cu_quant_lists_all(c, cls, qi, qn, S->q_maxn[cls], msg, ms);
     /* the decode kernel over the planned tiles, its chunks fixed by the capacity, and the merge */
     int nch = step_chunks(c, cls, n);
     /* tpc 1: each sequence's split is in the tables */

@@ -401,8 +401,8 @@ static void test_out_direct(void)
 
 /* The kernels a planned layer step launches, in order, at batch 1 (the serving loop's graph): its inputs in one
  * kvq_step_in (q, k, v converted, the new tokens' window stores, the tile patches: they were five launches before,
- * docs/gpu-results.md run 8), KIVI's flush and value quantization lists, the decode kernel and the merge of its
- * chunks. The output is the caller's fp32 rows, written in place; no lse asked (one kvq_convert_rows more). */
+ * docs/gpu-results.md run 8), KIVI's flush and value quantization lists in one kvq_quant_lists (two before), the
+ * decode kernel and the merge of its chunks. The output is the caller's fp32 rows, written in place; no lse asked (one kvq_convert_rows more). */
 static void step_kernels(char *out, size_t cap)
 {
     const char *l;
@@ -417,11 +417,10 @@ static void step_kernels(char *out, size_t cap)
 
 static void test_step_launches(void)
 {
-    th_begin("a planned layer step at batch 1 launches kvq_step_in, the quantization lists, the decode kernel and "
-             "the merge: fp16 3 kernels, KIVI-2 5");
+    th_begin("a planned layer step at batch 1 launches kvq_step_in, the quantization lists (one launch), the decode "
+             "kernel and the merge: fp16 3 kernels, KIVI-2 4");
     static const char *const want[2] = {"kvq_step_in kvq_decode_c0 kvq_merge",
-                                        "kvq_step_in kvq_quant_list_k_hi_c0 kvq_quant_list_v_hi_c0 kvq_decode_c0 "
-                                        "kvq_merge"};
+                                        "kvq_step_in kvq_quant_lists_c0 kvq_decode_c0 kvq_merge"};
     char err[1024] = "";
     void *ctx = NULL, *x = NULL;
     dev_bufs bufs;
@@ -477,7 +476,7 @@ static void test_eager_launches(void)
              "new rows' store list, KIVI's quantization lists, decode, merge");
     static const char *const allowed[2] = {
         "kvq_step_in kvq_store_f16_list kvq_decode_c0 kvq_merge",
-        "kvq_step_in kvq_store_f16_list kvq_quant_list_k_hi_c0 kvq_quant_list_v_hi_c0 kvq_decode_c0 kvq_merge"};
+        "kvq_step_in kvq_store_f16_list kvq_quant_lists_c0 kvq_decode_c0 kvq_merge"};
     char err[1024] = "";
     void *ctx = NULL, *x = NULL;
     dev_bufs bufs;
