@@ -4095,7 +4095,8 @@ KVQ_DEV void kvq_step_in_store(const kvq_step_in_params *p, const kvq_store_para
         long long r = sp->dst_ring ? ((long long)sp->slot + t) % sp->dst_ring : (long long)sp->slot + t;
         kvq_half *dst = (kvq_half *)sp->dst + ((long long)h * sp->dst_cap + r) * KVQ_D;
         const long long row0 = kvq_row_at(&sp->src, h, t, sp->n);
-        const long long e = sp->src.f16 && sp->src.base >= p->kvin ? (long long)(sp->src.base - p->kvin) / 2 + row0 : -1;
+        const long long e =
+            sp->src.f16 && sp->src.base >= p->kvin ? (long long)(sp->src.base - p->kvin) / 2 + row0 : -1;
         if (e >= 0 && e < kvin_elems) {
             const long long R = e / KVQ_D; /* kvin row: token i = R / 2H, K or V = R / H mod 2, head R mod H */
             const kvq_convert_params *cv = &p->cv[1 + (int)(R / p->kv_heads % 2)];

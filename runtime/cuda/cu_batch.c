@@ -6,9 +6,9 @@
  * open, cu_launch hands those launches here; they become items of the list kernels a planned step launches
  * (kvq_store_f16_list, kvq_factor_list_*, kvq_quant_list_*: the same bodies over items), and are sent as the
  * planned run orders them (cu_step.c run_layer): the new rows' stores, the other stores, the separable stores'
- * factor lists, then every store's quantizations in one launch (kvq_quant_lists_c<k>). The planned steps give the eager steps' bits in that order
- * (test_cuda_replay); the same holds here, for the layers the caller batches (no policy kernels). A launch of any
- * other kernel sends what is pending first, then goes to the device. */
+ * factor lists, then every store's quantizations in one launch (kvq_quant_lists_c<k>). The planned steps give the
+ * eager steps' bits in that order (test_cuda_replay); the same holds here, for the layers the caller batches (no
+ * policy kernels). A launch of any other kernel sends what is pending first, then goes to the device. */
 #include <stdio.h>
 #include <string.h>
 
@@ -18,7 +18,7 @@
 enum { B_ST1, B_ST2, B_Q0, B_LISTS = B_Q0 + CU_STEP_STORES };
 
 struct cu_batch {
-    int open, cls;
+    int cls;
     uint64_t kvin, kvin_end;
     unsigned char *item[B_LISTS]; /* host copies of each list's items */
     int n[B_LISTS], cap[B_LISTS], maxn[B_LISTS];
@@ -103,8 +103,8 @@ static kvq_status take(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsi
         int own = sp.src.base >= b->kvin && sp.src.base < b->kvin_end;
         return push(b, own ? B_ST1 : B_ST2, &sp, sp.n, msg, ms);
     }
-    /* a separable store's factor launch: cu_quant_lists launches the factor list over the quantize items, whose
-     * parameters are the factor launch's (page_write's pair), as a planned step does */
+    /* a separable store's factor launch: cu_quant_lists_all launches the factor list over the quantize items,
+     * whose parameters are the factor launch's (page_write's pair), as a planned step does */
     if (!strncmp(kernel, "kvq_factor_", 11) && size == sizeof(kvq_quant_params)) return KVQ_OK;
     for (int s = 0; s < CU_STEP_STORES && size == sizeof(kvq_quant_params); s++) {
         char q[48];

@@ -97,7 +97,8 @@ typedef struct {
 static void run_case(const char *file, const kvq_scheme *s, const kvq_synth *syn, const dcase *c)
 {
     const char *tn[] = {"fp32", "fp16", "bf16"};
-    th_begin("device tensors: %s (%s), batch %d, %s inputs, %s outputs: varlen prefill and %d decode steps (the middle one planned where the scheme can be) give the "
+    th_begin("device tensors: %s (%s), batch %d, %s inputs, %s outputs: varlen prefill and %d decode steps (the "
+             "middle one planned where the scheme can be) give the "
              "host path's caches and outputs bit for bit, and the lse of the cache",
              kvq_scheme_name(s), file, c->B, tn[c->in], tn[c->out], STEPS);
     int B = c->B;

@@ -402,7 +402,8 @@ static void test_out_direct(void)
 /* The kernels a planned layer step launches, in order, at batch 1 (the serving loop's graph): its inputs in one
  * kvq_step_in (q, k, v converted, the new tokens' window stores, the tile patches: they were five launches before,
  * docs/gpu-results.md run 8), KIVI's flush and value quantization lists in one kvq_quant_lists (two before), the
- * decode kernel and the merge of its chunks. The output is the caller's fp32 rows, written in place; no lse asked (one kvq_convert_rows more). */
+ * decode kernel and the merge of its chunks. The output is the caller's fp32 rows, written in place; no lse asked
+ * (one kvq_convert_rows more). */
 static void step_kernels(char *out, size_t cap)
 {
     const char *l;
@@ -411,7 +412,8 @@ static void step_kernels(char *out, size_t cap)
     for (long i = 0; (l = fk.log_line(i)) != NULL; i++) {
         if (strncmp(l, "cuLaunchKernel ", 15)) continue;
         int len = (int)strcspn(l + 15, " ");
-        if (at + (size_t)len + 2 < cap) at += (size_t)snprintf(out + at, cap - at, "%s%.*s", at ? " " : "", len, l + 15);
+        if (at + (size_t)len + 2 < cap)
+            at += (size_t)snprintf(out + at, cap - at, "%s%.*s", at ? " " : "", len, l + 15);
     }
 }
 
