@@ -383,20 +383,20 @@ static kvq_status decode_run(kvq_backend_ctx *c, int layer, const kvq_be_decode 
         if (st == KVQ_OK) st = cu_upload(c, c->qbuf, qh, qd * sizeof *qh, msg, ms);
         if (st == KVQ_OK) st = cu_upload(c, c->kvin, kv16, (size_t)n * kvi, msg, ms);
         kvq_free(kv16);
-    } else {
-        /* device tensors: q to fp32 [n][Hq][D], k and v to the fp16 rows, rounded as the host path rounds them */
-        if (st == KVQ_OK) st = cu_step_in(c, dv, n, c->qbuf, c->kvin, 0, 0, 0, 0, msg, ms);
     }
-    uint64_t outd = c->qbuf + qd * sizeof(float), lsed = outd + qd * sizeof(float);
-    const uint64_t outk = cu_out_rows(c, dv, outd); /* where the kernels write o */
     /* 2. append each sequence's token (quantize-and-append, flushes, policies); layers without policies as list
-     *    launches over the batch (cu_batch.c) */
+     *    launches over the batch (cu_batch.c), device rows converted in the batch's kvq_step_in with the new rows'
+     *    stores; otherwise first, as the host path rounds them (q to fp32 [n][Hq][D], k and v to fp16 rows) */
     int batched = 1;
     for (int i = 0; i < n; i++) {
         const cu_layer *L = items[i].seq->layers[layer];
         if (L->sparse || L->q.saliency || L->q.has_pool) batched = 0;
     }
-    if (st == KVQ_OK && batched) st = cu_batch_begin(c, cls, c->kvin, c->kvin + (uint64_t)n * kvi, msg, ms);
+    if (st == KVQ_OK && dv && !batched) st = cu_step_in(c, dv, n, c->qbuf, c->kvin, 0, 0, 0, 0, msg, ms);
+    if (st == KVQ_OK && batched)
+        st = cu_batch_begin(c, cls, c->kvin, c->kvin + (uint64_t)n * kvi, dv, n, c->qbuf, msg, ms);
+    uint64_t outd = c->qbuf + qd * sizeof(float), lsed = outd + qd * sizeof(float);
+    const uint64_t outk = cu_out_rows(c, dv, outd); /* where the kernels write o */
     for (int i = 0; i < n && st == KVQ_OK; i++) {
         cu_layer *L = items[i].seq->layers[layer];
         uint64_t kv = c->kvin + (uint64_t)i * kvi;

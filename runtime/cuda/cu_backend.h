@@ -465,8 +465,11 @@ kvq_status cu_step_run(kvq_backend_ctx *c, int layer, kvq_backend_seq *const *se
  * bits; a launch of any other kernel first sends what is pending, in that order. Layers with policies (ZipCache,
  * OTT, TailorKV) are not batched. */
 typedef struct cu_batch cu_batch;
-kvq_status cu_batch_begin(kvq_backend_ctx *c, int cls, uint64_t kvin, uint64_t kvin_end, char *msg, size_t ms);
-/* Sends what is pending and ends the batching (also when st is not KVQ_OK: then nothing pending is sent). */
+/* dv: device rows of n sequences not converted yet (the batch then launches kvq_step_in with the new rows' stores,
+ * before anything that reads them: q to fp32 rows at q, k and v to fp16 rows at kvin), or NULL. */
+kvq_status cu_batch_begin(kvq_backend_ctx *c, int cls, uint64_t kvin, uint64_t kvin_end, const kvq_dev_decode *dv,
+                          int n, uint64_t q, char *msg, size_t ms);
+/* Sends what is pending (the inputs at least) and ends the batching; when st is not KVQ_OK nothing is sent. */
 kvq_status cu_batch_end(kvq_backend_ctx *c, kvq_status st, char *msg, size_t ms);
 void cu_batch_free(kvq_backend_ctx *c);
 

@@ -20,6 +20,10 @@ enum { B_ST1, B_ST2, B_Q0, B_LISTS = B_Q0 + CU_STEP_STORES };
 struct cu_batch {
     int cls;
     uint64_t kvin, kvin_end;
+    /* device rows still to convert (kvq_step_in, which then also runs the new rows' stores), else NULL */
+    const kvq_dev_decode *dv;
+    int n_seq;
+    uint64_t q;
     unsigned char *item[B_LISTS]; /* host copies of each list's items */
     int n[B_LISTS], cap[B_LISTS], maxn[B_LISTS];
 };
@@ -63,14 +67,20 @@ static kvq_status list_launch(kvq_backend_ctx *c, const cu_batch *b, int list, u
     return st;
 }
 
-/* The pending items to the device in one copy, then their launches in the planned run's order. */
+/* The pending items to the device in one copy, then their launches in the planned run's order; with device rows
+ * not yet converted, kvq_step_in first, which takes the new rows' stores (they read the caller's rows). */
 static kvq_status send(kvq_backend_ctx *c, char *msg, size_t ms)
 {
     cu_batch *b = c->batch;
     size_t off[B_LISTS], bytes = 0;
     for (int l = 0; l < B_LISTS; l++) off[l] = bytes, bytes += al16((size_t)b->n[l] * item_size(l));
-    if (!bytes) return KVQ_OK;
     c->batch = NULL; /* the uploads and launches below go to the device */
+    if (!bytes) {
+        kvq_status st = b->dv ? cu_step_in(c, b->dv, b->n_seq, b->q, b->kvin, 0, 0, 0, 0, msg, ms) : KVQ_OK;
+        b->dv = NULL;
+        c->batch = b;
+        return st;
+    }
     unsigned char *h = NULL;
     kvq_status st = cu_scratch(c, &c->bitems, &c->bitems_bytes, bytes, msg, ms);
     if (st == KVQ_OK && !(h = kvq_malloc(bytes))) st = KVQ_ERR_NOMEM, snprintf(msg, ms, "out of memory");
@@ -81,10 +91,14 @@ static kvq_status send(kvq_backend_ctx *c, char *msg, size_t ms)
         st = cu_upload(c, c->bitems, h, bytes, msg, ms);
     }
     kvq_free(h);
-    /* the new rows' stores, the other stores, then every store's quantizations in one launch (after the separable
-     * stores' factor lists, over the same items) */
-    for (int l = B_ST1; l <= B_ST2 && st == KVQ_OK; l++)
-        if (b->n[l]) st = list_launch(c, b, l, c->bitems + off[l], msg, ms);
+    /* the inputs with the new rows' stores, or those stores; the other stores; then every store's quantizations in
+     * one launch (after the separable stores' factor lists, over the same items) */
+    if (st == KVQ_OK && b->dv)
+        st = cu_step_in(c, b->dv, b->n_seq, b->q, b->kvin, c->bitems + off[B_ST1], b->n[B_ST1], 0, 0, msg, ms);
+    else if (st == KVQ_OK && b->n[B_ST1])
+        st = list_launch(c, b, B_ST1, c->bitems + off[B_ST1], msg, ms);
+    b->dv = NULL;
+    if (st == KVQ_OK && b->n[B_ST2]) st = list_launch(c, b, B_ST2, c->bitems + off[B_ST2], msg, ms);
     uint64_t qi[CU_STEP_STORES];
     for (int q = 0; q < CU_STEP_STORES; q++) qi[q] = c->bitems + off[B_Q0 + q];
     if (st == KVQ_OK) st = cu_quant_lists_all(c, b->cls, qi, b->n + B_Q0, b->maxn + B_Q0, msg, ms);
@@ -120,7 +134,8 @@ static kvq_status take(kvq_backend_ctx *c, const char *kernel, unsigned gx, unsi
     return st;
 }
 
-kvq_status cu_batch_begin(kvq_backend_ctx *c, int cls, uint64_t kvin, uint64_t kvin_end, char *msg, size_t ms)
+kvq_status cu_batch_begin(kvq_backend_ctx *c, int cls, uint64_t kvin, uint64_t kvin_end, const kvq_dev_decode *dv,
+                          int n, uint64_t q, char *msg, size_t ms)
 {
     if (!c->batch_store && !(c->batch_store = kvq_calloc(1, sizeof *c->batch_store))) {
         snprintf(msg, ms, "out of memory");
@@ -128,7 +143,7 @@ kvq_status cu_batch_begin(kvq_backend_ctx *c, int cls, uint64_t kvin, uint64_t k
     }
     cu_batch *b = c->batch_store;
     clear(b);
-    b->cls = cls, b->kvin = kvin, b->kvin_end = kvin_end;
+    b->cls = cls, b->kvin = kvin, b->kvin_end = kvin_end, b->dv = dv, b->n_seq = n, b->q = q;
     c->batch = b, c->batch_take = take;
     return KVQ_OK;
 }
@@ -136,8 +151,9 @@ kvq_status cu_batch_begin(kvq_backend_ctx *c, int cls, uint64_t kvin, uint64_t k
 kvq_status cu_batch_end(kvq_backend_ctx *c, kvq_status st, char *msg, size_t ms)
 {
     if (!c->batch) return st;
-    if (st == KVQ_OK) st = send(c, msg, ms);
+    if (st == KVQ_OK) st = send(c, msg, ms); /* the inputs too, with nothing else pending */
     clear(c->batch);
+    c->batch->dv = NULL;
     c->batch = NULL;
     return st;
 }
