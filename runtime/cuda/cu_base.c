@@ -328,26 +328,42 @@ kvq_status cu_list_launch(kvq_backend_ctx *c, const char *kernel, unsigned gx, u
     return cu_dev_launch(c->dev, c->mod, kernel, g, b, &lp, sizeof lp, msg, ms);
 }
 
+static const char *const store_names[CU_STEP_STORES] = {"k_hi", "k_lo", "v_hi", "v_lo"};
+
+static const plan_store *class_store(const kvq_backend_ctx *c, int cls, int s)
+{
+    const plan_class *pc = &c->plan->cls[cls];
+    return s == 0 ? &pc->k_hi : s == 1 ? &pc->k_lo : s == 2 ? &pc->v_hi : &pc->v_lo;
+}
+
+/* The widest grid the direct quantize kernel of store ps takes for up to maxn tokens (page_write's). */
+static void quant_grid(const kvq_backend_ctx *c, const plan_store *ps, int maxn, unsigned *gx, unsigned *gy)
+{
+    if (maxn < 1) maxn = 1;
+    *gx = (unsigned)c->H, *gy = 1;
+    if (ps->gran == KVQ_GRAN_TOKEN && ps->hidden)
+        *gx = 1, *gy = cu_grid_y(maxn);
+    else if (ps->gran == KVQ_GRAN_TOKEN)
+        *gy = cu_grid_y((maxn + 7) / 8);
+}
+
+/* Store s's factor list, a separable store's (its quantize items are the factor launches' parameters). */
+static kvq_status factor_list(kvq_backend_ctx *c, int cls, int s, uint64_t items, int n_items, char *msg, size_t ms)
+{
+    if (!class_store(c, cls, s)->sep) return KVQ_OK;
+    char name[48];
+    snprintf(name, sizeof name, "kvq_factor_list_%s_c%d", store_names[s], cls);
+    return cu_list_launch(c, name, (unsigned)c->H, 1, items, n_items, msg, ms);
+}
+
 kvq_status cu_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, int n_items, int maxn, char *msg,
                           size_t ms)
 {
-    static const char *const names[CU_STEP_STORES] = {"k_hi", "k_lo", "v_hi", "v_lo"};
-    const plan_class *pc = &c->plan->cls[cls];
-    const plan_store *ps = s == 0 ? &pc->k_hi : s == 1 ? &pc->k_lo : s == 2 ? &pc->v_hi : &pc->v_lo;
-    if (maxn < 1) maxn = 1;
+    kvq_status st = factor_list(c, cls, s, items, n_items, msg, ms);
+    unsigned gx, gy;
+    quant_grid(c, class_store(c, cls, s), maxn, &gx, &gy);
     char name[48];
-    kvq_status st = KVQ_OK;
-    if (ps->sep) {
-        snprintf(name, sizeof name, "kvq_factor_list_%s_c%d", names[s], cls);
-        st = cu_list_launch(c, name, (unsigned)c->H, 1, items, n_items, msg, ms);
-    }
-    /* the widest grid the direct kernel takes for up to maxn tokens (page_write's) */
-    unsigned gx = (unsigned)c->H, gy = 1;
-    if (ps->gran == KVQ_GRAN_TOKEN && ps->hidden)
-        gx = 1, gy = cu_grid_y(maxn);
-    else if (ps->gran == KVQ_GRAN_TOKEN)
-        gy = cu_grid_y((maxn + 7) / 8);
-    snprintf(name, sizeof name, "kvq_quant_list_%s_c%d", names[s], cls);
+    snprintf(name, sizeof name, "kvq_quant_list_%s_c%d", store_names[s], cls);
     if (st == KVQ_OK) st = cu_list_launch(c, name, gx, gy, items, n_items, msg, ms);
     return st;
 }
@@ -355,23 +371,14 @@ kvq_status cu_quant_lists(kvq_backend_ctx *c, int cls, int s, uint64_t items, in
 kvq_status cu_quant_lists_all(kvq_backend_ctx *c, int cls, const uint64_t items[CU_STEP_STORES],
                               const int n_items[CU_STEP_STORES], const int maxn[CU_STEP_STORES], char *msg, size_t ms)
 {
-    static const char *const names[CU_STEP_STORES] = {"k_hi", "k_lo", "v_hi", "v_lo"};
-    const plan_class *pc = &c->plan->cls[cls];
-    const plan_store *stores[CU_STEP_STORES] = {&pc->k_hi, &pc->k_lo, &pc->v_hi, &pc->v_lo};
     kvq_quant_lists_params lp;
     memset(&lp, 0, sizeof lp);
     long long total = 0;
     unsigned gx = 1, gy = 1;
     for (int s = 0; s < CU_STEP_STORES; s++) {
         if (n_items[s] <= 0) continue;
-        const plan_store *ps = stores[s];
-        const int m = maxn[s] > 0 ? maxn[s] : 1;
-        /* store s's list grid (cu_quant_lists): the fused one is the widest */
-        unsigned x = (unsigned)c->H, y = 1;
-        if (ps->gran == KVQ_GRAN_TOKEN && ps->hidden)
-            x = 1, y = cu_grid_y(m);
-        else if (ps->gran == KVQ_GRAN_TOKEN)
-            y = cu_grid_y((m + 7) / 8);
+        unsigned x, y; /* store s's list grid: the fused one is the widest */
+        quant_grid(c, class_store(c, cls, s), maxn[s], &x, &y);
         if (x > gx) gx = x;
         if (y > gy) gy = y;
         lp.items[s] = items[s], lp.n_items[s] = n_items[s];
@@ -386,11 +393,7 @@ kvq_status cu_quant_lists_all(kvq_backend_ctx *c, int cls, const uint64_t items[
     }
     /* separable stores' factors first, over the same items (page_write's pair of launches) */
     for (int s = 0; s < CU_STEP_STORES && st == KVQ_OK; s++)
-        if (n_items[s] > 0 && stores[s]->sep) {
-            char name[48];
-            snprintf(name, sizeof name, "kvq_factor_list_%s_c%d", names[s], cls);
-            st = cu_list_launch(c, name, (unsigned)c->H, 1, items[s], n_items[s], msg, ms);
-        }
+        if (n_items[s] > 0) st = factor_list(c, cls, s, items[s], n_items[s], msg, ms);
     char name[48];
     snprintf(name, sizeof name, "kvq_quant_lists_c%d", cls);
     const unsigned g[3] = {gx, gy, (unsigned)total}, b[3] = {128, 1, 1};
