@@ -62,17 +62,17 @@ KVQ_KERNEL_EXPORT(kvq_convert_rows);
  * the same conversion instead: f2h(x) is what the stored row f2h(h2f(f2h(x))) would be, bit for bit. */
 KVQ_DEV void kvq_step_in_store(const kvq_step_in_params *p, const kvq_store_params *sp, int h)
 {
-    const long long kvin_elems = (long long)p->cv[1].n * 2 * p->kv_heads * KVQ_D;
+    const kvq_u64 kvin = p->cv[1].dst; /* K then V rows of each token: cv[1].dst_ts = 2 H D elements */
+    const int H = p->heads[1];
+    const long long kvin_elems = (long long)p->cv[1].n * p->cv[1].dst_ts;
     for (int t = 0; t < sp->n; t++) {
-        long long r = sp->dst_ring ? ((long long)sp->slot + t) % sp->dst_ring : (long long)sp->slot + t;
-        kvq_half *dst = (kvq_half *)sp->dst + ((long long)h * sp->dst_cap + r) * KVQ_D;
+        kvq_half *dst = kvq_store_dst(sp, h, t);
         const long long row0 = kvq_row_at(&sp->src, h, t, sp->n);
-        const long long e =
-            sp->src.f16 && sp->src.base >= p->kvin ? (long long)(sp->src.base - p->kvin) / 2 + row0 : -1;
+        const long long e = sp->src.f16 && sp->src.base >= kvin ? (long long)(sp->src.base - kvin) / 2 + row0 : -1;
         if (e >= 0 && e < kvin_elems) {
             const long long R = e / KVQ_D; /* kvin row: token i = R / 2H, K or V = R / H mod 2, head R mod H */
-            const kvq_convert_params *cv = &p->cv[1 + (int)(R / p->kv_heads % 2)];
-            const long long i = R / (2 * p->kv_heads), hh = R % p->kv_heads;
+            const kvq_convert_params *cv = &p->cv[1 + (int)(R / H % 2)];
+            const long long i = R / (2 * H), hh = R % H;
             for (int c = threadIdx.x; c < KVQ_D; c += blockDim.x)
                 dst[c] = kvq_f2h(kvq_cvt_load(cv->src, cv->src_dtype, i * cv->src_ts + hh * cv->src_hs + c) * cv->mul);
         } else {
@@ -92,12 +92,13 @@ extern "C" __global__ void __launch_bounds__(128) kvq_step_in(const kvq_step_in_
         }
         b -= rows;
     }
-    if (b < (long long)p.n_stores * p.kv_heads) {
-        const kvq_store_params sp = ((const kvq_store_params *)p.stores)[b / p.kv_heads];
-        if (sp.n > 0) kvq_step_in_store(&p, &sp, (int)(b % p.kv_heads));
+    const int H = p.heads[1];
+    if (b < (long long)p.n_stores * H) {
+        const kvq_store_params sp = ((const kvq_store_params *)p.stores)[b / H];
+        if (sp.n > 0) kvq_step_in_store(&p, &sp, (int)(b % H));
         return;
     }
-    b -= (long long)p.n_stores * p.kv_heads;
+    b -= (long long)p.n_stores * H;
     if (b < p.n_patches) { /* a planned step's changes to the sequences' device tile lists (6 words a tile) */
         const kvq_tile_patch tp = ((const kvq_tile_patch *)p.patches)[b];
         const kvq_u64 *src = (const kvq_u64 *)tp.src;

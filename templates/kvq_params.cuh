@@ -166,15 +166,16 @@ typedef struct {
 } kvq_convert_params;
 
 /* kvq_step_in (kvq_common.cuh): a device step's inputs in one launch. cv[0..2] convert q, k, v (cv[j].n tokens x
- * heads[j] rows, as kvq_convert_rows; k and v into kvin, fp16 [n][2][kv_heads][D], K then V of each token); then
- * n_stores kvq_store_params at `stores` (each over every kv head; a store whose rows lie in kvin reads the caller's
- * rows through cv[1] or cv[2]) and n_patches kvq_tile_patch at `patches`. grid (the sum of those rows, items x
+ * heads[j] rows, as kvq_convert_rows; k and v into kvin = cv[1].dst, fp16 [n][2][kv_heads][D], K then V of each
+ * token, kv_heads = heads[1]); then n_stores kvq_store_params at `stores` (each over every kv head; a store whose
+ * rows lie in kvin reads the caller's rows through cv[1] or cv[2]) and n_patches kvq_tile_patch at `patches`. grid (the sum of those rows, items x
  * kv_heads and patches), block 128. */
 typedef struct {
     kvq_convert_params cv[3];
-    kvq_u64 stores, patches, kvin;
+    kvq_u64 stores, patches;
     kvq_i32 heads[3];
-    kvq_i32 n_stores, n_patches, kv_heads;
+    kvq_i32 n_stores, n_patches;
+    kvq_i32 reserved;
 } kvq_step_in_params;
 
 /* ---- policy kernels (kvq_policy.cuh; docs/cuda.md "Policy kernels") ---- */
@@ -326,7 +327,7 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk), (long long)sizeof(kvq_tile_patch),       \
         (long long)KVQ_RT_OFFSETOF(kvq_tile_patch, n), (long long)sizeof(kvq_tamax_params),                  \
         (long long)KVQ_RT_OFFSETOF(kvq_quant_params, tamax), (long long)sizeof(kvq_step_in_params),                 \
-        (long long)KVQ_RT_OFFSETOF(kvq_step_in_params, kv_heads), (long long)sizeof(kvq_quant_lists_params)
+        (long long)KVQ_RT_OFFSETOF(kvq_step_in_params, n_patches), (long long)sizeof(kvq_quant_lists_params)
 #define KVQ_PARAMS_SIG_N 33
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
@@ -356,10 +357,10 @@ KVQ_OFFSET_ASSERT(kvq_tk_params, n_ch, 56);
 KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
 KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
 KVQ_PARAMS_CHECK(kvq_convert_params, 72);
-KVQ_PARAMS_CHECK(kvq_step_in_params, 264);
+KVQ_PARAMS_CHECK(kvq_step_in_params, 256);
 KVQ_PARAMS_CHECK(kvq_quant_lists_params, 48);
 KVQ_OFFSET_ASSERT(kvq_convert_params, mul, 64);
-KVQ_OFFSET_ASSERT(kvq_step_in_params, kv_heads, 260);
+KVQ_OFFSET_ASSERT(kvq_step_in_params, n_patches, 248);
 KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
 KVQ_PARAMS_CHECK(kvq_list_params, 16);
 KVQ_OFFSET_ASSERT(kvq_seq_tiles, tiles_per_chunk, 12);

@@ -304,12 +304,17 @@ KVQ_DEV void kvq_quant_item(const kvq_quant_params *it, kvq_fmt f, float *xs, fl
 
 /* fp16 rows: window slot (slot + t) mod dst_ring of kv head blockIdx.x; the blocks of gridDim.y stride over the
  * tokens t (gridDim.y <= 65535 whatever n). */
+KVQ_DEV kvq_half *kvq_store_dst(const kvq_store_params *p, int h, int t)
+{
+    long long r = p->dst_ring ? ((long long)p->slot + t) % p->dst_ring : (long long)p->slot + t;
+    return (kvq_half *)p->dst + ((long long)h * p->dst_cap + r) * KVQ_D;
+}
+
 KVQ_DEV void kvq_store_f16_body(const kvq_store_params *p)
 {
     const int h = blockIdx.x;
     for (int t = blockIdx.y; t < p->n; t += gridDim.y) {
-        long long r = p->dst_ring ? ((long long)p->slot + t) % p->dst_ring : (long long)p->slot + t;
-        kvq_half *dst = (kvq_half *)p->dst + ((long long)h * p->dst_cap + r) * KVQ_D;
+        kvq_half *dst = kvq_store_dst(p, h, t);
         long long row0 = kvq_row_at(&p->src, h, t, p->n);
         for (int c = threadIdx.x; c < KVQ_D; c += blockDim.x) dst[c] = kvq_f2h(kvq_src_ld(&p->src, row0, c));
     }

@@ -451,15 +451,16 @@ typedef struct {
 } kvq_convert_params;
 
 /* kvq_step_in (kvq_common.cuh): a device step's inputs in one launch. cv[0..2] convert q, k, v (cv[j].n tokens x
- * heads[j] rows, as kvq_convert_rows; k and v into kvin, fp16 [n][2][kv_heads][D], K then V of each token); then
- * n_stores kvq_store_params at `stores` (each over every kv head; a store whose rows lie in kvin reads the caller's
- * rows through cv[1] or cv[2]) and n_patches kvq_tile_patch at `patches`. grid (the sum of those rows, items x
+ * heads[j] rows, as kvq_convert_rows; k and v into kvin = cv[1].dst, fp16 [n][2][kv_heads][D], K then V of each
+ * token, kv_heads = heads[1]); then n_stores kvq_store_params at `stores` (each over every kv head; a store whose
+ * rows lie in kvin reads the caller's rows through cv[1] or cv[2]) and n_patches kvq_tile_patch at `patches`. grid (the sum of those rows, items x
  * kv_heads and patches), block 128. */
 typedef struct {
     kvq_convert_params cv[3];
-    kvq_u64 stores, patches, kvin;
+    kvq_u64 stores, patches;
     kvq_i32 heads[3];
-    kvq_i32 n_stores, n_patches, kv_heads;
+    kvq_i32 n_stores, n_patches;
+    kvq_i32 reserved;
 } kvq_step_in_params;
 
 /* ---- policy kernels (kvq_policy.cuh; docs/cuda.md "Policy kernels") ---- */
@@ -611,7 +612,7 @@ typedef struct {
         (long long)KVQ_RT_OFFSETOF(kvq_seq_tiles, tiles_per_chunk), (long long)sizeof(kvq_tile_patch),       \
         (long long)KVQ_RT_OFFSETOF(kvq_tile_patch, n), (long long)sizeof(kvq_tamax_params),                  \
         (long long)KVQ_RT_OFFSETOF(kvq_quant_params, tamax), (long long)sizeof(kvq_step_in_params),                 \
-        (long long)KVQ_RT_OFFSETOF(kvq_step_in_params, kv_heads), (long long)sizeof(kvq_quant_lists_params)
+        (long long)KVQ_RT_OFFSETOF(kvq_step_in_params, n_patches), (long long)sizeof(kvq_quant_lists_params)
 #define KVQ_PARAMS_SIG_N 33
 
 /* Byte sizes and field offsets, asserted in every compilation of this header. */
@@ -641,10 +642,10 @@ KVQ_OFFSET_ASSERT(kvq_tk_params, n_ch, 56);
 KVQ_OFFSET_ASSERT(kvq_dense_params, kk, 52);
 KVQ_PARAMS_CHECK(kvq_zip_norm_params, 40);
 KVQ_PARAMS_CHECK(kvq_convert_params, 72);
-KVQ_PARAMS_CHECK(kvq_step_in_params, 264);
+KVQ_PARAMS_CHECK(kvq_step_in_params, 256);
 KVQ_PARAMS_CHECK(kvq_quant_lists_params, 48);
 KVQ_OFFSET_ASSERT(kvq_convert_params, mul, 64);
-KVQ_OFFSET_ASSERT(kvq_step_in_params, kv_heads, 260);
+KVQ_OFFSET_ASSERT(kvq_step_in_params, n_patches, 248);
 KVQ_OFFSET_ASSERT(kvq_zip_norm_params, n_tiles, 32);
 KVQ_PARAMS_CHECK(kvq_list_params, 16);
 KVQ_OFFSET_ASSERT(kvq_seq_tiles, tiles_per_chunk, 12);
@@ -4013,12 +4014,17 @@ KVQ_DEV void kvq_quant_item(const kvq_quant_params *it, kvq_fmt f, float *xs, fl
 
 /* fp16 rows: window slot (slot + t) mod dst_ring of kv head blockIdx.x; the blocks of gridDim.y stride over the
  * tokens t (gridDim.y <= 65535 whatever n). */
+KVQ_DEV kvq_half *kvq_store_dst(const kvq_store_params *p, int h, int t)
+{
+    long long r = p->dst_ring ? ((long long)p->slot + t) % p->dst_ring : (long long)p->slot + t;
+    return (kvq_half *)p->dst + ((long long)h * p->dst_cap + r) * KVQ_D;
+}
+
 KVQ_DEV void kvq_store_f16_body(const kvq_store_params *p)
 {
     const int h = blockIdx.x;
     for (int t = blockIdx.y; t < p->n; t += gridDim.y) {
-        long long r = p->dst_ring ? ((long long)p->slot + t) % p->dst_ring : (long long)p->slot + t;
-        kvq_half *dst = (kvq_half *)p->dst + ((long long)h * p->dst_cap + r) * KVQ_D;
+        kvq_half *dst = kvq_store_dst(p, h, t);
         long long row0 = kvq_row_at(&p->src, h, t, p->n);
         for (int c = threadIdx.x; c < KVQ_D; c += blockDim.x) dst[c] = kvq_f2h(kvq_src_ld(&p->src, row0, c));
     }
@@ -4090,17 +4096,17 @@ KVQ_KERNEL_EXPORT(kvq_convert_rows);
  * the same conversion instead: f2h(x) is what the stored row f2h(h2f(f2h(x))) would be, bit for bit. */
 KVQ_DEV void kvq_step_in_store(const kvq_step_in_params *p, const kvq_store_params *sp, int h)
 {
-    const long long kvin_elems = (long long)p->cv[1].n * 2 * p->kv_heads * KVQ_D;
+    const kvq_u64 kvin = p->cv[1].dst; /* K then V rows of each token: cv[1].dst_ts = 2 H D elements */
+    const int H = p->heads[1];
+    const long long kvin_elems = (long long)p->cv[1].n * p->cv[1].dst_ts;
     for (int t = 0; t < sp->n; t++) {
-        long long r = sp->dst_ring ? ((long long)sp->slot + t) % sp->dst_ring : (long long)sp->slot + t;
-        kvq_half *dst = (kvq_half *)sp->dst + ((long long)h * sp->dst_cap + r) * KVQ_D;
+        kvq_half *dst = kvq_store_dst(sp, h, t);
         const long long row0 = kvq_row_at(&sp->src, h, t, sp->n);
-        const long long e =
-            sp->src.f16 && sp->src.base >= p->kvin ? (long long)(sp->src.base - p->kvin) / 2 + row0 : -1;
+        const long long e = sp->src.f16 && sp->src.base >= kvin ? (long long)(sp->src.base - kvin) / 2 + row0 : -1;
         if (e >= 0 && e < kvin_elems) {
             const long long R = e / KVQ_D; /* kvin row: token i = R / 2H, K or V = R / H mod 2, head R mod H */
-            const kvq_convert_params *cv = &p->cv[1 + (int)(R / p->kv_heads % 2)];
-            const long long i = R / (2 * p->kv_heads), hh = R % p->kv_heads;
+            const kvq_convert_params *cv = &p->cv[1 + (int)(R / H % 2)];
+            const long long i = R / (2 * H), hh = R % H;
             for (int c = threadIdx.x; c < KVQ_D; c += blockDim.x)
                 dst[c] = kvq_f2h(kvq_cvt_load(cv->src, cv->src_dtype, i * cv->src_ts + hh * cv->src_hs + c) * cv->mul);
         } else {
@@ -4120,12 +4126,13 @@ extern "C" __global__ void __launch_bounds__(128) kvq_step_in(const kvq_step_in_
         }
         b -= rows;
     }
-    if (b < (long long)p.n_stores * p.kv_heads) {
-        const kvq_store_params sp = ((const kvq_store_params *)p.stores)[b / p.kv_heads];
-        if (sp.n > 0) kvq_step_in_store(&p, &sp, (int)(b % p.kv_heads));
+    const int H = p.heads[1];
+    if (b < (long long)p.n_stores * H) {
+        const kvq_store_params sp = ((const kvq_store_params *)p.stores)[b / H];
+        if (sp.n > 0) kvq_step_in_store(&p, &sp, (int)(b % H));
         return;
     }
-    b -= (long long)p.n_stores * p.kv_heads;
+    b -= (long long)p.n_stores * H;
     if (b < p.n_patches) { /* a planned step's changes to the sequences' device tile lists (6 words a tile) */
         const kvq_tile_patch tp = ((const kvq_tile_patch *)p.patches)[b];
         const kvq_u64 *src = (const kvq_u64 *)tp.src;

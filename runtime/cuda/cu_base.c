@@ -251,7 +251,6 @@ kvq_status cu_step_in(kvq_backend_ctx *c, const kvq_dev_decode *dv, int n, uint6
     convert_params(&p.cv[2], &dv->v, kv + (uint64_t)H * D * 2, KVQ_F16, 2LL * H * D, n, D);
     p.heads[0] = Hq, p.heads[1] = p.heads[2] = H;
     p.stores = stores, p.n_stores = n_stores, p.patches = patches, p.n_patches = n_patches;
-    p.kvin = kv, p.kv_heads = H;
     const long long blocks = (long long)n * (Hq + 2 * H) + (long long)n_stores * H + n_patches;
     if (blocks > 2147483647LL) { /* gridDim.x's limit */
         snprintf(msg, ms, "a batch of %d needs %lld blocks for its inputs, more than gridDim.x's 2^31 - 1", n, blocks);
